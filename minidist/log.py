@@ -1,0 +1,71 @@
+"""Rank-prefixed logging for every layer: ``[rank r/N] message`` on the "minidist" logger.
+
+    from minidist.log import get_logger
+    log = get_logger(__name__)          # a child of the "minidist" logger
+    log.info("bucket plan: %d buckets", n)
+
+The rank prefix is filled in by ``init_process_group`` (``set_rank``). Level comes from
+``MINIDIST_LOG_LEVEL`` (default WARNING) or ``MINIDIST_DEBUG=1`` (DEBUG). Progress output meant
+for people goes through ``is_main_process()`` checks in the callers: only rank 0 prints it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+_rank = 0
+_world_size = 1
+_configured = False
+
+
+def set_rank(rank: int, world_size: int) -> None:
+    """Record this process's rank so every log line carries ``[rank r/N]``."""
+    global _rank, _world_size
+    _rank, _world_size = int(rank), int(world_size)
+
+
+def rank_prefix() -> str:
+    """``[rank r/N]``: the prefix every error message and log line starts with."""
+    return f"[rank {_rank}/{_world_size}]"
+
+
+def debug_level() -> int:
+    """``MINIDIST_DEBUG`` as an int: 0 off, 1 each collective's algorithm, 2 every message."""
+    try:
+        return int(os.environ.get("MINIDIST_DEBUG", "0") or 0)
+    except ValueError:
+        return 0
+
+
+class _RankFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank_prefix = rank_prefix()
+        return True
+
+
+def _configure() -> None:
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    root = logging.getLogger("minidist")
+    if debug_level() > 0:
+        level = "DEBUG"
+    else:
+        level = os.environ.get("MINIDIST_LOG_LEVEL", "WARNING").upper()
+    root.setLevel(getattr(logging, level, logging.WARNING))
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.addFilter(_RankFilter())
+        handler.setFormatter(logging.Formatter("%(rank_prefix)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.propagate = False
+
+
+def get_logger(name: str = "minidist") -> logging.Logger:
+    """A logger under "minidist" whose lines are prefixed with this process's rank."""
+    _configure()
+    if not name.startswith("minidist"):
+        name = "minidist." + name
+    return logging.getLogger(name)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Launch a minidist job on this machine:   ./mpirun.sh -n 4 python examples/train.py [args]
+#
+# - creates/updates the project's .venv on first use (mpi4py + the mpich wheel's mpiexec);
+# - runs the venv's mpiexec (else the system's), one BLAS thread per rank;
+# - adds what one machine needs: Open MPI gets --oversubscribe (more ranks than cores) and,
+#   as root, --allow-run-as-root; MPICH/Hydra needs nothing extra;
+# - MINIDIST_JOB_TIMEOUT_S=N (default: none) kills the whole job after N seconds.
+# Everything after the mpiexec flags is the command each rank runs; `python` is the venv's.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=scripts/bootstrap_venv.sh
+source "$here/scripts/bootstrap_venv.sh"
+
+if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+    echo "usage: ./mpirun.sh -n N command [args...]   e.g. ./mpirun.sh -n 4 python examples/train.py"
+    exit 0
+fi
+
+mpiexec_bin=$(command -v mpiexec || true)
+if [ -z "$mpiexec_bin" ]; then
+    echo "mpirun.sh: no mpiexec found; reinstall with: $minidist_venv/bin/pip install mpich" >&2
+    exit 1
+fi
+extra=()
+if "$mpiexec_bin" --version 2>&1 | grep -qi "open mpi\|open-mpi\|openrte"; then
+    extra+=(--oversubscribe)
+    [ "$(id -u)" = "0" ] && extra+=(--allow-run-as-root)
+fi
+# Export the thread pins to every rank explicitly (Hydra forwards the environment anyway).
+cmd=("$mpiexec_bin" "${extra[@]}" "$@")
+if [ -n "${MINIDIST_JOB_TIMEOUT_S:-}" ]; then
+    exec timeout --kill-after=10 "$MINIDIST_JOB_TIMEOUT_S" "${cmd[@]}"
+fi
+exec "${cmd[@]}"

@@ -1,0 +1,124 @@
+"""Start real multi-process jobs from pytest, bounded in time and always cleaned up.
+
+    from procs import run_mpi
+    result = run_mpi(4, ["-m", "some.module", "--flag"], timeout_s=60)   # python args
+    assert result.returncode == 0, result.report()
+
+Each job runs in its own process group (session); on timeout or any failure in the caller the
+whole group gets SIGKILL, so no rank outlives its test. A timeout raises AssertionError with
+the tail of what every rank printed, so a hang names itself instead of stalling CI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    argv: list
+
+    def report(self, tail: int = 4000) -> str:
+        return (f"command: {' '.join(map(str, self.argv))}\nexit: {self.returncode}\n"
+                f"--- stdout (tail) ---\n{self.stdout[-tail:]}\n--- stderr (tail) ---\n{self.stderr[-tail:]}")
+
+
+def mpiexec_path() -> str:
+    """The mpiexec beside this interpreter (the venv's mpich wheel), else the one on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("no mpiexec: install the mpich wheel (pip install mpich) or use ./test.sh")
+    return found
+
+
+def job_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        env[k] = "1"
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # A parent launched under mpiexec (or torchrun/SLURM) must not leak its rank into the child.
+    for k in list(env):
+        if k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "SLURM_")) or k in (
+                "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            del env[k]
+    env.update(extra or {})
+    return env
+
+
+def _run_group(procs: list, argv: list, timeout_s: float) -> JobResult:
+    outs, errs, codes = [], [], []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout_s)
+            outs.append(out), errs.append(err), codes.append(p.returncode)
+    except subprocess.TimeoutExpired:
+        _kill(procs)
+        parts = []
+        for i, p in enumerate(procs):
+            out, err = p.communicate()
+            parts.append(f"[process {i}] exit={p.returncode}\n{out[-1500:]}\n{err[-1500:]}")
+        raise AssertionError(f"job timed out after {timeout_s}s and was killed: "
+                             f"{' '.join(map(str, argv))}\n" + "\n".join(parts)) from None
+    finally:
+        _kill(procs)
+    code = next((c for c in codes if c != 0), 0)
+    return JobResult(code, "".join(outs), "".join(errs), argv)
+
+
+def _kill(procs: list) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def run_mpi(n: int, python_args: list, timeout_s: float = 90, env: dict | None = None,
+            cwd: str | Path | None = None) -> JobResult:
+    """Run `mpiexec -n n python <python_args>`; return its result (never hangs past timeout_s)."""
+    argv = [mpiexec_path(), "-n", str(n), sys.executable, *map(str, python_args)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=job_env(env), cwd=str(cwd or REPO), start_new_session=True)
+    return _run_group([p], argv, timeout_s)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_env_ranks(n: int, python_args: list, timeout_s: float = 90, env: dict | None = None,
+                  cwd: str | Path | None = None, port: int | None = None) -> JobResult:
+    """Start n plain processes torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)."""
+    port = port or free_port()
+    argv = [sys.executable, *map(str, python_args)]
+    procs = []
+    try:
+        for r in range(n):
+            e = job_env(env)
+            e.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, env=e, cwd=str(cwd or REPO),
+                                          start_new_session=True))
+    except BaseException:
+        _kill(procs)
+        raise
+    return _run_group(procs, argv, timeout_s)
