@@ -7,4 +7,12 @@ xp -> tensor -> nn, optim, comm -> data -> ddp -> trainer.
 from minidist import xp
 from minidist.log import get_logger
 
+# tensor and nn: Tensor + autograd tape, no_grad, layers (minidist/tensor, minidist/nn)
+from minidist import nn
+from minidist.tensor import Tensor, no_grad, is_grad_enabled, manual_seed
+
+# optim and data: optimizers, LR schedules, clipping; datasets, DistributedSampler, DataLoader
+from minidist import data, optim
+from minidist.data import DataLoader, DistributedSampler
+
 __version__ = "0.1.0"

@@ -1,0 +1,30 @@
+"""Data: datasets as arrays, DistributedSampler (which rank reads what), DataLoader (batches).
+
+    from minidist.data import load_dataset, DistributedSampler, DataLoader
+    train = load_dataset("digits", split="train")             # embedded, offline
+    sampler = DistributedSampler(train, shuffle=True, seed=0)  # rank/world from minidist.comm
+    loader = DataLoader(train, batch_size=64, sampler=sampler)
+    for epoch in range(10):
+        loader.set_epoch(epoch)
+        for x, y in loader: ...
+
+Modules: ``datasets`` (ArrayDataset, random_split, standardize, load_dataset), ``idx`` (MNIST's
+file format), ``sampler`` (DistributedSampler), ``loader`` (DataLoader). See docs/data.md.
+"""
+
+from minidist.data.datasets import (
+    ArrayDataset,
+    load_digits,
+    load_dataset,
+    load_mnist,
+    make_classification,
+    random_split,
+    standardize,
+)
+from minidist.data.idx import read_idx, write_idx
+from minidist.data.loader import DataLoader
+from minidist.data.sampler import DistributedSampler
+
+__all__ = ["ArrayDataset", "DataLoader", "DistributedSampler", "load_dataset", "load_digits",
+           "load_mnist", "make_classification", "random_split", "read_idx", "standardize",
+           "write_idx"]

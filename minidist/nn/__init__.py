@@ -1,0 +1,29 @@
+"""Neural-network building blocks with torch's names: Module, Parameter, layers, losses, init.
+
+    import minidist
+    from minidist import nn
+    minidist.manual_seed(0)                      # same seed -> same weights on every rank
+    model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    loss = nn.CrossEntropyLoss()(model(x), y)
+    loss.backward()
+    model.state_dict().keys()                    # '0.weight', '0.bias', '2.weight', '2.bias'
+
+Modules: ``module`` (Module, Parameter, state_dict), ``layers`` (Linear, LayerNorm, Dropout,
+activations, Sequential), ``conv`` (Conv2d, MaxPool2d), ``losses``, ``init``, ``functional``.
+"""
+
+from __future__ import annotations
+
+from minidist.nn import functional, init
+from minidist.nn.conv import Conv2d, MaxPool2d
+from minidist.nn.layers import (GELU, Dropout, Flatten, Identity, LayerNorm, Linear, ReLU,
+                                Sequential, Sigmoid, Tanh)
+from minidist.nn.losses import CrossEntropyLoss, MSELoss
+from minidist.nn.module import IncompatibleKeys, Module, Parameter, StateDictError
+from minidist.tensor import manual_seed
+
+__all__ = [
+    "Module", "Parameter", "StateDictError", "IncompatibleKeys", "Linear", "Conv2d", "MaxPool2d",
+    "Flatten", "ReLU", "GELU", "Tanh", "Sigmoid", "Identity", "Dropout", "LayerNorm",
+    "Sequential", "CrossEntropyLoss", "MSELoss", "manual_seed", "init", "functional",
+]

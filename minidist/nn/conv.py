@@ -1,0 +1,62 @@
+"""Convolution layers on NCHW tensors: ``Conv2d`` and ``MaxPool2d`` (torch's signatures and init).
+
+    net = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Flatten(), nn.Linear(16 * 4 * 4, 10))     # for 8x8 images
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy
+
+from minidist.nn import init
+from minidist.nn.layers import empty_parameter
+from minidist.nn.module import Module
+from minidist.tensor import Tensor, conv2d, max_pool2d
+from minidist.tensor.conv import pair
+
+
+class Conv2d(Module):
+    """2-D convolution: weight (out_channels, in_channels, kh, kw), bias (out_channels,).
+
+    Init as torch: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in*kh*kw.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
+                 padding: Any = 0, bias: bool = True, dtype: Any = numpy.float32) -> None:
+        super().__init__()
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = pair(kernel_size, "kernel_size")
+        self.stride, self.padding = pair(stride, "stride"), pair(padding, "padding")
+        self.weight = empty_parameter(out_channels, in_channels, *self.kernel_size, dtype=dtype)
+        init.kaiming_uniform_(self.weight)
+        if bias:
+            self.bias = empty_parameter(out_channels, dtype=dtype)
+            bound = 1.0 / math.sqrt(init.fan_in(self.weight))
+            init.uniform_(self.bias, -bound, bound)
+        else:
+            self.bias = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return conv2d(x, self.weight, self.bias, self.stride, self.padding)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}")
+
+
+class MaxPool2d(Module):
+    """Max over kernel windows (stride defaults to the kernel size; no padding)."""
+
+    def __init__(self, kernel_size: Any, stride: Any = None) -> None:
+        super().__init__()
+        self.kernel_size = pair(kernel_size, "kernel_size")
+        self.stride = pair(stride, "stride") if stride is not None else self.kernel_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        return max_pool2d(x, self.kernel_size, self.stride)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}"

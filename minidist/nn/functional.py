@@ -1,0 +1,13 @@
+"""Stateless versions of the layers (torch's ``nn.functional``), re-exported from the tensor layer.
+
+    import minidist.nn.functional as F
+    loss = F.cross_entropy(F.relu(F.linear(x, w, b)), y)
+"""
+
+from __future__ import annotations
+
+from minidist.tensor import (conv2d, cross_entropy, dropout, gelu, layer_norm, linear, log_softmax,
+                             max_pool2d, mse_loss, relu, sigmoid, softmax, tanh)
+
+__all__ = ["conv2d", "cross_entropy", "dropout", "gelu", "layer_norm", "linear", "log_softmax",
+           "max_pool2d", "mse_loss", "relu", "sigmoid", "softmax", "tanh"]

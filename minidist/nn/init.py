@@ -1,0 +1,61 @@
+"""Weight initialization in place, with torch's default schemes, drawn from the seeded generator.
+
+    minidist.manual_seed(0)
+    layer = nn.Linear(784, 1024)     # weight, bias ~ U(-1/sqrt(784), 1/sqrt(784)), as torch
+
+Draws happen on the host (``numpy.random.default_rng`` behind ``manual_seed``) in float64 and are
+cast to the parameter's dtype, so one seed gives the same weights on every rank and device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy
+
+from minidist import xp as backend
+from minidist.tensor import Tensor, default_generator, manual_seed, no_grad
+
+__all__ = ["manual_seed", "uniform_", "zeros_", "ones_", "kaiming_uniform_", "fan_in"]
+
+
+def _fill(t: Tensor, host: numpy.ndarray) -> Tensor:
+    xp = backend.get_array_module(t.data)
+    with no_grad():
+        t.data[...] = xp.asarray(host.astype(t.data.dtype))
+    return t
+
+
+def uniform_(t: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
+    """Fill ``t`` in place with draws from U(a, b); returns t."""
+    return _fill(t, default_generator().uniform(a, b, size=t.shape))
+
+
+def zeros_(t: Tensor) -> Tensor:
+    """Fill ``t`` with zeros in place."""
+    t.data[...] = 0
+    return t
+
+
+def ones_(t: Tensor) -> Tensor:
+    """Fill ``t`` with ones in place."""
+    t.data[...] = 1
+    return t
+
+
+def fan_in(t: Tensor) -> int:
+    """Inputs per output unit: ``in`` for a (out, in) weight, ``in*kh*kw`` for a conv weight."""
+    if t.ndim < 2:
+        return int(t.shape[0]) if t.ndim else 1
+    return int(math.prod(t.shape[1:]))
+
+
+def kaiming_uniform_(t: Tensor, a: float = math.sqrt(5)) -> Tensor:
+    """He-uniform init (leaky-relu gain with slope ``a``): bound = gain * sqrt(3 / fan_in).
+
+    torch's default for Linear and Conv2d weights uses ``a = sqrt(5)``, which works out to
+    ``bound = 1 / sqrt(fan_in)``.
+    """
+    gain = math.sqrt(2.0 / (1 + a * a))
+    bound = gain * math.sqrt(3.0 / fan_in(t))
+    return uniform_(t, -bound, bound)

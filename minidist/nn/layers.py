@@ -1,0 +1,169 @@
+"""Layers with torch's names, shapes and default init: Linear, LayerNorm, Dropout, Flatten,
+activations (ReLU, GELU, Tanh, Sigmoid), Identity and the Sequential container.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Any, Iterator
+
+import numpy
+
+from minidist import xp as backend
+from minidist.nn import init
+from minidist.nn.module import Module, Parameter
+from minidist.tensor import Tensor, dropout, layer_norm, linear
+from minidist.tensor.core import error
+
+
+def empty_parameter(*shape: int, dtype: Any = numpy.float32) -> Parameter:
+    """A zero-filled Parameter on the default device (init fills it)."""
+    return Parameter(backend.default_array_module().zeros(shape, dtype=dtype))
+
+
+class Linear(Module):
+    """``y = x @ weight.T + bias`` with weight (out_features, in_features), as torch.
+
+    Init as torch: weight and bias ~ U(-1/sqrt(in_features), 1/sqrt(in_features)).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 dtype: Any = numpy.float32) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = empty_parameter(out_features, in_features, dtype=dtype)
+        init.kaiming_uniform_(self.weight)
+        if bias:
+            self.bias = empty_parameter(out_features, dtype=dtype)
+            bound = 1.0 / math.sqrt(in_features) if in_features > 0 else 0.0
+            init.uniform_(self.bias, -bound, bound)
+        else:
+            self.bias = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
+
+
+class LayerNorm(Module):
+    """Normalize over the trailing ``normalized_shape`` dims; keys ``weight`` (ones), ``bias``."""
+
+    def __init__(self, normalized_shape: int | tuple[int, ...], eps: float = 1e-5,
+                 elementwise_affine: bool = True) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape, self.eps = tuple(normalized_shape), eps
+        if elementwise_affine:
+            self.weight = init.ones_(empty_parameter(*self.normalized_shape))
+            self.bias = empty_parameter(*self.normalized_shape)
+        else:
+            self.weight = self.bias = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class Dropout(Module):
+    """Inverted dropout with probability ``p`` in training mode; the identity in eval mode."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(error("Dropout", f"p must be in [0, 1], got {p}."))
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Flatten(Module):
+    """Flatten dims ``start_dim..`` (default 1: keep the batch dim)."""
+
+    def __init__(self, start_dim: int = 1) -> None:
+        super().__init__()
+        self.start_dim = start_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.flatten(self.start_dim)
+
+
+class ReLU(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.relu()
+
+
+class GELU(Module):
+    """GELU; ``approximate="none"`` (exact erf form, torch's default) or ``"tanh"``."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.gelu(self.approximate)
+
+
+class Tanh(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.tanh()
+
+
+class Sigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.sigmoid()
+
+
+class Identity(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
+class Sequential(Module):
+    """Modules applied in order; children are named "0", "1", ... (or by an OrderedDict)."""
+
+    def __init__(self, *layers: Module | OrderedDict[str, Module]) -> None:
+        super().__init__()
+        if len(layers) == 1 and isinstance(layers[0], OrderedDict):
+            for name, layer in layers[0].items():
+                setattr(self, name, layer)
+        else:
+            for i, layer in enumerate(layers):
+                if not isinstance(layer, Module):
+                    raise TypeError(error("Sequential", f"argument {i} is a "
+                                          f"{type(layer).__name__}, not a Module."))
+                setattr(self, str(i), layer)
+
+    def forward(self, x: Any) -> Any:
+        for layer in self._modules.values():
+            x = layer(x)
+        return x
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def __getitem__(self, index: int | slice) -> Module:
+        layers = list(self._modules.values())
+        if isinstance(index, slice):
+            return Sequential(*layers[index])
+        if not -len(layers) <= index < len(layers):
+            raise IndexError(error("Sequential", f"index {index} is out of range for "
+                                   f"{len(layers)} layers."))
+        return layers[index]
+
+    def append(self, layer: Module) -> Sequential:
+        setattr(self, str(len(self._modules)), layer)
+        return self

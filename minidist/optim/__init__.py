@@ -1,0 +1,30 @@
+"""Optimizers, learning-rate schedules and gradient clipping, with torch's names and formulas.
+
+    from minidist import optim
+    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = optim.WarmupCosine(opt, warmup_steps=50, total_steps=1000)
+    for x, y in loader:
+        loss = loss_fn(model(x), y)
+        opt.zero_grad(); loss.backward()
+        optim.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step(); sched.step()
+
+Modules: ``optimizer`` (base class: groups, state_dict), ``sgd``, ``adam`` (Adam, AdamW),
+``lr_scheduler``, ``clip``. Every update works in place on ``param.data``.
+"""
+
+from minidist.optim.adam import Adam, AdamW
+from minidist.optim.clip import clip_grad_norm_
+from minidist.optim.lr_scheduler import (
+    CosineAnnealingLR,
+    LambdaLR,
+    LinearWarmup,
+    LRScheduler,
+    StepLR,
+    WarmupCosine,
+)
+from minidist.optim.optimizer import Optimizer
+from minidist.optim.sgd import SGD
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm_", "LRScheduler", "LambdaLR",
+           "LinearWarmup", "StepLR", "CosineAnnealingLR", "WarmupCosine"]

@@ -1,0 +1,120 @@
+"""Adam and AdamW, with torch's update formulas (bias correction; L2 vs decoupled weight decay).
+
+    opt = AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2)
+
+Per parameter p with gradient g, at step t = 1, 2, ... (torch.optim.Adam / AdamW)::
+
+    AdamW only:  p = p * (1 - lr * weight_decay)      decoupled decay, before the update
+    Adam only:   g = g + weight_decay * p             L2 penalty folded into the gradient
+    m = beta1 * m + (1 - beta1) * g                   exp_avg
+    v = beta2 * v + (1 - beta2) * g * g               exp_avg_sq
+    denom = sqrt(v) / sqrt(1 - beta2**t) + eps
+    p = p - lr / (1 - beta1**t) * m / denom
+
+The state of each parameter is ``{"step": int, "exp_avg": arr, "exp_avg_sq": arr}``, the same
+keys as torch's (``step`` is a plain int here). Updates run in place with two preallocated work
+buffers per parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from minidist import xp as backend
+from minidist.log import rank_prefix
+from minidist.optim.optimizer import Optimizer
+
+
+class Adam(Optimizer):
+    """torch.optim.Adam: ``Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0)``.
+
+    Args:
+        params: parameters or parameter groups (see ``Optimizer``).
+        lr: learning rate.
+        betas: decay rates of the first and second moment averages.
+        eps: added to the denominator for numerical stability.
+        weight_decay: L2 penalty added to the gradient (Adam) or decoupled decay (AdamW).
+
+    Raises:
+        ValueError: lr, eps or weight_decay negative, or a beta outside [0, 1).
+    """
+
+    state_keys = ("step", "exp_avg", "exp_avg_sq")
+    decoupled = False  # AdamW sets True
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> None:
+        name = type(self).__name__
+        for key, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+            if value < 0.0:
+                raise ValueError(f"{rank_prefix()} {name}: invalid {key}={value}; it must be >= 0.")
+        for j, beta in enumerate(betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"{rank_prefix()} {name}: invalid betas[{j}]={beta}; each beta "
+                                 "must be in [0, 1), e.g. betas=(0.9, 0.999).")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay))
+
+    def step(self) -> None:
+        """One Adam(W) update of every parameter whose ``.grad`` is not None."""
+        for i, p, group in self.indexed_params():
+            if p.grad is None:
+                continue
+            self._update(i, p, group)
+
+    def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
+        xp = backend.get_array_module(p.data)
+        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
+        param, g = p.data, p.grad
+        state = self.state.setdefault(i, {})
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = xp.zeros_like(param)
+            state["exp_avg_sq"] = xp.zeros_like(param)
+        state["step"] += 1
+        t = state["step"]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        a, b = self.scratch(i, param, 0), self.scratch(i, param, 1)
+
+        if wd != 0:
+            if self.decoupled:                       # AdamW: p *= 1 - lr * wd
+                xp.multiply(param, 1.0 - lr * wd, out=param)
+            else:                                    # Adam: g = g + wd * p
+                xp.multiply(param, wd, out=a)
+                xp.add(a, g, out=a)
+                g = a
+        xp.multiply(m, beta1, out=m)                 # m = beta1 m + (1 - beta1) g
+        xp.multiply(g, 1.0 - beta1, out=b)
+        xp.add(m, b, out=m)
+        xp.multiply(v, beta2, out=v)                 # v = beta2 v + (1 - beta2) g g
+        xp.multiply(g, g, out=b)
+        xp.multiply(b, 1.0 - beta2, out=b)
+        xp.add(v, b, out=v)
+
+        bias_correction1 = 1.0 - beta1 ** t
+        bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** t)
+        step_size = lr / bias_correction1
+        xp.sqrt(v, out=a)                            # denom = sqrt(v) / sqrt(bc2) + eps
+        xp.divide(a, bias_correction2_sqrt, out=a)
+        xp.add(a, eps, out=a)
+        xp.divide(m, a, out=a)                       # p = p - step_size * m / denom
+        xp.multiply(a, step_size, out=a)
+        xp.subtract(param, a, out=param)
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW: Adam with decoupled weight decay ``p *= 1 - lr * weight_decay``.
+
+    Same arguments as ``Adam``; ``weight_decay`` defaults to 1e-2 as in torch.
+    """
+
+    decoupled = True
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2) -> None:
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

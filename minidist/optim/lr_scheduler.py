@@ -1,0 +1,225 @@
+"""Learning-rate schedules: torch's LRScheduler protocol with closed-form rates.
+
+    sched = WarmupCosine(opt, warmup_steps=100, total_steps=1000, min_lr=1e-5)
+    for batch in loader:
+        ...; opt.step(); sched.step()          # one sched.step() per optimizer step (or per epoch)
+
+Like torch, constructing a scheduler records each group's ``initial_lr``, sets step 0's rate
+and counts ``last_epoch`` from 0; each ``step()`` adds one and writes
+``group["lr"] = base_lr * factor(last_epoch)`` (or the absolute rate a schedule defines) into
+every parameter group. Rates are computed in closed form from ``last_epoch``, so a restored
+``state_dict()`` continues exactly where it stopped.
+
+    WarmupCosine(warmup=4, total=12), lr = 1:
+    lr 1.0 |          .--.
+           |        /      `.
+           |      /          `.
+           |    /               `.
+           |  /                    `-.___ min_lr
+           +--------------------------------> step
+             0   warmup=4            total=12
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from minidist.log import rank_prefix
+from minidist.optim.optimizer import Optimizer
+
+
+class LRScheduler:
+    """Base class: subclasses define ``lr_at(base_lr, step)``; ``step()`` applies it.
+
+    Args:
+        optimizer: the optimizer whose ``param_groups[i]["lr"]`` this schedule sets.
+        last_epoch: the index of the last step taken; -1 starts a new schedule.
+    """
+
+    def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise ValueError(f"{rank_prefix()} {type(self).__name__}: expected an Optimizer, "
+                             f"got {type(optimizer).__name__}.")
+        self.optimizer = optimizer
+        for group in optimizer.param_groups:
+            if last_epoch == -1:
+                group["initial_lr"] = group["lr"]
+            elif "initial_lr" not in group:
+                raise ValueError(f"{rank_prefix()} {type(self).__name__}: last_epoch={last_epoch} "
+                                 "but the optimizer has no 'initial_lr'. Resume by loading the "
+                                 "scheduler's state_dict instead, or pass last_epoch=-1.")
+        self.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
+        self.last_epoch = last_epoch
+        self._last_lr: list[float] = []
+        self.step()
+
+    def lr_at(self, base_lr: float, step: int) -> float:  # pragma: no cover - abstract
+        """The learning rate of a group whose initial rate is ``base_lr`` at ``step``."""
+        raise NotImplementedError
+
+    def get_lr(self) -> list[float]:
+        """The rates for the current ``last_epoch``, one per parameter group."""
+        return [self.lr_at(base, self.last_epoch) for base in self.base_lrs]
+
+    def step(self) -> None:
+        """Advance one step and write the new rate into every parameter group."""
+        self.last_epoch += 1
+        lrs = self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        self._last_lr = list(lrs)
+
+    def get_last_lr(self) -> list[float]:
+        """The rates set by the last ``step()``, one per group (as torch)."""
+        return list(self._last_lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain numbers only: ``last_epoch``, ``base_lrs``, ``_last_lr`` and the options."""
+        return {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()
+                if k != "optimizer" and not callable(v)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore ``state_dict()`` and re-apply the rate of the restored step to the optimizer.
+
+        Raises:
+            ValueError: the number of ``base_lrs`` differs from the optimizer's group count.
+        """
+        base = state_dict.get("base_lrs", self.base_lrs)
+        if len(base) != len(self.optimizer.param_groups):
+            raise ValueError(f"{rank_prefix()} {type(self).__name__}.load_state_dict: the checkpoint "
+                             f"has {len(base)} base_lrs but the optimizer has "
+                             f"{len(self.optimizer.param_groups)} groups. Build the same groups.")
+        for k, v in state_dict.items():
+            setattr(self, k, list(v) if isinstance(v, (list, tuple)) else v)
+        self.last_epoch = int(self.last_epoch)
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr
+
+
+class LambdaLR(LRScheduler):
+    """torch.optim.lr_scheduler.LambdaLR: ``lr = base_lr * lr_lambda(step)``.
+
+    Args:
+        optimizer: the optimizer to schedule.
+        lr_lambda: a function of the step (or one per group).
+        last_epoch: -1 for a new schedule.
+    """
+
+    def __init__(self, optimizer: Optimizer,
+                 lr_lambda: Callable[[int], float] | list[Callable[[int], float]],
+                 last_epoch: int = -1) -> None:
+        n = len(optimizer.param_groups)
+        lambdas = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
+        if len(lambdas) != n:
+            raise ValueError(f"{rank_prefix()} LambdaLR: got {len(lambdas)} lr_lambdas for {n} "
+                             "parameter groups. Pass one function, or one per group.")
+        self.lr_lambdas = lambdas
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        return [base * fn(self.last_epoch) for base, fn in zip(self.base_lrs, self.lr_lambdas)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """As the base class, without the functions (they are code, not data; torch does the same)."""
+        return {k: v for k, v in super().state_dict().items() if k != "lr_lambdas"}
+
+
+class LinearWarmup(LRScheduler):
+    """Linear warm-up to the base rate: ``factor = (step + 1) / (warmup_steps + 1)``, then 1.
+
+    The first step already trains (factor 1/(w+1), never 0) and step ``warmup_steps`` runs at
+    the full rate; the same ramp as nanoGPT's ``get_lr`` and ``WarmupCosine`` below.
+
+    Args:
+        optimizer: the optimizer to schedule.
+        warmup_steps: number of steps below the base rate (0 = no warm-up).
+        last_epoch: -1 for a new schedule.
+    """
+
+    def __init__(self, optimizer: Optimizer, warmup_steps: int, last_epoch: int = -1) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"{rank_prefix()} LinearWarmup: warmup_steps={warmup_steps} must be >= 0.")
+        self.warmup_steps = int(warmup_steps)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr: float, step: int) -> float:
+        if step < self.warmup_steps:
+            return base_lr * (step + 1) / (self.warmup_steps + 1)
+        return base_lr
+
+
+class StepLR(LRScheduler):
+    """torch StepLR: ``lr = base_lr * gamma ** (step // step_size)``.
+
+    Args:
+        optimizer: the optimizer to schedule.
+        step_size: steps between decays.
+        gamma: multiplicative decay.
+        last_epoch: -1 for a new schedule.
+    """
+
+    def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1,
+                 last_epoch: int = -1) -> None:
+        if step_size < 1:
+            raise ValueError(f"{rank_prefix()} StepLR: step_size={step_size} must be >= 1.")
+        self.step_size, self.gamma = int(step_size), float(gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr: float, step: int) -> float:
+        return base_lr * self.gamma ** (step // self.step_size)
+
+
+class CosineAnnealingLR(LRScheduler):
+    """torch CosineAnnealingLR (closed form): ``eta_min + (base - eta_min)(1 + cos(pi t/T_max))/2``.
+
+    Args:
+        optimizer: the optimizer to schedule.
+        T_max: steps of one half cosine (base rate down to ``eta_min``).
+        eta_min: the lowest rate.
+        last_epoch: -1 for a new schedule.
+    """
+
+    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0,
+                 last_epoch: int = -1) -> None:
+        if T_max < 1:
+            raise ValueError(f"{rank_prefix()} CosineAnnealingLR: T_max={T_max} must be >= 1.")
+        self.T_max, self.eta_min = int(T_max), float(eta_min)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr: float, step: int) -> float:
+        cos = 1.0 + math.cos(math.pi * step / self.T_max)
+        return self.eta_min + (base_lr - self.eta_min) * cos / 2.0
+
+
+class WarmupCosine(LRScheduler):
+    """Linear warm-up, then cosine decay to ``min_lr`` at ``total_steps``, then ``min_lr``.
+
+    Warm-up as ``LinearWarmup``; afterwards with ``r = (step - warmup) / (total - warmup)``:
+    ``lr = min_lr + (base_lr - min_lr) * (1 + cos(pi r)) / 2`` (nanoGPT's ``get_lr``).
+
+    Args:
+        optimizer: the optimizer to schedule.
+        warmup_steps: steps of linear warm-up.
+        total_steps: the step at which the rate reaches ``min_lr``.
+        min_lr: the final (absolute) rate.
+        last_epoch: -1 for a new schedule.
+    """
+
+    def __init__(self, optimizer: Optimizer, warmup_steps: int, total_steps: int,
+                 min_lr: float = 0.0, last_epoch: int = -1) -> None:
+        if not 0 <= warmup_steps < total_steps:
+            raise ValueError(f"{rank_prefix()} WarmupCosine: need 0 <= warmup_steps < total_steps, "
+                             f"got warmup_steps={warmup_steps}, total_steps={total_steps}.")
+        self.warmup_steps, self.total_steps = int(warmup_steps), int(total_steps)
+        self.min_lr = float(min_lr)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr: float, step: int) -> float:
+        if step < self.warmup_steps:
+            return base_lr * (step + 1) / (self.warmup_steps + 1)
+        if step >= self.total_steps:
+            return self.min_lr
+        ratio = (step - self.warmup_steps) / (self.total_steps - self.warmup_steps)
+        return self.min_lr + (base_lr - self.min_lr) * (1.0 + math.cos(math.pi * ratio)) / 2.0

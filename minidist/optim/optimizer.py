@@ -1,0 +1,206 @@
+"""The optimizer base class: parameter groups, per-parameter state, zero_grad, state_dict.
+
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = SGD([{"params": body.parameters()}, {"params": head.parameters(), "lr": 0.01}], lr=0.1)
+    opt.param_groups[1]["lr"] = 0.005          # schedules write here, as in torch
+
+A parameter is anything with ``.data`` (an xp array, updated IN PLACE, never rebound: DDP and
+the model keep views of it) and ``.grad`` (an xp array or None; None means "no gradient this
+step", and the parameter is skipped). Parameters are numbered 0, 1, 2, ... in group order; that
+number is the key of the per-parameter state and of ``state_dict()``, exactly torch's layout::
+
+    {"state": {0: {"momentum_buffer": arr}, 1: {...}},            # only params with state
+     "param_groups": [{"lr": 0.1, "momentum": 0.9, ..., "params": [0, 1]},
+                      {"lr": 0.01, ...,                "params": [2, 3]}]}
+
+Values are plain arrays and numbers, so a checkpoint stores them without pickle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from minidist import xp as backend
+from minidist.log import get_logger, rank_prefix
+
+log = get_logger(__name__)
+
+_required = object()  # a default that must be given (torch's `required` sentinel)
+
+
+class Optimizer:
+    """Base class: holds ``param_groups`` and ``state``; subclasses implement ``step()``.
+
+    Args:
+        params: parameters, or a list of dicts each with a ``"params"`` entry plus per-group
+            hyper-parameters that override ``defaults``.
+        defaults: the hyper-parameters of every group that does not set its own.
+
+    Raises:
+        ValueError: no parameters, a parameter in two groups, or a required option missing.
+    """
+
+    # The keys subclasses keep per parameter; load_state_dict checks them.
+    state_keys: tuple[str, ...] = ()
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
+        self.defaults = dict(defaults)
+        self.param_groups: list[dict[str, Any]] = []
+        self.state: dict[int, dict[str, Any]] = {}   # param index -> its state
+        self._scratch: dict[tuple[int, int], Any] = {}  # (param index, slot) -> work buffer
+        params = list(params)
+        if len(params) == 0:
+            raise ValueError(f"{rank_prefix()} {type(self).__name__}: got an empty parameter list. "
+                             "Pass model.parameters() of a model that has parameters.")
+        if not isinstance(params[0], dict):
+            params = [{"params": params}]
+        for group in params:
+            self.add_param_group(group)
+
+    # ---------------------------------------------------------------- groups
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Append a group (a dict with ``"params"``); missing options come from ``defaults``."""
+        name = type(self).__name__
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise ValueError(f"{rank_prefix()} {name}.add_param_group: expected a dict with a "
+                             f"'params' entry, got {type(param_group).__name__}.")
+        group = dict(param_group)
+        ps = group["params"]
+        group["params"] = [ps] if hasattr(ps, "data") else list(ps)
+        for key, value in self.defaults.items():
+            if value is _required and key not in group:
+                raise ValueError(f"{rank_prefix()} {name}: parameter group {len(self.param_groups)} "
+                                 f"does not set the required option {key!r}. Pass {key}=... .")
+            group.setdefault(key, value)
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        for p in group["params"]:
+            if not hasattr(p, "data") or not hasattr(p, "grad"):
+                raise ValueError(f"{rank_prefix()} {name}: a parameter must have .data and .grad, "
+                                 f"got {type(p).__name__}. Pass model.parameters().")
+            if id(p) in seen:
+                raise ValueError(f"{rank_prefix()} {name}: a parameter of shape "
+                                 f"{tuple(p.data.shape)} appears in more than one group (or twice). "
+                                 "Each parameter may belong to one group only.")
+            seen.add(id(p))
+        self.param_groups.append(group)
+        log.debug("%s: group %d with %d parameters", name, len(self.param_groups) - 1,
+                  len(group["params"]))
+
+    def indexed_params(self) -> Iterable[tuple[int, Any, dict[str, Any]]]:
+        """Yield ``(index, param, group)`` for every parameter, numbered as in ``state_dict``."""
+        i = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                yield i, p, group
+                i += 1
+
+    def scratch(self, index: int, like: Any, slot: int = 0) -> Any:
+        """A reusable work buffer shaped like ``like`` (allocated once, so steps do not allocate)."""
+        buf = self._scratch.get((index, slot))
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+            buf = backend.get_array_module(like).empty_like(like)
+            self._scratch[(index, slot)] = buf
+        return buf
+
+    # ---------------------------------------------------------------- gradients
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear every gradient: set it to None (default, as torch) or fill it with zeros in place.
+
+        ``set_to_none=False`` keeps the gradient arrays (and any views into them, e.g. DDP
+        buckets) alive and writes zeros into them.
+        """
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad[...] = 0
+
+    def step(self) -> None:  # pragma: no cover - abstract
+        """Update every parameter that has a gradient, in place."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state in torch's layout (arrays are copies; see the module docstring)."""
+        groups, start = [], 0
+        for group in self.param_groups:
+            g = {k: v for k, v in group.items() if k != "params"}
+            g["params"] = list(range(start, start + len(group["params"])))
+            start += len(group["params"])
+            groups.append(g)
+        state = {}
+        for i, s in self.state.items():
+            state[i] = {k: (v.copy() if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0 else v)
+                        for k, v in s.items()}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore state saved by ``state_dict()``; arrays are copied onto each parameter's device.
+
+        Keys may be ints or digit strings (as JSON/npz round-trips give them back).
+
+        Raises:
+            ValueError: the group count, a group's parameter count, a state key or an array shape
+                does not match this optimizer; the message names the group/parameter.
+        """
+        name = f"{rank_prefix()} {type(self).__name__}.load_state_dict"
+        if "state" not in state_dict or "param_groups" not in state_dict:
+            raise ValueError(f"{name}: expected keys 'state' and 'param_groups', got "
+                             f"{sorted(state_dict)}. Pass the dict returned by state_dict().")
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"{name}: the checkpoint has {len(saved_groups)} parameter groups but "
+                             f"this optimizer has {len(self.param_groups)}. Build the optimizer "
+                             "with the same groups as the one that was saved.")
+        for gi, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"{name}: group {gi} has {len(saved['params'])} parameters in the "
+                                 f"checkpoint but {len(group['params'])} here. Build the same "
+                                 "model (same layers, same order) before loading.")
+        # Map the saved param numbers onto this optimizer's parameters, group by group.
+        by_saved = {}
+        for saved, group in zip(saved_groups, self.param_groups):
+            for sid, p in zip(saved["params"], group["params"]):
+                by_saved[int(sid)] = p
+        index_of = {id(p): i for i, p, _ in self.indexed_params()}
+        new_state: dict[int, dict[str, Any]] = {}
+        for key, s in state_dict["state"].items():
+            sid = int(key)
+            if sid not in by_saved:
+                raise ValueError(f"{name}: the checkpoint has state for parameter {sid}, which is "
+                                 f"not in any saved group (0..{len(by_saved) - 1}).")
+            p = by_saved[sid]
+            unknown = set(s) - set(self.state_keys)
+            if unknown:
+                raise ValueError(f"{name}: parameter {sid} has unknown state keys {sorted(unknown)}; "
+                                 f"{type(self).__name__} keeps {list(self.state_keys)}. Load a "
+                                 f"checkpoint of the same optimizer type.")
+            new_state[index_of[id(p)]] = {k: self._load_value(name, sid, k, v, p) for k, v in s.items()}
+        for saved, group in zip(saved_groups, self.param_groups):
+            for k, v in saved.items():
+                if k != "params":
+                    group[k] = tuple(v) if isinstance(v, list) else v
+        self.state = new_state
+
+    @staticmethod
+    def _load_value(name: str, sid: int, key: str, value: Any, p: Any) -> Any:
+        if key == "step":
+            return int(value)
+        shape = tuple(getattr(value, "shape", ()))
+        if shape != tuple(p.data.shape):
+            raise ValueError(f"{name}: state {key!r} of parameter {sid} has shape {shape} but the "
+                             f"parameter has shape {tuple(p.data.shape)}. The checkpoint belongs to "
+                             "a different model.")
+        xp = backend.get_array_module(p.data)
+        return xp.array(xp.asarray(value), dtype=p.data.dtype, copy=True)
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, g in enumerate(self.param_groups):
+            opts = ", ".join(f"{k}={v}" for k, v in g.items() if k != "params")
+            lines.append(f"  group {i}: {len(g['params'])} params, {opts}")
+        return "\n".join(lines + [")"])

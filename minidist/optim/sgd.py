@@ -1,0 +1,93 @@
+"""Stochastic gradient descent with momentum, dampening, weight decay and Nesterov: torch's SGD.
+
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    loss.backward(); opt.step(); opt.zero_grad()
+
+The update, per parameter p with gradient g (torch.optim.SGD, step t = 1, 2, ...)::
+
+    g   = g + weight_decay * p                       (if weight_decay != 0; L2 in the gradient)
+    buf = g                                          (t == 1: no dampening on the first step)
+    buf = momentum * buf + (1 - dampening) * g       (t > 1)
+    g   = g + momentum * buf   if nesterov  else  buf      (if momentum != 0)
+    p   = p - lr * g
+
+All of it runs in place on ``p.data`` with one or two work buffers per parameter, allocated on
+first use, so steady-state steps allocate no arrays (tests/unit/test_optim.py checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from minidist import xp as backend
+from minidist.log import rank_prefix
+from minidist.optim.optimizer import Optimizer, _required
+
+
+class SGD(Optimizer):
+    """torch.optim.SGD: ``SGD(params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False)``.
+
+    Args:
+        params: parameters or parameter groups (see ``Optimizer``).
+        lr: learning rate.
+        momentum: momentum factor (0 = plain SGD).
+        dampening: scales the new gradient in the momentum buffer (not on the first step).
+        weight_decay: L2 penalty, added to the gradient.
+        nesterov: use Nesterov momentum (needs momentum > 0 and dampening == 0).
+
+    Raises:
+        ValueError: a negative option, or nesterov with momentum <= 0 or dampening != 0.
+    """
+
+    state_keys = ("momentum_buffer",)
+
+    def __init__(self, params: Iterable[Any], lr: float = _required, momentum: float = 0.0,
+                 dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False) -> None:
+        for key, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
+            if value is not _required and value < 0.0:
+                raise ValueError(f"{rank_prefix()} SGD: invalid {key}={value}; it must be >= 0.")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError(f"{rank_prefix()} SGD: nesterov=True needs momentum > 0 and "
+                             f"dampening == 0, got momentum={momentum}, dampening={dampening}.")
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
+                                      weight_decay=weight_decay, nesterov=nesterov))
+
+    def step(self) -> None:
+        """One SGD update of every parameter whose ``.grad`` is not None."""
+        for i, p, group in self.indexed_params():
+            if p.grad is None:
+                continue
+            self._update(i, p, group)
+
+    def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
+        xp = backend.get_array_module(p.data)
+        lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
+        param, d = p.data, p.grad
+        out = self.scratch(i, param, 0)
+        if wd != 0:                                  # d = g + wd * p  (the grad itself is kept)
+            xp.multiply(param, wd, out=out)
+            xp.add(out, d, out=out)
+            d = out
+        if momentum != 0:
+            state = self.state.setdefault(i, {})
+            buf = state.get("momentum_buffer")
+            if buf is None:                          # first step: buf = d, no dampening
+                buf = state["momentum_buffer"] = xp.array(d, copy=True)
+            else:
+                xp.multiply(buf, momentum, out=buf)
+                if group["dampening"] != 0:
+                    tmp = self.scratch(i, param, 1)
+                    xp.multiply(d, 1.0 - group["dampening"], out=tmp)
+                    xp.add(buf, tmp, out=buf)
+                else:
+                    xp.add(buf, d, out=buf)
+            if group["nesterov"]:                    # d = d + momentum * buf
+                tmp = self.scratch(i, param, 1)
+                xp.multiply(buf, momentum, out=tmp)
+                xp.add(d, tmp, out=out)
+                d = out
+            else:
+                d = buf
+        xp.multiply(d, lr, out=out)                  # p = p - lr * d
+        xp.subtract(param, out, out=param)

@@ -1,0 +1,35 @@
+"""The tensor layer: ``Tensor`` with a reverse-mode autograd tape, on NumPy or CuPy arrays.
+
+    from minidist.tensor import Tensor, no_grad, cross_entropy
+    w = Tensor(np.random.randn(10, 784).astype(np.float32), requires_grad=True)
+    loss = cross_entropy(x @ w.T, y)        # x: (N, 784) Tensor, y: (N,) int array
+    loss.backward()                          # w.grad: an xp array, accumulated in place
+
+Modules, bottom up: ``grad_mode`` (no_grad), ``core`` (Tensor), ``autograd`` (the backward
+walk, in-place accumulation, post-accumulate-grad hooks), then the ops, each with its backward
+beside its forward: ``elementwise``, ``reduce``, ``shape``, ``linalg``, ``functional`` (softmax,
+losses, dropout, layer_norm), ``conv`` (conv2d, max_pool2d); ``random`` (manual_seed).
+See docs/tensor.md for how the tape works and the two contracts DDP relies on.
+"""
+
+from __future__ import annotations
+
+from minidist.tensor.autograd import RemovableHandle
+from minidist.tensor.conv import conv2d, max_pool2d
+from minidist.tensor.core import Tensor
+from minidist.tensor.elementwise import erf, exp, gelu, log, relu, sigmoid, tanh
+from minidist.tensor.functional import (cross_entropy, dropout, layer_norm, log_softmax,
+                                        mse_loss, softmax)
+from minidist.tensor.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from minidist.tensor.linalg import linear, matmul
+from minidist.tensor.random import default_generator, manual_seed
+from minidist.tensor.reduce import max, mean, min, sum  # noqa: A004
+from minidist.tensor.shape import cat, concatenate, stack
+
+__all__ = [
+    "Tensor", "RemovableHandle", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
+    "manual_seed", "default_generator", "matmul", "linear", "exp", "log", "tanh", "sigmoid",
+    "relu", "gelu", "erf", "sum", "mean", "max", "min", "cat", "concatenate", "stack",
+    "softmax", "log_softmax", "cross_entropy", "mse_loss", "dropout", "layer_norm", "conv2d",
+    "max_pool2d",
+]

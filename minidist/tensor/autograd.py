@@ -1,0 +1,186 @@
+"""The backward engine: walk the tape in reverse, accumulate leaf grads in place, fire hooks.
+
+    loss.backward()      # == run_backward(loss)
+
+Forward recorded, for every op result, its inputs and a closure ``g -> (g_in1, g_in2, ...)``.
+Backward:
+
+1. collects the nodes that reach the root through tensors that require grad, in topological
+   order (inputs before outputs), and counts, for each leaf, how many edges lead into it;
+2. visits the nodes in reverse order: calls the closure with the node's gradient and routes the
+   results to the inputs. An intermediate input sums its contributions in a dict; a leaf adds
+   each contribution straight into ``leaf.grad`` IN PLACE (contract 1: never rebinds it);
+3. when a leaf's last edge has delivered, its gradient for this backward is complete: its
+   post-accumulate-grad hooks fire then (contract 2), so DDP can start reducing that bucket
+   while the earlier layers are still being differentiated;
+4. drops each node's closure and inputs once used (unless ``retain_graph=True``), so the
+   activations of a step are freed and memory does not grow across steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Callable
+
+from minidist import xp as backend
+from minidist.tensor.core import Tensor, as_array, error
+
+_handle_ids = itertools.count()
+
+
+class RemovableHandle:
+    """Returned by ``register_post_accumulate_grad_hook``; ``remove()`` unregisters the hook."""
+
+    def __init__(self, tensor: Tensor, key: int) -> None:
+        self._tensor = weakref.ref(tensor)
+        self._key = key
+
+    def remove(self) -> None:
+        """Unregister the hook (a no-op if it is already gone)."""
+        tensor = self._tensor()
+        if tensor is not None and tensor._hooks:
+            tensor._hooks.pop(self._key, None)
+
+
+def register_post_accumulate_grad_hook(tensor: Tensor, hook: Callable[[Tensor], None]
+                                       ) -> RemovableHandle:
+    """Call ``hook(tensor)`` once per backward, right after the leaf's grad is complete.
+
+    "Complete" means every contribution of this backward has been added into ``tensor.grad``
+    (a parameter used twice fires once, after both). Hooks fire in the order the tape finishes
+    the leaves: reverse topological order, so the last layer's parameters come first. They
+    never fire under ``no_grad`` (nothing is recorded) and only exist on leaves.
+
+    Args:
+        tensor: a leaf with ``requires_grad=True`` (a Parameter).
+        hook: called with the tensor; its return value is ignored.
+
+    Returns:
+        A handle whose ``remove()`` unregisters the hook.
+    """
+    if not tensor.requires_grad or not tensor.is_leaf:
+        raise RuntimeError(error(
+            "register_post_accumulate_grad_hook", "hooks can only be registered on leaf tensors "
+            f"that require grad (this one: requires_grad={tensor.requires_grad}, "
+            f"is_leaf={tensor.is_leaf}). Register it on the parameter itself."))
+    if tensor._hooks is None:
+        tensor._hooks = {}
+    key = next(_handle_ids)
+    tensor._hooks[key] = hook
+    return RemovableHandle(tensor, key)
+
+
+def _freed(g: Any) -> tuple:
+    raise RuntimeError(error(
+        "backward", "trying to backward through the graph a second time: its intermediate "
+        "results were freed by the first backward(). Call backward(retain_graph=True) the first "
+        "time if you really need two passes, or recompute the forward."))
+
+
+def _topological_order(root: Tensor) -> tuple[list[Tensor], dict[int, int]]:
+    """Nodes reachable from root through requires-grad edges (inputs first) + edges per leaf."""
+    order: list[Tensor] = []
+    leaf_edges: dict[int, int] = {}
+    visited: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    while stack:  # iterative post-order DFS: deep graphs do not hit the recursion limit
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for parent in node._parents:
+            if not parent.requires_grad:
+                continue
+            if parent._backward is None:
+                leaf_edges[id(parent)] = leaf_edges.get(id(parent), 0) + 1
+            if id(parent) not in visited:
+                stack.append((parent, False))
+    return order, leaf_edges
+
+
+def _accumulate(leaf: Tensor, g: Any) -> None:
+    """Add ``g`` into ``leaf.grad`` in place (cast to its dtype); allocate it if it is None."""
+    if g.shape != leaf.data.shape:  # an op's backward broke its contract; not a user error
+        raise AssertionError(f"gradient of shape {g.shape} for a leaf of shape {leaf.data.shape}")
+    if leaf._grad is None:
+        leaf._grad = g.astype(leaf.data.dtype, copy=True)  # a fresh array the leaf owns
+    else:
+        xp = backend.get_array_module(leaf._grad)
+        xp.add(leaf._grad, g, out=leaf._grad, casting="unsafe")
+
+
+def _fire_hooks(leaf: Tensor) -> None:
+    if leaf._hooks:
+        for hook in list(leaf._hooks.values()):
+            hook(leaf)
+
+
+def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False) -> None:
+    """Backpropagate from ``root``, accumulating into the ``.grad`` of every leaf it reaches.
+
+    Args:
+        root: usually a scalar loss.
+        gradient: d(something)/d(root), same shape as root; default 1 (root must be a scalar).
+        retain_graph: keep the tape so backward can run through it again.
+
+    Raises:
+        ValueError: root is not a scalar and no gradient was given, or gradient has the wrong shape.
+        RuntimeError: root does not require grad, or the graph was already freed.
+    """
+    if not root.requires_grad:
+        raise RuntimeError(error(
+            "backward", f"called on a tensor of shape {root.shape} that does not require grad: "
+            "no input with requires_grad=True went into it, or it was computed under no_grad(). "
+            "Make sure the parameters require grad and the forward runs outside no_grad()."))
+    if gradient is None:
+        if root.data.size != 1:
+            raise ValueError(error(
+                "backward", f"called on a tensor of shape {root.shape}; backward needs a scalar "
+                "loss (call .sum() or .mean() first) or pass gradient=..."))
+        xp = backend.get_array_module(root.data)
+        seed = xp.ones_like(root.data)
+    else:
+        seed = as_array(gradient, root.data.dtype)
+        if seed.shape != root.data.shape:
+            raise ValueError(error(
+                "backward", f"gradient has shape {tuple(seed.shape)} but the tensor has shape "
+                f"{root.shape}. Pass a gradient of the tensor's shape."))
+
+    if root._backward is None:  # backward on a leaf: its gradient is the seed itself
+        _accumulate(root, seed)
+        _fire_hooks(root)
+        return
+
+    order, leaf_edges = _topological_order(root)
+    grads: dict[int, Any] = {id(root): seed}
+    delivered: set[int] = set()  # leaves that received at least one gradient this pass
+    for node in reversed(order):
+        if node._backward is None:
+            continue  # a leaf: handled when its consumers route to it
+        g = grads.pop(id(node), None)
+        parents = node._parents
+        parent_grads = node._backward(g) if g is not None else (None,) * len(parents)
+        # Route in reverse input order: Linear(x, weight, bias) finishes bias before weight,
+        # so hooks fire in exactly the reverse of parameters() order.
+        for i in range(len(parents) - 1, -1, -1):
+            parent, pg = parents[i], parent_grads[i]
+            if not parent.requires_grad:
+                continue
+            key = id(parent)
+            if parent._backward is None:
+                if pg is not None:
+                    _accumulate(parent, pg)
+                    delivered.add(key)
+                leaf_edges[key] -= 1
+                if leaf_edges[key] == 0 and key in delivered:
+                    _fire_hooks(parent)
+            elif pg is not None:
+                prev = grads.get(key)
+                grads[key] = pg if prev is None else prev + pg  # never in place: pg may alias
+        if not retain_graph:
+            node._backward, node._parents = _freed, ()

@@ -1,0 +1,147 @@
+"""2-D convolution and max pooling on NCHW tensors, by im2col.
+
+``patches(x)`` copies every kh x kw patch into one array, one strided slice per kernel offset
+(kh*kw large copies, much faster in NumPy than gathering a 6-D strided view)::
+
+    x (N, C, H, W) --patches--> P (kh, kw, C, N, Ho, Wo)     Ho = (H + 2p - kh) // s + 1
+                                P[i, j] = x[:, :, i::s, j::s] (first Ho x Wo), as (C, N, Ho, Wo)
+    conv:  W (O, kh*kw*C) @ P (kh*kw*C, N*Ho*Wo)  ->  (O, N, Ho, Wo)  -> NCHW view
+    pool:  max over the kh*kw axis of P
+
+Backward turns patch gradients back into an image with ``col2im``: one strided add per kernel
+offset, which also sums overlapping windows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minidist import xp as backend
+from minidist.tensor.core import Tensor, error
+
+
+def pair(v: Any, name: str = "value") -> tuple[int, int]:
+    """``3 -> (3, 3)``; ``(2, 3)`` stays."""
+    if isinstance(v, int):
+        return (v, v)
+    v = tuple(v)
+    if len(v) != 2:
+        raise ValueError(error("conv", f"{name} must be an int or a pair, got {v}."))
+    return (int(v[0]), int(v[1]))
+
+
+def pad2d(x: Any, ph: int, pw: int) -> Any:
+    """Zero-pad the last two dims (faster than ``xp.pad`` for this one case)."""
+    if not ph and not pw:
+        return x
+    xp = backend.get_array_module(x)
+    n, c, h, w = x.shape
+    out = xp.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=x.dtype)
+    out[:, :, ph:ph + h, pw:pw + w] = x
+    return out
+
+
+def patches(x: Any, kh: int, kw: int, sh: int, sw: int) -> Any:
+    """All kh x kw patches of a 4-D array, as a new array (kh, kw, C, N, Ho, Wo)."""
+    xp = backend.get_array_module(x)
+    n, c, h, w = x.shape
+    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+    out = xp.empty((kh, kw, c, n, ho, wo), dtype=x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            out[i, j] = x[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] \
+                .transpose(1, 0, 2, 3)
+    return out
+
+
+def col2im(gp: Any, shape: tuple[int, ...], sh: int, sw: int) -> Any:
+    """Sum patch gradients (kh, kw, C, N, Ho, Wo) back into an image of ``shape`` (N, C, H, W)."""
+    xp = backend.get_array_module(gp)
+    kh, kw, _, _, ho, wo = gp.shape
+    gx = xp.zeros(shape, dtype=gp.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            gx[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] += \
+                gp[i, j].transpose(1, 0, 2, 3)
+    return gx
+
+
+def _out_size(op: str, x: Tensor, kh: int, kw: int, ph: int, pw: int) -> None:
+    if x.ndim != 4:
+        raise ValueError(error(op, f"expects an NCHW input (4-D), got shape {x.shape}. Add a "
+                               "batch dim with x[None] or a channel dim with x[:, None]."))
+    if x.shape[2] + 2 * ph < kh or x.shape[3] + 2 * pw < kw:
+        raise ValueError(error(op, f"kernel {(kh, kw)} is larger than the (padded) input "
+                               f"{(x.shape[2] + 2 * ph, x.shape[3] + 2 * pw)} of shape "
+                               f"{x.shape}. Use a smaller kernel or more padding."))
+
+
+def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,
+           padding: Any = 0) -> Tensor:
+    """2-D cross-correlation (torch's ``F.conv2d``), NCHW.
+
+    Args:
+        x: (N, C, H, W).
+        weight: (O, C, kh, kw).
+        bias: (O,) or None.
+        stride: int or (sh, sw).
+        padding: zero padding, int or (ph, pw).
+
+    Returns:
+        (N, O, Ho, Wo) with ``Ho = (H + 2 ph - kh) // sh + 1``.
+    """
+    o, c, kh, kw = weight.shape
+    (sh, sw), (ph, pw) = pair(stride, "stride"), pair(padding, "padding")
+    _out_size("conv2d", x, kh, kw, ph, pw)
+    if x.shape[1] != c:
+        raise ValueError(error("conv2d", f"input of shape {x.shape} has {x.shape[1]} channels "
+                               f"but the weight of shape {weight.shape} expects {c}. Check "
+                               "in_channels."))
+    n = x.shape[0]
+    xpad = pad2d(x.data, ph, pw)
+    cols = patches(xpad, kh, kw, sh, sw)
+    ho, wo = cols.shape[4], cols.shape[5]
+    cols = cols.reshape(kh * kw * c, n * ho * wo)
+    wmat = weight.data.transpose(0, 2, 3, 1).reshape(o, kh * kw * c)  # (O, kh, kw, C) order
+    out = wmat @ cols
+    if bias is not None:
+        out += bias.data[:, None]
+    out = out.reshape(o, n, ho, wo).transpose(1, 0, 2, 3)  # NCHW view of the (O, N, ...) result
+    parents = (x, weight) if bias is None else (x, weight, bias)
+
+    def backward(g: Any) -> tuple:
+        g2 = g.transpose(1, 0, 2, 3).reshape(o, n * ho * wo)  # a free view when g is out-shaped
+        gx = gw = None
+        if weight.requires_grad:
+            gw = (g2 @ cols.T).reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
+        if x.requires_grad:
+            gcols = (wmat.T @ g2).reshape(kh, kw, c, n, ho, wo)
+            gx = col2im(gcols, xpad.shape, sh, sw)[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]]
+        if bias is None:
+            return gx, gw
+        return gx, gw, (g2.sum(axis=1) if bias.requires_grad else None)
+
+    return Tensor._make(out, parents, backward, "conv2d")
+
+
+def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None) -> Tensor:
+    """Max over each kernel window (no padding; stride defaults to the kernel size).
+
+    The gradient goes to one winner per window (the first maximum on ties).
+    """
+    kh, kw = pair(kernel_size, "kernel_size")
+    sh, sw = pair(stride if stride is not None else (kh, kw), "stride")
+    _out_size("max_pool2d", x, kh, kw, 0, 0)
+    xp = backend.get_array_module(x.data)
+    p = patches(x.data, kh, kw, sh, sw)
+    flat = p.reshape((kh * kw,) + p.shape[2:])  # (kh*kw, C, N, Ho, Wo)
+    idx = flat.argmax(axis=0)
+    out = flat.max(axis=0).transpose(1, 0, 2, 3)
+
+    def backward(g: Any) -> tuple:
+        gt = g.transpose(1, 0, 2, 3)
+        onehot = xp.arange(kh * kw).reshape(-1, 1, 1, 1, 1) == idx
+        gp = (onehot * gt).astype(g.dtype, copy=False).reshape(p.shape)
+        return (col2im(gp, x.data.shape, sh, sw),)
+
+    return Tensor._make(out, (x,), backward, "max_pool2d")

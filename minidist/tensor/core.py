@@ -1,0 +1,300 @@
+"""Tensor: an xp array (NumPy or CuPy) plus the tape entry that says how it was computed.
+
+    from minidist.tensor import Tensor
+    w = Tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)    # float32 by default
+    loss = (w @ w.T).relu().sum()
+    loss.backward()
+    w.grad                                                      # an xp array, like w.data
+
+Each op (in ``elementwise``, ``reduce``, ``shape``, ``linalg``, ``functional``, ``conv``) computes
+its result on ``.data`` and, when grad mode is on and an input requires grad, records a node:
+the inputs (``_parents``) and a ``_backward(g)`` closure that maps the output's gradient to one
+gradient per input. ``autograd.run_backward`` walks those nodes; see docs/tensor.md.
+
+Dtypes: Python floats and lists become float32; arrays keep their dtype (float16, float32,
+float64 are carried through every op; Python scalars never upcast them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy
+
+from minidist import xp as backend
+from minidist.log import rank_prefix
+from minidist.tensor.grad_mode import is_grad_enabled
+
+BackwardFn = Callable[[Any], Sequence[Any]]
+
+
+def error(op: str, message: str) -> str:
+    """Format an error message the project's way: ``[rank R/N] op: message``."""
+    return f"{rank_prefix()} {op}: {message}"
+
+
+def is_floating(dtype: Any) -> bool:
+    """True for float16/32/64 (the dtypes that can carry gradients)."""
+    return bool(numpy.issubdtype(dtype, numpy.floating))
+
+
+def as_array(data: Any, dtype: Any = None) -> Any:
+    """An xp array for ``data``: arrays are kept (no copy), Python floats/lists become float32."""
+    if isinstance(data, Tensor):
+        data = data.data
+    if isinstance(data, numpy.ndarray) or backend.is_device_array(data):
+        return data if dtype is None else data.astype(dtype, copy=False)
+    if isinstance(data, numpy.generic):
+        return numpy.asarray(data, dtype=dtype)
+    arr = backend.default_array_module().asarray(data, dtype=dtype)
+    if dtype is None and arr.dtype == numpy.float64:
+        arr = arr.astype(numpy.float32)  # Python floats: float32, as torch's default dtype
+    return arr
+
+
+class Tensor:
+    """An n-dimensional array that records the ops applied to it, for reverse-mode autograd.
+
+    Args:
+        data: an xp array (kept without a copy), a Python scalar or nested list (float32, or
+            int64 for ints), a NumPy scalar, or another Tensor (shares its data).
+        requires_grad: make this a leaf whose ``.grad`` backward fills in (float dtypes only).
+        dtype: convert to this dtype first (a NumPy dtype or its name).
+
+    Attributes:
+        data: the xp array holding the values.
+        requires_grad: whether gradients flow to (leaf) or through (op result) this tensor.
+    """
+
+    __slots__ = ("data", "_grad", "requires_grad", "_parents", "_backward", "_op", "_hooks",
+                 "__weakref__")
+    __array_ufunc__ = None  # ndarray <op> Tensor -> Tensor.__r<op>__, not an object array
+
+    def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None) -> None:
+        self.data = as_array(data, dtype)
+        self._grad: Any = None
+        self._parents: tuple[Tensor, ...] = ()
+        self._backward: BackwardFn | None = None
+        self._op = ""
+        self._hooks: dict[int, Callable[[Tensor], None]] | None = None
+        self.requires_grad = False
+        if requires_grad:
+            self.requires_grad_(True)
+
+    # ---- tape -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _make(data: Any, parents: tuple[Tensor, ...], backward: BackwardFn, op: str) -> Tensor:
+        """The result of an op: records ``(parents, backward)`` when the tape is on."""
+        out = Tensor.__new__(Tensor)
+        out.data, out._grad, out._op, out._hooks = data, None, op, None
+        if is_grad_enabled() and any(p.requires_grad for p in parents):
+            out.requires_grad, out._parents, out._backward = True, parents, backward
+        else:
+            out.requires_grad, out._parents, out._backward = False, (), None
+        return out
+
+    @property
+    def is_leaf(self) -> bool:
+        """True for tensors made by the user (not by an op recorded on the tape)."""
+        return self._backward is None
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        """Set ``requires_grad`` on a leaf, in place; returns self."""
+        if not self.is_leaf:
+            raise RuntimeError(error("requires_grad_", "only leaf tensors can change "
+                                     "requires_grad. Use .detach() to get a new leaf."))
+        if requires_grad and not is_floating(self.data.dtype):
+            raise TypeError(error("requires_grad_", f"only float tensors can require grad, got "
+                                  f"dtype {self.data.dtype}. Convert with .float() first."))
+        self.requires_grad = bool(requires_grad)
+        return self
+
+    @property
+    def grad(self) -> Any:
+        """The accumulated gradient (an xp array of this shape) or None.
+
+        ``backward`` adds into this array IN PLACE and never rebinds it, so it may be a view into
+        a larger buffer (DDP buckets); its dtype may differ from the tensor's (cast on add).
+        """
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Any) -> None:
+        if isinstance(value, Tensor):
+            value = value.data
+        if value is not None and tuple(value.shape) != self.data.shape:
+            raise ValueError(error("grad", f"assigned a gradient of shape {tuple(value.shape)} to "
+                                   f"a tensor of shape {self.data.shape}. Shapes must match."))
+        self._grad = value
+
+    def backward(self, gradient: Any = None, retain_graph: bool = False) -> None:
+        """Backpropagate from this tensor; see ``autograd.run_backward``."""
+        autograd.run_backward(self, gradient, retain_graph)
+
+    def register_post_accumulate_grad_hook(self, hook: Callable[[Tensor], None]) -> Any:
+        """Call ``hook(self)`` once per backward, right after this leaf's grad is complete.
+
+        See ``autograd.register_post_accumulate_grad_hook``. Returns a handle with ``.remove()``.
+        """
+        return autograd.register_post_accumulate_grad_hook(self, hook)
+
+    def detach(self) -> Tensor:
+        """A new leaf sharing this tensor's data, outside the tape."""
+        return Tensor(self.data)
+
+    # ---- array properties ----------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return int(self.data.ndim)
+
+    @property
+    def size(self) -> int:
+        """Number of elements (NumPy's meaning; torch's ``numel()``)."""
+        return int(self.data.size)
+
+    def numel(self) -> int:
+        return int(self.data.size)
+
+    def __len__(self) -> int:
+        if self.data.ndim == 0:
+            raise TypeError(error("len", "len() of a 0-d tensor. Use .item()."))
+        return int(self.data.shape[0])
+
+    def item(self) -> float:
+        """The value of a one-element tensor as a Python number."""
+        if self.data.size != 1:
+            raise ValueError(error("item", f"needs a one-element tensor, got shape {self.shape}."
+                                   " Reduce it first (.sum(), .mean()) or index one element."))
+        return self.data.reshape(()).item()
+
+    def numpy(self) -> numpy.ndarray:
+        """The values as a NumPy array (shares memory on the CPU; copies from a GPU)."""
+        return backend.to_host(self.data)
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor({backend.to_host(self.data)!r}{grad})"
+
+    # ---- ops (each is implemented, with its backward, in the module named) ------------------
+
+    def astype(self, dtype: Any) -> Tensor:
+        return elementwise.astype(self, dtype)
+
+    def float(self) -> Tensor:
+        return elementwise.astype(self, numpy.float32)
+
+    def half(self) -> Tensor:
+        return elementwise.astype(self, numpy.float16)
+
+    def double(self) -> Tensor:
+        return elementwise.astype(self, numpy.float64)
+
+    def __add__(self, other: Any) -> Tensor:
+        return elementwise.add(self, other)
+
+    __radd__ = __add__  # other + self
+
+    def __sub__(self, other: Any) -> Tensor:
+        return elementwise.sub(self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:  # other - self
+        return elementwise.rsub(self, other)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return elementwise.mul(self, other)
+
+    __rmul__ = __mul__  # other * self
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return elementwise.div(self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:  # other / self
+        return elementwise.rdiv(self, other)
+
+    def __neg__(self) -> Tensor:
+        return elementwise.neg(self)
+
+    def __pow__(self, exponent: Any) -> Tensor:
+        return elementwise.pow(self, exponent)
+
+    def __rpow__(self, base: Any) -> Tensor:  # base ** self
+        return elementwise.rpow(self, base)
+
+    def __matmul__(self, other: Any) -> Tensor:
+        return linalg.matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Tensor:  # other @ self
+        return linalg.matmul(Tensor(other), self)
+
+    def exp(self) -> Tensor:
+        return elementwise.exp(self)
+
+    def log(self) -> Tensor:
+        return elementwise.log(self)
+
+    def tanh(self) -> Tensor:
+        return elementwise.tanh(self)
+
+    def sigmoid(self) -> Tensor:
+        return elementwise.sigmoid(self)
+
+    def relu(self) -> Tensor:
+        return elementwise.relu(self)
+
+    def gelu(self, approximate: str = "none") -> Tensor:
+        return elementwise.gelu(self, approximate)
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return reduce.sum(self, axis, keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return reduce.mean(self, axis, keepdims)
+
+    def max(self, axis: int | None = None, keepdims: bool = False) -> Tensor:
+        return reduce.max(self, axis, keepdims)
+
+    def min(self, axis: int | None = None, keepdims: bool = False) -> Tensor:
+        return reduce.min(self, axis, keepdims)
+
+    def argmax(self, axis: int | None = None) -> Tensor:
+        """Indices of the maxima (an int tensor, outside the tape)."""
+        return Tensor(self.data.argmax(axis=axis))
+
+    def reshape(self, *shape: Any) -> Tensor:
+        return shape_ops.reshape(self, *shape)
+
+    def flatten(self, start_dim: int = 0) -> Tensor:
+        return shape_ops.flatten(self, start_dim)
+
+    def transpose(self, *axes: Any) -> Tensor:
+        return shape_ops.transpose(self, *axes)
+
+    permute = transpose
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802 - NumPy/torch name
+        return shape_ops.transpose(self)
+
+    def __getitem__(self, index: Any) -> Tensor:
+        return shape_ops.getitem(self, index)
+
+    def softmax(self, axis: int = -1) -> Tensor:
+        return functional.softmax(self, axis)
+
+    def log_softmax(self, axis: int = -1) -> Tensor:
+        return functional.log_softmax(self, axis)
+
+
+# The op modules import Tensor from here, so they are imported after it is defined.
+from minidist.tensor import autograd, elementwise, functional, linalg, reduce  # noqa: E402
+from minidist.tensor import shape as shape_ops  # noqa: E402

@@ -1,0 +1,91 @@
+"""Matrix products: ``matmul`` (1-D, 2-D, batched, as ``numpy.matmul``) and fused ``linear``.
+
+For ``out = a @ b`` with ``a (..., n, k)`` and ``b (..., k, m)``::
+
+    grad a = g @ b^T     (..., n, k)       summed over broadcast batch dims
+    grad b = a^T @ g     (..., k, m)
+
+A 1-D left operand acts as a row ``(1, k)``, a 1-D right one as a column ``(k, 1)``; the added
+dim is dropped from the result and from the gradients. ``linear(x, W, b) = x @ W^T + b`` is one
+node, so its backward writes ``grad W = g^T @ x`` directly in W's (out, in) layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minidist import xp as backend
+from minidist.tensor.core import Tensor, error
+from minidist.tensor.elementwise import broadcast_message, unbroadcast
+
+
+def _check_aligned(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    if not a or not b:
+        raise ValueError(error(op, f"shapes {a} and {b}: matmul needs at least 1-D operands. "
+                               "Use * for scalars."))
+    ka, kb = a[-1], (b[-2] if len(b) >= 2 else b[0])
+    if ka != kb:
+        da, db = len(a) - 1, (len(b) - 2 if len(b) >= 2 else 0)
+        raise ValueError(error(op, f"shapes {a} and {b} are not aligned: {ka} (dim {da} of the "
+                               f"left) != {kb} (dim {db} of the right). The inner dimensions "
+                               "must match: transpose one side (.T) or check the layer sizes."))
+
+
+def matmul(a: Tensor, b: Any) -> Tensor:
+    """``a @ b`` with NumPy's matmul rules."""
+    if not isinstance(b, Tensor):
+        b = Tensor(b, dtype=a.dtype)
+    _check_aligned("matmul", a.shape, b.shape)
+    xp = backend.get_array_module(a.data, b.data)
+    try:
+        out = xp.matmul(a.data, b.data)
+    except ValueError:
+        raise ValueError(broadcast_message("matmul (batch dims)", a.shape[:-2],
+                                           b.shape[:-2])) from None
+
+    def backward(g: Any) -> tuple:
+        A, B = a.data, b.data
+        if A.ndim == 1 and B.ndim == 1:
+            return (g * B if a.requires_grad else None), (g * A if b.requires_grad else None)
+        A2 = A[None, :] if A.ndim == 1 else A
+        B2 = B[:, None] if B.ndim == 1 else B
+        g2 = g[..., None, :] if A.ndim == 1 else (g[..., None] if B.ndim == 1 else g)
+        ga = gb = None
+        if a.requires_grad:
+            ga = unbroadcast(xp.matmul(g2, xp.swapaxes(B2, -1, -2)), A2.shape).reshape(A.shape)
+        if b.requires_grad:
+            gb = unbroadcast(xp.matmul(xp.swapaxes(A2, -1, -2), g2), B2.shape).reshape(B.shape)
+        return ga, gb
+
+    return Tensor._make(out, (a, b), backward, "matmul")
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` as one node (torch's ``F.linear``; weight is (out, in)).
+
+    Args:
+        x: input of shape (..., in_features).
+        weight: (out_features, in_features).
+        bias: (out_features,) or None.
+    """
+    if weight.ndim != 2 or x.ndim == 0 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(error(
+            "linear", f"input of shape {x.shape} has {x.shape[-1] if x.ndim else 0} features in "
+            f"its last dim but the weight of shape {weight.shape} expects {weight.shape[-1]} "
+            "(weight is (out_features, in_features)). Check in_features of the layer or the "
+            "shape of the input (flatten images first)."))
+    xp = backend.get_array_module(x.data, weight.data)
+    out = xp.matmul(x.data, weight.data.T)
+    if bias is not None:
+        out += bias.data  # `out` is a fresh array: add in place, no temporary
+    parents = (x, weight) if bias is None else (x, weight, bias)
+
+    def backward(g: Any) -> tuple:
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = xp.matmul(g, weight.data) if x.requires_grad else None
+        gw = xp.matmul(g2.T, x.data.reshape(-1, x.shape[-1])) if weight.requires_grad else None
+        if bias is None:
+            return gx, gw
+        return gx, gw, (g2.sum(axis=0) if bias.requires_grad else None)
+
+    return Tensor._make(out, parents, backward, "linear")

@@ -1,0 +1,97 @@
+"""Reductions: sum, mean (axis int or tuple, keepdims) and max/min along one axis.
+
+The backward of a reduction broadcasts the output gradient back over the reduced axes::
+
+    x (2, 3) --sum(axis=1)--> out (2,)        grad x = broadcast(g[:, None], (2, 3))
+
+max/min send the gradient to one winner per slice (the first argmax on ties), like torch's
+``max(dim)``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any
+
+from minidist import xp as backend
+from minidist.tensor.core import Tensor, error
+
+
+def normalize_axes(op: str, axis: Any, ndim: int) -> tuple[int, ...]:
+    """``axis`` (None, int or tuple; negatives allowed) as a sorted tuple of non-negative ints."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = []
+    for ax in axes:
+        if not -ndim <= ax < builtins.max(ndim, 1):
+            raise ValueError(error(op, f"axis {ax} is out of range for a tensor with {ndim} "
+                                   f"dims (valid: {-ndim}..{ndim - 1})."))
+        out.append(ax % ndim if ndim else 0)
+    return tuple(sorted(set(out)))
+
+
+def _expand(g: Any, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> Any:
+    """Broadcast a reduction's output gradient back to the input shape (a read-only view)."""
+    xp = backend.get_array_module(g)
+    if not keepdims:
+        g = g.reshape(tuple(1 if i in axes else n for i, n in enumerate(shape)))
+    return xp.broadcast_to(g, shape)
+
+
+def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Sum over ``axis`` (all axes by default)."""
+    axes = normalize_axes("sum", axis, x.ndim)
+    out = x.data.sum(axis=axes, keepdims=keepdims)
+    shape = x.data.shape
+    return Tensor._make(out, (x,), lambda g: (_expand(g, shape, axes, keepdims),), "sum")
+
+
+def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """Mean over ``axis`` (all axes by default)."""
+    axes = normalize_axes("mean", axis, x.ndim)
+    out = x.data.mean(axis=axes, keepdims=keepdims)
+    shape = x.data.shape
+    count = math.prod(shape[i] for i in axes)
+    return Tensor._make(out, (x,), lambda g: (_expand(g / count, shape, axes, keepdims),), "mean")
+
+
+def max(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Maximum over all elements, or along one axis; the gradient goes to the argmax."""
+    xp = backend.get_array_module(x.data)
+    shape = x.data.shape
+    if axis is None:
+        flat = x.data.reshape(-1)
+        i = int(flat.argmax())
+        out = flat[i].reshape((1,) * x.ndim if keepdims else ())
+
+        def backward_all(g: Any) -> tuple:
+            gx = xp.zeros(x.data.size, dtype=g.dtype)
+            gx[i] = g.reshape(())
+            return (gx.reshape(shape),)
+
+        return Tensor._make(out, (x,), backward_all, "max")
+    if not isinstance(axis, int):
+        raise ValueError(error("max", f"axis must be an int or None, got {axis!r}. Reduce one "
+                               "axis at a time, or reshape first."))
+    (ax,) = normalize_axes("max", axis, x.ndim)
+    moved = xp.moveaxis(x.data, ax, -1)
+    rows = moved.reshape(-1, moved.shape[-1])
+    idx = rows.argmax(axis=1)
+    r = xp.arange(rows.shape[0])
+    out = rows[r, idx].reshape(moved.shape[:-1])
+    if keepdims:
+        out = xp.expand_dims(out, ax)
+
+    def backward(g: Any) -> tuple:
+        grows = xp.zeros(rows.shape, dtype=g.dtype)
+        grows[r, idx] = g.reshape(-1)
+        return (xp.moveaxis(grows.reshape(moved.shape), -1, ax),)
+
+    return Tensor._make(out, (x,), backward, "max")
+
+
+def min(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Minimum (as ``-max(-x)``); the gradient goes to the argmin."""
+    return -max(-x, axis, keepdims)

@@ -1,0 +1,130 @@
+"""Shape ops: reshape, flatten, transpose, indexing, cat/concatenate, stack.
+
+None of these computes; their backward moves the gradient back to where each element came from:
+reshape reshapes it back, transpose applies the inverse permutation, indexing scatters it into
+zeros (``xp.add.at`` for integer-array indices, where one element may be picked twice), and
+cat/stack slice it into the pieces.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from minidist import xp as backend
+from minidist.tensor.core import Tensor, error
+
+
+def reshape(x: Tensor, *shape: Any) -> Tensor:
+    """Reshape to ``shape`` (ints or one tuple; one entry may be -1)."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    try:
+        out = x.data.reshape(shape)
+    except ValueError:
+        raise ValueError(error("reshape", f"cannot reshape a tensor of shape {x.shape} "
+                               f"({x.size} elements) into shape {tuple(shape)}. The number of "
+                               "elements must stay the same.")) from None
+    src = x.data.shape
+    return Tensor._make(out, (x,), lambda g: (g.reshape(src),), "reshape")
+
+
+def flatten(x: Tensor, start_dim: int = 0) -> Tensor:
+    """Merge dims ``start_dim..`` into one (``flatten(1)``: (N, C, H, W) -> (N, C*H*W))."""
+    start = start_dim % x.ndim if x.ndim else 0
+    return reshape(x, *x.shape[:start], -1)
+
+
+def transpose(x: Tensor, *axes: Any) -> Tensor:
+    """Permute axes (reverse them when none are given, like ``.T``)."""
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        axes = tuple(axes[0])
+    if not axes:
+        axes = tuple(range(x.ndim - 1, -1, -1))
+    if sorted(a % x.ndim for a in axes) != list(range(x.ndim)):
+        raise ValueError(error("transpose", f"axes {axes} are not a permutation of the "
+                               f"{x.ndim} dims of a tensor of shape {x.shape}."))
+    axes = tuple(a % x.ndim for a in axes)
+    inverse = tuple(sorted(range(x.ndim), key=lambda i: axes[i]))
+    out = x.data.transpose(axes)
+    return Tensor._make(out, (x,), lambda g: (g.transpose(inverse),), "transpose")
+
+
+def _index_parts(index: Any) -> tuple[Any, bool]:
+    """Unwrap Tensors/lists in an index; report whether it uses integer/boolean arrays."""
+    xp_mod = None
+    parts = index if isinstance(index, tuple) else (index,)
+    out, advanced = [], False
+    for part in parts:
+        if isinstance(part, Tensor):
+            part = part.data
+        if isinstance(part, list):
+            xp_mod = xp_mod or backend.default_array_module()
+            part = xp_mod.asarray(part)
+        if hasattr(part, "shape") and hasattr(part, "dtype"):
+            advanced = True
+        out.append(part)
+    return (tuple(out) if isinstance(index, tuple) else out[0]), advanced
+
+
+def getitem(x: Tensor, index: Any) -> Tensor:
+    """``x[index]``: basic slicing and integer/boolean-array indexing."""
+    index, advanced = _index_parts(index)
+    try:
+        out = x.data[index]
+    except IndexError as e:
+        raise IndexError(error("getitem", f"{e} (tensor shape {x.shape}).")) from None
+
+    def backward(g: Any) -> tuple:
+        xp = backend.get_array_module(g)
+        gx = xp.zeros(x.data.shape, dtype=g.dtype)
+        if advanced:
+            xp.add.at(gx, index, g)  # repeated indices add up
+        else:
+            gx[index] = g  # basic indexing selects each element at most once
+        return (gx,)
+
+    return Tensor._make(out, (x,), backward, "getitem")
+
+
+def cat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join tensors along an existing axis (``torch.cat``)."""
+    tensors = tuple(t if isinstance(t, Tensor) else Tensor(t) for t in tensors)
+    if not tensors:
+        raise ValueError(error("cat", "got an empty sequence. Pass at least one tensor."))
+    xp = backend.get_array_module(*[t.data for t in tensors])
+    try:
+        out = xp.concatenate([t.data for t in tensors], axis=axis)
+    except (ValueError, IndexError) as e:
+        shapes = [t.shape for t in tensors]
+        raise ValueError(error("cat", f"cannot join shapes {shapes} along axis {axis}: {e}. All "
+                               "dims except the joined one must match.")) from None
+    ax = axis % out.ndim
+    bounds = [0]
+    for t in tensors:
+        bounds.append(bounds[-1] + t.data.shape[ax])
+
+    def backward(g: Any) -> tuple:
+        pre = (slice(None),) * ax
+        return tuple(g[pre + (slice(lo, hi),)] for lo, hi in zip(bounds[:-1], bounds[1:]))
+
+    return Tensor._make(out, tensors, backward, "cat")
+
+
+concatenate = cat
+
+
+def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join same-shape tensors along a new axis (``torch.stack``)."""
+    tensors = tuple(t if isinstance(t, Tensor) else Tensor(t) for t in tensors)
+    shapes = {t.shape for t in tensors}
+    if len(shapes) != 1:
+        raise ValueError(error("stack", f"all tensors must have the same shape, got "
+                               f"{[t.shape for t in tensors]}."))
+    xp = backend.get_array_module(*[t.data for t in tensors])
+    out = xp.stack([t.data for t in tensors], axis=axis)
+    ax = axis % out.ndim
+
+    def backward(g: Any) -> tuple:
+        return tuple(xp.take(g, i, axis=ax) for i in range(len(tensors)))
+
+    return Tensor._make(out, tensors, backward, "stack")
