@@ -11,6 +11,31 @@ from minidist.log import get_logger
 from minidist import nn
 from minidist.tensor import Tensor, no_grad, is_grad_enabled, manual_seed
 
+# comm: process group and collectives (minidist/comm)
+from minidist.comm import (
+    CommError,
+    CommTimeout,
+    ProcessGroup,
+    ReduceOp,
+    all_gather,
+    all_gather_into,
+    all_gather_object,
+    all_reduce,
+    barrier,
+    broadcast,
+    broadcast_object,
+    destroy_process_group,
+    get_local_rank,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_initialized,
+    is_main_process,
+    new_group_from_transport,
+    reduce,
+    reduce_scatter,
+)
+
 # optim and data: optimizers, LR schedules, clipping; datasets, DistributedSampler, DataLoader
 from minidist import data, optim
 from minidist.data import DataLoader, DistributedSampler

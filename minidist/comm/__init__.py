@@ -1,0 +1,45 @@
+"""Collectives written from scratch over point-to-point messages.
+
+    import minidist as md                 # the same names are re-exported at the top level
+    md.init_process_group()
+    md.all_reduce(buf, op="sum", algorithm="ring")
+
+Layers inside (each imports only the ones above it in this list):
+``env`` (launcher detection) -> ``ops`` (ReduceOp) -> ``transports`` (local, threads, mpi, tcp)
+-> ``algorithms`` (direct, ring, tree, rd, mpi, auto) -> ``group`` (ProcessGroup) -> ``api``.
+See docs/algorithms.md and docs/env_vars.md.
+"""
+
+from __future__ import annotations
+
+from minidist.comm.api import (
+    all_gather,
+    all_gather_into,
+    all_gather_object,
+    all_reduce,
+    barrier,
+    broadcast,
+    broadcast_object,
+    destroy_process_group,
+    get_default_group,
+    get_local_rank,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_initialized,
+    is_main_process,
+    reduce,
+    reduce_scatter,
+)
+from minidist.comm.env import LaunchInfo, detect_launch
+from minidist.comm.errors import CommError, CommTimeout
+from minidist.comm.group import ProcessGroup, new_group_from_transport
+from minidist.comm.ops import ReduceOp
+
+__all__ = [
+    "all_gather", "all_gather_into", "all_gather_object", "all_reduce", "barrier", "broadcast",
+    "broadcast_object", "destroy_process_group", "get_default_group", "get_local_rank",
+    "get_rank", "get_world_size", "init_process_group", "is_initialized", "is_main_process",
+    "reduce", "reduce_scatter", "LaunchInfo", "detect_launch", "CommError", "CommTimeout",
+    "ProcessGroup", "new_group_from_transport", "ReduceOp",
+]

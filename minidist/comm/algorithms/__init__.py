@@ -1,0 +1,49 @@
+"""All-reduce algorithms, one per module, each seeing only a Transport.
+
+    from minidist.comm.algorithms import ALGORITHMS, resolve
+    fn = resolve("auto", transport, buf)      # -> ring_all_reduce, tree_all_reduce, ...
+    fn(transport, buf, ReduceOp.SUM)          # in place on a 1-D contiguous array
+
+``ALGORITHMS`` is the registry (name -> function); another algorithm joins by adding one entry
+(and a cost formula in ``select.COST`` if "auto" may pick it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from minidist.comm.algorithms.direct import direct_all_reduce
+from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
+from minidist.comm.algorithms.recursive_doubling import rd_all_reduce
+from minidist.comm.algorithms.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from minidist.comm.algorithms.select import choose
+from minidist.comm.algorithms.tree import tree_all_reduce, tree_broadcast, tree_reduce
+from minidist.comm.transports.base import Transport
+
+ALGORITHMS: dict[str, Callable[..., None]] = {
+    "direct": direct_all_reduce,
+    "ring": ring_all_reduce,
+    "tree": tree_all_reduce,
+    "rd": rd_all_reduce,
+    "mpi": mpi_all_reduce,
+}
+
+
+def resolve(name: str, transport: Transport, buf: Any) -> tuple:
+    """``(name, function)`` for ``name`` ("auto" is resolved by the cost model in select.py).
+
+    Raises:
+        ValueError: for an unknown name (the caller adds the rank prefix).
+    """
+    if name == "auto":
+        name = choose(transport.size, buf.nbytes, supports_native(transport))
+    fn = ALGORITHMS.get(name)
+    if fn is None:
+        raise ValueError(f"unknown algorithm {name!r}; use one of "
+                         f"{', '.join(repr(k) for k in [*ALGORITHMS, 'auto'])}")
+    return name, fn
+
+
+__all__ = ["ALGORITHMS", "resolve", "direct_all_reduce", "ring_all_reduce", "tree_all_reduce",
+           "rd_all_reduce", "mpi_all_reduce", "ring_reduce_scatter", "ring_all_gather",
+           "tree_reduce", "tree_broadcast"]

@@ -1,0 +1,114 @@
+"""Reduction operators: the ``ReduceOp`` enum and the in-place kernels every algorithm uses.
+
+    from minidist.comm.ops import ReduceOp, parse_op, combine, finalize
+    op = parse_op("avg")              # strings or ReduceOp members
+    combine(acc, incoming, op)        # acc <- acc (op) incoming, in place, no allocation
+    finalize(buf, op, world_size)     # AVG only: divide the finished sum by world_size
+
+Contract:
+- ``combine`` writes into ``acc`` with an in-place ufunc (``np.add(acc, x, out=acc)``); both
+  arrays have the same dtype and length. The ufunc is commutative bit for bit (IEEE ``a+b ==
+  b+a``), which recursive doubling relies on for identical results on every rank.
+- AVG is SUM followed by one division on every rank (each rank divides identical bits, so the
+  result stays identical). Integer AVG is **floor division** (``np.floor_divide``, rounding toward
+  minus infinity, like Python's ``//``): ``avg([1, 2]) == 1`` and ``avg([-1, -2]) == -2``.
+- float16 is accumulated in float16 (NumPy computes each add in float32 and rounds back), so a
+  sum over many ranks loses more precision than a float32 sum would; the result is still the same
+  on every rank.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from minidist import xp as backend
+
+SUPPORTED_DTYPES = ("float16", "float32", "float64", "int32", "int64")
+
+
+class ReduceOp(enum.Enum):
+    """How ``all_reduce``/``reduce``/``reduce_scatter`` combine the ranks' arrays (torch names)."""
+
+    SUM = "sum"
+    AVG = "avg"
+    MAX = "max"
+    MIN = "min"
+    PROD = "prod"
+
+
+# The ufunc that combines two partial results; AVG combines like SUM and divides at the end.
+_UFUNCS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.PROD: np.multiply,
+}
+
+
+_BY_NAME = {o.value: o for o in ReduceOp}
+SUPPORTED = frozenset(np.dtype(d) for d in SUPPORTED_DTYPES)  # np.dtype hashes fast; .name doesn't
+
+
+def parse_op(op: str | ReduceOp) -> ReduceOp:
+    """Turn ``"sum"``/``ReduceOp.SUM`` (any case) into a ``ReduceOp``.
+
+    Raises:
+        ValueError: for an unknown name, listing the valid ones.
+    """
+    if isinstance(op, ReduceOp):
+        return op
+    fast = _BY_NAME.get(op) if isinstance(op, str) else None  # the hot path: "sum", "avg"
+    if fast is not None:
+        return fast
+    if isinstance(op, str):
+        try:
+            return ReduceOp(op.lower())
+        except ValueError:
+            pass
+    valid = ", ".join(repr(o.value) for o in ReduceOp)
+    raise ValueError(f"unknown reduce op {op!r}; use one of {valid} or a minidist.ReduceOp member")
+
+
+def check_dtype(dtype: Any) -> np.dtype:
+    """Return ``np.dtype(dtype)`` if collectives support it, else raise ValueError."""
+    dt = np.dtype(dtype)
+    if dt.name not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {dt.name}; collectives support "
+                         f"{', '.join(SUPPORTED_DTYPES)} (cast with array.astype(np.float32) first)")
+    return dt
+
+
+def combine(acc: Any, incoming: Any, op: ReduceOp) -> None:
+    """``acc <- acc (op) incoming`` in place (no temporary array); NumPy or CuPy arrays."""
+    ufunc = _UFUNCS[op]
+    if type(acc) is not np.ndarray:  # CuPy: use its own ufunc of the same name
+        ufunc = getattr(backend.get_array_module(acc), ufunc.__name__)
+    ufunc(acc, incoming, out=acc)
+
+
+def finalize(buf: Any, op: ReduceOp, world_size: int) -> None:
+    """Finish a reduction in place: AVG divides the sum by ``world_size``; other ops do nothing.
+
+    Integer arrays use floor division (see the module docstring).
+    """
+    if op is not ReduceOp.AVG or world_size == 1 or buf.size == 0:
+        return
+    xp = backend.get_array_module(buf)
+    if buf.dtype.kind in "iu":
+        xp.floor_divide(buf, world_size, out=buf)
+    else:
+        xp.divide(buf, buf.dtype.type(world_size), out=buf)
+
+
+def reference_reduce(arrays: list, op: str | ReduceOp) -> np.ndarray:
+    """The NumPy oracle: reduce a list of equal-shape arrays in rank order (used by tests)."""
+    op = parse_op(op)
+    out = np.array(arrays[0], copy=True)
+    for a in arrays[1:]:
+        combine(out, a, op)
+    finalize(out, op, len(arrays))
+    return out

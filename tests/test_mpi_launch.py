@@ -1,0 +1,39 @@
+"""Real multi-process runs under mpiexec, started from plain pytest with a timeout (dask-mpi style).
+
+Each test launches one job through tests/procs.py ``run_mpi``, which kills the whole process
+group on timeout or failure, so no rank outlives its test.
+"""
+
+import time
+
+import pytest
+
+from procs import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_all_collectives_under_mpiexec(n):
+    result = run_mpi(n, ["tests/mpi/collectives_body.py"], timeout_s=120)
+    assert result.returncode == 0, result.report()
+    assert f"collectives ok at n={n}" in result.stdout
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_one_failing_rank_ends_the_job_quickly(where):
+    start = time.monotonic()
+    result = run_mpi(3, ["tests/mpi/failing_rank.py", where], timeout_s=60)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0, result.report()
+    assert "[rank 2/3]" in result.stderr and "deliberate failure" in result.stderr, result.report()
+    assert "unreachable" not in result.stdout
+    assert elapsed < 30, f"the job took {elapsed:.1f} s to end after one rank failed"
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_mismatched_shapes_raise_comm_error_naming_the_rank(algorithm):
+    result = run_mpi(3, ["tests/mpi/mismatch.py", algorithm], timeout_s=60,
+                     env={"MINIDIST_DEBUG": "1"})
+    assert result.returncode == 0, result.report()
+    assert result.stdout.count("rank 1 passed numel=99") == 3, result.report()
