@@ -1,67 +1,105 @@
-"""Train a small classifier with minidist on ONE process: the main job before it goes distributed.
+"""The main job: train a classifier data-parallel with DistributedDataParallel + Trainer.
 
 Run (from the repository root):
 
-    OMP_NUM_THREADS=1 python examples/train.py                      # MLP on the embedded digits
-    OMP_NUM_THREADS=1 python examples/train.py --model cnn          # small CNN on 1x8x8 images
-    python examples/train.py --optimizer adamw --lr 3e-3
-    python examples/train.py --dataset synthetic --epochs 5
+    ./mpirun.sh -n 4 python examples/train.py                   # 4 ranks, MLP on the digits
+    ./mpirun.sh -n 4 python examples/train.py --model cnn       # small CNN on 1x8x8 images
+    python examples/train.py                                    # one process, no mpiexec
+    ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/a --save-model runs/a/model.npz
+    ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/a --resume   # after a crash
     python examples/train.py --dataset mnist --data-root ~/data/mnist --epochs 3
 
-Prints one line per epoch (train loss, test accuracy, samples/s, elapsed) and a final
-``final test_acc`` line. The pieces, in the order of one step:
+Rank 0 prints one line per epoch (loss and accuracy averaged over all ranks, validation on the
+test split, samples/s) and a final ``final test_acc`` line. The same ``--seed`` gives the same
+numbers bit for bit. What one step does on every rank:
 
-    DataLoader (shuffled, seed + epoch) -> model(x) -> CrossEntropyLoss -> backward
-    -> optimizer.step() (SGD momentum 0.9, or AdamW) -> scheduler.step() (warm-up + cosine)
+    DistributedSampler (seed + epoch, one shard per rank) -> model(x) -> CrossEntropyLoss
+    -> backward (gradient buckets all-reduced while backward runs, docs/how_ddp_works.md)
+    -> optimizer.step() (AdamW, identical on every rank) -> scheduler.step() (warm-up + cosine)
+
+``--batch-size`` is per rank; the learning rate is scaled by the world size (``--lr-scaling
+linear``, Goyal et al. 2017), so ``--lr`` is the rate for ONE rank's batch.
 """
 
 from __future__ import annotations
 
+import os
+
+# One BLAS thread per process, set before NumPy loads: ranks share the cores, and a
+# multi-threaded BLAS spinning on a busy machine is much slower (mpirun.sh sets it too).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from minidist import nn, optim
-from minidist import xp as backend
-from minidist.data import DataLoader, load_dataset
-from minidist.tensor import Tensor, no_grad
+import numpy as np
+
+from minidist import comm, nn, optim
+from minidist.data import load_dataset
+from minidist.ddp import DistributedDataParallel
+from minidist.trainer import Trainer, TrainerConfig
 
 
 @dataclass
 class Config:
-    epochs: int = 20
-    batch_size: int = 32
-    lr: float = 0.1           # SGD; use ~3e-3 with --optimizer adamw
-    model: str = "mlp"        # mlp | cnn
-    optimizer: str = "sgd"    # sgd (momentum 0.9) | adamw
-    weight_decay: float = 5e-4
-    warmup_steps: int = 20    # linear warm-up, then cosine decay to 0 over all steps
+    epochs: int = 30
+    batch_size: int = 16        # per rank; effective batch = batch_size x world size
+    lr: float = 3e-3            # for one rank's batch, scaled by --lr-scaling (sgd: ~0.05)
+    lr_scaling: str = "linear"  # none | linear | sqrt (with the world size)
+    model: str = "mlp"          # mlp | cnn
+    dropout: float = 0.2        # MLP only: dropout after each hidden layer
+    optimizer: str = "adamw"    # adamw | sgd (momentum 0.9; use --lr 0.05 --weight-decay 5e-4)
+    weight_decay: float = 0.05
+    warmup_epochs: float = 2.0  # linear warm-up, then cosine decay over the rest
+    grad_accum_steps: int = 1   # micro-batches per step (the first ones under no_sync)
     seed: int = 0
-    dataset: str = "digits"   # digits | mnist | fashion-mnist | synthetic
+    dataset: str = "digits"     # digits | mnist | fashion-mnist | synthetic
     data_root: str | None = None
+    algorithm: str = "auto"     # all-reduce: auto | ring | tree | rd | direct | mpi
+    bucket_cap_mb: float = 25.0
+    checkpoint_dir: str | None = None   # checkpoints + history.json
+    checkpoint_every: int = 5   # epochs between checkpoints (and after the last)
+    resume: bool = False        # continue from the newest checkpoint in --checkpoint-dir
+    stop_after_epochs: int = 0  # end early (a time-limited job); the schedule still spans --epochs
+    save_model: str | None = None       # final weights as .npz with torch's state_dict keys
+    progress_bar: bool = False
+
+
+CHOICES = {"model": ["mlp", "cnn"], "optimizer": ["sgd", "adamw"],
+           "lr_scaling": ["none", "linear", "sqrt"],
+           "dataset": ["digits", "mnist", "fashion-mnist", "synthetic"],
+           "algorithm": ["auto", "ring", "tree", "rd", "direct", "mpi"]}
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    defaults = Config()
-    for name, value in vars(defaults).items():
-        flag = "--" + name.replace("_", "-")
-        kind = type(value) if value is not None else str
-        choices = {"model": ["mlp", "cnn"], "optimizer": ["sgd", "adamw"],
-                   "dataset": ["digits", "mnist", "fashion-mnist", "synthetic"]}.get(name)
-        parser.add_argument(flag, type=kind, default=value, choices=choices)
-    return Config(**vars(parser.parse_args(argv)))
+    for f in fields(Config):
+        flag, value = "--" + f.name.replace("_", "-"), f.default
+        if isinstance(value, bool):
+            parser.add_argument(flag, action="store_true", default=value)
+        else:
+            kind = type(value) if value is not None else str
+            parser.add_argument(flag, type=kind, default=value, choices=CHOICES.get(f.name))
+    cfg = Config(**vars(parser.parse_args(argv)))
+    if cfg.resume and not cfg.checkpoint_dir:
+        parser.error("--resume needs --checkpoint-dir DIR")
+    if cfg.dataset == "synthetic" and cfg.model == "cnn":
+        parser.error("--model cnn needs image data; use --model mlp with --dataset synthetic")
+    return cfg
 
 
 # ------------------------------------------------------------------------------- model
-def build_model(kind: str, sample_shape: tuple[int, ...], n_classes: int) -> nn.Module:
+def build_model(kind: str, sample_shape: tuple[int, ...], n_classes: int,
+                dropout: float = 0.0) -> nn.Module:
     """An MLP on flat features, or a CNN on (C, H, W) images."""
     if kind == "mlp":
         (n_features,) = sample_shape
-        return nn.Sequential(nn.Linear(n_features, 128), nn.ReLU(),
-                             nn.Linear(128, 64), nn.ReLU(),
-                             nn.Linear(64, n_classes))
+        return nn.Sequential(nn.Linear(n_features, 256), nn.ReLU(), nn.Dropout(dropout),
+                             nn.Linear(256, 128), nn.ReLU(), nn.Dropout(dropout),
+                             nn.Linear(128, n_classes))
     c, h, w = sample_shape
     return nn.Sequential(nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(),
                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
@@ -76,72 +114,58 @@ def build_optimizer(cfg: Config, model: nn.Module) -> optim.Optimizer:
     return optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
 
 
-# ------------------------------------------------------------------------------- loops
-def train_one_epoch(model, loader, loss_fn, opt, sched) -> float:
-    """One pass over ``loader``; returns the mean training loss (weighted by batch size)."""
-    model.train()
-    loss_sum, count = 0.0, 0
-    for x, y in loader:
-        loss = loss_fn(model(Tensor(x)), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        loss_sum += loss.item() * len(y)
-        count += len(y)
-    return loss_sum / max(count, 1)
-
-
-def evaluate(model, loader) -> float:
-    """Accuracy of ``model`` over ``loader``."""
-    model.eval()
-    correct, count = 0, 0
-    with no_grad():
-        for x, y in loader:
-            pred = model(Tensor(x)).data.argmax(axis=1)
-            correct += int((pred == y).sum())
-            count += len(y)
-    return correct / max(count, 1)
+def save_weights(model: nn.Module, path: str) -> None:
+    """Rank 0 writes ``state_dict()`` as .npz (torch keys, plain arrays), atomically."""
+    if comm.get_rank() == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}.npz"
+        np.savez(tmp, **{k: np.asarray(v) for k, v in model.state_dict().items()})
+        os.replace(tmp, path)
+        print(f"saved model weights to {path}", flush=True)
+    comm.barrier()
 
 
 def main(argv: list[str] | None = None) -> float:
     cfg = parse_args(argv)
-    nn.manual_seed(cfg.seed)
-    flatten = cfg.model == "mlp"
-    kwargs = {} if cfg.dataset == "synthetic" else {"flatten": flatten}
-    if cfg.dataset == "synthetic" and cfg.model == "cnn":
-        raise SystemExit("train.py: --model cnn needs image data; use --model mlp with synthetic.")
+    comm.init_process_group()
+    rank, world = comm.get_rank(), comm.get_world_size()
+    nn.manual_seed(cfg.seed)                   # the same initial weights on every rank
+    kwargs = {} if cfg.dataset == "synthetic" else {"flatten": cfg.model == "mlp"}
     train_set = load_dataset(cfg.dataset, root=cfg.data_root, split="train", **kwargs)
     test_set = load_dataset(cfg.dataset, root=cfg.data_root, split="test", **kwargs)
     n_classes = int(max(train_set.y.max(), test_set.y.max())) + 1
 
-    model = build_model(cfg.model, train_set.x.shape[1:], n_classes)
-    n_params = sum(p.data.size for p in model.parameters())
-    train_loader = DataLoader(train_set, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed)
-    test_loader = DataLoader(test_set, batch_size=256)
-    loss_fn = nn.CrossEntropyLoss()
-    opt = build_optimizer(cfg, model)
-    total_steps = cfg.epochs * len(train_loader)
-    sched = optim.WarmupCosine(opt, warmup_steps=min(cfg.warmup_steps, total_steps - 1),
-                               total_steps=total_steps)
-    print(f"{cfg.dataset}: {len(train_set)} train / {len(test_set)} test, model {cfg.model} "
-          f"({n_params} params), {cfg.optimizer} lr {cfg.lr}, batch {cfg.batch_size}, "
-          f"device {backend.default_device()}", flush=True)
+    model = build_model(cfg.model, train_set.x.shape[1:], n_classes, cfg.dropout)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_cap_mb,
+                                  algorithm=cfg.algorithm)
+    trainer = Trainer(ddp, nn.CrossEntropyLoss(), build_optimizer(cfg, model), TrainerConfig(
+        epochs=cfg.epochs, batch_size=cfg.batch_size, seed=cfg.seed,
+        grad_accum_steps=cfg.grad_accum_steps, lr_scaling=cfg.lr_scaling,
+        warmup_epochs=cfg.warmup_epochs, schedule="cosine",
+        checkpoint_dir=cfg.checkpoint_dir, resume=cfg.resume,
+        stop_after_epochs=cfg.stop_after_epochs or None,
+        checkpoint_every_n_epochs=cfg.checkpoint_every if cfg.checkpoint_dir else 0,
+        progress_bar=cfg.progress_bar or None))
+    if rank == 0:
+        n_params = sum(p.data.size for p in model.parameters())
+        print(f"{cfg.dataset}: {len(train_set)} train / {len(test_set)} test, model {cfg.model} "
+              f"({n_params} params), {cfg.optimizer} lr {cfg.lr} x {cfg.lr_scaling} scaling, "
+              f"batch {cfg.batch_size}/rank x {world} rank(s), buckets "
+              f"{[round(b.nbytes / 2**20, 2) for b in ddp.buckets]} MiB", flush=True)
 
-    start, acc = time.perf_counter(), 0.0
-    for epoch in range(cfg.epochs):
-        train_loader.set_epoch(epoch)
-        t0 = time.perf_counter()
-        train_loss = train_one_epoch(model, train_loader, loss_fn, opt, sched)
-        train_s = time.perf_counter() - t0
-        if not math.isfinite(train_loss):  # fail loudly instead of printing NaN for the rest
-            raise SystemExit(f"train.py: the training loss is {train_loss} in epoch {epoch + 1}; "
-                             f"the run diverged. Lower --lr (now {cfg.lr}).")
-        acc = evaluate(model, test_loader)
-        print(f"epoch {epoch + 1:3d}/{cfg.epochs}  train_loss {train_loss:.4f}  test_acc {acc:.4f}  "
-              f"samples/s {len(train_set) / train_s:8.0f}  elapsed {time.perf_counter() - start:6.2f}s",
-              flush=True)
-    print(f"final test_acc {acc:.4f}  elapsed {time.perf_counter() - start:.2f}s", flush=True)
+    start = time.perf_counter()
+    history = trainer.fit(train_set, test_set)
+    if history.train_losses and not math.isfinite(history.train_losses[-1]):
+        raise SystemExit(f"train.py: the training loss is {history.train_losses[-1]}; the run "
+                         f"diverged. Lower --lr (now {cfg.lr}).")
+    acc = history.val_accuracies[-1] if history.val_accuracies else float("nan")
+    if rank == 0:
+        print(f"final test_acc {acc:.4f}  elapsed {time.perf_counter() - start:.2f}s  "
+              f"world_size {world}  {history.samples_per_second:,.0f} samples/s", flush=True)
+    if cfg.save_model:
+        save_weights(model, cfg.save_model)
+    ddp.close()
+    comm.destroy_process_group()
     return acc
 
 

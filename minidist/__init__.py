@@ -40,4 +40,10 @@ from minidist.comm import (
 from minidist import data, optim
 from minidist.data import DataLoader, DistributedSampler
 
+# ddp and trainer: DistributedDataParallel, comm hooks, Trainer, atomic checkpoints
+from minidist import ddp
+from minidist.ddp import DistributedDataParallel
+from minidist.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from minidist.trainer import History, Trainer, TrainerConfig
+
 __version__ = "0.1.0"

@@ -1,0 +1,23 @@
+"""Data parallelism: DistributedDataParallel, its bucket planner, reducer and comm hooks.
+
+    from minidist.ddp import DistributedDataParallel, hooks
+    model = DistributedDataParallel(model, bucket_cap_mb=25)
+    model.register_comm_hook(None, hooks.fp16_compress_hook)
+
+Modules, in the order a step uses them: ``bucket`` (which grads share a flat buffer),
+``reducer`` (hooks -> ready buckets -> comm thread -> averaged grads), ``hooks`` (how one
+bucket is averaged: plain, fp16, PowerSGD), ``ddp`` (the wrapper, no_sync, construction checks).
+"""
+
+from minidist.ddp import hooks
+from minidist.ddp.bucket import (DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_BYTES, Bucket,
+                                 BucketSpec, BucketState, ParamMeta, plan_buckets)
+from minidist.ddp.ddp import DistributedDataParallel
+from minidist.ddp.hooks import (GradBucket, PowerSGDState, allreduce_hook, fp16_compress_hook,
+                                powersgd_hook)
+from minidist.ddp.reducer import Reducer
+
+__all__ = ["DistributedDataParallel", "Reducer", "Bucket", "BucketSpec", "BucketState",
+           "ParamMeta", "plan_buckets", "DEFAULT_BUCKET_CAP_BYTES", "DEFAULT_FIRST_BUCKET_BYTES",
+           "GradBucket", "PowerSGDState", "allreduce_hook", "fp16_compress_hook",
+           "powersgd_hook", "hooks"]

@@ -1,0 +1,206 @@
+"""Gradient buckets: which parameters share one flat all-reduce buffer, and the buffer itself.
+
+DDP does not all-reduce parameter by parameter (a message per tensor costs a latency each) nor
+the whole model at once (nothing could overlap with backward). It groups gradients into
+*buckets* of a few MiB, in REVERSE parameter order, because backward produces the gradients of
+the last layer first::
+
+    parameters (registration order)   fc1.weight fc1.bias fc2.weight fc2.bias fc3.weight fc3.bias
+    backward produces them            <------------------------------------------------- first
+    buckets (reverse order)           [ bucket 2 ........ ][ bucket 1 ........ ][ bucket 0  ]
+                                                                                small (1 MiB):
+                                                                                ready soonest
+
+    bucket.buffer   |fc3.weight.grad ........|fc3.bias.grad|     one flat array
+    p.grad          = bucket.buffer[offset:offset + numel].reshape(p.shape)   (a view, no copy)
+
+The first bucket is small (1 MiB) so the first all-reduce starts as early as possible; the
+others are capped at ``bucket_cap_mb`` (25 MiB): the same constants and the same greedy rule as
+torch's ``compute_bucket_assignment_by_size`` (reducer.cpp). A bucket never mixes dtypes (one
+buffer has one dtype), so each dtype fills its own open bucket.
+
+    plan = plan_buckets(params_meta, bucket_cap_bytes=25 << 20, first_bucket_cap_bytes=1 << 20)
+    plan[0].param_indices      # indices into the parameter list, in the order backward fills them
+
+Lifecycle of a bucket in one step (an explicit state, not three booleans)::
+
+    EMPTY --first grad written--> FILLING --last grad written--> READY
+          --handed to the comm thread--> REDUCING --all-reduce done--> REDUCED --next step--> EMPTY
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+# 1 MiB first bucket, 25 MiB cap, as torch reducer.hpp (kDefaultFirstBucketBytes,
+# kDefaultBucketBytesCap).
+DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
+DEFAULT_BUCKET_CAP_BYTES = 25 << 20
+
+
+class BucketState(enum.Enum):
+    """Where a bucket is in the current step (see the module docstring)."""
+
+    EMPTY = "empty"
+    FILLING = "filling"
+    READY = "ready"
+    REDUCING = "reducing"
+    REDUCED = "reduced"
+
+
+@dataclass(frozen=True)
+class ParamMeta:
+    """What the bucket planner needs to know about one parameter."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class BucketSpec:
+    """One bucket of the plan: the parameters it holds and where each one sits in the buffer."""
+
+    index: int
+    dtype: str
+    param_indices: list[int] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    numel: int = 0
+
+    def signature(self) -> tuple:
+        """A compact, comparable description (checked identical on every rank)."""
+        return (self.dtype, tuple(self.param_indices), self.numel)
+
+
+def plan_buckets(params: Sequence[ParamMeta],
+                 bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
+                 first_bucket_cap_bytes: int = DEFAULT_FIRST_BUCKET_BYTES) -> list[BucketSpec]:
+    """Assign parameters to buckets: reverse order, one open bucket per dtype, greedy by size.
+
+    Walk the parameters from last to first. Each dtype has one open bucket; a parameter joins
+    the open bucket of its dtype, and when that bucket reaches its size limit it is closed. The
+    limit is ``first_bucket_cap_bytes`` for the first bucket of each dtype and
+    ``bucket_cap_bytes`` after that. A parameter is never split, so one parameter bigger than
+    the cap gets a bucket of its own. Buckets are numbered in the order they are opened, which
+    is the order backward completes them (roughly) and the order they are all-reduced on every
+    rank.
+
+    Args:
+        params: metadata of every parameter that needs a gradient, in registration order.
+        bucket_cap_bytes: size limit of every bucket after the first (torch: 25 MiB).
+        first_bucket_cap_bytes: size limit of the first bucket (torch: 1 MiB).
+
+    Returns:
+        The buckets, in reduction order; every parameter index appears in exactly one bucket.
+
+    Raises:
+        ValueError: a cap is not positive.
+    """
+    if bucket_cap_bytes <= 0 or first_bucket_cap_bytes <= 0:
+        raise ValueError(f"plan_buckets: bucket caps must be positive, got bucket_cap_bytes="
+                         f"{bucket_cap_bytes}, first_bucket_cap_bytes={first_bucket_cap_bytes}. "
+                         "Pass bucket_cap_mb > 0 and first_bucket_cap_mb > 0.")
+    open_by_dtype: dict[str, BucketSpec] = {}
+    closed_count: dict[str, int] = {}
+    opened: list[BucketSpec] = []
+    for i in reversed(range(len(params))):
+        meta = params[i]
+        bucket = open_by_dtype.get(meta.dtype)
+        if bucket is None:
+            bucket = BucketSpec(index=len(opened), dtype=meta.dtype)
+            open_by_dtype[meta.dtype] = bucket
+            opened.append(bucket)
+        bucket.param_indices.append(i)
+        bucket.offsets.append(bucket.numel)
+        bucket.numel += meta.numel
+        limit = first_bucket_cap_bytes if closed_count.get(meta.dtype, 0) == 0 else bucket_cap_bytes
+        if bucket.numel * np.dtype(meta.dtype).itemsize >= limit:
+            del open_by_dtype[meta.dtype]
+            closed_count[meta.dtype] = closed_count.get(meta.dtype, 0) + 1
+    return opened
+
+
+class Bucket:
+    """A planned bucket with its flat buffer and this step's bookkeeping.
+
+    ``buffer`` is one contiguous 1-D array (allocated by the process group, so a transport may
+    place it in shared memory); ``views[k]`` is the gradient view of parameter
+    ``spec.param_indices[k]``. ``pending`` counts the gradients still missing this step.
+    """
+
+    def __init__(self, spec: BucketSpec, params: Sequence[Any], names: Sequence[str],
+                 buffer: Any) -> None:
+        if buffer.ndim != 1 or buffer.size != spec.numel:
+            raise ValueError(f"Bucket {spec.index}: buffer has shape {buffer.shape}, expected "
+                             f"({spec.numel},). Allocate numel={spec.numel} elements.")
+        self.spec = spec
+        self.index = spec.index
+        self.buffer = buffer
+        self.params = [params[i] for i in spec.param_indices]
+        self.names = [names[i] for i in spec.param_indices]
+        self.views = [buffer[off:off + p.data.size].reshape(p.data.shape)
+                      for off, p in zip(spec.offsets, self.params)]
+        self.state = BucketState.EMPTY
+        self.pending = len(self.params)
+        self._done = [False] * len(self.params)  # which grads reported this step
+        self.finite = True  # the last reduced contents held no NaN/inf (set by the reducer)
+
+    def __repr__(self) -> str:
+        return (f"Bucket(index={self.index}, dtype={self.spec.dtype}, numel={self.spec.numel}, "
+                f"params={self.names}, state={self.state.name})")
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.buffer.nbytes)
+
+    def reset(self) -> None:
+        """Start a new step: every gradient is missing again."""
+        self.state = BucketState.EMPTY
+        self.pending = len(self.params)
+        self._done = [False] * len(self.params)
+
+    def attach_grads(self) -> int:
+        """Make every parameter's ``.grad`` the bucket view again; return how many were re-attached.
+
+        A grad that is ``None`` (``optimizer.zero_grad()`` with ``set_to_none=True``) becomes a
+        zeroed view. A grad that is some other array (the user assigned one) is copied into the
+        view first, so its value is kept. A grad that already is the view is left alone, so
+        accumulation under ``no_sync`` is never broken.
+        """
+        fixed = 0
+        for p, view in zip(self.params, self.views):
+            g = p.grad
+            if g is view:
+                continue
+            if g is None:
+                view[...] = 0
+            else:
+                view[...] = g
+            p.grad = view
+            fixed += 1
+        return fixed
+
+    def missing_names(self) -> list[str]:
+        """Names of parameters whose gradient has not been reported this step (for errors)."""
+        return [n for n, done in zip(self.names, self._done) if not done]
+
+    def mark_ready(self, k: int) -> bool:
+        """Record that gradient ``k`` of this bucket is complete; True if it was the last one."""
+        if self._done[k]:
+            return False
+        self._done[k] = True
+        self.pending -= 1
+        self.state = BucketState.READY if self.pending == 0 else BucketState.FILLING
+        return self.pending == 0

@@ -1,0 +1,253 @@
+"""DistributedDataParallel: wrap a model so every rank ends each step with the same parameters.
+
+    import minidist
+    from minidist import comm
+    comm.init_process_group()                         # ./mpirun.sh -n 4 python train.py
+    model = minidist.DistributedDataParallel(build_model())
+    for x, y in loader:                               # each rank: its own shard of the data
+        loss = loss_fn(model(x), y)
+        loss.backward()                               # returns with every grad AVERAGED
+        opt.step(); opt.zero_grad()                   # same grads -> same update everywhere
+
+    with model.no_sync():                             # gradient accumulation: no communication
+        loss_fn(model(x1), y1).backward()             # grads add up locally
+    loss_fn(model(x2), y2).backward()                 # this one reduces the sum of both
+
+What construction does (every rank, same order)::
+
+    1. plan buckets over the parameters in REVERSE order (bucket.py: 1 MiB first, 25 MiB cap)
+    2. all_gather_object(signature) and compare with rank 0: a rank with a different model
+       gets an error naming the first parameter that differs, instead of a hang
+    3. broadcast parameters and buffers from rank 0 (one message per bucket)
+    4. allocate one flat buffer per bucket (process group's alloc_buffer), make every p.grad
+       a view into it, register a post-accumulate-grad hook per parameter (reducer.py)
+
+The rest of a step is the Reducer's: see reducer.py for the picture. docs/how_ddp_works.md
+walks through it with the scaling numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from minidist import comm
+from minidist import xp as backend
+from minidist.ddp.bucket import Bucket, ParamMeta, plan_buckets
+from minidist.ddp.reducer import Reducer, unused_param_indices
+from minidist.log import get_logger, rank_prefix
+from minidist.tensor.grad_mode import is_grad_enabled
+
+log = get_logger(__name__)
+
+_MiB = 1 << 20
+
+
+class DistributedDataParallel:
+    """Data-parallel wrapper: bucketed, overlapped gradient averaging (torch's API).
+
+    Args:
+        module: the model; every rank must build the same one (same names, shapes, dtypes).
+        bucket_cap_mb: size limit of each gradient bucket after the first (torch: 25).
+        broadcast_parameters: copy rank 0's parameters and buffers to every rank at start.
+        find_unused_parameters: walk the autograd graph after each forward and reduce the
+            parameters it does not reach as they are (zeros), so a model with branches that
+            are not used every step still finishes its backward.
+        algorithm: all-reduce algorithm: "auto", "ring", "tree", "rd", "direct", "mpi".
+        comm_hook: ``hook(state, bucket)`` replacing the plain averaging (see hooks.py).
+        process_group: the group to reduce over (default: the world).
+        overlap: reduce buckets on a comm thread while backward runs (False: all at the end).
+        first_bucket_cap_mb: size limit of the first bucket (torch: 1).
+        nonfinite_grads: after each reduction, "warn" (default), "raise" or "ignore" when an
+            averaged gradient holds NaN/inf.
+
+    Raises:
+        ValueError: bad arguments, or the model has no parameter that requires grad.
+        RuntimeError: the ranks' models differ (message names the first different parameter).
+    """
+
+    def __init__(self, module: Any, bucket_cap_mb: float = 25, broadcast_parameters: bool = True,
+                 find_unused_parameters: bool = False, algorithm: str = "auto",
+                 comm_hook: Callable | None = None, process_group: Any = None,
+                 overlap: bool = True, first_bucket_cap_mb: float = 1,
+                 nonfinite_grads: str = "warn") -> None:
+        if not comm.is_initialized():
+            comm.init_process_group()
+        self.module = module
+        self.process_group = process_group
+        self.algorithm = algorithm
+        self.find_unused_parameters = find_unused_parameters
+        group = process_group if process_group is not None else comm.get_default_group()
+        self.rank, self.world_size = group.rank, group.size
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError(f"{rank_prefix()} DistributedDataParallel: the module has no "
+                             "parameter that requires grad, so there is nothing to reduce. "
+                             "Wrap the model that is being trained.")
+        self._names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        metas = [ParamMeta(n, tuple(p.data.shape), str(p.data.dtype)) for n, p in named]
+        specs = plan_buckets(metas, int(bucket_cap_mb * _MiB), int(first_bucket_cap_mb * _MiB))
+        self._check_same_model(metas, specs)
+        xp = backend.get_array_module(self._params[0].data)
+        self.buckets = [Bucket(s, self._params, self._names,
+                               self._alloc(s.numel, np.dtype(s.dtype), xp)) for s in specs]
+        if broadcast_parameters and self.world_size > 1:
+            self._broadcast_state()
+        for b in self.buckets:
+            b.buffer[...] = 0
+        # One rank has nothing to wait for: a comm thread would only add a hand-off per bucket.
+        self.reducer = Reducer(self._params, self._names, self.buckets, self._all_reduce,
+                               self.world_size, overlap=overlap and self.world_size > 1,
+                               find_unused_parameters=find_unused_parameters,
+                               nonfinite_grads=nonfinite_grads)
+        if comm_hook is not None:
+            self.register_comm_hook(None, comm_hook)
+        log.info("DDP: %d parameters (%d elements) in %d buckets %s, overlap=%s, algorithm=%s",
+                 len(self._params), sum(s.numel for s in specs), len(specs),
+                 [round(b.nbytes / _MiB, 2) for b in self.buckets], overlap, algorithm)
+
+    # ------------------------------------------------------------------ set-up helpers
+
+    def _all_reduce(self, array: Any, op: str) -> None:
+        comm.all_reduce(array, op=op, algorithm=self.algorithm, group=self.process_group)
+
+    def _alloc(self, numel: int, dtype: Any, xp: Any) -> Any:
+        group = self.process_group or comm.get_default_group()
+        buf = group.alloc_buffer(numel, dtype, xp)
+        if backend.get_array_module(buf) is not xp:  # device params, host-only transport
+            buf = xp.empty(numel, dtype=dtype)
+        return buf
+
+    def _check_same_model(self, metas: list[ParamMeta], specs: list) -> None:
+        """Every rank compares every rank's model signature with rank 0's; all raise together."""
+        if self.world_size == 1:
+            return
+        mine = {"params": [(m.name, list(m.shape), m.dtype) for m in metas],
+                "buckets": [list(s.signature()[1]) for s in specs]}
+        everyone = comm.all_gather_object(mine, group=self.process_group)
+        ref = everyone[0]
+        for r, sig in enumerate(everyone):
+            if sig == ref:
+                continue
+            a, b = ref["params"], sig["params"]
+            for i in range(max(len(a), len(b))):
+                pa = a[i] if i < len(a) else None
+                pb = b[i] if i < len(b) else None
+                if pa != pb:
+                    what = (f"parameter #{i} is {_fmt(pa)} on rank 0 but {_fmt(pb)} on rank {r}")
+                    break
+            else:
+                what = f"bucket boundaries differ (rank 0: {ref['buckets']}, rank {r}: " \
+                       f"{sig['buckets']}); pass the same bucket_cap_mb on every rank"
+            raise RuntimeError(f"{rank_prefix()} DistributedDataParallel: the ranks' models "
+                               f"differ: {what}. Every rank must build the same model (same "
+                               "layers, sizes and dtypes, in the same order).")
+
+    def _broadcast_state(self) -> None:
+        """Rank 0's parameters (packed per bucket) and buffers go to every rank."""
+        for b in self.buckets:
+            for p, view in zip(b.params, b.views):
+                view[...] = p.data
+            comm.broadcast(b.buffer, src=0, group=self.process_group)
+            for p, view in zip(b.params, b.views):
+                p.data[...] = view
+        others = [p for _, p in self.module.named_parameters() if not p.requires_grad]
+        if hasattr(self.module, "named_buffers"):
+            others += [t for _, t in self.module.named_buffers()]
+        for t in others:
+            arr = t.data if hasattr(t, "data") else t
+            if arr.flags.c_contiguous:
+                comm.broadcast(arr, src=0, group=self.process_group)
+            else:
+                tmp = backend.get_array_module(arr).ascontiguousarray(arr)
+                comm.broadcast(tmp, src=0, group=self.process_group)
+                arr[...] = tmp
+
+    # ------------------------------------------------------------------ the step
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the module; with grad mode on, also prepare the reducer for the coming backward."""
+        if not is_grad_enabled():
+            return self.module(*args, **kwargs)
+        self.reducer.prepare_for_forward()
+        out = self.module(*args, **kwargs)
+        if self.find_unused_parameters and self.reducer.require_sync:
+            self.reducer.mark_unused(unused_param_indices(out, self._params,
+                                                          lambda t: getattr(t, "_parents", ())))
+        return out
+
+    __call__ = forward
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Skip gradient averaging inside the block; grads accumulate until a synced backward.
+
+        Forward AND backward of the accumulation steps must be inside the block. The state is
+        restored in ``finally``, so an exception inside leaves DDP syncing again.
+        """
+        old = self.reducer.require_sync
+        self.reducer.require_sync = False
+        try:
+            yield
+        finally:
+            self.reducer.require_sync = old
+
+    def register_comm_hook(self, state: Any, hook: Callable) -> None:
+        """Replace the averaging of each bucket by ``hook(state, bucket)`` (see hooks.py)."""
+        if not callable(hook):
+            raise ValueError(f"{rank_prefix()} DistributedDataParallel.register_comm_hook: hook "
+                             f"{hook!r} is not callable. Pass e.g. hooks.fp16_compress_hook.")
+        self.reducer.comm_hook, self.reducer.hook_state = hook, state
+
+    # ------------------------------------------------------------------ module pass-through
+
+    def parameters(self) -> Iterator[Any]:
+        """The wrapped module's parameters (the same objects)."""
+        return iter(self.module.parameters())
+
+    def named_parameters(self) -> Iterator[tuple[str, Any]]:
+        """The wrapped module's named parameters, without a ``module.`` prefix."""
+        return iter(self.module.named_parameters())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The bare module's state dict (torch keys, no ``module.`` prefix)."""
+        return self.module.state_dict()
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True) -> Any:
+        """Load into the bare module (keys without a ``module.`` prefix)."""
+        return self.module.load_state_dict(state_dict, strict=strict)
+
+    def train(self, mode: bool = True) -> DistributedDataParallel:
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> DistributedDataParallel:
+        self.module.eval()
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradients (the next forward re-attaches bucket views if they became None)."""
+        self.module.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def last_step_stats(self) -> dict[str, float]:
+        """Seconds of the last synced backward: ``wait_s`` (exposed comm), ``comm_s`` (busy)."""
+        return dict(self.reducer.stats)
+
+    def close(self) -> None:
+        """Remove the hooks and stop the communication thread."""
+        self.reducer.close()
+
+    def __repr__(self) -> str:
+        return f"DistributedDataParallel(world_size={self.world_size}, buckets=" \
+               f"{len(self.buckets)}, module={self.module!r})"
+
+
+def _fmt(p: Any) -> str:
+    if p is None:
+        return "missing"
+    name, shape, dtype = p
+    return f"{name!r} {tuple(shape)} {dtype}"

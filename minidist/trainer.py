@@ -1,0 +1,431 @@
+"""Trainer: the fit/evaluate loop around DistributedDataParallel, with atomic checkpoints.
+
+    from minidist import Trainer, TrainerConfig
+    cfg = TrainerConfig(epochs=10, batch_size=64, lr_scaling="linear", warmup_epochs=1,
+                        checkpoint_dir="runs/a", checkpoint_every_n_epochs=1)
+    history = Trainer(model, nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.05),
+                      cfg).fit(train_set, val_set)          # same code at n=1 and under mpirun
+    history.to_json("runs/a/history.json")
+
+One epoch on every rank::
+
+    sampler.set_epoch(e)             same permutation everywhere, a disjoint shard per rank
+    for each batch (grad_accum_steps micro-batches per optimizer step):
+        micro-batches 1..k-1 under ddp.no_sync()    grads add up locally, no communication
+        micro-batch k: forward, backward            buckets all-reduced during backward
+        optimizer.step(); scheduler.step(); optimizer.zero_grad()
+    evaluate(val)                    sums of loss*count, correct, count all-reduced: exact means
+    checkpoint (rank 0 writes, everyone waits at the barrier)
+
+Resume (``TrainerConfig(resume=True)``) restores model, optimizer, scheduler, epoch, global
+step, the RNG and the history from the newest checkpoint in ``checkpoint_dir``: 4 epochs
+straight and 2 + resume + 2 give the same parameters bit for bit. See docs/trainer.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from minidist import comm
+from minidist import xp as backend
+from minidist.checkpoint import (CheckpointError, check_state_dict, checkpoint_path,
+                                 latest_checkpoint, load_checkpoint, save_checkpoint)
+from minidist.data import DataLoader, DistributedSampler, random_split
+from minidist.ddp import DistributedDataParallel
+from minidist.log import get_logger, rank_prefix
+from minidist.optim import LambdaLR
+from minidist.tensor import Tensor, no_grad
+from minidist.tensor import random as tensor_random
+
+log = get_logger(__name__)
+
+LR_SCALINGS = ("none", "linear", "sqrt")
+SCHEDULES = ("cosine", "constant")
+
+
+@dataclass
+class TrainerConfig:
+    """Everything the training loop needs besides the model, loss and optimizer.
+
+    Attributes:
+        epochs: passes over the training set.
+        batch_size: samples per micro-batch PER RANK (effective batch: batch_size x world
+            size x grad_accum_steps).
+        shuffle: reshuffle the training set each epoch (seed + epoch, same on every rank).
+        seed: seed of the shuffle and of the validation split.
+        grad_accum_steps: micro-batches per optimizer step (the first k-1 under no_sync).
+        lr_scaling: multiply the optimizer's rates by the world size ("linear", Goyal et al.
+            2017), its square root ("sqrt"), or leave them ("none").
+        warmup_steps: optimizer steps of linear warm-up (added to warmup_epochs' steps).
+        warmup_epochs: epochs of linear warm-up (may be fractional).
+        schedule: "cosine" decay to min_lr over the run after warm-up, or "constant".
+        min_lr: the final rate of the cosine schedule.
+        log_every_n_batches: rank 0 reports its loss every n optimizer steps (0: per epoch only).
+        checkpoint_every_n_epochs: write a checkpoint every n epochs and after the last (0: never).
+        checkpoint_dir: where checkpoints and history.json go.
+        resume: start from the newest checkpoint in checkpoint_dir, if there is one.
+        stop_after_epochs: end this run after this many epochs (counted from 0) although the
+            schedule spans ``epochs``: for time-limited jobs that resume later (None: run all).
+        validation_split: fraction of the training set held out when no val set is given.
+        progress_bar: text bar on rank 0's stderr; None = only on a TTY and not under CI.
+        verbose: rank 0 prints one line per epoch.
+        ddp_options: extra keyword arguments for DistributedDataParallel (bucket_cap_mb, ...).
+    """
+
+    epochs: int = 10
+    batch_size: int = 32
+    shuffle: bool = True
+    seed: int = 0
+    grad_accum_steps: int = 1
+    lr_scaling: str = "none"
+    warmup_steps: int = 0
+    warmup_epochs: float = 0.0
+    schedule: str = "constant"
+    min_lr: float = 0.0
+    log_every_n_batches: int = 0
+    checkpoint_every_n_epochs: int = 0
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    stop_after_epochs: int | None = None
+    validation_split: float = 0.0
+    progress_bar: bool | None = None
+    verbose: bool = True
+    ddp_options: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field, with the allowed values."""
+        checks = [
+            (self.epochs >= 1, "epochs", self.epochs, ">= 1"),
+            (self.batch_size >= 1, "batch_size", self.batch_size, ">= 1"),
+            (self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, ">= 1"),
+            (self.lr_scaling in LR_SCALINGS, "lr_scaling", self.lr_scaling, f"one of {LR_SCALINGS}"),
+            (self.schedule in SCHEDULES, "schedule", self.schedule, f"one of {SCHEDULES}"),
+            (self.warmup_steps >= 0 and self.warmup_epochs >= 0, "warmup_steps/warmup_epochs",
+             (self.warmup_steps, self.warmup_epochs), ">= 0"),
+            (0.0 <= self.validation_split < 1.0, "validation_split", self.validation_split,
+             "in [0, 1)"),
+            (self.checkpoint_every_n_epochs >= 0, "checkpoint_every_n_epochs",
+             self.checkpoint_every_n_epochs, ">= 0"),
+            (not ((self.checkpoint_every_n_epochs or self.resume) and not self.checkpoint_dir),
+             "checkpoint_dir", self.checkpoint_dir, "set when checkpointing or resuming"),
+        ]
+        for ok, name, value, want in checks:
+            if not ok:
+                raise ValueError(f"{rank_prefix()} TrainerConfig: {name}={value!r}; it must be "
+                                 f"{want}.")
+
+
+@dataclass
+class History:
+    """Per-epoch metrics of a run (averaged over all ranks) and its throughput."""
+
+    train_losses: list = field(default_factory=list)
+    train_accuracies: list = field(default_factory=list)
+    val_losses: list = field(default_factory=list)
+    val_accuracies: list = field(default_factory=list)
+    epoch_times: list = field(default_factory=list)
+    total_time_seconds: float = 0.0
+    samples_per_second: float = 0.0
+    effective_batch_size: int = 0
+    world_size: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """The history as JSON; also written (atomically) to ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        return text
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> History:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class Trainer:
+    """Train a model data-parallel over every rank of the default process group.
+
+    Args:
+        model: the bare model (wrapped in DistributedDataParallel here) or a DDP wrapper.
+        loss_fn: ``loss_fn(output, target) -> scalar Tensor`` (a mean over the batch).
+        optimizer: built over ``model.parameters()``.
+        config: a TrainerConfig (defaults if None).
+    """
+
+    def __init__(self, model: Any, loss_fn: Callable[[Any, Any], Any], optimizer: Any,
+                 config: TrainerConfig | None = None) -> None:
+        self.config = config or TrainerConfig()
+        self.config.validate()
+        if not comm.is_initialized():
+            comm.init_process_group()
+        self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
+        if isinstance(model, DistributedDataParallel):
+            self.ddp = model
+        else:
+            self.ddp = DistributedDataParallel(model, **self.config.ddp_options)
+        self.model = self.ddp.module
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.scheduler: Any = None
+        self.global_step = 0
+        self.start_epoch = 0
+        self.history = History(world_size=self.world_size)
+        factor = {"none": 1.0, "linear": float(self.world_size),
+                  "sqrt": math.sqrt(self.world_size)}[self.config.lr_scaling]
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * factor
+        if factor != 1.0:
+            self._log(f"lr scaled x{factor:g} ({self.config.lr_scaling}, world size "
+                      f"{self.world_size})")
+
+    # ------------------------------------------------------------------ public API
+
+    def fit(self, train_dataset: Any, val_dataset: Any = None) -> History:
+        """Train for ``config.epochs`` epochs (continuing a checkpoint if ``config.resume``).
+
+        Args:
+            train_dataset: an ArrayDataset (or any dataset of (x, y) samples).
+            val_dataset: evaluated after every epoch; if None and ``validation_split > 0``,
+                that fraction of ``train_dataset`` is held out (same split on every rank).
+
+        Returns:
+            The History (also written to ``checkpoint_dir/history.json`` when set).
+        """
+        cfg = self.config
+        if val_dataset is None and cfg.validation_split > 0:
+            train_dataset, val_dataset = random_split(
+                train_dataset, [1.0 - cfg.validation_split, cfg.validation_split], seed=cfg.seed)
+        sampler = DistributedSampler(train_dataset, num_replicas=self.world_size, rank=self.rank,
+                                     shuffle=cfg.shuffle, seed=cfg.seed)
+        loader = DataLoader(train_dataset, batch_size=cfg.batch_size, sampler=sampler)
+        steps_per_epoch = math.ceil(len(loader) / cfg.grad_accum_steps)
+        self._build_schedule(steps_per_epoch * cfg.epochs, steps_per_epoch)
+        if cfg.resume:
+            self._resume()
+        self.history.effective_batch_size = cfg.batch_size * self.world_size * cfg.grad_accum_steps
+        self._log(f"training on {self.world_size} rank(s): {len(train_dataset)} samples, "
+                  f"{steps_per_epoch} steps/epoch, effective batch "
+                  f"{self.history.effective_batch_size}, epochs {self.start_epoch + 1}.."
+                  f"{cfg.epochs}")
+        last = cfg.epochs if cfg.stop_after_epochs is None else min(cfg.epochs,
+                                                                      cfg.stop_after_epochs)
+        for epoch in range(self.start_epoch, last):
+            t0 = time.perf_counter()
+            loader.set_epoch(epoch)
+            loss, acc, seen = self._train_epoch(loader, epoch)
+            elapsed = time.perf_counter() - t0
+            h = self.history
+            h.train_losses.append(loss)
+            h.train_accuracies.append(acc)
+            h.epoch_times.append(elapsed)
+            h.total_time_seconds = float(sum(h.epoch_times))
+            done_before = h.samples_per_second * (h.total_time_seconds - elapsed)
+            h.samples_per_second = (done_before + seen) / max(h.total_time_seconds, 1e-12)
+            line = (f"epoch {epoch + 1}/{cfg.epochs}  loss {loss:.4f}  acc {acc:.4f}")
+            if val_dataset is not None:
+                vloss, vacc = self.evaluate(val_dataset)
+                h.val_losses.append(vloss)
+                h.val_accuracies.append(vacc)
+                line += f"  val_loss {vloss:.4f}  val_acc {vacc:.4f}"
+            self._log(line + f"  {seen / elapsed:,.0f} samples/s  {elapsed:.2f}s")
+            every = cfg.checkpoint_every_n_epochs
+            if every and ((epoch + 1) % every == 0 or epoch + 1 == last):
+                self.save_checkpoint(epoch + 1)
+        if cfg.checkpoint_dir and self.rank == 0:
+            self.history.to_json(Path(cfg.checkpoint_dir) / "history.json")
+        return self.history
+
+    @no_grad()
+    def evaluate(self, dataset: Any) -> tuple[float, float]:
+        """Loss and accuracy on ``dataset``, each sample counted exactly once over all ranks.
+
+        Every rank evaluates its shard; padding added by the sampler is masked out; the sums
+        (loss x count, correct, count) are all-reduced, so the result is the exact mean.
+        """
+        was_training = getattr(self.model, "training", True)
+        self.model.eval()
+        sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank,
+                                     shuffle=False)
+        loader = DataLoader(dataset, batch_size=max(self.config.batch_size, 256), sampler=sampler)
+        sums = np.zeros(3, dtype=np.float64)  # loss*count, correct, count
+        for x, y, mask in loader.iter_with_mask():
+            if not mask.all():
+                x, y = x[mask], y[mask]
+            if len(y) == 0:
+                continue
+            out = self.model(Tensor(x))
+            sums += self._batch_metrics(out, y, self.loss_fn(out, y))
+        comm.all_reduce(sums, op="sum")
+        self.model.train(was_training)
+        count = max(sums[2], 1.0)
+        return float(sums[0] / count), float(sums[1] / count)
+
+    def save_checkpoint(self, epoch: int) -> Path:
+        """Write everything needed to resume after ``epoch`` epochs (rank 0 writes, all wait)."""
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "epoch": int(epoch),
+            "global_step": int(self.global_step),
+            "sampler": {"epoch": int(epoch), "seed": self.config.seed,
+                        "shuffle": self.config.shuffle},
+            "world_size": int(self.world_size),
+            "rng": tensor_random.default_generator().bit_generator.state,
+            "history": self.history.to_dict(),
+            "config": {k: v for k, v in dataclasses.asdict(self.config).items()
+                       if isinstance(v, (int, float, str, bool, type(None)))},
+        }
+        path = save_checkpoint(checkpoint_path(self.config.checkpoint_dir, epoch), state)
+        self._log(f"checkpoint: {path}")
+        return path
+
+    # ------------------------------------------------------------------ internals
+
+    def _build_schedule(self, total_steps: int, steps_per_epoch: int) -> None:
+        cfg = self.config
+        warmup = int(cfg.warmup_steps + round(cfg.warmup_epochs * steps_per_epoch))
+        if cfg.schedule == "constant" and warmup == 0:
+            return
+        warmup = min(warmup, max(total_steps - 1, 0))
+        cosine = cfg.schedule == "cosine"
+
+        def make(base_lr: float) -> Callable[[int], float]:
+            floor = min(cfg.min_lr / base_lr, 1.0) if base_lr > 0 else 0.0
+
+            def factor(step: int) -> float:  # multiplier of the group's initial rate
+                if step < warmup:
+                    return (step + 1) / (warmup + 1)
+                if not cosine:
+                    return 1.0
+                r = min((step - warmup) / max(total_steps - warmup, 1), 1.0)
+                return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * r))
+            return factor
+
+        self.scheduler = LambdaLR(self.optimizer, [make(g["lr"]) for g in
+                                                   self.optimizer.param_groups])
+
+    def _train_epoch(self, loader: DataLoader, epoch: int) -> tuple[float, float, int]:
+        cfg = self.config
+        self.model.train()
+        sums = np.zeros(3, dtype=np.float64)  # loss*count, correct, count (real samples only)
+        batches = list(range(len(loader)))
+        show_bar = self._progress_enabled()
+        accum = cfg.grad_accum_steps
+        it = loader.iter_with_mask()
+        for b in batches:
+            x, y, mask = next(it)
+            last_micro = (b + 1) % accum == 0 or b + 1 == len(batches)
+            if last_micro:
+                out = self.ddp(Tensor(x))
+                loss = self.loss_fn(out, y)
+                (loss / accum if accum > 1 else loss).backward()
+            else:
+                with self.ddp.no_sync():
+                    out = self.ddp(Tensor(x))
+                    loss = self.loss_fn(out, y)
+                    (loss / accum).backward()
+            sums += self._batch_metrics(out, y, loss, mask)
+            if last_micro:
+                self.optimizer.step()
+                if self.scheduler is not None:
+                    self.scheduler.step()
+                self.optimizer.zero_grad()
+                self.global_step += 1
+                if cfg.log_every_n_batches and self.global_step % cfg.log_every_n_batches == 0:
+                    self._log(f"epoch {epoch + 1} step {self.global_step} loss "
+                              f"{float(loss.item()):.4f} (rank 0's batch)")
+            if show_bar:
+                _progress(b + 1, len(batches), epoch, float(loss.item()))
+        if show_bar:
+            sys.stderr.write("\n")
+        comm.all_reduce(sums, op="sum")
+        count = max(sums[2], 1.0)
+        return float(sums[0] / count), float(sums[1] / count), int(round(sums[2]))
+
+    def _batch_metrics(self, out: Any, y: Any, loss: Any, mask: Any = None) -> np.ndarray:
+        """[loss x count, correct, count] of a batch, real (non-padding) samples only."""
+        logits = backend.to_host(out.data)
+        yh = backend.to_host(y)
+        correct = logits.argmax(axis=-1) == yh
+        if mask is not None and not mask.all():  # padding in this batch: recompute on the rest
+            with no_grad():
+                sub = self.loss_fn(Tensor(out.data[mask]), y[mask]) if mask.any() else None
+            n = int(mask.sum())
+            lsum = float(sub.item()) * n if sub is not None else 0.0
+            return np.array([lsum, float(correct[mask].sum()), n], dtype=np.float64)
+        n = len(yh)
+        return np.array([float(loss.item()) * n, float(correct.sum()), n], dtype=np.float64)
+
+    def _resume(self) -> None:
+        path = latest_checkpoint(self.config.checkpoint_dir)
+        if path is None:
+            self._log(f"resume: no checkpoint in {self.config.checkpoint_dir}; starting fresh")
+            return
+        ckpt = load_checkpoint(path)
+        for key in ("model", "optimizer", "epoch", "global_step", "world_size", "rng"):
+            if key not in ckpt:
+                raise CheckpointError(f"{rank_prefix()} resume from {path}: the checkpoint has "
+                                      f"no {key!r} entry; it was not written by Trainer.")
+        if int(ckpt["world_size"]) != self.world_size:
+            raise CheckpointError(
+                f"{rank_prefix()} resume from {path}: written at world size {ckpt['world_size']}"
+                f", resuming at {self.world_size}. The data order and the learning-rate schedule "
+                "depend on it; resume with the same number of ranks (-n), or start a new run.")
+        check_state_dict(self.model.state_dict(), ckpt["model"], "model", path)
+        # Everything checked: now load (nothing was changed before this point).
+        self.model.load_state_dict(ckpt["model"])
+        try:
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"{rank_prefix()} resume from {path}: optimizer state does "
+                                  f"not fit this optimizer ({e}). Build the same optimizer "
+                                  "(type and parameter groups) to resume.") from e
+        if self.scheduler is not None and ckpt.get("scheduler") is not None:
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+        tensor_random.default_generator().bit_generator.state = ckpt["rng"]
+        self.start_epoch = int(ckpt["epoch"])
+        self.global_step = int(ckpt["global_step"])
+        if ckpt.get("history"):
+            self.history = History.from_dict(ckpt["history"])
+        self._log(f"resumed from {path}: epoch {self.start_epoch}, step {self.global_step}")
+
+    def _progress_enabled(self) -> bool:
+        if self.rank != 0:
+            return False
+        if self.config.progress_bar is not None:
+            return self.config.progress_bar
+        return sys.stderr.isatty() and not os.environ.get("CI")
+
+    def _log(self, message: str) -> None:
+        """Rank 0 only: print (progress for people) when verbose, else log at INFO."""
+        if self.rank != 0:
+            return
+        if self.config.verbose:
+            print(message, flush=True)
+        else:
+            log.info(message)
+
+
+def _progress(done: int, total: int, epoch: int, loss: float, width: int = 30) -> None:
+    filled = int(width * done / max(total, 1))
+    sys.stderr.write(f"\repoch {epoch + 1} [{'#' * filled}{'.' * (width - filled)}] "
+                     f"{done}/{total} loss {loss:.4f}")
+    sys.stderr.flush()

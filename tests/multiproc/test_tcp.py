@@ -1,0 +1,87 @@
+"""The TCP transport with real processes on 127.0.0.1 (torchrun-style env: RANK, MASTER_PORT...).
+
+Each test starts ranks with tests/procs.py (killed on timeout or failure) running
+tests/multiproc/tcp_body.py; a short MINIDIST_TIMEOUT_S makes any hang fail fast.
+"""
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from procs import REPO, free_port, job_env, run_env_ranks
+
+BODY = REPO / "tests" / "multiproc" / "tcp_body.py"
+ENV = {"MINIDIST_TIMEOUT_S": "10"}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_point_to_point(n):
+    res = run_env_ranks(n, [BODY, "p2p"], timeout_s=60, env=ENV)
+    assert res.returncode == 0, res.report()
+    assert res.stdout.count("OK p2p") == n, res.report()
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_all_reduce_algorithms_over_tcp(n):
+    pytest.importorskip("minidist.comm.algorithms.ring", reason="algorithms not written yet")
+    res = run_env_ranks(n, [BODY, "allreduce"], timeout_s=80, env=ENV)
+    assert res.returncode == 0, res.report()
+    assert res.stdout.count("OK allreduce") == n, res.report()
+
+
+def test_dead_peer_raises_comm_error_naming_it():
+    res = run_env_ranks(3, [BODY, "die"], timeout_s=60, env=ENV)
+    # rank 2 exits with 3 on purpose; ranks 0 and 1 must report it instead of hanging.
+    assert res.stdout.count("CAUGHT") == 2, res.report()
+    assert "connection to rank 2 lost" in res.stdout, res.report()
+
+
+def _spawn(rank, world_size, port, timeout_s="3"):
+    env = job_env({"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), "MINIDIST_TIMEOUT_S": timeout_s})
+    return subprocess.run([sys.executable, str(BODY), "connect"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_busy_master_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        res = _spawn(0, 2, s.getsockname()[1])
+    assert res.returncode != 0
+    assert "address already in use" in res.stderr and "MASTER_PORT=" in res.stderr, res.stderr
+
+
+def test_rank0_never_shows_up_times_out():
+    port = free_port()
+    res = _spawn(1, 2, port, timeout_s="1.5")
+    assert res.returncode != 0
+    assert "CommTimeout" in res.stderr and f"127.0.0.1:{port}" in res.stderr, res.stderr
+
+
+def test_world_size_mismatch_names_both_values():
+    port = free_port()
+    procs = []
+    try:
+        for rank, ws in ((0, 2), (1, 3)):
+            env = job_env({"RANK": str(rank), "WORLD_SIZE": str(ws), "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": str(port), "MINIDIST_TIMEOUT_S": "5"})
+            procs.append(subprocess.Popen([sys.executable, str(BODY), "connect"], env=env,
+                                          cwd=REPO, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=30) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode != 0
+        assert "world size mismatch" in err and "WORLD_SIZE=3" in err and "WORLD_SIZE=2" in err, err
+
+
+def test_bad_rank_is_a_value_error():
+    from minidist.comm.transports.tcp import TCPTransport
+
+    with pytest.raises(ValueError, match="rank 5 is not in"):
+        TCPTransport(5, 2, "127.0.0.1", free_port(), timeout_s=1)
