@@ -33,6 +33,7 @@ from minidist.comm.algorithms.mpi_native import supports_native
 from minidist.comm.algorithms.ring import ring_all_gather, ring_reduce_scatter
 from minidist.comm.algorithms.scratch import clear as clear_scratch
 from minidist.comm.algorithms.scratch import scratch
+from minidist.comm.algorithms.shm import shm_alloc_buffer, shm_available
 from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
 from minidist.comm.errors import CommError
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
@@ -300,8 +301,16 @@ class ProcessGroup:
 
     # -- memory and lifecycle ----------------------------------------------------------------
     def alloc_buffer(self, numel: int, dtype: Any, xp: Any = None) -> Any:
-        """A 1-D communication buffer placed where the transport moves data best."""
-        return self.transport.alloc_buffer(numel, dtype, xp or backend.default_array_module())
+        """A 1-D communication buffer placed where the transport moves data best.
+
+        Collective: every rank calls it alike (DDP allocates its buckets at construction).
+        On the MPI transport with every rank on one node, NumPy buffers go into a shared-memory
+        window, so ``all_reduce`` on them can take the zero-copy "shm" path (algorithms/shm.py).
+        """
+        xp = xp or backend.default_array_module()
+        if xp is np and shm_available(self.transport):  # collective the first time
+            return shm_alloc_buffer(self.transport, numel, dtype)
+        return self.transport.alloc_buffer(numel, dtype, xp)
 
     def close(self) -> None:
         """Release the transport and the cached scratch buffers. Idempotent."""

@@ -1,6 +1,7 @@
 """One rank of a TCP test job: build a TCPTransport from torchrun-style env vars, run a mode.
 
-    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python tests/multiproc/tcp_body.py p2p
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+        python tests/multiproc/tcp_body.py p2p
 
 Modes: ``p2p`` (tags, out-of-order receives, a ring of large sendrecv, self-send), ``allreduce``
 (every registered algorithm over TCP vs the NumPy oracle), ``die`` (the last rank exits
@@ -48,11 +49,15 @@ def p2p(t: TCPTransport) -> None:
     for i, q in enumerate(reqs):
         q.wait()
         assert q.test()
-    # Self-send works through the inbox.
+    # Self-send: through the inbox (send first) or straight into a posted recv (recv first).
     me = np.empty(4)
     t.send(np.arange(4.0), r, tag=3)
     t.recv(me, r, tag=3)
     assert (me == np.arange(4.0)).all()
+    q = t.irecv(me, r, tag=4)
+    t.send(np.arange(4.0) + 1, r, tag=4)
+    q.wait()
+    assert (me == np.arange(4.0) + 1).all()
 
 
 def allreduce(t: TCPTransport) -> None:
@@ -73,7 +78,7 @@ def allreduce(t: TCPTransport) -> None:
                 if dtype is np.float32 and name != "direct":
                     ok = np.allclose(buf, expected, rtol=1e-5, atol=1e-3)
                 else:
-                    ok = np.allclose(buf, expected) if dtype is not np.int64 else (buf == expected).all()
+                    ok = (buf == expected).all() if dtype is np.int64 else np.allclose(buf, expected)
                 if not ok:
                     raise SystemExit(f"[rank {r}/{n}] {name} numel={numel} {np.dtype(dtype).name} "
                                      f"{op}: wrong result {buf[:4]} vs {expected[:4]}")

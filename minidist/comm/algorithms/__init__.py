@@ -17,6 +17,7 @@ from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.algorithms.recursive_doubling import rd_all_reduce
 from minidist.comm.algorithms.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from minidist.comm.algorithms.select import choose
+from minidist.comm.algorithms.shm import shm_all_reduce, shm_available, shm_is_shared
 from minidist.comm.algorithms.tree import tree_all_reduce, tree_broadcast, tree_reduce
 from minidist.comm.transports.base import Transport
 
@@ -26,6 +27,7 @@ ALGORITHMS: dict[str, Callable[..., None]] = {
     "tree": tree_all_reduce,
     "rd": rd_all_reduce,
     "mpi": mpi_all_reduce,
+    "shm": shm_all_reduce,
 }
 
 
@@ -36,7 +38,9 @@ def resolve(name: str, transport: Transport, buf: Any) -> tuple:
         ValueError: for an unknown name (the caller adds the rank prefix).
     """
     if name == "auto":
-        name = choose(transport.size, buf.nbytes, supports_native(transport))
+        has_shm = shm_available(transport, buf)  # collective the first time (all ranks resolve)
+        name = choose(transport.size, buf.nbytes, supports_native(transport), has_shm,
+                      has_shm and shm_is_shared(transport, buf))
     fn = ALGORITHMS.get(name)
     if fn is None:
         raise ValueError(f"unknown algorithm {name!r}; use one of "
@@ -45,5 +49,5 @@ def resolve(name: str, transport: Transport, buf: Any) -> tuple:
 
 
 __all__ = ["ALGORITHMS", "resolve", "direct_all_reduce", "ring_all_reduce", "tree_all_reduce",
-           "rd_all_reduce", "mpi_all_reduce", "ring_reduce_scatter", "ring_all_gather",
+           "rd_all_reduce", "mpi_all_reduce", "shm_all_reduce", "ring_reduce_scatter", "ring_all_gather",
            "tree_reduce", "tree_broadcast"]

@@ -8,8 +8,9 @@ Design notes:
 - Buffers go to MPI as raw bytes (``[buf, MPI.BYTE]``), never as pickled objects; the receiver
   checks the byte count it got, so a shape mismatch between ranks is a CommError, not garbage.
 - Every wait is bounded: it spins on ``Test()`` a few hundred times (the fast path, a few
-  microseconds), then keeps testing with ``time.sleep(0)`` between tests (yields the GIL and the
-  core on this 2-core machine) until ``timeout_s``, then raises CommTimeout naming rank, op, peer.
+  microseconds; only twice when ranks outnumber cores), then keeps testing with
+  ``os.sched_yield()`` between tests (releases the GIL and the core; ``time.sleep(0)`` costs
+  ~55 us here) until ``timeout_s``, then raises CommTimeout naming rank, op, peer.
 - mpi4py is imported lazily: ``import minidist`` works on a machine without libmpi; only asking
   for MPI raises, with what to install.
 - GPU buffers (CuPy): the current stream is synchronized before MPI sees the buffer (MPI cannot
@@ -33,7 +34,11 @@ from minidist.log import get_logger
 
 log = get_logger(__name__)
 
-SPIN_TESTS = 200  # Test() calls before the first sleep(0): keeps small messages fast
+SPIN_TESTS = 200  # Test() calls before the first yield: keeps small messages fast
+# More ranks than cores (e.g. 4 ranks on this 2-core VM): a spinning rank holds the core its peer
+# needs, so spin only briefly and give the core away with sched_yield (~1 us; time.sleep(0)
+# costs ~55 us here). Ring at n=4, 8 B: 963 us -> 377 us (docs/benchmarks.md).
+OVERSUBSCRIBED_SPIN_TESTS = 2
 
 
 def load_mpi() -> Any:
@@ -135,7 +140,7 @@ class _MPIRequest(Request):
     def wait(self, timeout_s: float | None = None) -> None:
         if self.req is None:
             return
-        for _ in range(SPIN_TESTS):
+        for _ in range(self.t.spin_tests):
             if self._test():
                 return
         timeout_s = self.t.timeout_s if timeout_s is None else timeout_s
@@ -147,7 +152,7 @@ class _MPIRequest(Request):
                     f"{self.nbytes} bytes): not complete after {timeout_s:.1f} s. Rank {self.peer} "
                     "is late, stuck or dead; check every rank calls the same collectives in the "
                     "same order (raise MINIDIST_TIMEOUT_S for slow steps).")
-            time.sleep(0)
+            os.sched_yield()
 
 
 _MPI_OPS = {ReduceOp.SUM: "SUM", ReduceOp.AVG: "SUM", ReduceOp.MAX: "MAX", ReduceOp.MIN: "MIN",
@@ -166,6 +171,8 @@ class MPITransport(Transport):
         self.size = self.comm.Get_size()
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
         self._cuda_aware: bool | None = None  # decided on the first device buffer
+        self.spin_tests = (OVERSUBSCRIBED_SPIN_TESTS if self.size > (os.cpu_count() or 1)
+                           else SPIN_TESTS)
 
     # -- GPU buffers -------------------------------------------------------------------------
     def cuda_aware(self) -> bool:
@@ -219,7 +226,7 @@ class MPITransport(Transport):
         status = self.MPI.Status()
         rdone = sdone = False
         try:
-            for _ in range(SPIN_TESTS):
+            for _ in range(self.spin_tests):
                 rdone = rdone or rreq.Test(status)
                 sdone = sdone or sreq.Test()
                 if rdone and sdone:

@@ -432,17 +432,20 @@ class TCPTransport(Transport):
         """Send ``buf`` to ``dst`` now (the peer's reader drains it); returns a done request."""
         view = _byte_view(buf, f"isend(dst={dst}, tag={tag})", self.prefix)
         self._check_peer(dst, "isend")
-        if dst == self.rank:  # a message to oneself: deliver through the inbox machinery
-            inbox = _Inbox(len(view))
-            inbox.data[:] = view
-            inbox.done.set()
+        if dst == self.rank:  # a message to oneself: into the posted recv, else an inbox
             with self._lock:
                 posted = self._posted.get((dst, tag))
                 req = posted.popleft() if posted else None
                 if req is None:
+                    inbox = _Inbox(len(view))
+                    inbox.data[:] = view
+                    inbox.done.set()
                     self._unexpected[(dst, tag)].append(inbox)
-            if req is not None:
-                req.inbox = inbox
+            if req is not None and len(req.view) != len(view):
+                req.fail(self._size_error(dst, tag, len(view), len(req.view)))
+            elif req is not None:
+                req.view[:] = view
+                req.done.set()
             return _DoneRequest()
         sock = self._socks[dst]
         try:

@@ -1,0 +1,415 @@
+"""All-reduce benchmark, nccl-tests / OSU style: every algorithm beside MPI's own Allreduce.
+
+    ./mpirun.sh -n 2 python benchmarks/allreduce.py                      # 8 B .. 64 MiB, x2 steps
+    ./mpirun.sh -n 4 python benchmarks/allreduce.py --quick              # x4 steps, fewer iters
+    ./mpirun.sh -n 2 python benchmarks/allreduce.py --algorithms ring,mpi,shm --min-bytes 1M
+    python benchmarks/allreduce.py --fit benchmarks/results/allreduce_n2.json \\
+        benchmarks/results/allreduce_n4.json          # alpha-beta constants for select.py
+
+For each size and algorithm: first the result is checked against ``direct`` (the naive oracle;
+#wrong counts elements that differ beyond float round-off, and the run also checks that every
+rank holds identical bits), then ``iters`` timed calls, each after a barrier and after restoring
+the input (untimed), so every call reduces the same data. A call's time is the slowest rank's.
+
+    algbw = bytes / time        busbw = algbw * 2(n-1)/n   (what each rank's link carries in a
+    ratio = median time / MPI median time at that size     bandwidth-optimal algorithm)
+
+Algorithms: ``ring tree rd direct mpi auto`` (the registry), ``shm`` (shared-memory window,
+plain NumPy buffer) and ``shm_zc`` (the same with the buffer allocated in the shared window by
+``shm_alloc_buffer``, so the copy-in disappears). Rank 0 prints the table, the ring/tree
+crossover, and writes ``results/allreduce_n{N}.json`` (+ ``.png`` when matplotlib is there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from _common import RESULTS, Table, human, machine_info, parse_bytes, sizes, stats, write_json
+
+DEFAULT_ALGOS = "ring,tree,rd,direct,mpi,auto,shm,shm_zc"
+TUNING_MODULE = Path(__file__).resolve().parent.parent / "minidist/comm/algorithms/tuning.py"
+
+
+@dataclass
+class Args:
+    min_bytes: int
+    max_bytes: int
+    step: int
+    iters: int | None
+    warmup: int
+    algorithms: list[str]
+    dtype: str
+    op: str
+    out: Path
+    name: str | None
+    backend: str
+    plot: bool
+
+
+def parse_args(argv: list[str] | None = None) -> Args | tuple:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--min-bytes", default="8", help="smallest message (e.g. 8, 4K, 1M)")
+    p.add_argument("--max-bytes", default="64M", help="largest message (default 64M)")
+    p.add_argument("--step", type=int, default=None, help="size factor per step (2; 4 w/ quick)")
+    p.add_argument("--iters", type=int, default=None,
+                   help="timed calls per point (default: 200 for small, down to 10 at 64 MiB)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 3)")
+    p.add_argument("--algorithms", default=DEFAULT_ALGOS, help=f"default {DEFAULT_ALGOS}")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--op", default="sum")
+    p.add_argument("--out", default=str(RESULTS), help="directory for JSON/PNG")
+    p.add_argument("--name", default=None, help="file stem (default allreduce_n{N})")
+    p.add_argument("--backend", default="mpi", help="mpi (under mpiexec) or tcp (torchrun env)")
+    p.add_argument("--quick", action="store_true", help="x4 steps, <= 20 iters, 1 warm-up")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--fit", nargs="+", metavar="JSON", help="fit select.py constants and exit")
+    p.add_argument("--fit-out", default=str(RESULTS / "allreduce_fit.json"))
+    p.add_argument("--markdown", nargs="+", metavar="JSON", help="print result tables and exit")
+    p.add_argument("--emit-module", action="store_true",
+                   help="with --fit: also write minidist/comm/algorithms/tuning.py")
+    a = p.parse_args(argv)
+    if a.markdown:
+        for path in a.markdown:
+            print(markdown(json.loads(Path(path).read_text())) + "\n")
+        raise SystemExit(0)
+    if a.fit:
+        return ("fit", a.fit, Path(a.fit_out), TUNING_MODULE if a.emit_module else None)
+    step = a.step or (4 if a.quick else 2)
+    iters = a.iters if a.iters is not None else (20 if a.quick else None)
+    warmup = a.warmup if a.warmup is not None else (1 if a.quick else 3)
+    algos = [x.strip() for x in a.algorithms.split(",") if x.strip()]
+    if step < 2:
+        raise SystemExit(f"--step must be >= 2, got {step}")
+    return Args(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes), step, iters, warmup, algos,
+                a.dtype, a.op, Path(a.out), a.name, a.backend, not a.no_plot)
+
+
+# ---------------------------------------------------------------- running one point
+
+def default_iters(nbytes: int) -> int:
+    return max(10, min(200, (256 << 20) // max(nbytes, 1)))
+
+
+def make_runner(group: Any, name: str, dtype: np.dtype, max_count: int) -> tuple[Callable, Any]:
+    """(run(buf, op), shared buffer or None) for an algorithm name (see module docstring)."""
+    from minidist.comm.algorithms import ALGORITHMS
+
+    if name in ("shm", "shm_zc") and "shm" not in ALGORITHMS:
+        from minidist.comm.algorithms.shm import shm_all_reduce
+        from minidist.comm.ops import parse_op
+
+        def run(buf: Any, op: str) -> None:
+            shm_all_reduce(group.transport, buf, parse_op(op))
+    else:
+        algo = "shm" if name == "shm_zc" else name
+
+        def run(buf: Any, op: str) -> None:
+            group.all_reduce(buf, op=op, algorithm=algo)
+    shared = None
+    if name == "shm_zc":
+        from minidist.comm.algorithms.shm import shm_alloc_buffer
+        shared = shm_alloc_buffer(group.transport, max_count, dtype)
+    return run, shared
+
+
+def barrier_fn(group: Any) -> Callable[[], None]:
+    comm = getattr(group.transport, "comm", None)
+    return comm.Barrier if comm is not None and hasattr(comm, "Barrier") else group.barrier
+
+
+def count_wrong(buf: np.ndarray, ref: np.ndarray, n: int) -> int:
+    """Elements differing from the oracle beyond round-off (other summation orders)."""
+    if buf.dtype.kind in "iu":
+        return int(np.count_nonzero(buf != ref))
+    tol = 1e-2 if buf.dtype == np.float16 else 1e-5
+    return int(np.count_nonzero(~np.isclose(buf, ref, rtol=tol, atol=tol * n)))
+
+
+def identical_everywhere(group: Any, buf: np.ndarray) -> bool:
+    import zlib
+
+    digest = np.array([zlib.crc32(buf.tobytes())], np.int64)
+    return bool((group.all_gather(digest) == digest[0]).all())
+
+
+def time_point(group: Any, run: Callable, buf: np.ndarray, base: np.ndarray, op: str,
+               iters: int, warmup: int) -> list[float]:
+    """Per-call seconds of the slowest rank, ``iters`` calls (input restored before each)."""
+    barrier = barrier_fn(group)
+    local = np.empty(iters)
+    for _ in range(warmup):
+        buf[...] = base
+        run(buf, op)
+    for i in range(iters):
+        buf[...] = base
+        barrier()
+        t0 = time.perf_counter()
+        run(buf, op)
+        local[i] = time.perf_counter() - t0
+    return group.all_gather(local).max(axis=0).tolist()
+
+
+# ---------------------------------------------------------------- the sweep
+
+def sweep(args: Args, group: Any) -> dict:
+    from minidist.comm.algorithms import resolve
+
+    n, rank = group.size, group.rank
+    dtype = np.dtype(args.dtype)
+    points = [s for s in sizes(max(args.min_bytes, dtype.itemsize), args.max_bytes, args.step)]
+    max_count = max(points) // dtype.itemsize
+    runners = {a: make_runner(group, a, dtype, max_count) for a in ["direct", *args.algorithms]}
+    rng = np.random.default_rng(1234 + rank)
+    full = (rng.integers(-100, 100, max_count) if dtype.kind in "iu"
+            else rng.standard_normal(max_count)).astype(dtype)
+    table = Table([("size(B)", 10, "d"), ("count", 9, "d"), ("algorithm", 9, "s"),
+                   ("median(us)", 11, ".1f"), ("min(us)", 10, ".1f"), ("max(us)", 10, ".1f"),
+                   ("algbw(GB/s)", 11, ".3f"), ("busbw(GB/s)", 11, ".3f"),
+                   ("vs mpi", 7, ".2f"), ("#wrong", 6, "d")])
+    if rank == 0:
+        print(f"# minidist all_reduce benchmark: n={n}, dtype={dtype.name}, op={args.op}, "
+              f"backend={group.backend}")
+        print(table.header(), flush=True)
+    rows = []
+    for nbytes in points:
+        count = nbytes // dtype.itemsize
+        base = full[:count]
+        ref = base.copy()
+        runners["direct"][0](ref, args.op)
+        iters = args.iters or default_iters(nbytes)
+        point = []
+        for name in args.algorithms:
+            run, shared = runners[name]
+            buf = shared[:count] if shared is not None else np.empty_like(base)
+            buf[...] = base
+            run(buf, args.op)
+            wrong = count_wrong(buf, ref, n)
+            same = identical_everywhere(group, buf)
+            wrong = int(group.all_gather(np.array([wrong])).max()) + (0 if same else 1)
+            st = stats(time_point(group, run, buf, base, args.op, iters, args.warmup))
+            algbw = nbytes / st["median_us"] / 1e3
+            row = {"nbytes": nbytes, "count": count, "algorithm": name, **st,
+                   "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n if n > 1 else 0.0,
+                   "wrong": wrong, "identical": same}
+            if name == "auto":
+                row["chose"] = resolve("auto", group.transport, base)[0]
+            point.append(row)
+        mpi = next((r for r in point if r["algorithm"] == "mpi"), None)
+        for r in point:
+            r["ratio_to_mpi"] = r["median_us"] / mpi["median_us"] if mpi else None
+            if rank == 0:
+                print(table.row(nbytes, count, r["algorithm"], r["median_us"], r["min_us"],
+                                r["max_us"], r["algbw_GBps"], r["busbw_GBps"],
+                                r["ratio_to_mpi"], r["wrong"]), flush=True)
+        rows += point
+    return {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
+            "rows": rows, "crossover_ring_tree": crossover(rows, "ring", "tree")}
+
+
+def crossover(rows: list[dict], fast_big: str, fast_small: str) -> int | None:
+    """Smallest size from which ``fast_big`` is faster than ``fast_small`` at every larger size."""
+    t = {}
+    for r in rows:
+        t.setdefault(r["nbytes"], {})[r["algorithm"]] = r["median_us"]
+    sizes_ = sorted(s for s in t if fast_big in t[s] and fast_small in t[s])
+    cross = None
+    for s in reversed(sizes_):
+        if t[s][fast_big] < t[s][fast_small]:
+            cross = s
+        else:
+            break
+    return cross
+
+
+def plot(result: dict, path: Path) -> Path | None:
+    """busbw and latency vs size per algorithm (None without matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name in dict.fromkeys(r["algorithm"] for r in result["rows"]):
+        pts = [r for r in result["rows"] if r["algorithm"] == name]
+        x = [r["nbytes"] for r in pts]
+        style = dict(marker=".", label=name, lw=2.5 if name == "mpi" else 1.2)
+        ax1.plot(x, [r["busbw_GBps"] for r in pts], **style)
+        ax2.plot(x, [r["median_us"] for r in pts], **style)
+    for ax, title in ((ax1, "bus bandwidth (GB/s)"), (ax2, "median time (us)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_title(f"all_reduce n={result['n']} {result['dtype']} {result['op']}: {title}")
+        ax.grid(alpha=0.3)
+    ax2.set_yscale("log")
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def markdown(result: dict) -> str:
+    """A compact Markdown table: median us per algorithm per size (+ auto's pick, busbw)."""
+    algos = [a for a in dict.fromkeys(r["algorithm"] for r in result["rows"]) if a != "direct"]
+    by = {(r["nbytes"], r["algorithm"]): r for r in result["rows"]}
+    head = ["size"] + [f"{a} (us)" for a in algos] + ["auto chose", "best busbw (GB/s)", "#wrong"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for nbytes in sorted({r["nbytes"] for r in result["rows"]}):
+        pts = [by[(nbytes, a)] for a in algos if (nbytes, a) in by]
+        best = min(pts, key=lambda r: r["median_us"])
+        cells = [human(nbytes)] + [f"{by[(nbytes, a)]['median_us']:.0f}" if (nbytes, a) in by
+                                   else "-" for a in algos]
+        cells += [by.get((nbytes, "auto"), {}).get("chose", "-"),
+                  f"{best['busbw_GBps']:.2f} ({best['algorithm']})",
+                  str(sum(r["wrong"] for r in pts))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- fitting select.py constants
+
+def rankings(rows: list[dict], candidates: set) -> dict:
+    """Per world size and size: the candidate algorithms, fastest (median) first."""
+    by_point: dict = {}
+    for r in rows:
+        by_point.setdefault((r["n"], r["nbytes"]), []).append(r)
+    table: dict = {}
+    for (n, nbytes), pts in sorted(by_point.items()):
+        ranked = [r["algorithm"] for r in sorted(pts, key=lambda r: r["median_us"])]
+        table.setdefault(str(n), []).append([nbytes, [a for a in ranked if a in candidates]])
+    return table
+
+
+def write_module(path: Path, data: dict) -> None:
+    """Write the fit as a Python module (``DATA = {...}``) that select.py loads at import."""
+    import pprint
+
+    body = pprint.pformat({k: data[k] for k in ("model", "measured")},
+                          width=99, compact=True, sort_dicts=False)
+    tmp = path.with_suffix(".py.tmp")  # then rename: a concurrent import never sees half a file
+    tmp.write_text(
+        '"""Tuned all-reduce selection for this machine: generated, do not edit by hand.\n\n'
+        "Regenerate: ./mpirun.sh -n 2 python benchmarks/allreduce.py; ./mpirun.sh -n 4 python "
+        "benchmarks/allreduce.py;\npython benchmarks/allreduce.py --fit benchmarks/results/"
+        "allreduce_n2.json benchmarks/results/allreduce_n4.json --emit-module\n"
+        f"Source: {', '.join(data['source'])}. Format: see select.load_model.\n" + '"""\n\n'
+        f"DATA = {body}\n")
+    os.replace(tmp, path)
+
+
+def fit(paths: list[str], out: Path, module: Path | None = None) -> dict:
+    """Least-squares alpha/beta per algorithm from benchmark JSON (gamma from a NumPy add).
+
+    Each algorithm's cost formula in ``select.COST`` is linear in (alpha, beta, gamma), so its
+    coefficients are read off by evaluating it at unit constants. Rows are weighted by 1/time
+    (relative error), so 8-byte latencies count as much as 64 MiB bandwidths.
+    """
+    from minidist.comm.algorithms import select
+
+    rows = [dict(r, n=d["n"]) for p in paths for d in [json.loads(Path(p).read_text())]
+            for r in d["rows"]]
+    gamma = gamma_us_per_byte()
+    model, report = {}, []
+    for name in sorted({r["algorithm"] for r in rows} & set(select.COST)):
+        pts = [r for r in rows if r["algorithm"] == name and r["n"] > 1]
+        if len(pts) < 2:
+            continue
+        f = select.COST[name]
+        A = np.array([[f(r["n"], r["nbytes"], 1, 0, 0), f(r["n"], r["nbytes"], 0, 1, 0)]
+                      for r in pts])
+        g = np.array([f(r["n"], r["nbytes"], 0, 0, gamma) for r in pts])
+        y = np.array([r["median_us"] for r in pts])
+        w = 1.0 / y
+        (alpha, beta), *_ = np.linalg.lstsq(A * w[:, None], (y - g) * w, rcond=None)
+        alpha, beta = max(float(alpha), 0.1), max(float(beta), 1e-6)
+        model[name] = {"alpha_us": alpha, "beta_us_per_byte": beta, "gamma_us_per_byte": gamma}
+        pred = A @ np.array([alpha, beta]) + g
+        report.append((name, alpha, beta, float(np.median(np.abs(pred - y) / y))))
+    data = {"model": model, "measured": rankings(rows, set(select.CANDIDATES)),
+            "source": [str(p) for p in paths],
+            "note": "fitted by benchmarks/allreduce.py --fit; load with select.load_model()"}
+    write_json(out, data)
+    if module is not None:
+        write_module(module, data)
+        print(f"# wrote {module} (select.py loads it at import)")
+    print(f"# fitted constants (gamma = {gamma:.3e} us/B from a NumPy add) -> {out}")
+    print("# algorithm   alpha(us)   beta(us/B)   median |rel err|")
+    for name, a, b, e in report:
+        print(f"  {name:9s} {a:11.2f} {b:12.3e} {e:14.1%}")
+    return data
+
+
+def gamma_us_per_byte(nbytes: int = 16 << 20) -> float:
+    """Microseconds per byte of an in-place float32 add at ``nbytes`` (the reduce cost)."""
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.ones_like(a)
+    best = min(_timed(lambda: np.add(a, b, out=a)) for _ in range(5))
+    return best * 1e6 / nbytes
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if isinstance(args, tuple):
+        fit(args[1], args[2], args[3])
+        return 0
+    from minidist.comm.api import destroy_process_group, init_process_group
+
+    group = init_process_group(backend=args.backend)
+    try:
+        unknown = [a for a in args.algorithms if a not in known_algorithms()]
+        if unknown:
+            raise SystemExit(f"unknown algorithms {unknown}; use some of {known_algorithms()}")
+        if group.size < 2 and group.rank == 0:
+            print("# note: one rank; every all_reduce is a no-op (run under ./mpirun.sh -n 2)")
+        t0 = time.perf_counter()
+        result = sweep(args, group)
+        if group.rank == 0:
+            mpi_lib = ""
+            comm = getattr(group.transport, "comm", None)
+            if comm is not None:
+                from mpi4py import MPI
+                mpi_lib = MPI.Get_library_version().splitlines()[0].strip()
+            result = {"machine": machine_info({"mpi_library": mpi_lib}),
+                      "command": " ".join(sys.argv), "elapsed_s": time.perf_counter() - t0,
+                      **result}
+            stem = args.name or f"allreduce_n{group.size}"
+            path = write_json(args.out / f"{stem}.json", result)
+            png = plot(result, args.out / f"{stem}.png") if args.plot else None
+            cross = result["crossover_ring_tree"]
+            print(f"# ring faster than tree from {human(cross)} up" if cross else
+                  "# ring never faster than tree at the largest sizes measured")
+            print(f"# wrote {path}" + (f" and {png}" if png else ""), flush=True)
+    finally:
+        if any(a.startswith("shm") for a in args.algorithms):
+            from minidist.comm.algorithms.shm import shm_close
+            shm_close(group.transport)  # collective: free the windows before MPI goes away
+        destroy_process_group()
+    return 0
+
+
+def known_algorithms() -> list[str]:
+    from minidist.comm.algorithms import ALGORITHMS
+
+    return [*ALGORITHMS, "auto", "shm", "shm_zc"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""DDP scaling benchmark: step time and samples/s at n = 1, 2, 4; overlap on/off; bucket sizes.
+
+    python benchmarks/ddp_scaling.py                    # driver: launches n = 1, 2, 4 itself
+    ./mpirun.sh -n 2 python benchmarks/ddp_scaling.py   # one world size, table for that n
+    python benchmarks/ddp_scaling.py --sizes 1 2 --steps 10 --quick    # a faster look
+
+Models (float32, SGD lr 0.01, synthetic data, batch 64 PER RANK):
+    small   MLP 64-256-10          (19k parameters: latency-bound all-reduce)
+    large   MLP 784-1024-1024-10   (1.86M parameters, 7.5 MB of gradients)
+
+Per configuration: warm-up steps, a barrier, then the median over timed steps of one full
+step (forward, backward with its bucket all-reduces, optimizer step, zero_grad). "exposed comm"
+is the time backward spent WAITING for reductions after its last gradient was written (what
+overlap did not hide); compute = step - exposed comm. Peak memory is each rank's
+``ru_maxrss``. "plain" rows run the model without DDP (no communication at all): at n=1 the
+baseline of the 1.25x target; at n>1, n independent copies side by side, which shows what the
+machine itself loses when n processes share its cores and memory bandwidth.
+
+Output: tables on stdout (rank 0); the driver writes benchmarks/results/ddp_scaling.json and
+ddp_scaling.txt (the table), a single launch under mpirun.sh ddp_scaling_nN.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import minidist  # noqa: E402
+from minidist import comm, nn, optim  # noqa: E402
+from minidist.ddp import DistributedDataParallel  # noqa: E402
+from minidist.tensor import Tensor  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+MODELS = {"small": (64, [256], 10), "large": (784, [1024, 1024], 10)}
+BATCH = 64
+
+
+def build(name: str) -> nn.Module:
+    d_in, hidden, d_out = MODELS[name]
+    minidist.manual_seed(0)
+    layers, prev = [], d_in
+    for h in hidden:
+        layers += [nn.Linear(prev, h), nn.ReLU()]
+        prev = h
+    return nn.Sequential(*layers, nn.Linear(prev, d_out))
+
+
+def time_steps(model_name: str, use_ddp: bool, steps: int, warmup: int,
+               **ddp_kw) -> tuple[list[float], list[float]]:
+    """Step times and exposed-communication times (seconds) of ``steps`` timed steps."""
+    rank = comm.get_rank()
+    model = build(model_name)
+    net = DistributedDataParallel(model, **ddp_kw) if use_ddp else model
+    opt = optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    d_in, _, d_out = MODELS[model_name]
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(BATCH, d_in)).astype(np.float32)
+    y = rng.integers(0, d_out, BATCH)
+    times, exposed = [], []
+    for i in range(warmup + steps):
+        if i == warmup:
+            comm.barrier()
+        t0 = time.perf_counter()
+        loss_fn(net(Tensor(x)), y).backward()
+        opt.step()
+        opt.zero_grad()
+        t1 = time.perf_counter()
+        if i >= warmup:
+            times.append(t1 - t0)
+            exposed.append(net.last_step_stats["wait_s"] if use_ddp else 0.0)
+    if use_ddp:
+        net.close()
+    return times, exposed
+
+
+def summarize(model_name: str, use_ddp: bool, times: list[float], exposed: list[float],
+              **ddp_kw) -> dict:
+    """Medians; the slowest rank sets the pace, so each is the max over ranks."""
+    world = comm.get_world_size()
+    med = np.array([statistics.median(times), statistics.median(exposed)])
+    comm.all_reduce(med, op="max")
+    step, wait = float(med[0]), float(med[1])
+    return {"model": model_name, "n": world, "ddp": use_ddp, **ddp_kw,
+            "step_ms": step * 1e3, "exposed_comm_ms": wait * 1e3,
+            "compute_ms": (step - wait) * 1e3, "samples_per_s": BATCH * world / step}
+
+
+def finite_check_cost_ms(numel: int, repeats: int = 20) -> float:
+    """What DDP's NaN/inf check (one sum per bucket) costs on a bucket of ``numel`` floats."""
+    buf = np.random.default_rng(0).normal(size=numel).astype(np.float32)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        bool(np.isfinite(buf.sum()))
+    return (time.perf_counter() - t0) / repeats * 1e3
+
+
+def worker(args: argparse.Namespace) -> dict:
+    comm.init_process_group()
+    world = comm.get_world_size()
+    configs: list[tuple[str, bool, dict]] = []
+    for model_name in ("small", "large"):
+        configs.append((model_name, False, {}))  # no DDP: n copies side by side
+        configs += [(model_name, True, {"overlap": True}), (model_name, True, {"overlap": False})]
+    if not args.quick:
+        configs += [("large", True, {"overlap": True, "bucket_cap_mb": cap})
+                    for cap in (1, 5, 25, 100)]
+    if world > 1 and comm.get_default_group().backend == "mpi":
+        # the shared-memory all-reduce (comm/algorithms/shm.py), forced instead of "auto"
+        configs += [("large", True, {"overlap": ov, "algorithm": "shm"}) for ov in (True, False)]
+    # Round-robin over the configurations, several rounds: on a shared, noisy machine a
+    # burst of load then hits every configuration alike instead of one of them.
+    samples: dict[int, tuple[list[float], list[float]]] = {i: ([], []) for i in range(len(configs))}
+    for _ in range(args.rounds):
+        for i, (model_name, use_ddp, kw) in enumerate(configs):
+            t, e = time_steps(model_name, use_ddp, args.steps, args.warmup, **kw)
+            samples[i][0].extend(t)
+            samples[i][1].extend(e)
+    rows = [summarize(m, u, *samples[i], **kw) for i, (m, u, kw) in enumerate(configs)]
+    maxrss = np.array([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
+    all_rss = comm.all_gather(maxrss).reshape(-1).tolist()
+    out = {"world_size": world, "rows": rows, "peak_rss_mib_per_rank": all_rss,
+           "finite_check_ms_1.86M": finite_check_cost_ms(1_863_690), "_rank": comm.get_rank()}
+    comm.barrier()
+    comm.destroy_process_group()
+    return out
+
+
+def table(results: list[dict]) -> str:
+    lines = ["# model  n  config                 step [ms]  compute [ms]  exposed comm [ms]"
+             "  samples/s  vs n=1 plain"]
+    base = {r["model"]: r["step_ms"] for res in results for r in res["rows"]
+            if r["n"] == 1 and not r["ddp"]}
+    for res in results:
+        for r in res["rows"]:
+            cfg = "plain (no DDP)" if not r["ddp"] else (
+                f"overlap={'on ' if r['overlap'] else 'off'}"
+                + (f" cap={r['bucket_cap_mb']}MiB" if "bucket_cap_mb" in r else "")
+                + (f" {r['algorithm']}" if "algorithm" in r else ""))
+            ratio = (f"{r['step_ms'] / base[r['model']]:.2f}x" if r["model"] in base else "-")
+            lines.append(f"  {r['model']:<6} {r['n']}  {cfg:<22} {r['step_ms']:9.2f}  "
+                         f"{r['compute_ms']:12.2f}  {r['exposed_comm_ms']:17.2f}  "
+                         f"{r['samples_per_s']:9.0f}  {ratio:>11}")
+    for res in results:
+        lines.append(f"# n={res['world_size']}: peak RSS per rank [MiB] "
+                     f"{[round(v, 1) for v in res['peak_rss_mib_per_rank']]}; NaN/inf check "
+                     f"of a 1.86M-float bucket: {res['finite_check_ms_1.86M']:.2f} ms")
+    return "\n".join(lines)
+
+
+def driver(args: argparse.Namespace) -> None:
+    results = []
+    for n in args.sizes:
+        out = RESULTS / f".ddp_scaling_n{n}.tmp.json"
+        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n), sys.executable,
+               __file__, "--worker-out", str(out), "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--rounds", str(args.rounds)] + (["--quick"] if args.quick else [])
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        print(f"# running n={n}: {' '.join(cmd[:3])} ...", flush=True)
+        subprocess.run(cmd, check=True, env=env, timeout=600)
+        results.append(json.loads(out.read_text()))
+        out.unlink()
+    text = table(results)
+    print(text)
+    meta = {"command": " ".join(["python benchmarks/ddp_scaling.py", *sys.argv[1:]]),
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
+            "batch_per_rank": BATCH, "steps_per_round": args.steps, "rounds": args.rounds,
+            "results": results}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "ddp_scaling.json").write_text(json.dumps(meta, indent=2))
+    (RESULTS / "ddp_scaling.txt").write_text(f"# {meta['command']}  ({meta['machine']})\n"
+                                             + text + "\n")
+    print(f"# wrote {RESULTS / 'ddp_scaling.json'} and ddp_scaling.txt")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--steps", type=int, default=15, help="timed steps per round")
+    p.add_argument("--rounds", type=int, default=3, help="round-robin passes over the configs")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="skip the bucket-size sweep")
+    p.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    launched = comm.detect_launch().launcher != "single"
+    if args.worker_out or launched:
+        res = worker(args)
+        if res is not None and comm_rank_is_zero(res):
+            if args.worker_out:
+                Path(args.worker_out).write_text(json.dumps(res))
+            else:
+                print(table([res]))
+                RESULTS.mkdir(parents=True, exist_ok=True)
+                path = RESULTS / f"ddp_scaling_n{res['world_size']}.json"
+                path.write_text(json.dumps(res, indent=2))
+                print(f"# wrote {path}")
+    else:
+        driver(args)
+
+
+def comm_rank_is_zero(res: dict) -> bool:
+    return res.get("_rank", 0) == 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""The all-reduce benchmark at a tiny size under mpiexec: it runs, checks, and writes its JSON."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from procs import REPO, job_env, run_mpi
+
+BENCH = REPO / "benchmarks" / "allreduce.py"
+
+
+@pytest.mark.mpi
+def test_allreduce_benchmark_tiny(tmp_path):
+    res = run_mpi(2, [BENCH, "--min-bytes", "8", "--max-bytes", "2K", "--step", "16",
+                      "--iters", "3", "--warmup", "1", "--out", tmp_path, "--no-plot"],
+                  timeout_s=60, env={"MINIDIST_TIMEOUT_S": "20"})
+    assert res.returncode == 0, res.report()
+    data = json.loads((tmp_path / "allreduce_n2.json").read_text())
+    assert data["n"] == 2 and data["machine"]["cores"] >= 1
+    algos = {r["algorithm"] for r in data["rows"]}
+    assert {"ring", "tree", "rd", "direct", "mpi", "auto", "shm", "shm_zc"} <= algos
+    assert sorted({r["nbytes"] for r in data["rows"]}) == [8, 128, 2048]
+    assert all(r["wrong"] == 0 and r["identical"] for r in data["rows"]), res.stdout
+    assert all(r["ratio_to_mpi"] > 0 for r in data["rows"])
+    assert "busbw(GB/s)" in res.stdout and "#wrong" in res.stdout
+
+    # --fit reads that JSON and writes constants select.load_model() accepts.
+    fit_out = tmp_path / "fit.json"
+    fit = subprocess.run([sys.executable, str(BENCH), "--fit", str(tmp_path / "allreduce_n2.json"),
+                          "--fit-out", str(fit_out)], env=job_env(), cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert fit.returncode == 0, fit.stderr
+    from minidist.comm.algorithms import select
+
+    model = json.loads(fit_out.read_text())
+    assert "ring" in model["model"] and model["model"]["ring"]["alpha_us"] > 0
+    saved = {k: dict(v) for k, v in select.MODEL.items()}
+    try:
+        select.load_model(fit_out)
+    finally:
+        select.load_model({"model": saved})
