@@ -45,12 +45,13 @@ from minidist.trainer import Trainer, TrainerConfig
 
 @dataclass
 class Config:
-    epochs: int = 30
+    epochs: int = 50
     batch_size: int = 16        # per rank; effective batch = batch_size x world size
     lr: float = 3e-3            # for one rank's batch, scaled by --lr-scaling (sgd: ~0.05)
     lr_scaling: str = "linear"  # none | linear | sqrt (with the world size)
     model: str = "mlp"          # mlp | cnn
-    dropout: float = 0.2        # MLP only: dropout after each hidden layer
+    hidden: str = "512,256"     # MLP only: hidden layer widths, comma-separated
+    dropout: float = 0.3        # MLP only: dropout after each hidden layer
     optimizer: str = "adamw"    # adamw | sgd (momentum 0.9; use --lr 0.05 --weight-decay 5e-4)
     weight_decay: float = 0.05
     warmup_epochs: float = 2.0  # linear warm-up, then cosine decay over the rest
@@ -93,19 +94,33 @@ def parse_args(argv: list[str] | None = None) -> Config:
 
 # ------------------------------------------------------------------------------- model
 def build_model(kind: str, sample_shape: tuple[int, ...], n_classes: int,
-                dropout: float = 0.0) -> nn.Module:
-    """An MLP on flat features, or a CNN on (C, H, W) images."""
+                dropout: float = 0.0, hidden: tuple[int, ...] = (512, 256)) -> nn.Module:
+    """An MLP on flat features (Linear-ReLU-Dropout per hidden width), or a CNN on (C, H, W)."""
     if kind == "mlp":
-        (n_features,) = sample_shape
-        return nn.Sequential(nn.Linear(n_features, 256), nn.ReLU(), nn.Dropout(dropout),
-                             nn.Linear(256, 128), nn.ReLU(), nn.Dropout(dropout),
-                             nn.Linear(128, n_classes))
+        (width,) = sample_shape
+        layers: list[nn.Module] = []
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU(), nn.Dropout(dropout)]
+            width = h
+        return nn.Sequential(*layers, nn.Linear(width, n_classes))
     c, h, w = sample_shape
     return nn.Sequential(nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(),
                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
                          nn.MaxPool2d(2), nn.Flatten(),
                          nn.Linear(32 * (h // 2) * (w // 2), 64), nn.ReLU(),
                          nn.Linear(64, n_classes))
+
+
+def parse_widths(text: str) -> tuple[int, ...]:
+    """``"256,128"`` -> ``(256, 128)``; a clear error for anything else."""
+    try:
+        widths = tuple(int(w) for w in text.split(",") if w.strip())
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise SystemExit(f"train.py: --hidden {text!r} must be positive layer widths separated "
+                         "by commas, e.g. --hidden 256,128")
+    return widths
 
 
 def build_optimizer(cfg: Config, model: nn.Module) -> optim.Optimizer:
@@ -135,7 +150,8 @@ def main(argv: list[str] | None = None) -> float:
     test_set = load_dataset(cfg.dataset, root=cfg.data_root, split="test", **kwargs)
     n_classes = int(max(train_set.y.max(), test_set.y.max())) + 1
 
-    model = build_model(cfg.model, train_set.x.shape[1:], n_classes, cfg.dropout)
+    model = build_model(cfg.model, train_set.x.shape[1:], n_classes, cfg.dropout,
+                        parse_widths(cfg.hidden))
     ddp = DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_cap_mb,
                                   algorithm=cfg.algorithm)
     trainer = Trainer(ddp, nn.CrossEntropyLoss(), build_optimizer(cfg, model), TrainerConfig(
