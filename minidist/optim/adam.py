@@ -58,13 +58,6 @@ class Adam(Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay))
 
-    def step(self) -> None:
-        """One Adam(W) update of every parameter whose ``.grad`` is not None."""
-        for i, p, group in self.indexed_params():
-            if p.grad is None:
-                continue
-            self._update(i, p, group)
-
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
         xp = backend.get_array_module(p.data)
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]

@@ -119,8 +119,14 @@ class Optimizer:
                 else:
                     p.grad[...] = 0
 
-    def step(self) -> None:  # pragma: no cover - abstract
-        """Update every parameter that has a gradient, in place."""
+    def step(self) -> None:
+        """One update of every parameter whose ``.grad`` is not None (skipped ones keep state)."""
+        for i, p, group in self.indexed_params():
+            if p.grad is not None:
+                self._update(i, p, group)
+
+    def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:  # pragma: no cover
+        """The update rule for parameter ``i`` (its flat index) of ``group``: subclasses."""
         raise NotImplementedError
 
     # ---------------------------------------------------------------- checkpoints

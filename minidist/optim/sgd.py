@@ -53,13 +53,6 @@ class SGD(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov))
 
-    def step(self) -> None:
-        """One SGD update of every parameter whose ``.grad`` is not None."""
-        for i, p, group in self.indexed_params():
-            if p.grad is None:
-                continue
-            self._update(i, p, group)
-
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
         xp = backend.get_array_module(p.data)
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
