@@ -35,7 +35,7 @@ import numpy as np
 
 from _common import RESULTS, Table, human, machine_info, parse_bytes, sizes, stats, write_json
 
-DEFAULT_ALGOS = "ring,tree,rd,direct,mpi,auto,shm,shm_zc"
+DEFAULT_ALGOS = "ring,tree,rd,direct,mpi,auto,shm,shm_zc,mpi_zc,auto_zc"
 TUNING_MODULE = Path(__file__).resolve().parent.parent / "minidist/comm/algorithms/tuning.py"
 
 
@@ -99,26 +99,13 @@ def default_iters(nbytes: int) -> int:
     return max(10, min(200, (256 << 20) // max(nbytes, 1)))
 
 
-def make_runner(group: Any, name: str, dtype: np.dtype, max_count: int) -> tuple[Callable, Any]:
-    """(run(buf, op), shared buffer or None) for an algorithm name (see module docstring)."""
-    from minidist.comm.algorithms import ALGORITHMS
+def make_runner(group: Any, name: str) -> Callable:
+    """run(buf, op) for an algorithm name; ``X_zc`` runs X (``shm_zc``: shm) on a shared buffer."""
+    algo = name.removesuffix("_zc")
 
-    if name in ("shm", "shm_zc") and "shm" not in ALGORITHMS:
-        from minidist.comm.algorithms.shm import shm_all_reduce
-        from minidist.comm.ops import parse_op
-
-        def run(buf: Any, op: str) -> None:
-            shm_all_reduce(group.transport, buf, parse_op(op))
-    else:
-        algo = "shm" if name == "shm_zc" else name
-
-        def run(buf: Any, op: str) -> None:
-            group.all_reduce(buf, op=op, algorithm=algo)
-    shared = None
-    if name == "shm_zc":
-        from minidist.comm.algorithms.shm import shm_alloc_buffer
-        shared = shm_alloc_buffer(group.transport, max_count, dtype)
-    return run, shared
+    def run(buf: Any, op: str) -> None:
+        group.all_reduce(buf, op=op, algorithm=algo)
+    return run
 
 
 def barrier_fn(group: Any) -> Callable[[], None]:
@@ -141,21 +128,41 @@ def identical_everywhere(group: Any, buf: np.ndarray) -> bool:
     return bool((group.all_gather(digest) == digest[0]).all())
 
 
-def time_point(group: Any, run: Callable, buf: np.ndarray, base: np.ndarray, op: str,
-               iters: int, warmup: int) -> list[float]:
-    """Per-call seconds of the slowest rank, ``iters`` calls (input restored before each)."""
+def time_interleaved(group: Any, runs: list[tuple[Callable, np.ndarray]], base: np.ndarray,
+                     op: str, iters: int, warmup: int) -> list[list[float]]:
+    """Per-call seconds (slowest rank) of every ``(run, buf)``, ``iters`` calls each, INTERLEAVED:
+    iteration i runs every algorithm once, in a random order (seeded by i: the same on every
+    rank), each after restoring its input and a barrier. Load from other jobs then hits all
+    algorithms alike, so the ratios between them (auto vs the best, X vs MPI) hold even when
+    absolute times drift by 30 %; the shuffle keeps one algorithm from always running after the
+    same other one (a warm cache left by the predecessor made e.g. shm look 15 % faster than
+    auto running the very same shm code)."""
     barrier = barrier_fn(group)
-    local = np.empty(iters)
+    k = len(runs)
+    local = np.empty((k, iters))
     for _ in range(warmup):
-        buf[...] = base
-        run(buf, op)
+        for run, buf in runs:
+            buf[...] = base
+            run(buf, op)
     for i in range(iters):
-        buf[...] = base
-        barrier()
-        t0 = time.perf_counter()
-        run(buf, op)
-        local[i] = time.perf_counter() - t0
-    return group.all_gather(local).max(axis=0).tolist()
+        for j in np.random.default_rng(i).permutation(k):
+            run, buf = runs[j]
+            buf[...] = base
+            barrier()
+            t0 = time.perf_counter()
+            run(buf, op)
+            local[j, i] = time.perf_counter() - t0
+    return group.all_gather(local.reshape(-1)).max(axis=0).reshape(k, iters).tolist()
+
+
+OURS = ("ring", "tree", "rd", "direct", "shm")  # "our own algorithms" of the auto target
+
+
+def best_of_ours(point: list[dict], zc: bool) -> dict | None:
+    """The fastest of ring/tree/rd/direct/shm at one size, on plain (or shared: zc) buffers."""
+    mine = [r for r in point if r["algorithm"] in
+            ([a + "_zc" for a in OURS] if zc else OURS)]
+    return min(mine, key=lambda r: r["median_us"]) if mine else None
 
 
 # ---------------------------------------------------------------- the sweep
@@ -167,49 +174,64 @@ def sweep(args: Args, group: Any) -> dict:
     dtype = np.dtype(args.dtype)
     points = [s for s in sizes(max(args.min_bytes, dtype.itemsize), args.max_bytes, args.step)]
     max_count = max(points) // dtype.itemsize
-    runners = {a: make_runner(group, a, dtype, max_count) for a in ["direct", *args.algorithms]}
+    runners = {a: make_runner(group, a) for a in ["direct", *args.algorithms]}
+    shared = None
+    if any(a.endswith("_zc") for a in args.algorithms):
+        from minidist.comm.algorithms.shm import shm_alloc_buffer
+        shared = shm_alloc_buffer(group.transport, max_count, dtype)
     rng = np.random.default_rng(1234 + rank)
     full = (rng.integers(-100, 100, max_count) if dtype.kind in "iu"
             else rng.standard_normal(max_count)).astype(dtype)
     table = Table([("size(B)", 10, "d"), ("count", 9, "d"), ("algorithm", 9, "s"),
                    ("median(us)", 11, ".1f"), ("min(us)", 10, ".1f"), ("max(us)", 10, ".1f"),
                    ("algbw(GB/s)", 11, ".3f"), ("busbw(GB/s)", 11, ".3f"),
-                   ("vs mpi", 7, ".2f"), ("#wrong", 6, "d")])
+                   ("vs mpi", 7, ".2f"), ("vs best", 7, ".2f"), ("#wrong", 6, "d")])
     if rank == 0:
         print(f"# minidist all_reduce benchmark: n={n}, dtype={dtype.name}, op={args.op}, "
-              f"backend={group.backend}")
+              f"backend={group.backend}; timings interleaved; 'vs best' = auto / fastest of "
+              f"{'/'.join(OURS)} (same buffer kind) at that size")
         print(table.header(), flush=True)
     rows = []
+    plain = np.empty(max_count, dtype)
     for nbytes in points:
         count = nbytes // dtype.itemsize
         base = full[:count]
         ref = base.copy()
-        runners["direct"][0](ref, args.op)
+        runners["direct"](ref, args.op)
         iters = args.iters or default_iters(nbytes)
-        point = []
+        point, runs = [], []
         for name in args.algorithms:
-            run, shared = runners[name]
-            buf = shared[:count] if shared is not None else np.empty_like(base)
+            run = runners[name]
+            buf = shared[:count] if name.endswith("_zc") else plain[:count]
             buf[...] = base
             run(buf, args.op)
             wrong = count_wrong(buf, ref, n)
             same = identical_everywhere(group, buf)
             wrong = int(group.all_gather(np.array([wrong])).max()) + (0 if same else 1)
-            st = stats(time_point(group, run, buf, base, args.op, iters, args.warmup))
-            algbw = nbytes / st["median_us"] / 1e3
-            row = {"nbytes": nbytes, "count": count, "algorithm": name, **st,
-                   "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n if n > 1 else 0.0,
-                   "wrong": wrong, "identical": same}
-            if name == "auto":
-                row["chose"] = resolve("auto", group.transport, base)[0]
+            row = {"nbytes": nbytes, "count": count, "algorithm": name, "wrong": wrong,
+                   "identical": same}
+            if name.removesuffix("_zc") == "auto":
+                row["chose"] = resolve("auto", group.transport, buf)[0]
             point.append(row)
+            runs.append((run, buf))
+        for row, samples in zip(point, time_interleaved(group, runs, base, args.op, iters,
+                                                         args.warmup)):
+            st = stats(samples)
+            algbw = nbytes / st["median_us"] / 1e3
+            row.update(st, algbw_GBps=algbw,
+                       busbw_GBps=algbw * 2 * (n - 1) / n if n > 1 else 0.0)
         mpi = next((r for r in point if r["algorithm"] == "mpi"), None)
         for r in point:
             r["ratio_to_mpi"] = r["median_us"] / mpi["median_us"] if mpi else None
+            best = (best_of_ours(point, r["algorithm"].endswith("_zc"))
+                    if r["algorithm"].removesuffix("_zc") == "auto" else None)
+            r["ratio_to_best_ours"] = r["median_us"] / best["median_us"] if best else None
+            r["best_ours"] = best["algorithm"] if best else None
             if rank == 0:
                 print(table.row(nbytes, count, r["algorithm"], r["median_us"], r["min_us"],
                                 r["max_us"], r["algbw_GBps"], r["busbw_GBps"],
-                                r["ratio_to_mpi"], r["wrong"]), flush=True)
+                                r["ratio_to_mpi"], r["ratio_to_best_ours"], r["wrong"]),
+                      flush=True)
         rows += point
     return {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
             "rows": rows, "crossover_ring_tree": crossover(rows, "ring", "tree")}
@@ -259,83 +281,136 @@ def plot(result: dict, path: Path) -> Path | None:
 
 
 def markdown(result: dict) -> str:
-    """A compact Markdown table: median us per algorithm per size (+ auto's pick, busbw)."""
+    """A compact Markdown table: median us per algorithm per size, auto's pick and its ratio to
+    the best of our own algorithms (plain buffers; ``auto_zc``: on a shared buffer), busbw."""
     algos = [a for a in dict.fromkeys(r["algorithm"] for r in result["rows"]) if a != "direct"]
     by = {(r["nbytes"], r["algorithm"]): r for r in result["rows"]}
-    head = ["size"] + [f"{a} (us)" for a in algos] + ["auto chose", "best busbw (GB/s)", "#wrong"]
+    autos = [a for a in ("auto", "auto_zc") if a in algos]
+    head = (["size"] + [f"{a} (us)" for a in algos]
+            + [c for a in autos for c in (f"{a} chose", f"{a}/best ours")]
+            + ["best busbw (GB/s)", "#wrong"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for nbytes in sorted({r["nbytes"] for r in result["rows"]}):
         pts = [by[(nbytes, a)] for a in algos if (nbytes, a) in by]
         best = min(pts, key=lambda r: r["median_us"])
         cells = [human(nbytes)] + [f"{by[(nbytes, a)]['median_us']:.0f}" if (nbytes, a) in by
                                    else "-" for a in algos]
-        cells += [by.get((nbytes, "auto"), {}).get("chose", "-"),
-                  f"{best['busbw_GBps']:.2f} ({best['algorithm']})",
+        for a in autos:
+            r = by.get((nbytes, a), {})
+            ratio = r.get("ratio_to_best_ours")
+            cells += [r.get("chose", "-"),
+                      f"{ratio:.2f} ({r['best_ours']})" if ratio is not None else "-"]
+        cells += [f"{best['busbw_GBps']:.2f} ({best['algorithm']})",
                   str(sum(r["wrong"] for r in pts))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- fitting select.py constants
+# ---------------------------------------------------------------- fitting the "auto" rule
 
-def rankings(rows: list[dict], candidates: set) -> dict:
-    """Per world size and size: the candidate algorithms, fastest (median) first."""
-    by_point: dict = {}
-    for r in rows:
-        by_point.setdefault((r["n"], r["nbytes"]), []).append(r)
-    table: dict = {}
-    for (n, nbytes), pts in sorted(by_point.items()):
-        ranked = [r["algorithm"] for r in sorted(pts, key=lambda r: r["median_us"])]
-        table.setdefault(str(n), []).append([nbytes, [a for a in ranked if a in candidates]])
-    return table
+TOLERANCE = 0.05  # algorithms within 5 % of the fastest (median of run medians) count as tied
+
+
+def medians_over_runs(paths: list[str]) -> dict:
+    """{(n, nbytes, algorithm): [median of run 1, run 2, ...]} from benchmark JSON files."""
+    out: dict = {}
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        for r in d["rows"]:
+            out.setdefault((d["n"], r["nbytes"], r["algorithm"]), []).append(r["median_us"])
+    return out
+
+
+def size_rules(times: dict[int, dict[str, float]], tol: float = TOLERANCE) -> list:
+    """A few clean thresholds ``[[upper_bytes or None, algorithm], ...]`` from per-size times.
+
+    Greedy from small to large: a segment keeps every algorithm that is within ``tol`` of the
+    fastest at each of its sizes; when no algorithm is left, a new segment starts. Each segment
+    takes its algorithm with the lowest mean time/fastest ratio; the threshold between two
+    segments is the geometric mean of the neighbouring sizes. Ties within noise therefore
+    extend the current choice instead of flipping back and forth (conservative, few cuts).
+    """
+    sizes_ = sorted(times)
+    segs: list = []  # [first index, last index, still-allowed set]
+    for i, s in enumerate(sizes_):
+        best = min(times[s].values())
+        ok = {a for a, t in times[s].items() if t <= best * (1 + tol)}
+        if segs and segs[-1][2] & ok:
+            segs[-1][1], segs[-1][2] = i, segs[-1][2] & ok
+        else:
+            segs.append([i, i, ok])
+    rules = []
+    for k, (i0, i1, ok) in enumerate(segs):
+        pts = sizes_[i0:i1 + 1]
+        algo = min(sorted(ok), key=lambda a: sum(times[s][a] / min(times[s].values())
+                                                 for s in pts))
+        upper = (None if k == len(segs) - 1
+                 else int(round((sizes_[i1] * sizes_[i1 + 1]) ** 0.5)))
+        if rules and rules[-1][1] == algo:
+            rules[-1][0] = upper
+        else:
+            rules.append([upper, algo])
+    return rules
 
 
 def write_module(path: Path, data: dict) -> None:
     """Write the fit as a Python module (``DATA = {...}``) that select.py loads at import."""
     import pprint
 
-    body = pprint.pformat({k: data[k] for k in ("model", "measured")},
+    body = pprint.pformat({k: data[k] for k in ("model", "rules")},
                           width=99, compact=True, sort_dicts=False)
     tmp = path.with_suffix(".py.tmp")  # then rename: a concurrent import never sees half a file
     tmp.write_text(
         '"""Tuned all-reduce selection for this machine: generated, do not edit by hand.\n\n'
-        "Regenerate: ./mpirun.sh -n 2 python benchmarks/allreduce.py; ./mpirun.sh -n 4 python "
-        "benchmarks/allreduce.py;\npython benchmarks/allreduce.py --fit benchmarks/results/"
-        "allreduce_n2.json benchmarks/results/allreduce_n4.json --emit-module\n"
-        f"Source: {', '.join(data['source'])}. Format: see select.load_model.\n" + '"""\n\n'
+        "Regenerate (repeated runs per world size; see docs/benchmarks.md):\n"
+        "  ./mpirun.sh -n N python benchmarks/allreduce.py --name allreduce_nN_runI  (I=1..3)\n"
+        "  python benchmarks/allreduce.py --fit benchmarks/results/allreduce_n*_run*.json "
+        "--emit-module\n"
+        f"Source: {', '.join(data['source'])}.\nFormat: see select.load_model." + '"""\n\n'
         f"DATA = {body}\n")
     os.replace(tmp, path)
 
 
 def fit(paths: list[str], out: Path, module: Path | None = None) -> dict:
-    """Least-squares alpha/beta per algorithm from benchmark JSON (gamma from a NumPy add).
+    """The "auto" rule and alpha-beta constants from one or more (repeated) benchmark runs.
 
-    Each algorithm's cost formula in ``select.COST`` is linear in (alpha, beta, gamma), so its
-    coefficients are read off by evaluating it at unit constants. Rows are weighted by 1/time
-    (relative error), so 8-byte latencies count as much as 64 MiB bandwidths.
+    Every (world size, size, algorithm) gets the MEDIAN of its per-run medians (robust to one
+    noisy run). Rules: per world size and buffer kind (plain, or shared: the ``*_zc`` rows),
+    ``size_rules`` over the candidates of ``select.CANDIDATES``. Model (for world sizes and
+    transports without rules): each cost formula in ``select.COST`` is linear in (alpha, beta,
+    gamma), so alpha and beta are a least-squares fit on relative error, gamma a NumPy add.
     """
     from minidist.comm.algorithms import select
 
-    rows = [dict(r, n=d["n"]) for p in paths for d in [json.loads(Path(p).read_text())]
-            for r in d["rows"]]
+    med = {k: float(np.median(v)) for k, v in medians_over_runs(paths).items()}
+    rules: dict = {}
+    for n in sorted({k[0] for k in med if k[0] > 1}):
+        for zc in (False, True):
+            times: dict = {}
+            for (m, nbytes, name), t in med.items():
+                base = name.removesuffix("_zc")
+                if m == n and name.endswith("_zc") == zc and base in select.CANDIDATES:
+                    times.setdefault(nbytes, {})[base] = t
+            complete = {s: v for s, v in times.items() if len(v) >= 2}
+            if complete:
+                rules[f"{n}s" if zc else str(n)] = size_rules(complete)
     gamma = gamma_us_per_byte()
     model, report = {}, []
-    for name in sorted({r["algorithm"] for r in rows} & set(select.COST)):
-        pts = [r for r in rows if r["algorithm"] == name and r["n"] > 1]
+    for name in sorted({k[2] for k in med} & set(select.COST)):
+        pts = [(k[0], k[1], t) for k, t in med.items() if k[2] == name and k[0] > 1]
         if len(pts) < 2:
             continue
         f = select.COST[name]
-        A = np.array([[f(r["n"], r["nbytes"], 1, 0, 0), f(r["n"], r["nbytes"], 0, 1, 0)]
-                      for r in pts])
-        g = np.array([f(r["n"], r["nbytes"], 0, 0, gamma) for r in pts])
-        y = np.array([r["median_us"] for r in pts])
+        A = np.array([[f(n, b, 1, 0, 0), f(n, b, 0, 1, 0)] for n, b, _ in pts])
+        g = np.array([f(n, b, 0, 0, gamma) for n, b, _ in pts])
+        y = np.array([t for *_, t in pts])
         w = 1.0 / y
         (alpha, beta), *_ = np.linalg.lstsq(A * w[:, None], (y - g) * w, rcond=None)
         alpha, beta = max(float(alpha), 0.1), max(float(beta), 1e-6)
         model[name] = {"alpha_us": alpha, "beta_us_per_byte": beta, "gamma_us_per_byte": gamma}
         pred = A @ np.array([alpha, beta]) + g
         report.append((name, alpha, beta, float(np.median(np.abs(pred - y) / y))))
-    data = {"model": model, "measured": rankings(rows, set(select.CANDIDATES)),
+    data = {"model": model, "rules": rules, "tolerance": TOLERANCE,
             "source": [str(p) for p in paths],
             "note": "fitted by benchmarks/allreduce.py --fit; load with select.load_model()"}
     write_json(out, data)
@@ -346,6 +421,9 @@ def fit(paths: list[str], out: Path, module: Path | None = None) -> dict:
     print("# algorithm   alpha(us)   beta(us/B)   median |rel err|")
     for name, a, b, e in report:
         print(f"  {name:9s} {a:11.2f} {b:12.3e} {e:14.1%}")
+    for key, rule in rules.items():
+        print(f"# rule n={key}: " + ", ".join(f"< {human(u)}: {a}" if u else f"else {a}"
+                                              for u, a in rule))
     return data
 
 
@@ -398,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                   "# ring never faster than tree at the largest sizes measured")
             print(f"# wrote {path}" + (f" and {png}" if png else ""), flush=True)
     finally:
-        if any(a.startswith("shm") for a in args.algorithms):
+        if group.backend == "mpi":
             from minidist.comm.algorithms.shm import shm_close
             shm_close(group.transport)  # collective: free the windows before MPI goes away
         destroy_process_group()
@@ -408,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
 def known_algorithms() -> list[str]:
     from minidist.comm.algorithms import ALGORITHMS
 
-    return [*ALGORITHMS, "auto", "shm", "shm_zc"]
+    plain = [*ALGORITHMS, "auto"]
+    return plain + [a + "_zc" for a in plain]
 
 
 if __name__ == "__main__":

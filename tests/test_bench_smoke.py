@@ -36,8 +36,14 @@ def test_allreduce_benchmark_tiny(tmp_path):
 
     model = json.loads(fit_out.read_text())
     assert "ring" in model["model"] and model["model"]["ring"]["alpha_us"] > 0
-    saved = {k: dict(v) for k, v in select.MODEL.items()}
+    saved = {"model": {k: dict(v) for k, v in select.MODEL.items()},
+             "rules": {k: [list(step) for step in rule] for k, rule in select.RULES.items()},
+             "candidates": list(select.CANDIDATES)}
     try:
         select.load_model(fit_out)
-    finally:
-        select.load_model({"model": saved})
+    finally:  # the rest of this pytest process must see the shipped tuning again
+        if saved["rules"]:
+            select.load_model(saved)
+        else:
+            select.load_model({k: v for k, v in saved.items() if k != "rules"})
+            select.RULES.clear()

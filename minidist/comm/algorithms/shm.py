@@ -10,10 +10,13 @@ transports/shm_window.py) and rank r owns slice r of the reduction. N=3::
     slots:    rank 0 [ a0 | a1 | a2 ]      (1) copy my buffer into my slot (all but my own
               rank 1 [ b0 | b1 | b2 ]          slice: only I read that one), write my header
               rank 2 [ c0 | c1 | c2 ]      (2) barrier; compare headers
-                        |    |    |        (3) rank r: slice r = a_r + b_r + c_r (rank order),
-              rank 1 reads a1, b1, c1          into its own buffer, then publish it in its slot
+                        |    |    |        (3) rank r, piece by piece (PIECE_BYTES): slice r =
+              rank 1 reads a1, b1, c1          a_r + b_r + c_r (rank order) into its own buffer,
+              and writes the sum back over     then PUSH the piece over a_r, c_r in the peers'
+              a1 and c1 (still in cache)       slots (the lines just read: still in cache)
                                            (4) barrier
-                                           (5) copy every other slice j from slot j
+                                           (5) every finished slice now sits in MY slot: copy
+                                               it out (two contiguous copies, local memory)
 
 The scratch window is allocated once, grown when a larger message comes (collectively: every
 rank sees the same header), and double-buffered: successive calls (and chunks of messages over
@@ -22,18 +25,19 @@ step (5) of this one: 2 barriers per call. Three special cases:
 
 - small messages (<= ``SMALL_BYTES``): every rank reduces the WHOLE buffer from all slots, one
   barrier, no copy-out (latency-bound sizes pay per barrier and NumPy call, not per byte);
-- ``buf`` lies in a shared window (``shm_alloc_buffer``) at the same offset on every rank: step
-  (1) disappears, (3)-(5) run on the buffers themselves, plus a final barrier (peers must finish
-  reading my slice before I return and the caller overwrites it) - the zero-copy path;
+- ``buf`` lies in a shared window (``shm_alloc_buffer``) at the same offset on every rank: steps
+  (1) and (5) disappear, (3) reads and pushes into the peers' buffers themselves, and a final
+  barrier says every peer's slice has landed in mine - the zero-copy path;
 - ranks disagree on numel/dtype/op: CommError on every rank (all read the same headers).
 
-Measured here (docs/benchmarks.md, n=2): the zero-copy path is the fastest all-reduce from
-256 KiB up (64 MiB: ~10 ms, busbw ~6.7-7.2 GB/s, MPI ~40 ms); the copy path moves one more copy
-than the ring over MPI (which uses single-copy CMA) and is not faster than it above ~4 MiB.
-Memory traffic per rank, copy path: copy-in K(N-1)/N, reduce K reads + K/N writes, publish
-K/N, copy-out K(N-1)/N. Invariant: each slice is reduced once, in rank order (x0 + x1 + ...
-like ``direct``), so every rank ends with identical bits. Only for the MPI transport with all
-ranks on one node (CommError otherwise; ``shm_available`` tells "auto").
+Measured here (docs/benchmarks.md, n=2, 64 MiB): zero-copy ~6 ms (busbw ~9-11 GB/s; the
+earlier pull design - reduce, barrier, copy the peer's slice back - took ~10 ms), MPI ~40 ms;
+the copy path moves one more copy than the ring over MPI (which uses single-copy CMA).
+Memory traffic per rank, zero-copy: read K, write K (reduce + push fused per cache-sized
+piece); copy path: + copy-in K(N-1)/N and copy-out K(N-1)/N. Invariant: each slice is reduced
+once, in rank order (x0 + x1 + ... like ``direct``), so every rank ends with identical bits.
+Only for the MPI transport with all ranks on one node (CommError otherwise; ``shm_available``
+tells "auto").
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from minidist.comm.transports.shm_window import (SharedWindow, ShmNode, shm_allo
 
 CHUNK_BYTES = int(os.environ.get("MINIDIST_SHM_CHUNK_BYTES", 64 << 20))
 SMALL_BYTES = int(os.environ.get("MINIDIST_SHM_SMALL_BYTES", 32 << 10))  # -> _small_path
+PIECE_BYTES = int(os.environ.get("MINIDIST_SHM_PIECE_BYTES", 1 << 20))  # -> _reduce_push
 _OPS = list(ReduceOp)
 _DTYPES = ["float16", "float32", "float64", "int32", "int64", "int8", "uint8", "int16"]
 _DTYPE_CODES: dict = {}
@@ -85,13 +90,22 @@ def _reduce_mine(node: ShmNode, srcs: list, out: np.ndarray, op: ReduceOp) -> No
     out[...] = t
 
 
+def _owners(node: ShmNode) -> frozenset:
+    """ids of the arrays that own this rank's shared-window memory (what ``arr.base`` is for
+    any view of a ``shm_alloc_buffer`` array: NumPy collapses view chains)."""
+    wins = node.user_windows  # windows may be freed (shm_free_buffer) and new ones allocated
+    cached = node.extra.get("owners")
+    if cached is None or len(cached[0]) != len(wins) or any(
+            a is not b for a, b in zip(cached[0], wins)):
+        ids = frozenset(id(w.slots[node.rank].base) for w in wins)
+        cached = node.extra["owners"] = (list(wins), ids)  # holds the windows: ids stay unique
+    return cached[1]
+
+
 def _where(node: ShmNode, flat: np.ndarray) -> tuple[int, int]:
     """(window index, byte offset) of ``flat`` in this rank's shared buffers, or (-1, -1)."""
-    if not node.user_windows:
-        return -1, -1
-    owner = flat.base  # NumPy collapses view chains: the array that owns (or wraps) the memory
-    if owner is None or (isinstance(owner, np.ndarray) and owner.base is None):
-        return -1, -1  # private memory from np.empty & co: no address lookup (~3 us) needed
+    if not node.user_windows or id(flat.base) not in _owners(node):
+        return -1, -1  # private memory: no address lookup (``ctypes.data``: ~3-7 us) needed
     for i, w in enumerate(node.user_windows):
         off = w.find(node.rank, flat)
         if off is not None:
@@ -162,29 +176,53 @@ def _copy_in(slot: np.ndarray, part: np.ndarray, lo: int, hi: int) -> None:
     slot[hi:] = part[hi:]
 
 
+def _piece_numel(itemsize: int) -> int:
+    """Elements per cache-sized piece of the reduce-and-push loop (64-byte multiples)."""
+    return max(PIECE_BYTES // itemsize // 64 * 64, 64)
+
+
+def _reduce_push(node: ShmNode, buf: np.ndarray, srcs: list, dsts: list, op: ReduceOp) -> None:
+    """Step (3): reduce my slice piece by piece into ``buf`` and push each piece to ``dsts``.
+
+    ``srcs[j]``/``dsts[j]``: rank j's data for my slice (j == me: ``buf`` itself). A piece
+    (``PIECE_BYTES``, well under the L2/L3 cache) is written to the peers right after it was
+    reduced, while it and the peers' input lines just read are still in cache: one pass over
+    memory instead of reduce, then publish, then a peer's separate copy-out pass.
+    """
+    me, step = node.rank, _piece_numel(buf.itemsize)
+    for p0 in range(0, buf.size, step):
+        p1 = p0 + step
+        out = buf[p0:p1]
+        _reduce_mine(node, [s[p0:p1] for s in srcs], out, op)
+        for j, d in enumerate(dsts):
+            if j != me:
+                d[p0:p1] = out
+
+
 def _copy_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool) -> None:
-    """Stream ``flat`` through the double-buffered scratch window, one chunk at a time."""
+    """Stream ``flat`` through the double-buffered scratch window, one chunk at a time.
+
+    Per chunk: (1) copy-in of the slices peers reduce, barrier, (3) reduce my slice from the
+    peers' slots and push the result back into those same places (the peers' slots), barrier,
+    (5) copy the finished slices out of MY slot: two contiguous copies, local memory.
+    """
     n, me = node.size, node.rank
     step = max(CHUNK_BYTES // flat.itemsize, 1)
     for c0 in range(0, flat.size, step):
         part = flat[c0:c0 + step]
         b = _bounds(part.size, n, flat.itemsize)
         lo, hi = b[me], b[me + 1]
+        sc = _scratch(node, part.nbytes)  # grows at c0 == 0 only: later chunks are smaller
+        slots = sc.slots(node.half, flat.dtype, part.size)
         if c0 > 0 or not first_done:
-            sc = _scratch(node, part.nbytes)  # grows at c0 == 0 only: later chunks are smaller
-            slots = sc.slots(node.half, flat.dtype, part.size)
             _copy_in(slots[me], part, lo, hi)  # (1)
             node.barrier("all_reduce(shm) copy-in")  # (2)
-        else:
-            slots = node.extra["scratch"].slots(node.half, flat.dtype, part.size)
-        if hi > lo:  # (3) my slice, in rank order, into my buffer; publish it in my slot
-            srcs = [slots[j][lo:hi] if j != me else part[lo:hi] for j in range(n)]
-            _reduce_mine(node, srcs, part[lo:hi], op)
-            slots[me][lo:hi] = part[lo:hi]
+        if hi > lo:  # (3)
+            peers = [s[lo:hi] for s in slots]
+            peers[me] = part[lo:hi]
+            _reduce_push(node, part[lo:hi], peers, peers, op)
         node.barrier("all_reduce(shm) reduce")  # (4)
-        for j in range(n):  # (5) everyone else's finished slice
-            if j != me and b[j + 1] > b[j]:
-                part[b[j]:b[j + 1]] = slots[j][b[j]:b[j + 1]]
+        _copy_in(part, slots[me], lo, hi)  # (5) everyone else's finished slice, from my slot
         node.half ^= 1
 
 
@@ -204,18 +242,17 @@ def _small_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool)
 
 
 def _in_place_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, where: tuple) -> None:
-    """All buffers are shared at the same offset: reduce from them directly (no copy-in)."""
+    """All buffers are shared at the same offset: reduce my slice from them and push it into
+    every buffer (no copy-in, no copy-out), then wait until peers pushed theirs into mine."""
     win, n, me = node.user_windows[where[0]], node.size, node.rank
-    bufs = [s[where[1]: where[1] + flat.nbytes].view(flat.dtype) for s in win.slots]
     b = _bounds(flat.size, n, flat.itemsize)
     lo, hi = b[me], b[me + 1]
     if hi > lo:
-        _reduce_mine(node, [x[lo:hi] for x in bufs], flat[lo:hi], op)
-    node.barrier("all_reduce(shm) reduce")
-    for j in range(n):
-        if j != me and b[j + 1] > b[j]:
-            flat[b[j]:b[j + 1]] = bufs[j][b[j]:b[j + 1]]
-    node.barrier("all_reduce(shm) copy-out")
+        bufs = [s[where[1] + lo * flat.itemsize: where[1] + hi * flat.itemsize].view(flat.dtype)
+                for s in win.slots]
+        bufs[me] = flat[lo:hi]
+        _reduce_push(node, flat[lo:hi], bufs, bufs, op)
+    node.barrier("all_reduce(shm) push")  # every peer's slice landed in ``flat``
 
 
 def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -> None:
@@ -275,17 +312,17 @@ def shm_available(transport: Transport, buf: Any = None) -> bool:
     The first call per transport is collective (it splits the communicator by node), so call it
     on every rank alike, as ``resolve("auto", ...)`` does; later calls are a dictionary lookup.
     """
-    if transport.size < 2 or (buf is not None and not isinstance(buf, np.ndarray)):
-        return False
-    if not hasattr(getattr(transport, "comm", None), "Split_type"):
+    if buf is not None and not isinstance(buf, np.ndarray):
         return False
     ok = _AVAILABLE.get(transport)
     if ok is None:
-        try:
-            shm_node(transport)
-            ok = True
-        except CommError:  # ranks on several nodes: the same answer on every rank
-            ok = False
+        ok = False
+        if transport.size >= 2 and hasattr(getattr(transport, "comm", None), "Split_type"):
+            try:
+                shm_node(transport)
+                ok = True
+            except CommError:  # ranks on several nodes: the same answer on every rank
+                pass
         _AVAILABLE[transport] = ok
     return ok
 
@@ -293,7 +330,8 @@ def shm_available(transport: Transport, buf: Any = None) -> bool:
 def shm_is_shared(transport: Transport, buf: Any) -> bool:
     """True when ``buf`` lies in one of this rank's shared windows (shm_alloc_buffer)."""
     node = shm_node(transport)
-    return isinstance(buf, np.ndarray) and _where(node, buf.reshape(-1))[0] >= 0
+    return (isinstance(buf, np.ndarray) and bool(node.user_windows)
+            and id(buf.base) in _owners(node))
 
 
 _AVAILABLE: "weakref.WeakKeyDictionary[Transport, bool]" = weakref.WeakKeyDictionary()

@@ -180,6 +180,23 @@ def shm_alloc_buffer(transport: Transport, numel: int, dtype: Any) -> np.ndarray
     return w.slots[transport.rank][: int(numel) * dt.itemsize].view(dt)
 
 
+def shm_free_buffer(transport: Transport, buf: np.ndarray) -> bool:
+    """Free the window of a ``shm_alloc_buffer`` array (collective: every rank, same buffer).
+
+    Its memory is unmapped: drop every array that views it first (touching one afterwards
+    crashes the process). Returns False, doing nothing, if ``buf`` is not in such a window.
+    """
+    node = _NODES.get(transport)
+    if node is None or not isinstance(buf, np.ndarray):
+        return False
+    for w in node.user_windows:
+        if w.find(node.rank, buf) is not None:
+            node.user_windows.remove(w)
+            w.free()
+            return True
+    return False
+
+
 def shm_close(transport: Transport) -> None:
     """Free the transport's shared windows (collective); call before closing the transport."""
     node = _NODES.pop(transport, None)
