@@ -3,6 +3,7 @@
     python benchmarks/ddp_scaling.py                    # driver: launches n = 1, 2, 4 itself
     ./mpirun.sh -n 2 python benchmarks/ddp_scaling.py   # one world size, table for that n
     python benchmarks/ddp_scaling.py --sizes 1 2 --steps 10 --quick    # a faster look
+    python benchmarks/ddp_scaling.py --out /tmp/ddp   # results elsewhere (default results/)
 
 Models (float32, SGD lr 0.01, synthetic data, batch 64 PER RANK):
     small   MLP 64-256-10          (19k parameters: latency-bound all-reduce)
@@ -11,10 +12,17 @@ Models (float32, SGD lr 0.01, synthetic data, batch 64 PER RANK):
 Per configuration: warm-up steps, a barrier, then the median over timed steps of one full
 step (forward, backward with its bucket all-reduces, optimizer step, zero_grad). "exposed comm"
 is the time backward spent WAITING for reductions after its last gradient was written (what
-overlap did not hide); compute = step - exposed comm. Peak memory is each rank's
-``ru_maxrss``. "plain" rows run the model without DDP (no communication at all): at n=1 the
-baseline of the 1.25x target; at n>1, n independent copies side by side, which shows what the
-machine itself loses when n processes share its cores and memory bandwidth.
+overlap did not hide); compute = step - exposed comm. "plain" rows run the model without DDP
+(no communication at all): at n=1 the baseline of the 1.25x target; at n>1, n independent
+copies side by side, which shows what the machine itself loses when n processes share its
+cores and memory bandwidth.
+
+Memory, per configuration, in a separate untimed pass: ``tracemalloc`` traced from before the
+model is built through 3 steps (NumPy reports its array allocations to it), plus the bucket
+buffers DDP placed in shared-memory windows (MPI allocates those, tracemalloc cannot see
+them). "peak mem" is that peak in MiB per rank (max over ranks); DDP minus plain is what DDP
+costs on top of a single process (target: at most one more copy of the gradients). The whole
+process's ``ru_maxrss`` (MPI, interpreter, every configuration) is printed at the bottom.
 
 Output: tables on stdout (rank 0); the driver writes benchmarks/results/ddp_scaling.json and
 ddp_scaling.txt (the table), a single launch under mpirun.sh ddp_scaling_nN.json.
@@ -31,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +49,9 @@ sys.path.insert(0, str(REPO))
 
 import minidist  # noqa: E402
 from minidist import comm, nn, optim  # noqa: E402
-from minidist.ddp import DistributedDataParallel  # noqa: E402
+from minidist.comm.algorithms.shm import shm_is_shared  # noqa: E402
+from minidist.ddp import DistributedDataParallel, auto_overlap  # noqa: E402
+from minidist.ddp.reducer import all_finite_fast  # noqa: E402
 from minidist.tensor import Tensor  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -61,6 +72,24 @@ def build(name: str) -> nn.Module:
 def time_steps(model_name: str, use_ddp: bool, steps: int, warmup: int,
                **ddp_kw) -> tuple[list[float], list[float]]:
     """Step times and exposed-communication times (seconds) of ``steps`` timed steps."""
+    times, exposed, _ = run_steps(model_name, use_ddp, steps, warmup, **ddp_kw)
+    return times, exposed
+
+
+def peak_memory_mib(model_name: str, use_ddp: bool, **ddp_kw) -> float:
+    """Peak MiB of everything a training step allocates (see the module docstring)."""
+    tracemalloc.start()
+    try:
+        _, _, shared = run_steps(model_name, use_ddp, 3, 0, **ddp_kw)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return (peak + shared) / 2**20
+
+
+def run_steps(model_name: str, use_ddp: bool, steps: int, warmup: int,
+              **ddp_kw) -> tuple[list[float], list[float], int]:
+    """(step times, exposed comm times, bytes of DDP buckets in shared windows)."""
     rank = comm.get_rank()
     model = build(model_name)
     net = DistributedDataParallel(model, **ddp_kw) if use_ddp else model
@@ -82,29 +111,35 @@ def time_steps(model_name: str, use_ddp: bool, steps: int, warmup: int,
         if i >= warmup:
             times.append(t1 - t0)
             exposed.append(net.last_step_stats["wait_s"] if use_ddp else 0.0)
+    shared = 0
     if use_ddp:
-        net.close()
-    return times, exposed
+        group = comm.get_default_group()
+        if group.size > 1 and group.backend == "mpi":
+            shared = sum(b.nbytes for b in net.buckets
+                         if shm_is_shared(group.transport, b.buffer))
+        net.close(release_buffers=True)  # collective: frees the buckets' shared windows
+    return times, exposed, shared
 
 
 def summarize(model_name: str, use_ddp: bool, times: list[float], exposed: list[float],
-              **ddp_kw) -> dict:
+              mem_mib: float, **ddp_kw) -> dict:
     """Medians; the slowest rank sets the pace, so each is the max over ranks."""
     world = comm.get_world_size()
-    med = np.array([statistics.median(times), statistics.median(exposed)])
+    med = np.array([statistics.median(times), statistics.median(exposed), mem_mib])
     comm.all_reduce(med, op="max")
     step, wait = float(med[0]), float(med[1])
     return {"model": model_name, "n": world, "ddp": use_ddp, **ddp_kw,
             "step_ms": step * 1e3, "exposed_comm_ms": wait * 1e3,
-            "compute_ms": (step - wait) * 1e3, "samples_per_s": BATCH * world / step}
+            "compute_ms": (step - wait) * 1e3, "samples_per_s": BATCH * world / step,
+            "peak_mem_mib": float(med[2])}
 
 
 def finite_check_cost_ms(numel: int, repeats: int = 20) -> float:
-    """What DDP's NaN/inf check (one sum per bucket) costs on a bucket of ``numel`` floats."""
+    """What DDP's NaN/inf check (one dot product per bucket) costs on ``numel`` floats."""
     buf = np.random.default_rng(0).normal(size=numel).astype(np.float32)
     t0 = time.perf_counter()
     for _ in range(repeats):
-        bool(np.isfinite(buf.sum()))
+        all_finite_fast(buf)
     return (time.perf_counter() - t0) / repeats * 1e3
 
 
@@ -118,9 +153,6 @@ def worker(args: argparse.Namespace) -> dict:
     if not args.quick:
         configs += [("large", True, {"overlap": True, "bucket_cap_mb": cap})
                     for cap in (1, 5, 25, 100)]
-    if world > 1 and comm.get_default_group().backend == "mpi":
-        # the shared-memory all-reduce (comm/algorithms/shm.py), forced instead of "auto"
-        configs += [("large", True, {"overlap": ov, "algorithm": "shm"}) for ov in (True, False)]
     # Round-robin over the configurations, several rounds: on a shared, noisy machine a
     # burst of load then hits every configuration alike instead of one of them.
     samples: dict[int, tuple[list[float], list[float]]] = {i: ([], []) for i in range(len(configs))}
@@ -129,10 +161,12 @@ def worker(args: argparse.Namespace) -> dict:
             t, e = time_steps(model_name, use_ddp, args.steps, args.warmup, **kw)
             samples[i][0].extend(t)
             samples[i][1].extend(e)
-    rows = [summarize(m, u, *samples[i], **kw) for i, (m, u, kw) in enumerate(configs)]
+    mem = [peak_memory_mib(m, u, **kw) for m, u, kw in configs]
+    rows = [summarize(m, u, *samples[i], mem[i], **kw) for i, (m, u, kw) in enumerate(configs)]
     maxrss = np.array([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
     all_rss = comm.all_gather(maxrss).reshape(-1).tolist()
     out = {"world_size": world, "rows": rows, "peak_rss_mib_per_rank": all_rss,
+           "overlap_auto": auto_overlap(world),
            "finite_check_ms_1.86M": finite_check_cost_ms(1_863_690), "_rank": comm.get_rank()}
     comm.barrier()
     comm.destroy_process_group()
@@ -141,7 +175,7 @@ def worker(args: argparse.Namespace) -> dict:
 
 def table(results: list[dict]) -> str:
     lines = ["# model  n  config                 step [ms]  compute [ms]  exposed comm [ms]"
-             "  samples/s  vs n=1 plain"]
+             "  samples/s  vs n=1 plain  peak mem [MiB]"]
     base = {r["model"]: r["step_ms"] for res in results for r in res["rows"]
             if r["n"] == 1 and not r["ddp"]}
     for res in results:
@@ -153,21 +187,25 @@ def table(results: list[dict]) -> str:
             ratio = (f"{r['step_ms'] / base[r['model']]:.2f}x" if r["model"] in base else "-")
             lines.append(f"  {r['model']:<6} {r['n']}  {cfg:<22} {r['step_ms']:9.2f}  "
                          f"{r['compute_ms']:12.2f}  {r['exposed_comm_ms']:17.2f}  "
-                         f"{r['samples_per_s']:9.0f}  {ratio:>11}")
+                         f"{r['samples_per_s']:9.0f}  {ratio:>11}  "
+                         f"{r.get('peak_mem_mib', float('nan')):14.1f}")
     for res in results:
-        lines.append(f"# n={res['world_size']}: peak RSS per rank [MiB] "
-                     f"{[round(v, 1) for v in res['peak_rss_mib_per_rank']]}; NaN/inf check "
-                     f"of a 1.86M-float bucket: {res['finite_check_ms_1.86M']:.2f} ms")
+        lines.append(f"# n={res['world_size']}: overlap='auto' picks "
+                     f"{'on' if res.get('overlap_auto') else 'off'}; whole-process peak RSS "
+                     f"per rank [MiB] {[round(v, 1) for v in res['peak_rss_mib_per_rank']]}; "
+                     f"NaN/inf check of a 1.86M-float bucket: "
+                     f"{res['finite_check_ms_1.86M']:.2f} ms")
     return "\n".join(lines)
 
 
 def driver(args: argparse.Namespace) -> None:
     results = []
     for n in args.sizes:
-        out = RESULTS / f".ddp_scaling_n{n}.tmp.json"
+        out = Path(args.out) / f".ddp_scaling_n{n}.tmp.json"
         cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n), sys.executable,
                __file__, "--worker-out", str(out), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--rounds", str(args.rounds)] + (["--quick"] if args.quick else [])
+               "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--out", args.out
+               ] + (["--quick"] if args.quick else [])
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         print(f"# running n={n}: {' '.join(cmd[:3])} ...", flush=True)
         subprocess.run(cmd, check=True, env=env, timeout=600)
@@ -179,11 +217,11 @@ def driver(args: argparse.Namespace) -> None:
             "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
             "batch_per_rank": BATCH, "steps_per_round": args.steps, "rounds": args.rounds,
             "results": results}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "ddp_scaling.json").write_text(json.dumps(meta, indent=2))
-    (RESULTS / "ddp_scaling.txt").write_text(f"# {meta['command']}  ({meta['machine']})\n"
+    res_dir = Path(args.out)
+    (res_dir / "ddp_scaling.json").write_text(json.dumps(meta, indent=2))
+    (res_dir / "ddp_scaling.txt").write_text(f"# {meta['command']}  ({meta['machine']})\n"
                                              + text + "\n")
-    print(f"# wrote {RESULTS / 'ddp_scaling.json'} and ddp_scaling.txt")
+    print(f"# wrote {res_dir / 'ddp_scaling.json'} and ddp_scaling.txt")
 
 
 def main() -> None:
@@ -193,8 +231,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="round-robin passes over the configs")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="skip the bucket-size sweep")
+    p.add_argument("--out", default=str(RESULTS), help="folder for the JSON/text results")
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     launched = comm.detect_launch().launcher != "single"
     if args.worker_out or launched:
         res = worker(args)
@@ -203,8 +243,7 @@ def main() -> None:
                 Path(args.worker_out).write_text(json.dumps(res))
             else:
                 print(table([res]))
-                RESULTS.mkdir(parents=True, exist_ok=True)
-                path = RESULTS / f"ddp_scaling_n{res['world_size']}.json"
+                path = Path(args.out) / f"ddp_scaling_n{res['world_size']}.json"
                 path.write_text(json.dumps(res, indent=2))
                 print(f"# wrote {path}")
     else:

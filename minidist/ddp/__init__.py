@@ -12,7 +12,7 @@ bucket is averaged: plain, fp16, PowerSGD), ``ddp`` (the wrapper, no_sync, const
 from minidist.ddp import hooks
 from minidist.ddp.bucket import (DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_BYTES, Bucket,
                                  BucketSpec, BucketState, ParamMeta, plan_buckets)
-from minidist.ddp.ddp import DistributedDataParallel
+from minidist.ddp.ddp import DistributedDataParallel, auto_overlap
 from minidist.ddp.hooks import (GradBucket, PowerSGDState, allreduce_hook, fp16_compress_hook,
                                 powersgd_hook)
 from minidist.ddp.reducer import Reducer
@@ -20,4 +20,4 @@ from minidist.ddp.reducer import Reducer
 __all__ = ["DistributedDataParallel", "Reducer", "Bucket", "BucketSpec", "BucketState",
            "ParamMeta", "plan_buckets", "DEFAULT_BUCKET_CAP_BYTES", "DEFAULT_FIRST_BUCKET_BYTES",
            "GradBucket", "PowerSGDState", "allreduce_hook", "fp16_compress_hook",
-           "powersgd_hook", "hooks"]
+           "powersgd_hook", "hooks", "auto_overlap"]

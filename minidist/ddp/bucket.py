@@ -156,6 +156,7 @@ class Bucket:
         self.pending = len(self.params)
         self._done = [False] * len(self.params)  # which grads reported this step
         self.finite = True  # the last reduced contents held no NaN/inf (set by the reducer)
+        self.prescaled = False  # this step: grads divided by the world size on the way in
 
     def __repr__(self) -> str:
         return (f"Bucket(index={self.index}, dtype={self.spec.dtype}, numel={self.spec.numel}, "
@@ -171,13 +172,15 @@ class Bucket:
         self.pending = len(self.params)
         self._done = [False] * len(self.params)
 
-    def attach_grads(self) -> int:
+    def attach_grads(self, zero_missing: bool = True) -> int:
         """Make every parameter's ``.grad`` the bucket view again; return how many were re-attached.
 
         A grad that is ``None`` (``optimizer.zero_grad()`` with ``set_to_none=True``) becomes a
-        zeroed view. A grad that is some other array (the user assigned one) is copied into the
-        view first, so its value is kept. A grad that already is the view is left alone, so
-        accumulation under ``no_sync`` is never broken.
+        zeroed view, unless ``zero_missing=False``: then it stays None, backward allocates it,
+        and the reducer copies it into the view when it is ready (one pass instead of a memset
+        here plus an accumulate-into-zeros there). A grad that is some other array (the user
+        assigned one) is copied into the view first, so its value is kept. A grad that already
+        is the view is left alone, so accumulation under ``no_sync`` is never broken.
         """
         fixed = 0
         for p, view in zip(self.params, self.views):
@@ -185,6 +188,8 @@ class Bucket:
             if g is view:
                 continue
             if g is None:
+                if not zero_missing:
+                    continue
                 view[...] = 0
             else:
                 view[...] = g
@@ -195,6 +200,10 @@ class Bucket:
     def missing_names(self) -> list[str]:
         """Names of parameters whose gradient has not been reported this step (for errors)."""
         return [n for n, done in zip(self.names, self._done) if not done]
+
+    def is_ready(self, k: int) -> bool:
+        """Whether gradient ``k`` was already reported this step."""
+        return self._done[k]
 
     def mark_ready(self, k: int) -> bool:
         """Record that gradient ``k`` of this bucket is complete; True if it was the last one."""

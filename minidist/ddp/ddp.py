@@ -29,12 +29,14 @@ walks through it with the scaling numbers.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from minidist import comm
 from minidist import xp as backend
+from minidist.comm.transports.shm_window import shm_free_buffer
 from minidist.ddp.bucket import Bucket, ParamMeta, plan_buckets
 from minidist.ddp.reducer import Reducer, unused_param_indices
 from minidist.log import get_logger, rank_prefix
@@ -58,7 +60,9 @@ class DistributedDataParallel:
         algorithm: all-reduce algorithm: "auto", "ring", "tree", "rd", "direct", "mpi".
         comm_hook: ``hook(state, bucket)`` replacing the plain averaging (see hooks.py).
         process_group: the group to reduce over (default: the world).
-        overlap: reduce buckets on a comm thread while backward runs (False: all at the end).
+        overlap: reduce buckets on a comm thread while backward runs (True), all at the end
+            of backward on the main thread (False), or ``"auto"`` (default): off only when
+            the node has about one core per rank (see ``auto_overlap``).
         first_bucket_cap_mb: size limit of the first bucket (torch: 1).
         nonfinite_grads: after each reduction, "warn" (default), "raise" or "ignore" when an
             averaged gradient holds NaN/inf.
@@ -71,7 +75,7 @@ class DistributedDataParallel:
     def __init__(self, module: Any, bucket_cap_mb: float = 25, broadcast_parameters: bool = True,
                  find_unused_parameters: bool = False, algorithm: str = "auto",
                  comm_hook: Callable | None = None, process_group: Any = None,
-                 overlap: bool = True, first_bucket_cap_mb: float = 1,
+                 overlap: bool | str = "auto", first_bucket_cap_mb: float = 1,
                  nonfinite_grads: str = "warn") -> None:
         if not comm.is_initialized():
             comm.init_process_group()
@@ -98,6 +102,12 @@ class DistributedDataParallel:
             self._broadcast_state()
         for b in self.buckets:
             b.buffer[...] = 0
+        if overlap == "auto":
+            overlap = auto_overlap(self.world_size)
+        elif not isinstance(overlap, bool):
+            raise ValueError(f"{rank_prefix()} DistributedDataParallel: overlap={overlap!r}; "
+                             "use True, False or 'auto'.")
+        self.overlap = overlap
         # One rank has nothing to wait for: a comm thread would only add a hand-off per bucket.
         self.reducer = Reducer(self._params, self._names, self.buckets, self._all_reduce,
                                self.world_size, overlap=overlap and self.world_size > 1,
@@ -229,7 +239,7 @@ class DistributedDataParallel:
         return self
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the gradients (the next forward re-attaches bucket views if they became None)."""
+        """Zero the gradients (None grads become bucket views again when backward reaches them)."""
         self.module.zero_grad(set_to_none=set_to_none)
 
     @property
@@ -237,13 +247,62 @@ class DistributedDataParallel:
         """Seconds of the last synced backward: ``wait_s`` (exposed comm), ``comm_s`` (busy)."""
         return dict(self.reducer.stats)
 
-    def close(self) -> None:
-        """Remove the hooks and stop the communication thread."""
+    def close(self, release_buffers: bool = False) -> None:
+        """Remove the hooks and stop the communication thread.
+
+        Args:
+            release_buffers: also free the bucket buffers' shared-memory windows now instead of
+                at process exit (for programs that build many DDP models, like the
+                benchmarks). COLLECTIVE: every rank must call it. Gradients that are bucket
+                views are copied out first, so ``p.grad`` stays readable.
+        """
         self.reducer.close()
+        if not release_buffers:
+            return
+        group = self.process_group or comm.get_default_group()
+        for b in self.buckets:
+            for p, view in zip(b.params, b.views):
+                if p.grad is view:
+                    p.grad = view.copy()
+            buf, b.buffer, b.views = b.buffer, None, []
+            shm_free_buffer(group.transport, buf)
+        self.buckets = []
 
     def __repr__(self) -> str:
         return f"DistributedDataParallel(world_size={self.world_size}, buckets=" \
                f"{len(self.buckets)}, module={self.module!r})"
+
+
+_LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def auto_overlap(world_size: int, cpus: int | None = None, env: Any = None) -> bool:
+    """What ``overlap="auto"`` picks, from where the communication time goes (measured on a
+    2-vCPU VM, docs/how_ddp_works.md)::
+
+        ranks on this node x 2 <= cores  ->  True:  the comm thread gets a core of its own, so
+                                             the all-reduce runs beside backward
+        ranks on this node > cores       ->  True:  oversubscribed; most of the "comm" time is
+                                             waiting for descheduled peers, and a comm thread
+                                             lets backward go on meanwhile (n=4 on 2 vCPUs:
+                                             1-10% faster in every run)
+        otherwise (about a core a rank)  ->  False: the shared-memory all-reduce is CPU work
+                                             (adds, copies) that can only time-slice with
+                                             backward on the same core; the thread adds
+                                             hand-offs and GIL switches (n=2 on 2 vCPUs: on
+                                             vs off within noise, off ahead in most runs)
+
+    Ranks on this node: ``LOCAL_WORLD_SIZE`` (torchrun), ``MPI_LOCALNRANKS`` (MPICH),
+    ``OMPI_COMM_WORLD_LOCAL_SIZE`` (Open MPI), else ``world_size`` (one node assumed).
+    """
+    if world_size <= 1:
+        return False
+    env = os.environ if env is None else env
+    local = next((int(env[v]) for v in _LOCAL_SIZE_VARS if str(env.get(v, "")).isdigit()),
+                 world_size)
+    local = max(local, 1)
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    return 2 * local <= cpus or local > cpus
 
 
 def _fmt(p: Any) -> str:

@@ -1,7 +1,7 @@
 """The Reducer: turns gradients written by backward into averaged gradients, bucket by bucket.
 
     reducer = Reducer(params, names, buckets, all_reduce_fn, world_size, overlap=True)
-    reducer.prepare_for_forward()        # DDP.forward calls this: re-attach grad views, new step
+    reducer.prepare_for_forward()        # DDP.forward calls this: new step (None grads stay None)
     reducer.prepare_for_backward(out)    # after forward: with find_unused_parameters, mark the
                                          # parameters the output does not depend on as ready
     loss.backward()                      # hooks fire; returns with every bucket averaged
@@ -9,11 +9,21 @@
 How one synced backward runs (overlap=True; 3 buckets, bucket 0 holds the last layer)::
 
     main thread (backward)                          comm thread
-    grad fc3.b, fc3.w -> bucket 0 READY ---launch-->  all_reduce(bucket 0)
-    grad fc2.b, fc2.w -> bucket 1 READY ---launch-->  all_reduce(bucket 1)   (queued behind 0)
-    grad fc1.b, fc1.w -> bucket 2 READY ---launch-->  all_reduce(bucket 2)
+    grad fc3.b, fc3.w -> bucket 0 READY ---launch-->  all_reduce(bucket 0, SUM)
+    grad fc2.b, fc2.w -> bucket 1 READY ---launch-->  all_reduce(bucket 1, SUM)  (queued)
+    grad fc1.b, fc1.w -> bucket 2 READY ---launch-->  all_reduce(bucket 2, SUM)
     last hook: wait until the comm thread is done  <-- done; NaN/inf check on the way
     loss.backward() returns: every p.grad (a view of its bucket) holds the average
+
+With overlap=False the same launches just run on the main thread when the last hook fires.
+
+Passes over the gradient memory per step (what makes DDP cheap next to one process)::
+
+    zero_grad() sets p.grad = None; forward leaves it None (no memset of the buckets)
+    backward allocates p.grad; its hook copies it into the bucket DIVIDED BY n (one pass:
+        the average is folded into the copy, so the all-reduce is a plain SUM, as torch's
+        div_factor; a grad already in the bucket, e.g. under no_sync, is divided in place)
+    all-reduce SUM of the bucket; NaN/inf check: one dot product (all_finite_fast)
 
 Rules that keep every rank in step:
 - buckets are LAUNCHED IN INDEX ORDER on every rank; if bucket 2 is ready before bucket 1, it
@@ -32,6 +42,8 @@ import queue
 import threading
 import time
 from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from minidist import xp as backend
 from minidist.ddp.bucket import Bucket, BucketState
@@ -137,7 +149,7 @@ class Reducer:
     # ------------------------------------------------------------------ step boundaries
 
     def prepare_for_forward(self) -> None:
-        """Start a step: check the last one finished, re-attach grad views, reset buckets."""
+        """Start a step: check the last one finished, re-attach user-set grads, reset buckets."""
         if self._in_step and self._hooks_fired:
             missing = [n for b in self.buckets for n in b.missing_names()]
             self._in_step = False
@@ -149,14 +161,18 @@ class Reducer:
                 "find_unused_parameters=True to DistributedDataParallel (they are then reduced "
                 "as zeros), or remove them from the model.")
         for b in self.buckets:
-            if b.attach_grads():
-                log.debug("bucket %d: grad views re-attached (zero_grad set them to None?)",
-                          b.index)
+            # None grads stay None: backward allocates them and _grad_ready copies them in.
+            if b.attach_grads(zero_missing=False):
+                log.debug("bucket %d: user-assigned grads copied into the bucket", b.index)
         if not self.require_sync:
             self._in_step = False
             return
+        # The default hook's average is folded into the copy into the bucket (grad / n on the
+        # way in, then an all-reduce SUM): no separate pass over the bucket to divide it.
+        prescale = self.comm_hook is allreduce_hook and self.world_size > 1
         for b in self.buckets:
             b.reset()
+            b.prescaled = prescale and np.dtype(b.spec.dtype).kind == "f"
         self._next_launch = 0
         self._in_step = True
         self._hooks_fired = False
@@ -187,10 +203,23 @@ class Reducer:
 
     def _grad_ready(self, i: int, from_hook: bool) -> None:
         bucket, k = self._slot[i]
-        p = self.params[i]
-        if p.grad is not bucket.views[k]:  # backward rebound .grad: fold it back into the bucket
-            bucket.views[k][...] = 0 if p.grad is None else p.grad
-            p.grad = bucket.views[k]
+        if bucket.is_ready(k):  # a second report is ignored
+            return
+        p, view = self.params[i], bucket.views[k]
+        g = p.grad
+        # Bring the gradient into its bucket slot: one pass, dividing by n on the way when the
+        # default hook reduces with SUM (``prescaled``, like torch's div_factor).
+        if g is None:  # unused parameter (find_unused_parameters): reduced as zeros
+            view[...] = 0
+        elif g is not view:  # backward allocated it (grad was None): copy it in
+            if bucket.prescaled:
+                backend.get_array_module(view).divide(g, view.dtype.type(self.world_size),
+                                                      out=view)
+            else:
+                view[...] = g
+        elif bucket.prescaled:  # accumulated in place (no_sync, or zero_grad(set_to_none=False))
+            view /= view.dtype.type(self.world_size)
+        p.grad = view
         if not bucket.mark_ready(k):
             return
         # Launch ready buckets strictly in index order (the same order on every rank).
@@ -238,21 +267,20 @@ class Reducer:
     def _reduce_bucket(self, bucket: Bucket) -> None:
         t0 = time.perf_counter()
         backend.synchronize(bucket.buffer)  # GPU: kernels writing the grads must be done
-        grad_bucket = GradBucket(bucket, self.all_reduce, self.world_size,
-                                 is_last=bucket.index == len(self.buckets) - 1)
-        self.comm_hook(self.hook_state, grad_bucket)
+        if bucket.prescaled:  # grads were divided by n in _grad_ready: the sum is the average
+            self.all_reduce(bucket.buffer, "sum")
+        else:
+            grad_bucket = GradBucket(bucket, self.all_reduce, self.world_size,
+                                     is_last=bucket.index == len(self.buckets) - 1)
+            self.comm_hook(self.hook_state, grad_bucket)
         if self.nonfinite_grads != "ignore":
-            # One sum, right after the reduction (the buffer is still in cache, and with
-            # overlap it runs on the comm thread): NaN and inf propagate through a sum, so a
-            # finite sum proves a finite bucket, without isfinite's boolean temporary.
-            xp = backend.get_array_module(bucket.buffer)
-            bucket.finite = bool(xp.isfinite(bucket.buffer.sum()))
+            bucket.finite = all_finite_fast(bucket.buffer)
         bucket.state = BucketState.REDUCED
         self._comm_busy_s += time.perf_counter() - t0
 
     def _check_finite(self) -> None:
-        # Each bucket's sum was checked right after its reduction (_reduce_bucket); only a
-        # bucket whose sum is not finite is searched for the parameters to name.
+        # Each bucket was checked right after its reduction (_reduce_bucket, one dot product);
+        # only a bucket that may hold NaN/inf is searched for the parameters to name.
         if self.nonfinite_grads == "ignore":
             return
         bad = []
@@ -278,6 +306,22 @@ class Reducer:
         if self._thread is not None:
             self._thread.close()
             self._thread = None
+
+
+def all_finite_fast(buf: Any) -> bool:
+    """True if ``buf`` holds no NaN/inf; False means "maybe": search it exactly then.
+
+    One BLAS dot product ``buf . buf`` (a single vectorized read of the buffer, ~4x faster than
+    ``buf.sum()`` here and no boolean temporary like ``isfinite(buf).all()``): a NaN or inf
+    element makes it NaN/inf, and the squares are >= 0, so nothing cancels. It can also overflow
+    for finite values above ~1e19 (float32): a false "maybe", which the exact search clears.
+    """
+    if buf.dtype.kind != "f":
+        return True
+    xp = backend.get_array_module(buf)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow = "maybe", not a warning
+        s = xp.dot(buf, buf) if buf.dtype.itemsize >= 4 else buf.sum(dtype=xp.float32)
+    return bool(xp.isfinite(s))
 
 
 def unused_param_indices(outputs: Any, params: Sequence[Any],

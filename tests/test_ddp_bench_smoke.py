@@ -1,0 +1,25 @@
+"""The DDP scaling benchmark, tiny, under mpiexec -n 2: it runs and writes a sane JSON."""
+
+import json
+
+import pytest
+
+from procs import REPO, run_mpi
+
+BENCH = REPO / "benchmarks" / "ddp_scaling.py"
+
+
+@pytest.mark.mpi
+def test_ddp_scaling_benchmark_tiny(tmp_path):
+    res = run_mpi(2, [BENCH, "--quick", "--steps", "2", "--warmup", "1", "--rounds", "1",
+                      "--out", tmp_path], timeout_s=90, env={"MINIDIST_TIMEOUT_S": "30"})
+    assert res.returncode == 0, res.report()
+    data = json.loads((tmp_path / "ddp_scaling_n2.json").read_text())
+    rows = {(r["model"], r["ddp"], r.get("overlap")): r for r in data["rows"]}
+    assert {("large", False, None), ("large", True, True), ("large", True, False)} <= set(rows)
+    plain, ddp = rows[("large", False, None)], rows[("large", True, False)]
+    assert all(r["step_ms"] > 0 and r["exposed_comm_ms"] >= 0 for r in data["rows"])
+    # DDP's peak memory stays within one extra copy of the 1.86M float32 gradients
+    assert ddp["peak_mem_mib"] - plain["peak_mem_mib"] <= 1_863_690 * 4 / 2**20 + 1
+    assert data["overlap_auto"] in (True, False)
+    assert "exposed comm [ms]" in res.stdout and "peak mem [MiB]" in res.stdout
