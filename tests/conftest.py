@@ -1,4 +1,5 @@
-"""Shared test set-up: one BLAS thread per process, `tests/` importable (procs.py helpers)."""
+"""Shared test set-up: one BLAS thread per process, `tests/` importable (procs.py helpers),
+and the `group` fixture: a single-process (local) process group for one test."""
 
 import os
 import sys
@@ -7,3 +8,19 @@ for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_k, "1")
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def group():
+    """A size-1 ``local`` process group for the test (left alone if one is already running)."""
+    from minidist import comm
+
+    started = not comm.is_initialized()
+    if started:
+        comm.init_process_group(backend="local")
+    yield
+    if started:
+        comm.destroy_process_group()

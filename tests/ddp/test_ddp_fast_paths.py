@@ -3,21 +3,11 @@
 import numpy as np
 import pytest
 
-from minidist import comm, nn
+from minidist import nn
 from minidist.ddp import DistributedDataParallel, auto_overlap
 from minidist.ddp.bucket import Bucket, ParamMeta, plan_buckets
 from minidist.ddp.reducer import all_finite_fast
 from minidist.tensor import Tensor
-
-
-@pytest.fixture
-def group():
-    started = not comm.is_initialized()
-    if started:
-        comm.init_process_group(backend="local")
-    yield
-    if started:
-        comm.destroy_process_group()
 
 
 class P:

@@ -5,19 +5,9 @@ import logging
 import numpy as np
 import pytest
 
-from minidist import comm, nn
+from minidist import nn
 from minidist.ddp import DistributedDataParallel
 from minidist.tensor import Tensor, no_grad
-
-
-@pytest.fixture
-def group():
-    started = not comm.is_initialized()
-    if started:
-        comm.init_process_group(backend="local")
-    yield
-    if started:
-        comm.destroy_process_group()
 
 
 def model():

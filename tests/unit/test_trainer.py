@@ -6,20 +6,10 @@ import numpy as np
 import pytest
 
 import minidist
-from minidist import comm, nn, optim
+from minidist import nn, optim
 from minidist.checkpoint import CheckpointError
 from minidist.data import ArrayDataset
 from minidist.trainer import History, Trainer, TrainerConfig
-
-
-@pytest.fixture
-def group():
-    started = not comm.is_initialized()
-    if started:
-        comm.init_process_group(backend="local")
-    yield
-    if started:
-        comm.destroy_process_group()
 
 
 def blobs(n=120, seed=0):
