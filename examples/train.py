@@ -38,6 +38,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from minidist import comm, nn, optim
+from minidist import xp as backend
 from minidist.data import load_dataset
 from minidist.ddp import DistributedDataParallel
 from minidist.trainer import Trainer, TrainerConfig
@@ -186,4 +187,8 @@ def main(argv: list[str] | None = None) -> float:
 
 
 if __name__ == "__main__":
+    try:
+        backend.default_array_module()  # a missing GPU stack: one clear line, not a traceback
+    except (backend.DeviceUnavailableError, ValueError) as e:
+        raise SystemExit(f"train.py: {e}") from None
     main()

@@ -83,7 +83,12 @@ def default_device() -> str:
 
 def default_array_module() -> Any:
     """The array module for new arrays (numpy unless the default device is ``"cuda"``)."""
-    return require_cuda() if _default_device == "cuda" else numpy
+    if _default_device == "cuda":
+        return require_cuda()
+    if _default_device != "cpu":  # only reachable through the environment variable
+        raise ValueError(f"MINIDIST_DEVICE={_default_device!r} is not a device minidist knows; "
+                         "set it to 'cpu' (NumPy) or 'cuda' (CuPy), or unset it.")
+    return numpy
 
 
 def is_device_array(array: Any) -> bool:

@@ -70,3 +70,14 @@ def test_train_ddp_resume_and_seed_are_bit_exact(tmp_path):
     history = json.loads((a / "history.json").read_text())
     assert len(history["val_accuracies"]) == 4 and history["world_size"] == 2
     assert final_accuracy(resumed.stdout) == final_accuracy(straight.stdout)
+
+
+def test_train_without_a_gpu_stack_says_so_in_one_line():
+    from minidist import xp
+
+    if xp.gpu_available():
+        pytest.skip("a real GPU is present")
+    result = run_env_ranks(1, [TRAIN], timeout_s=60, env={"MINIDIST_DEVICE": "cuda"})
+    assert result.returncode != 0, result.report()
+    assert "Traceback" not in result.stderr, result.report()
+    assert "MINIDIST_DEVICE=cpu" in result.stderr, result.report()

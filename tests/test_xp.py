@@ -22,3 +22,9 @@ def test_missing_gpu_gives_a_clear_message():
 def test_unknown_device_is_rejected():
     with pytest.raises(ValueError, match="unknown device"):
         xp.set_default_device("tpu")
+
+
+def test_unknown_device_from_the_environment_is_rejected(monkeypatch):
+    monkeypatch.setattr(xp, "_default_device", "gpu")  # as if MINIDIST_DEVICE=gpu at import
+    with pytest.raises(ValueError, match="MINIDIST_DEVICE='gpu'"):
+        xp.default_array_module()
