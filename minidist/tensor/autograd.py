@@ -103,12 +103,30 @@ def _topological_order(root: Tensor) -> tuple[list[Tensor], dict[int, int]]:
     return order, leaf_edges
 
 
-def _accumulate(leaf: Tensor, g: Any) -> None:
-    """Add ``g`` into ``leaf.grad`` in place (cast to its dtype); allocate it if it is None."""
+def _adoptable(g: Any, leaf: Tensor) -> bool:
+    """Whether ``g`` can become ``leaf.grad`` as it is: an owned, writable, contiguous array.
+
+    Views (reshape/transpose/broadcast results) share memory with something else, so they are
+    copied; so is anything of another dtype.
+    """
+    flags = g.flags
+    return (bool(flags.owndata) and bool(getattr(flags, "writeable", True))
+            and bool(flags.c_contiguous) and g.dtype == leaf.data.dtype)
+
+
+def _accumulate(leaf: Tensor, g: Any, fresh: bool = False) -> None:
+    """Add ``g`` into ``leaf.grad`` in place (cast to its dtype); allocate it if it is None.
+
+    ``fresh`` says that no one else holds ``g`` (see ``run_backward``): then a leaf without a
+    gradient adopts it instead of copying it, which saves one pass over every parameter.
+    """
     if g.shape != leaf.data.shape:  # an op's backward broke its contract; not a user error
         raise AssertionError(f"gradient of shape {g.shape} for a leaf of shape {leaf.data.shape}")
     if leaf._grad is None:
-        leaf._grad = g.astype(leaf.data.dtype, copy=True)  # a fresh array the leaf owns
+        if fresh and _adoptable(g, leaf):
+            leaf._grad = g  # a new array only this leaf will ever see
+        else:
+            leaf._grad = g.astype(leaf.data.dtype, copy=True)  # a fresh array the leaf owns
     else:
         xp = backend.get_array_module(leaf._grad)
         xp.add(leaf._grad, g, out=leaf._grad, casting="unsafe")
@@ -159,6 +177,10 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
     order, leaf_edges = _topological_order(root)
     grads: dict[int, Any] = {id(root): seed}
     delivered: set[int] = set()  # leaves that received at least one gradient this pass
+    # ids of every array routed so far: an array routed twice (an add's (g, g), a pass-through
+    # of a gradient that also went elsewhere) is shared, and a leaf must not adopt it. An id
+    # reused after its array was freed only costs a copy, never a wrong result.
+    routed: set[int] = {id(seed)}
     for node in reversed(order):
         if node._backward is None:
             continue  # a leaf: handled when its consumers route to it
@@ -174,7 +196,8 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
             key = id(parent)
             if parent._backward is None:
                 if pg is not None:
-                    _accumulate(parent, pg)
+                    fresh = id(pg) not in routed and sum(q is pg for q in parent_grads) == 1
+                    _accumulate(parent, pg, fresh)
                     delivered.add(key)
                 leaf_edges[key] -= 1
                 if leaf_edges[key] == 0 and key in delivered:
@@ -182,5 +205,6 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
             elif pg is not None:
                 prev = grads.get(key)
                 grads[key] = pg if prev is None else prev + pg  # never in place: pg may alias
+        routed.update(id(q) for q in parent_grads if q is not None)
         if not retain_graph:
             node._backward, node._parents = _freed, ()

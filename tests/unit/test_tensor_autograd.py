@@ -237,3 +237,48 @@ def test_detach_shares_data_and_leaves_the_tape():
     assert not d.requires_grad and d.is_leaf
     e = w.detach()
     assert e.data is w.data
+
+
+def test_leaves_never_share_gradient_memory():
+    """A fresh gradient may be adopted by ONE leaf; a shared one (add's (g, g), a pass-through
+    of a gradient that also went elsewhere, a view) is copied, so later accumulation into one
+    leaf's grad can never change another's."""
+    import numpy as np
+
+    from minidist.tensor import Tensor
+
+    a = Tensor(np.ones((2, 3)), requires_grad=True)
+    b = Tensor(np.ones((2, 3)), requires_grad=True)
+    c = Tensor(np.ones((3, 2)), requires_grad=True)
+    for _ in range(2):  # the second pass accumulates into whatever the first one left
+        s = a + (b + 0.0) + c.T      # (g, g) at the outer add; b gets g through a pass-through
+        (s * s).sum().backward()      # d/dx of sum((a+b+c.T)^2) = 2*(a+b+c.T) = 6 everywhere
+    grads = [a.grad, b.grad, c.grad]
+    for i, x in enumerate(grads):
+        for y in grads[i + 1:]:
+            assert not np.shares_memory(x, y)
+    np.testing.assert_array_equal(a.grad, np.full((2, 3), 12.0))
+    np.testing.assert_array_equal(b.grad, np.full((2, 3), 12.0))
+    np.testing.assert_array_equal(c.grad, np.full((3, 2), 12.0))
+
+
+def test_a_fresh_gradient_is_adopted_without_a_copy():
+    """Linear's weight gradient is a new matmul result: the leaf takes it as it is, so backward
+    holds one weight-sized array at its peak, not two (the result and a copy of it)."""
+    import tracemalloc
+
+    import numpy as np
+
+    from minidist import nn
+    from minidist.tensor import Tensor
+
+    layer = nn.Linear(1024, 1024, bias=False)             # weight and its grad: 4 MiB each
+    x = Tensor(np.ones((2, 1024), np.float32))
+    loss = layer(x).sum()
+    tracemalloc.start()
+    loss.backward()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    weight_bytes = layer.weight.data.nbytes
+    assert peak < 1.5 * weight_bytes, f"backward peaked at {peak} bytes for a {weight_bytes}-byte grad"
+    np.testing.assert_allclose(layer.weight.grad, np.full((1024, 1024), 2.0))
