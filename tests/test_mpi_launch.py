@@ -4,7 +4,6 @@ Each test launches one job through tests/procs.py ``run_mpi``, which kills the w
 group on timeout or failure, so no rank outlives its test.
 """
 
-import time
 
 import pytest
 
@@ -22,13 +21,13 @@ def test_all_collectives_under_mpiexec(n):
 
 @pytest.mark.parametrize("where", ["main", "thread"])
 def test_one_failing_rank_ends_the_job_quickly(where):
-    start = time.monotonic()
-    result = run_mpi(3, ["tests/mpi/failing_rank.py", where], timeout_s=60)
-    elapsed = time.monotonic() - start
+    # Collectives would wait 600 s for the dead rank; the job must end far sooner, through
+    # MPI Abort, or run_mpi's 60 s timeout fails the test (no wall-clock assertion needed).
+    result = run_mpi(3, ["tests/mpi/failing_rank.py", where], timeout_s=60,
+                     env={"MINIDIST_TIMEOUT_S": "600"})
     assert result.returncode != 0, result.report()
     assert "[rank 2/3]" in result.stderr and "deliberate failure" in result.stderr, result.report()
     assert "unreachable" not in result.stdout
-    assert elapsed < 30, f"the job took {elapsed:.1f} s to end after one rank failed"
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "tree"])

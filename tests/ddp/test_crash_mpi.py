@@ -1,7 +1,5 @@
 """A crash on one rank mid-step ends the whole job, names the rank, and keeps the last checkpoint."""
 
-import time
-
 import pytest
 from procs import REPO, run_mpi
 
@@ -12,14 +10,14 @@ SCRIPT = REPO / "tests" / "ddp" / "crash_rank_script.py"
 
 @pytest.mark.mpi
 def test_crash_on_one_rank_ends_the_job_and_the_last_checkpoint_survives(tmp_path):
-    start = time.monotonic()
-    crashed = run_mpi(2, [SCRIPT, tmp_path, "--crash-at-call", "28"], timeout_s=120)
-    elapsed = time.monotonic() - start
+    # Rank 0 would wait 600 s in its next collective; the job must end through MPI Abort long
+    # before, or run_mpi's 120 s timeout fails the test.
+    crashed = run_mpi(2, [SCRIPT, tmp_path, "--crash-at-call", "28"], timeout_s=120,
+                      env={"MINIDIST_TIMEOUT_S": "600"})
     # The whole job ended (rank 0 was not left waiting in a collective), non-zero, rank named.
     assert crashed.returncode != 0, crashed.report()
     assert "[rank 1/2]" in crashed.stderr and "injected failure on rank 1" in crashed.stderr, \
         crashed.report()
-    assert elapsed < 60, f"the job took {elapsed:.0f}s to end after the crash"
     # The checkpoints written before the crash are complete and loadable; no temp files remain.
     last = latest_checkpoint(tmp_path)
     assert last is not None, sorted(p.name for p in tmp_path.iterdir())
