@@ -215,6 +215,7 @@ class Trainer:
         sampler = DistributedSampler(train_dataset, num_replicas=self.world_size, rank=self.rank,
                                      shuffle=cfg.shuffle, seed=cfg.seed)
         loader = DataLoader(train_dataset, batch_size=cfg.batch_size, sampler=sampler)
+        self._check_ranks_agree(len(train_dataset), len(loader))
         steps_per_epoch = math.ceil(len(loader) / cfg.grad_accum_steps)
         self._build_schedule(steps_per_epoch * cfg.epochs, steps_per_epoch)
         if cfg.resume:
@@ -413,6 +414,29 @@ class Trainer:
         if self.config.progress_bar is not None:
             return self.config.progress_bar
         return sys.stderr.isatty() and not os.environ.get("CI")
+
+    def _check_ranks_agree(self, n_samples: int, n_batches: int) -> None:
+        """Every rank must run the same number of steps, or the collectives fall out of step.
+
+        One small all-gather per ``fit``: a rank that loaded a different dataset would
+        otherwise run into the next collective while its peers still train (MPI then aborts
+        with "Message truncated", or the wait runs into MINIDIST_TIMEOUT_S).
+        """
+        if self.world_size == 1:
+            return
+        seen = comm.all_gather_object([int(n_samples), int(n_batches)])
+        if all(s == seen[0] for s in seen):
+            return
+        per_rank = ", ".join(f"rank {r}: {s[0]} samples / {s[1]} batches"
+                             for r, s in enumerate(seen))
+        fix = ("Pass the same full dataset on every rank: the DistributedSampler gives each rank "
+               "its shard.")
+        if any(s[1] != seen[0][1] for s in seen):
+            raise RuntimeError(f"{rank_prefix()} Trainer.fit: the ranks would run different "
+                               f"numbers of batches ({per_rank}). {fix}")
+        if self.rank == 0:  # same step count, so nothing hangs; but the data differ
+            log.warning("Trainer.fit: the ranks passed training sets of different lengths "
+                        "(%s). %s", per_rank, fix)
 
     def _log(self, message: str) -> None:
         """Rank 0 only: print (progress for people) when verbose, else log at INFO."""

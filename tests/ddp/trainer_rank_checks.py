@@ -6,7 +6,8 @@
    + 2 more epochs, bit for bit (model, and the history of losses);
 2. evaluate() counts every sample once: at world size n on a set that n does not divide (the
    sampler pads), it equals the single-process loss/accuracy computed here without DDP;
-3. a checkpoint for another model is refused with a clear error and overwrites nothing.
+3. a checkpoint for another model is refused with a clear error and overwrites nothing;
+4. ranks that pass datasets of different lengths get a clear error, not a hang.
 """
 
 from __future__ import annotations
@@ -90,6 +91,17 @@ def main(root: Path) -> None:
         res["wrong_model_error"] = str(e)
     after = {p.name: p.stat().st_mtime_ns for p in (root / "split").iterdir()}
     res["nothing_overwritten"] = before == after
+
+    # 4. a rank that loaded a different dataset: the same clear error on every rank, no hang
+    model = build()
+    trainer = Trainer(model, nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.1),
+                      TrainerConfig(epochs=1, batch_size=8, verbose=False))
+    try:
+        trainer.fit(dataset(203 + (60 if rank == world - 1 else 0), 1))
+        res["dataset_mismatch_error"] = ""
+    except RuntimeError as e:
+        res["dataset_mismatch_error"] = str(e)
+    trainer.ddp.close()
     if rank == 0:
         print("RESULT " + json.dumps(res), flush=True)
     comm.barrier()
