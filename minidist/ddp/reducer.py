@@ -188,7 +188,7 @@ class Reducer:
         if not self._in_step:
             return
         for i in unused:
-            self._grad_ready(i, from_hook=False)
+            self._grad_ready(i)
         if unused:
             log.debug("step %d: %d unused parameter(s) marked ready", self.num_syncs, len(unused))
 
@@ -198,10 +198,10 @@ class Reducer:
         def hook(_tensor: Any) -> None:
             if self.require_sync and self._in_step:
                 self._hooks_fired = True
-                self._grad_ready(i, from_hook=True)
+                self._grad_ready(i)
         return hook
 
-    def _grad_ready(self, i: int, from_hook: bool) -> None:
+    def _grad_ready(self, i: int) -> None:
         bucket, k = self._slot[i]
         if bucket.is_ready(k):  # a second report is ignored
             return

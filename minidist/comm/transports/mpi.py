@@ -262,10 +262,3 @@ class MPITransport(Transport):
         if self.comm is not None and not self.MPI.Is_finalized():
             self.comm.Free()
         self.comm = None
-
-
-def mpi_world_size() -> int:
-    """``MPI.COMM_WORLD`` size (initializes MPI; used to check launcher variables)."""
-    return load_mpi().COMM_WORLD.Get_size()
-
-
