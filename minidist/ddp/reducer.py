@@ -50,6 +50,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from minidist import trace
 from minidist import xp as backend
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.hooks import GradBucket, allreduce_hook
@@ -143,6 +144,7 @@ class Reducer:
         self._comm_busy_s = 0.0
         # parameter position -> (bucket, slot in bucket)
         self._slot: dict[int, tuple[Bucket, int]] = {}
+        self.bucket_algorithms = ["?"] * len(self.buckets)  # for traces; DDP sets the names
         for b in self.buckets:
             for k, i in enumerate(b.spec.param_indices):
                 self._slot[i] = (b, k)
@@ -255,12 +257,17 @@ class Reducer:
         p.grad = view
         if not bucket.mark_ready(k):
             return
+        tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
+        if tr is not None:
+            tr.instant(f"bucket {bucket.index} ready", args={"step": self.num_syncs})
         # Launch ready buckets strictly in index order (the same order on every rank).
         while (self._next_launch < len(self.buckets)
                and self.buckets[self._next_launch].state is BucketState.READY):
             b = self.buckets[self._next_launch]
             self._next_launch += 1
             b.state = BucketState.REDUCING
+            if tr is not None:
+                tr.instant(f"bucket {b.index} launch", args={"step": self.num_syncs})
             if self._thread is not None:
                 self._thread.submit(b)
         if self._next_launch == len(self.buckets):
@@ -282,6 +289,11 @@ class Reducer:
                 except Exception as err:
                     self._raise_bucket_error(b, err)
         self.stats = {"wait_s": time.perf_counter() - t0, "comm_s": self._comm_busy_s}
+        tr = trace.tracer()
+        if tr is not None:  # the exposed communication of this step
+            tr.complete("wait for all-reduce", t0, t0 + self.stats["wait_s"], cat="exposed",
+                        args={"step": self.num_syncs})
+            tr.counter("exposed comm [ms]", {"ms": self.stats["wait_s"] * 1e3})
         self._in_step = False
         self.num_syncs += 1
         self._check_finite()
@@ -310,6 +322,10 @@ class Reducer:
             bucket.finite = all_finite_fast(bucket.buffer)
         bucket.state = BucketState.REDUCED
         self._comm_busy_s += time.perf_counter() - t0
+        tr = trace.tracer()
+        if tr is not None:
+            tr.instant(f"bucket {bucket.index} done", lane=trace.COMM,
+                       args={"step": self.num_syncs})
 
     def _check_finite(self) -> None:
         # Each bucket was checked right after its reduction (_reduce_bucket, one dot product);

@@ -30,6 +30,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
+from minidist import trace
 from minidist import xp as backend
 from minidist.tensor.core import Tensor, as_array, error
 
@@ -196,6 +197,8 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
         frames = _running.frames = []
     callbacks: list[Callable[[], None]] = []
     frames.append(callbacks)
+    tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
+    t0 = tr.now() if tr is not None else 0.0
     try:
         _walk(root, gradient, retain_graph)  # an error here drops the queued callbacks
         i = 0
@@ -204,6 +207,8 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
             i += 1
     finally:
         frames.pop()
+        if tr is not None:
+            tr.complete("backward", t0, tr.now())
 
 
 def _walk(root: Tensor, gradient: Any, retain_graph: bool) -> None:
