@@ -215,7 +215,8 @@ def test_a_backward_inside_a_hook_runs_only_its_own_callbacks():
 
     def w_hook(t):
         queue_callback(lambda: order.append("outer"))
-        v.register_post_accumulate_grad_hook(lambda t: queue_callback(lambda: order.append("inner")))
+        v.register_post_accumulate_grad_hook(
+            lambda t: queue_callback(lambda: order.append("inner")))
         (v * 3.0).sum().backward()
         order.append("inner backward returned")
     w.register_post_accumulate_grad_hook(w_hook)
