@@ -220,7 +220,10 @@ class Reducer:
         if self._thread is not None:
             # Finish the buckets that were launched: the peers launched them too (same order).
             self._thread.wait_all()
-            self._thread.error = None
+            if self._thread.error is not None:  # secondary: the missing gradient comes first
+                log.warning("bucket %d also failed: %r", self._thread.error[0].index,
+                            self._thread.error[1])
+                self._thread.error = None
         self._in_step = False
         missing = [n for b in self.buckets for n in b.missing_names()]
         unreduced = [b.index for b in self.buckets[self._next_launch:]]

@@ -1,4 +1,4 @@
-"""A training loop in which rank 1 skips one layer at one step; run by test_unused_mpi.py.
+"""A training loop in which rank 1 skips one layer at one step; run by test_unused_params.py.
 
     mpiexec -n 2 python tests/ddp/unused_rank_script.py DIR --skip-at 3 --steps 4 [--overlap]
 
