@@ -50,10 +50,11 @@ from minidist.tensor import random as tensor_random
 log = get_logger(__name__)
 
 LR_SCALINGS = ("none", "linear", "sqrt")
-# TrainerConfig fields that decide how many collectives run and which samples each rank sees.
+SCHEDULES = ("cosine", "constant")
+# TrainerConfig fields that decide how many collectives run and which samples each rank sees:
+# the pre-flight check at fit compares them across ranks.
 _AGREED_CONFIG = ("epochs", "batch_size", "grad_accum_steps", "shuffle", "seed",
                   "stop_after_epochs", "validation_split", "resume")
-SCHEDULES = ("cosine", "constant")
 
 
 @dataclass

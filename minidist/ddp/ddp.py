@@ -105,6 +105,7 @@ class DistributedDataParallel:
         xp = backend.get_array_module(self._params[0].data)
         self.buckets = [Bucket(s, self._params, self._names,
                                self._alloc(s.numel, np.dtype(s.dtype), xp)) for s in specs]
+        algorithms = self._bucket_algorithms(group)
         if broadcast_parameters and self.world_size > 1:
             self._broadcast_state()
         for b in self.buckets:
@@ -120,7 +121,7 @@ class DistributedDataParallel:
                                self.world_size, overlap=overlap and self.world_size > 1,
                                find_unused_parameters=find_unused_parameters,
                                nonfinite_grads=nonfinite_grads)
-        self.reducer.bucket_algorithms = self._bucket_algorithms(group)
+        self.reducer.bucket_algorithms = algorithms
         if comm_hook is not None:
             self.register_comm_hook(None, comm_hook)
         trace.start_from_env(self.rank, self.world_size)  # MINIDIST_TRACE=dir: step timeline
@@ -183,7 +184,7 @@ class DistributedDataParallel:
         """The algorithm each bucket's all-reduce runs (what "auto" resolves to), for traces."""
         try:
             return [resolve(self.algorithm, group.transport, b.buffer)[0] for b in self.buckets]
-        except ValueError as e:  # an unknown name: the same on every rank, nothing sent yet
+        except ValueError as e:  # an unknown name: the same on every rank, before any message
             raise ValueError(f"{rank_prefix()} DistributedDataParallel: {e}.") from None
 
     def _broadcast_state(self) -> None:
