@@ -284,7 +284,7 @@ class DistributedDataParallel:
         return dict(self.reducer.stats)
 
     def close(self, release_buffers: bool = False) -> None:
-        """Remove the hooks and stop the communication thread.
+        """Remove the hooks, stop the communication thread, write the step timeline if on.
 
         Args:
             release_buffers: also free the bucket buffers' shared-memory windows now instead of
@@ -293,6 +293,9 @@ class DistributedDataParallel:
                 views are copied out first, so ``p.grad`` stays readable.
         """
         self.reducer.close()
+        tr = trace.tracer()
+        if tr is not None:  # the timeline so far is on disk even if the process is killed later
+            tr.flush()
         if not release_buffers:
             return
         group = self.process_group or comm.get_default_group()
