@@ -4,6 +4,9 @@
     ./mpirun.sh -n 2 python benchmarks/ddp_scaling.py   # one world size, table for that n
     python benchmarks/ddp_scaling.py --sizes 1 2 --steps 10 --quick    # a faster look
     python benchmarks/ddp_scaling.py --out /tmp/ddp   # results elsewhere (default results/)
+    python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
+        # + a step timeline per rank (minidist/trace.py): /tmp/tr/n2/trace.json, drawn by
+        # benchmarks/plot_trace.py (tracing adds a little time to every step: not for the table)
 
 Models (float32, SGD lr 0.01, synthetic data, batch 64 PER RANK):
     small   MLP 64-256-10          (19k parameters: latency-bound all-reduce)
@@ -48,7 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import minidist  # noqa: E402
-from minidist import comm, nn, optim  # noqa: E402
+from minidist import comm, nn, optim, trace  # noqa: E402
 from minidist.comm.algorithms.shm import shm_is_shared  # noqa: E402
 from minidist.ddp import DistributedDataParallel, auto_overlap  # noqa: E402
 from minidist.ddp.reducer import all_finite_fast  # noqa: E402
@@ -100,14 +103,20 @@ def run_steps(model_name: str, use_ddp: bool, steps: int, warmup: int,
     x = rng.normal(size=(BATCH, d_in)).astype(np.float32)
     y = rng.integers(0, d_out, BATCH)
     times, exposed = [], []
+    tr = trace.tracer()  # --trace: the step timeline; None otherwise
     for i in range(warmup + steps):
         if i == warmup:
             comm.barrier()
         t0 = time.perf_counter()
         loss_fn(net(Tensor(x)), y).backward()
+        t_opt = time.perf_counter()
         opt.step()
         opt.zero_grad()
         t1 = time.perf_counter()
+        if tr is not None:
+            args = {"model": model_name, "ddp": use_ddp, "i": i, **ddp_kw}
+            tr.complete("optimizer.step", t_opt, t1, args=args)
+            tr.complete(f"step {i}", t0, t1, args=args)
         if i >= warmup:
             times.append(t1 - t0)
             exposed.append(net.last_step_stats["wait_s"] if use_ddp else 0.0)
@@ -146,6 +155,8 @@ def finite_check_cost_ms(numel: int, repeats: int = 20) -> float:
 def worker(args: argparse.Namespace) -> dict:
     comm.init_process_group()
     world = comm.get_world_size()
+    if args.trace:
+        trace.start(Path(args.trace) / f"n{world}", comm.get_rank(), world)
     configs: list[tuple[str, bool, dict]] = []
     for model_name in ("small", "large"):
         configs.append((model_name, False, {}))  # no DDP: n copies side by side
@@ -168,6 +179,11 @@ def worker(args: argparse.Namespace) -> dict:
     out = {"world_size": world, "rows": rows, "peak_rss_mib_per_rank": all_rss,
            "overlap_auto": auto_overlap(world),
            "finite_check_ms_1.86M": finite_check_cost_ms(1_863_690), "_rank": comm.get_rank()}
+    if args.trace:
+        trace.stop()
+        comm.barrier()  # every rank's file is written
+        if comm.get_rank() == 0:
+            print(f"# trace: {trace.merge(Path(args.trace) / f'n{world}')}", flush=True)
     comm.barrier()
     comm.destroy_process_group()
     return out
@@ -205,7 +221,8 @@ def driver(args: argparse.Namespace) -> None:
         cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n), sys.executable,
                __file__, "--worker-out", str(out), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--out", args.out
-               ] + (["--quick"] if args.quick else [])
+               ] + (["--quick"] if args.quick else []) + (["--trace", args.trace] if args.trace
+                                                          else [])
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         print(f"# running n={n}: {' '.join(cmd[:3])} ...", flush=True)
         subprocess.run(cmd, check=True, env=env, timeout=600)
@@ -232,6 +249,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="skip the bucket-size sweep")
     p.add_argument("--out", default=str(RESULTS), help="folder for the JSON/text results")
+    p.add_argument("--trace", metavar="DIR", help="write a step timeline per world size "
+                   "into DIR/n<N>/ (Chrome trace / Perfetto JSON; see minidist/trace.py)")
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ xp -> tensor -> nn, optim, comm -> data -> ddp -> trainer.
 
 from minidist import xp
 from minidist.log import get_logger
+from minidist import trace
 
 # tensor and nn: Tensor + autograd tape, no_grad, layers (minidist/tensor, minidist/nn)
 from minidist import nn
@@ -46,4 +47,4 @@ from minidist.ddp import DistributedDataParallel
 from minidist.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from minidist.trainer import History, Trainer, TrainerConfig
 
-__version__ = "0.1.0"
+from minidist.version import __version__  # noqa: E402

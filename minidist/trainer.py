@@ -36,12 +36,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from minidist import comm
+from minidist import comm, trace
 from minidist import xp as backend
 from minidist.checkpoint import (CheckpointError, check_state_dict, checkpoint_path,
                                  latest_checkpoint, load_checkpoint, save_checkpoint)
 from minidist.data import DataLoader, DistributedSampler, random_split
-from minidist.ddp import DistributedDataParallel
+from minidist.ddp import DistributedDataParallel, check_manifest
 from minidist.log import get_logger, rank_prefix
 from minidist.optim import LambdaLR
 from minidist.tensor import Tensor, no_grad
@@ -51,6 +51,10 @@ log = get_logger(__name__)
 
 LR_SCALINGS = ("none", "linear", "sqrt")
 SCHEDULES = ("cosine", "constant")
+# TrainerConfig fields that decide how many collectives run and which samples each rank sees:
+# the pre-flight check at fit compares them across ranks.
+_AGREED_CONFIG = ("epochs", "batch_size", "grad_accum_steps", "shuffle", "seed",
+                  "stop_after_epochs", "validation_split", "resume")
 
 
 @dataclass
@@ -71,6 +75,9 @@ class TrainerConfig:
         schedule: "cosine" decay to min_lr over the run after warm-up, or "constant".
         min_lr: the final rate of the cosine schedule.
         log_every_n_batches: rank 0 reports its loss every n optimizer steps (0: per epoch only).
+        trace_dir: write a step timeline (Chrome trace / Perfetto JSON) per rank into this
+            folder, merged into ``trace.json`` at the end of ``fit`` (minidist/trace.py; the
+            ``MINIDIST_TRACE`` variable does the same). None: no tracing.
         checkpoint_every_n_epochs: write a checkpoint every n epochs and after the last (0: never).
         checkpoint_dir: where checkpoints and history.json go.
         resume: start from the newest checkpoint in checkpoint_dir, if there is one.
@@ -93,6 +100,7 @@ class TrainerConfig:
     schedule: str = "constant"
     min_lr: float = 0.0
     log_every_n_batches: int = 0
+    trace_dir: str | None = None
     checkpoint_every_n_epochs: int = 0
     checkpoint_dir: str | None = None
     resume: bool = False
@@ -167,6 +175,10 @@ class Trainer:
         loss_fn: ``loss_fn(output, target) -> scalar Tensor`` (a mean over the batch).
         optimizer: built over ``model.parameters()``.
         config: a TrainerConfig (defaults if None).
+
+    Attributes:
+        preflight_fields: extra run-manifest fields (JSON-able) that ``fit`` checks are the
+            same on every rank before step 0, beside the model, data and config fields.
     """
 
     def __init__(self, model: Any, loss_fn: Callable[[Any, Any], Any], optimizer: Any,
@@ -176,6 +188,8 @@ class Trainer:
         if not comm.is_initialized():
             comm.init_process_group()
         self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
+        if self.config.trace_dir:
+            trace.start(self.config.trace_dir, self.rank, self.world_size)
         if isinstance(model, DistributedDataParallel):
             self.ddp = model
         else:
@@ -187,6 +201,9 @@ class Trainer:
         self.global_step = 0
         self.start_epoch = 0
         self.history = History(world_size=self.world_size)
+        # Extra run-manifest fields that every rank must agree on, checked before step 0 of
+        # fit (preflight.py), e.g. {"amp": {"enabled": True, "init_scale": 65536.0}}.
+        self.preflight_fields: dict[str, Any] = {}
         factor = {"none": 1.0, "linear": float(self.world_size),
                   "sqrt": math.sqrt(self.world_size)}[self.config.lr_scaling]
         for group in optimizer.param_groups:
@@ -215,7 +232,7 @@ class Trainer:
         sampler = DistributedSampler(train_dataset, num_replicas=self.world_size, rank=self.rank,
                                      shuffle=cfg.shuffle, seed=cfg.seed)
         loader = DataLoader(train_dataset, batch_size=cfg.batch_size, sampler=sampler)
-        self._check_ranks_agree(len(train_dataset), len(loader))
+        self._preflight(len(train_dataset), len(loader))
         steps_per_epoch = math.ceil(len(loader) / cfg.grad_accum_steps)
         self._build_schedule(steps_per_epoch * cfg.epochs, steps_per_epoch)
         if cfg.resume:
@@ -251,6 +268,7 @@ class Trainer:
                 self.save_checkpoint(epoch + 1)
         if cfg.checkpoint_dir and self.rank == 0:
             self.history.to_json(Path(cfg.checkpoint_dir) / "history.json")
+        self._merge_trace()
         return self.history
 
     @no_grad()
@@ -331,7 +349,11 @@ class Trainer:
         show_bar = self._progress_enabled()
         accum = cfg.grad_accum_steps
         it = loader.iter_with_mask()
+        tr = trace.tracer()  # the step timeline; None when tracing is off
+        t_step = 0.0
         for b in batches:
+            if tr is not None and b % accum == 0:
+                t_step = tr.now()
             x, y, mask = next(it)
             last_micro = (b + 1) % accum == 0 or b + 1 == len(batches)
             if last_micro:
@@ -344,6 +366,8 @@ class Trainer:
                     loss = self.loss_fn(out, y)
                     (loss / accum).backward()
             sums += self._batch_metrics(out, y, loss, mask)
+            t_opt = tr.now() if tr is not None else 0.0
+
             if last_micro:
                 self.optimizer.step()
                 if self.scheduler is not None:
@@ -353,6 +377,11 @@ class Trainer:
                 if cfg.log_every_n_batches and self.global_step % cfg.log_every_n_batches == 0:
                     self._log(f"epoch {epoch + 1} step {self.global_step} loss "
                               f"{float(loss.item()):.4f} (rank 0's batch)")
+
+            if tr is not None and last_micro:
+                t_end, args = tr.now(), {"step": self.global_step - 1, "epoch": epoch}
+                tr.complete("optimizer.step", t_opt, t_end, args=args)
+                tr.complete(f"step {self.global_step - 1}", t_step, t_end, args=args)
             if show_bar:
                 _progress(b + 1, len(batches), epoch, float(loss.item()))
         if show_bar:
@@ -415,28 +444,33 @@ class Trainer:
             return self.config.progress_bar
         return sys.stderr.isatty() and not os.environ.get("CI")
 
-    def _check_ranks_agree(self, n_samples: int, n_batches: int) -> None:
-        """Every rank must run the same number of steps, or the collectives fall out of step.
+    def _preflight(self, n_samples: int, n_batches: int) -> None:
+        """Before step 0: every rank must run the same model, data length and settings.
 
-        One small all-gather per ``fit``: a rank that loaded a different dataset would
-        otherwise run into the next collective while its peers still train (MPI then aborts
-        with "Message truncated", or the wait runs into MINIDIST_TIMEOUT_S).
+        One all_gather_object of the run manifest (DDP's fields plus the ones below): a rank
+        that loaded a different dataset would otherwise run into the next collective while
+        its peers still train (MPI then aborts with "Message truncated", or the wait runs into
+        MINIDIST_TIMEOUT_S). Any difference raises PreflightError on every rank.
         """
         if self.world_size == 1:
             return
-        seen = comm.all_gather_object([int(n_samples), int(n_batches)])
-        if all(s == seen[0] for s in seen):
+        cfg = self.config
+        manifest = {**self.ddp.manifest,
+                    "dataset length": int(n_samples), "batches per epoch": int(n_batches),
+                    "trainer config": {k: getattr(cfg, k) for k in _AGREED_CONFIG},
+                    **self.preflight_fields}
+        check_manifest(manifest, "Trainer.fit", self.ddp.process_group)
+
+    def _merge_trace(self) -> None:
+        """Tracing on: write this rank's timeline; rank 0 merges all ranks into trace.json."""
+        tr = trace.tracer()
+        if tr is None:
             return
-        per_rank = ", ".join(f"rank {r}: {s[0]} samples / {s[1]} batches"
-                             for r, s in enumerate(seen))
-        fix = ("Pass the same full dataset on every rank: the DistributedSampler gives each rank "
-               "its shard.")
-        if any(s[1] != seen[0][1] for s in seen):
-            raise RuntimeError(f"{rank_prefix()} Trainer.fit: the ranks would run different "
-                               f"numbers of batches ({per_rank}). {fix}")
-        if self.rank == 0:  # same step count, so nothing hangs; but the data differ
-            log.warning("Trainer.fit: the ranks passed training sets of different lengths "
-                        "(%s). %s", per_rank, fix)
+        tr.flush()
+        if self.world_size > 1:
+            comm.barrier()  # every rank's file is complete before rank 0 reads them
+        if self.rank == 0:
+            self._log(f"trace: {trace.merge(tr.directory)} (open in https://ui.perfetto.dev)")
 
     def _log(self, message: str) -> None:
         """Rank 0 only: print (progress for people) when verbose, else log at INFO."""

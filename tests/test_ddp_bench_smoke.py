@@ -1,6 +1,10 @@
-"""The DDP scaling benchmark, tiny, under mpiexec -n 2: it runs and writes a sane JSON."""
+"""The DDP scaling benchmark, tiny, under mpiexec -n 2: it runs and writes a sane JSON; with
+--trace it writes a merged step timeline that plot_trace.py draws."""
 
+import importlib.util
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -23,3 +27,22 @@ def test_ddp_scaling_benchmark_tiny(tmp_path):
     assert ddp["peak_mem_mib"] - plain["peak_mem_mib"] <= 1_863_690 * 4 / 2**20 + 1
     assert data["overlap_auto"] in (True, False)
     assert "exposed comm [ms]" in res.stdout and "peak mem [MiB]" in res.stdout
+
+
+@pytest.mark.mpi
+def test_ddp_scaling_trace_and_its_picture(tmp_path):
+    res = run_mpi(2, [BENCH, "--quick", "--steps", "2", "--warmup", "1", "--rounds", "1",
+                      "--out", tmp_path, "--trace", tmp_path / "tr"], timeout_s=90,
+                  env={"MINIDIST_TIMEOUT_S": "30"})
+    assert res.returncode == 0, res.report()
+    merged = tmp_path / "tr" / "n2" / "trace.json"
+    events = json.loads(merged.read_text())["traceEvents"]
+    assert {e["pid"] for e in events} == {0, 1}
+    png = tmp_path / "step.png"
+    plot = subprocess.run([sys.executable, REPO / "benchmarks" / "plot_trace.py", merged,
+                           "--out", png], capture_output=True, text=True, timeout=60)
+    assert plot.returncode == 0, plot.stderr
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "matplotlib is not installed" in plot.stdout
+    else:
+        assert png.stat().st_size > 10_000 and "overlap=on" in plot.stdout

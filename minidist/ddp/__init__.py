@@ -6,7 +6,8 @@
 
 Modules, in the order a step uses them: ``bucket`` (which grads share a flat buffer),
 ``reducer`` (hooks -> ready buckets -> comm thread -> averaged grads), ``hooks`` (how one
-bucket is averaged: plain, fp16, PowerSGD), ``ddp`` (the wrapper, no_sync, construction checks).
+bucket is averaged: plain, fp16, PowerSGD), ``preflight`` (the run manifest every rank must
+agree on before step 0), ``ddp`` (the wrapper, no_sync, construction checks).
 """
 
 from minidist.ddp import hooks
@@ -15,9 +16,10 @@ from minidist.ddp.bucket import (DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_
 from minidist.ddp.ddp import DistributedDataParallel, auto_overlap
 from minidist.ddp.hooks import (GradBucket, PowerSGDState, allreduce_hook, fp16_compress_hook,
                                 powersgd_hook)
+from minidist.ddp.preflight import PreflightError, check_manifest
 from minidist.ddp.reducer import Reducer
 
 __all__ = ["DistributedDataParallel", "Reducer", "Bucket", "BucketSpec", "BucketState",
            "ParamMeta", "plan_buckets", "DEFAULT_BUCKET_CAP_BYTES", "DEFAULT_FIRST_BUCKET_BYTES",
            "GradBucket", "PowerSGDState", "allreduce_hook", "fp16_compress_hook",
-           "powersgd_hook", "hooks", "auto_overlap"]
+           "powersgd_hook", "hooks", "auto_overlap", "PreflightError", "check_manifest"]

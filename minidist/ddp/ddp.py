@@ -16,8 +16,9 @@
 What construction does (every rank, same order)::
 
     1. plan buckets over the parameters in REVERSE order (bucket.py: 1 MiB first, 25 MiB cap)
-    2. all_gather_object(signature) and compare with rank 0: a rank with a different model
-       gets an error naming the first parameter that differs, instead of a hang
+    2. pre-flight check (preflight.py): one all_gather_object of every rank's run manifest
+       (library versions, parameters, bucket plan, all-reduce table); any difference raises
+       the same PreflightError on every rank, naming the field and the ranks, not a hang
     3. broadcast parameters and buffers from rank 0 (one message per bucket)
     4. allocate one flat buffer per bucket (process group's alloc_buffer), make every p.grad
        a view into it, register a post-accumulate-grad hook per parameter (reducer.py)
@@ -34,10 +35,12 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from minidist import comm
+from minidist import comm, trace
 from minidist import xp as backend
+from minidist.comm.algorithms import resolve
 from minidist.comm.transports.shm_window import shm_free_buffer
-from minidist.ddp.bucket import Bucket, ParamMeta, plan_buckets
+from minidist.ddp.bucket import Bucket, BucketSpec, ParamMeta, plan_buckets
+from minidist.ddp.preflight import allreduce_table, check_manifest, library_manifest
 from minidist.ddp.reducer import Reducer, unused_param_indices
 from minidist.log import get_logger, rank_prefix
 from minidist.tensor.grad_mode import is_grad_enabled
@@ -69,7 +72,9 @@ class DistributedDataParallel:
 
     Raises:
         ValueError: bad arguments, or the model has no parameter that requires grad.
-        RuntimeError: the ranks' models differ (message names the first different parameter).
+        PreflightError: (a RuntimeError) the ranks' run manifests differ: another model,
+            bucket plan, library version or all-reduce table on some rank (the message names
+            the first differing parameter and the ranks).
     """
 
     def __init__(self, module: Any, bucket_cap_mb: float = 25, broadcast_parameters: bool = True,
@@ -94,10 +99,13 @@ class DistributedDataParallel:
         self._params = [p for _, p in named]
         metas = [ParamMeta(n, tuple(p.data.shape), str(p.data.dtype)) for n, p in named]
         specs = plan_buckets(metas, int(bucket_cap_mb * _MiB), int(first_bucket_cap_mb * _MiB))
-        self._check_same_model(metas, specs)
+        self.manifest = self._manifest(metas, specs, group)
+        if self.world_size > 1:
+            check_manifest(self.manifest, "DistributedDataParallel", self.process_group)
         xp = backend.get_array_module(self._params[0].data)
         self.buckets = [Bucket(s, self._params, self._names,
                                self._alloc(s.numel, np.dtype(s.dtype), xp)) for s in specs]
+        algorithms = self._bucket_algorithms(group)
         if broadcast_parameters and self.world_size > 1:
             self._broadcast_state()
         for b in self.buckets:
@@ -113,16 +121,46 @@ class DistributedDataParallel:
                                self.world_size, overlap=overlap and self.world_size > 1,
                                find_unused_parameters=find_unused_parameters,
                                nonfinite_grads=nonfinite_grads)
+        self.reducer.bucket_algorithms = algorithms
         if comm_hook is not None:
             self.register_comm_hook(None, comm_hook)
-        log.info("DDP: %d parameters (%d elements) in %d buckets %s, overlap=%s, algorithm=%s",
-                 len(self._params), sum(s.numel for s in specs), len(specs),
-                 [round(b.nbytes / _MiB, 2) for b in self.buckets], overlap, algorithm)
+        trace.start_from_env(self.rank, self.world_size)  # MINIDIST_TRACE=dir: step timeline
+        log.info("DDP: %d parameters (%d elements) in %d buckets %s, overlap=%s, algorithm=%s "
+                 "%s", len(self._params), sum(s.numel for s in specs), len(specs),
+                 [round(b.nbytes / _MiB, 2) for b in self.buckets], overlap, algorithm,
+                 self.reducer.bucket_algorithms)
 
     # ------------------------------------------------------------------ set-up helpers
 
     def _all_reduce(self, array: Any, op: str) -> None:
+        tr = trace.tracer()
+        if tr is None:
+            comm.all_reduce(array, op=op, algorithm=self.algorithm, group=self.process_group)
+            return
+        t0 = tr.now()
         comm.all_reduce(array, op=op, algorithm=self.algorithm, group=self.process_group)
+        self._trace_all_reduce(tr, array, op, t0, tr.now())
+
+    def _trace_all_reduce(self, tr: trace.Tracer, array: Any, op: str, t0: float, t1: float
+                          ) -> None:
+        """One all-reduce on the communication lane: bytes, algorithm, bus bandwidth.
+
+        busbw = 2(n-1)/n x bytes / time: what each rank's link carried per second by the
+        bandwidth-optimal (ring) schedule, comparable across world sizes (nccl-tests' busbw).
+        """
+        n = self.world_size
+        index = next((b.index for b in self.buckets if b.buffer is array), None)
+        if index is not None:
+            name, algo = f"all_reduce bucket {index}", self.reducer.bucket_algorithms[index]
+        else:  # a comm hook's own array (fp16 copy, PowerSGD factors)
+            group = self.process_group or comm.get_default_group()
+            name, algo = "all_reduce", resolve(self.algorithm, group.transport, array)[0]
+        busbw = 2 * (n - 1) / n * array.nbytes / max(t1 - t0, 1e-9) / 1e9 if n > 1 else 0.0
+        args = {"step": self.reducer.num_syncs, "bytes": int(array.nbytes), "algorithm": algo,
+                "op": op, "busbw_GBps": round(busbw, 3)}
+        if index is not None:
+            args["bucket"] = index
+        tr.complete(name, t0, t1, lane=trace.COMM, cat="allreduce", args=args)
 
     def _alloc(self, numel: int, dtype: Any, xp: Any) -> Any:
         group = self.process_group or comm.get_default_group()
@@ -131,30 +169,23 @@ class DistributedDataParallel:
             buf = xp.empty(numel, dtype=dtype)
         return buf
 
-    def _check_same_model(self, metas: list[ParamMeta], specs: list) -> None:
-        """Every rank compares every rank's model signature with rank 0's; all raise together."""
-        if self.world_size == 1:
-            return
-        mine = {"params": [(m.name, list(m.shape), m.dtype) for m in metas],
-                "buckets": [list(s.signature()[1]) for s in specs]}
-        everyone = comm.all_gather_object(mine, group=self.process_group)
-        ref = everyone[0]
-        for r, sig in enumerate(everyone):
-            if sig == ref:
-                continue
-            a, b = ref["params"], sig["params"]
-            for i in range(max(len(a), len(b))):
-                pa = a[i] if i < len(a) else None
-                pb = b[i] if i < len(b) else None
-                if pa != pb:
-                    what = (f"parameter #{i} is {_fmt(pa)} on rank 0 but {_fmt(pb)} on rank {r}")
-                    break
-            else:
-                what = f"bucket boundaries differ (rank 0: {ref['buckets']}, rank {r}: " \
-                       f"{sig['buckets']}); pass the same bucket_cap_mb on every rank"
-            raise RuntimeError(f"{rank_prefix()} DistributedDataParallel: the ranks' models "
-                               f"differ: {what}. Every rank must build the same model (same "
-                               "layers, sizes and dtypes, in the same order).")
+    def _manifest(self, metas: list[ParamMeta], specs: list[BucketSpec], group: Any
+                  ) -> dict[str, Any]:
+        """This rank's run manifest (preflight.py): what every rank must agree on.
+
+        The Trainer extends it (dataset, batches per epoch, ...) for its own check at ``fit``.
+        """
+        return {**library_manifest(self.world_size),
+                "parameter": [[m.name, list(m.shape), m.dtype] for m in metas],
+                "bucket": [[s.dtype, list(s.param_indices), s.numel] for s in specs],
+                "all-reduce": allreduce_table(self.algorithm, group.algorithm)}
+
+    def _bucket_algorithms(self, group: Any) -> list[str]:
+        """The algorithm each bucket's all-reduce runs (what "auto" resolves to), for traces."""
+        try:
+            return [resolve(self.algorithm, group.transport, b.buffer)[0] for b in self.buckets]
+        except ValueError as e:  # an unknown name: the same on every rank, before any message
+            raise ValueError(f"{rank_prefix()} DistributedDataParallel: {e}.") from None
 
     def _broadcast_state(self) -> None:
         """Rank 0's parameters (packed per bucket) and buffers go to every rank."""
@@ -182,11 +213,16 @@ class DistributedDataParallel:
         """Run the module; with grad mode on, also prepare the reducer for the coming backward."""
         if not is_grad_enabled():
             return self.module(*args, **kwargs)
+        tr = trace.tracer()
+        t0 = tr.now() if tr is not None else 0.0
         self.reducer.prepare_for_forward()
         out = self.module(*args, **kwargs)
         if self.find_unused_parameters and self.reducer.require_sync:
             self.reducer.mark_unused(unused_param_indices(out, self._params,
                                                           lambda t: getattr(t, "_parents", ())))
+        if tr is not None:
+            tr.complete("forward", t0, tr.now(), args={"step": self.reducer.num_syncs,
+                                                       "sync": self.reducer.require_sync})
         return out
 
     __call__ = forward
@@ -248,7 +284,7 @@ class DistributedDataParallel:
         return dict(self.reducer.stats)
 
     def close(self, release_buffers: bool = False) -> None:
-        """Remove the hooks and stop the communication thread.
+        """Remove the hooks, stop the communication thread, write the step timeline if on.
 
         Args:
             release_buffers: also free the bucket buffers' shared-memory windows now instead of
@@ -257,6 +293,9 @@ class DistributedDataParallel:
                 views are copied out first, so ``p.grad`` stays readable.
         """
         self.reducer.close()
+        tr = trace.tracer()
+        if tr is not None:  # the timeline so far is on disk even if the process is killed later
+            tr.flush()
         if not release_buffers:
             return
         group = self.process_group or comm.get_default_group()
@@ -303,10 +342,3 @@ def auto_overlap(world_size: int, cpus: int | None = None, env: Any = None) -> b
     local = max(local, 1)
     cpus = cpus if cpus is not None else (os.cpu_count() or 1)
     return 2 * local <= cpus or local > cpus
-
-
-def _fmt(p: Any) -> str:
-    if p is None:
-        return "missing"
-    name, shape, dtype = p
-    return f"{name!r} {tuple(shape)} {dtype}"

@@ -29,9 +29,14 @@ Rules that keep every rank in step:
 - buckets are LAUNCHED IN INDEX ORDER on every rank; if bucket 2 is ready before bucket 1, it
   waits, because collectives must be issued in the same order everywhere;
 - the sync point is the hook that completes the LAST bucket: it launches it and then waits for
-  the comm thread, so backward returns only when all buckets are reduced. (There is no
-  end-of-backward callback in the tape; the last hook is one. A parameter that never gets a
-  gradient would leave the step unfinished, which is why find_unused_parameters exists.)
+  the comm thread, so backward returns only when all buckets are reduced;
+- the first hook of a synced backward queues an end-of-backward check on the tape
+  (``minidist.tensor.queue_callback``). When the backward is over, the check finds the step
+  finalized, or it raises right there, naming the parameters that got no gradient (so their
+  bucket never became ready and was never reduced). That happens before ``optimizer.step()``
+  can apply gradients that were never averaged; the rank that raises ends the job through
+  the excepthook, so its peers, blocked in that bucket's all-reduce, do not hang.
+  (``find_unused_parameters=True`` marks such parameters ready right after forward instead.)
 - an exception in the comm thread is kept and re-raised in the main thread, naming the bucket;
 - under ``no_sync`` the hooks do nothing: gradients just accumulate in the bucket views.
 """
@@ -45,10 +50,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from minidist import trace
 from minidist import xp as backend
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.hooks import GradBucket, allreduce_hook
 from minidist.log import get_logger, rank_prefix
+from minidist.tensor import queue_callback
 
 log = get_logger(__name__)
 
@@ -133,10 +140,11 @@ class Reducer:
         self.stats = {"wait_s": 0.0, "comm_s": 0.0}  # last step: exposed wait, comm thread busy
         self._next_launch = 0
         self._in_step = False  # a synced step is prepared and not yet finalized
-        self._hooks_fired = False  # some gradient arrived in the current synced step
+        self._check_queued = False  # this backward's end-of-backward check is queued
         self._comm_busy_s = 0.0
         # parameter position -> (bucket, slot in bucket)
         self._slot: dict[int, tuple[Bucket, int]] = {}
+        self.bucket_algorithms = ["?"] * len(self.buckets)  # for traces; DDP sets the names
         for b in self.buckets:
             for k, i in enumerate(b.spec.param_indices):
                 self._slot[i] = (b, k)
@@ -149,17 +157,11 @@ class Reducer:
     # ------------------------------------------------------------------ step boundaries
 
     def prepare_for_forward(self) -> None:
-        """Start a step: check the last one finished, re-attach user-set grads, reset buckets."""
-        if self._in_step and self._hooks_fired:
-            missing = [n for b in self.buckets for n in b.missing_names()]
-            self._in_step = False
-            raise RuntimeError(
-                f"{rank_prefix()} DistributedDataParallel: the previous backward (step "
-                f"{self.num_syncs}) finished without a gradient for {len(missing)} parameter(s): "
-                f"{missing[:8]}{'...' if len(missing) > 8 else ''}, so their buckets were never "
-                "reduced. These parameters were not used to compute the loss. Pass "
-                "find_unused_parameters=True to DistributedDataParallel (they are then reduced "
-                "as zeros), or remove them from the model.")
+        """Start a step: re-attach user-set grads, reset the buckets.
+
+        (An unfinished previous step was reported at the end of its own backward, see
+        ``_end_of_backward``; one interrupted by an exception is simply started over.)
+        """
         for b in self.buckets:
             # None grads stay None: backward allocates them and _grad_ready copies them in.
             if b.attach_grads(zero_missing=False):
@@ -175,7 +177,7 @@ class Reducer:
             b.prescaled = prescale and np.dtype(b.spec.dtype).kind == "f"
         self._next_launch = 0
         self._in_step = True
-        self._hooks_fired = False
+        self._check_queued = False
         self._comm_busy_s = 0.0
         self.stats = {"wait_s": 0.0, "comm_s": 0.0}
 
@@ -197,9 +199,45 @@ class Reducer:
     def _make_hook(self, i: int) -> Callable[[Any], None]:
         def hook(_tensor: Any) -> None:
             if self.require_sync and self._in_step:
-                self._hooks_fired = True
+                if not self._check_queued:  # first gradient of this synced backward
+                    self._check_queued = True
+                    queue_callback(self._end_of_backward)
                 self._grad_ready(i)
         return hook
+
+    def _end_of_backward(self) -> None:
+        """Runs once when a synced backward has finished: every bucket must have been reduced.
+
+        A bucket that never became ready means some parameter got no gradient on THIS rank.
+        Its all-reduce was never launched here, so the peers that launched it are waiting for
+        this rank, and this rank's gradients in it were never averaged. Raise now, before an
+        optimizer step can use them: uncaught, the exception ends the whole job through the
+        excepthook that ``init_process_group`` installs (MPI Abort), so no rank hangs.
+        """
+        self._check_queued = False
+        if not self._in_step:  # finalized by the hook that completed the last bucket
+            return
+        if self._thread is not None:
+            # Finish the buckets that were launched: the peers launched them too (same order).
+            self._thread.wait_all()
+            if self._thread.error is not None:  # secondary: the missing gradient comes first
+                log.warning("bucket %d also failed: %r", self._thread.error[0].index,
+                            self._thread.error[1])
+                self._thread.error = None
+        self._in_step = False
+        missing = [n for b in self.buckets for n in b.missing_names()]
+        unreduced = [b.index for b in self.buckets[self._next_launch:]]
+        why = ("They are in the autograd graph of the output but received no gradient"
+               if self.find_unused_parameters else
+               "These parameters were not used to compute the loss on this rank")
+        raise RuntimeError(
+            f"{rank_prefix()} DistributedDataParallel: backward of step {self.num_syncs} "
+            f"finished without a gradient for {len(missing)} parameter(s): {missing[:8]}"
+            f"{'...' if len(missing) > 8 else ''}, so bucket(s) {unreduced} were never "
+            f"all-reduced and this step's gradients are not averaged. {why}. Pass "
+            "find_unused_parameters=True to DistributedDataParallel (they are then reduced as "
+            "zeros), or remove them from the model; if you call backward more than once per "
+            "step, run all but the last inside no_sync().")
 
     def _grad_ready(self, i: int) -> None:
         bucket, k = self._slot[i]
@@ -222,12 +260,17 @@ class Reducer:
         p.grad = view
         if not bucket.mark_ready(k):
             return
+        tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
+        if tr is not None:
+            tr.instant(f"bucket {bucket.index} ready", args={"step": self.num_syncs})
         # Launch ready buckets strictly in index order (the same order on every rank).
         while (self._next_launch < len(self.buckets)
                and self.buckets[self._next_launch].state is BucketState.READY):
             b = self.buckets[self._next_launch]
             self._next_launch += 1
             b.state = BucketState.REDUCING
+            if tr is not None:
+                tr.instant(f"bucket {b.index} launch", args={"step": self.num_syncs})
             if self._thread is not None:
                 self._thread.submit(b)
         if self._next_launch == len(self.buckets):
@@ -249,6 +292,11 @@ class Reducer:
                 except Exception as err:
                     self._raise_bucket_error(b, err)
         self.stats = {"wait_s": time.perf_counter() - t0, "comm_s": self._comm_busy_s}
+        tr = trace.tracer()
+        if tr is not None:  # the exposed communication of this step
+            tr.complete("wait for all-reduce", t0, t0 + self.stats["wait_s"], cat="exposed",
+                        args={"step": self.num_syncs})
+            tr.counter("exposed comm [ms]", {"ms": self.stats["wait_s"] * 1e3})
         self._in_step = False
         self.num_syncs += 1
         self._check_finite()
@@ -277,6 +325,10 @@ class Reducer:
             bucket.finite = all_finite_fast(bucket.buffer)
         bucket.state = BucketState.REDUCED
         self._comm_busy_s += time.perf_counter() - t0
+        tr = trace.tracer()
+        if tr is not None:
+            tr.instant(f"bucket {bucket.index} done", lane=trace.COMM,
+                       args={"step": self.num_syncs})
 
     def _check_finite(self) -> None:
         # Each bucket was checked right after its reduction (_reduce_bucket, one dot product);

@@ -14,19 +14,30 @@ Backward:
    post-accumulate-grad hooks fire then (contract 2), so DDP can start reducing that bucket
    while the earlier layers are still being differentiated;
 4. drops each node's closure and inputs once used (unless ``retain_graph=True``), so the
-   activations of a step are freed and memory does not grow across steps.
+   activations of a step are freed and memory does not grow across steps;
+5. when the walk is done, runs the callbacks queued during it (``queue_callback``), in order:
+   the end-of-backward point, where DDP checks that every bucket was reduced.
+
+    run_backward(loss)
+      |-- walk the tape; hooks fire as leaves complete; a hook may call queue_callback(fn)
+      '-- callbacks: fn() for each queued fn (and any fn that those queue), then return
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
 from typing import Any, Callable
 
+from minidist import trace
 from minidist import xp as backend
 from minidist.tensor.core import Tensor, as_array, error
 
 _handle_ids = itertools.count()
+# One list of queued callbacks per backward that is running on this thread (innermost last):
+# a hook may itself call backward, and each backward runs only its own callbacks.
+_running = threading.local()
 
 
 class RemovableHandle:
@@ -69,6 +80,37 @@ def register_post_accumulate_grad_hook(tensor: Tensor, hook: Callable[[Tensor], 
     key = next(_handle_ids)
     tensor._hooks[key] = hook
     return RemovableHandle(tensor, key)
+
+
+def queue_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback()`` once, when the backward that is running now has finished.
+
+    torch's ``Variable._execution_engine.queue_callback``. Call it from inside a backward
+    (typically from a post-accumulate-grad hook): the callback runs after the whole tape was
+    walked and every hook has fired, just before ``backward()`` returns, in the order the
+    callbacks were queued. A callback may queue more callbacks; they run in the same backward.
+    An exception raised by a callback propagates out of ``backward()`` (the callbacks after it
+    do not run). If the backward itself fails, its queued callbacks are dropped.
+
+    DDP uses it to check, at the end of the same backward, that every gradient bucket was
+    completed and reduced (see minidist/ddp/reducer.py)::
+
+        def hook(param):                          # fires during backward
+            if first_gradient_of_this_step:
+                queue_callback(check_every_bucket_was_reduced)
+
+    Args:
+        callback: a function of no arguments; its return value is ignored.
+
+    Raises:
+        RuntimeError: no backward is running on this thread.
+    """
+    frames = getattr(_running, "frames", None)
+    if not frames:
+        raise RuntimeError(error(
+            "queue_callback", "no backward is running on this thread, so there is no end of "
+            "backward to run the callback at. Call it from a hook during loss.backward()."))
+    frames[-1].append(callback)
 
 
 def _freed(g: Any) -> tuple:
@@ -150,6 +192,27 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
         ValueError: root is not a scalar and no gradient was given, or gradient has the wrong shape.
         RuntimeError: root does not require grad, or the graph was already freed.
     """
+    frames = getattr(_running, "frames", None)
+    if frames is None:
+        frames = _running.frames = []
+    callbacks: list[Callable[[], None]] = []
+    frames.append(callbacks)
+    tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
+    t0 = tr.now() if tr is not None else 0.0
+    try:
+        _walk(root, gradient, retain_graph)  # an error here drops the queued callbacks
+        i = 0
+        while i < len(callbacks):  # a callback may queue more: they join the end of the list
+            callbacks[i]()
+            i += 1
+    finally:
+        frames.pop()
+        if tr is not None:
+            tr.complete("backward", t0, tr.now())
+
+
+def _walk(root: Tensor, gradient: Any, retain_graph: bool) -> None:
+    """The backward walk itself (steps 1-4 of the module docstring)."""
     if not root.requires_grad:
         raise RuntimeError(error(
             "backward", f"called on a tensor of shape {root.shape} that does not require grad: "

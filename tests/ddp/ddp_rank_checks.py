@@ -160,7 +160,7 @@ def main() -> None:
     m = train_ddp("sgd", xs, ys, rank, extra=True, find_unused_parameters=True)
     res["unused/close"] = close(m, ref) and identical_everywhere(m)
     res["unused/grad_zero"] = m.unused.grad is None or not np.any(m.unused.grad)
-    # ... and without the flag: a clear error at the next forward, naming the parameter
+    # ... and without the flag: a clear error at the end of that backward, naming the parameter
     res["unused/error"] = expect_error(
         lambda: train_ddp("sgd", xs, ys, rank, extra=True), RuntimeError)
 

@@ -28,5 +28,6 @@ def test_trainer_resume_and_evaluate(n, tmp_path):
     assert "'0.weight' has shape (16, 8) in the checkpoint but (17, 8)" in res["wrong_model_error"]
     assert res["nothing_overwritten"]
     msg = res["dataset_mismatch_error"]
-    assert "different numbers of batches" in msg and f"rank {n - 1}:" in msg, msg
+    assert "Trainer.fit: pre-flight check failed: dataset length" in msg, msg
+    assert "batches per epoch" in msg and f"on rank {n - 1}" in msg, msg
     assert "same full dataset on every rank" in msg

@@ -1,5 +1,5 @@
 """The autograd engine: in-place accumulation (contract 1), post-accumulate-grad hooks
-(contract 2), tape freeing, no_grad, backward errors."""
+(contract 2), end-of-backward callbacks, tape freeing, no_grad, backward errors."""
 
 import gc
 import weakref
@@ -7,7 +7,8 @@ import weakref
 import numpy as np
 import pytest
 
-from minidist.tensor import Tensor, enable_grad, is_grad_enabled, linear, no_grad
+from minidist.tensor import (Tensor, enable_grad, is_grad_enabled, linear, no_grad,
+                             queue_callback)
 
 
 def mlp(rng, dtype=np.float32):
@@ -150,6 +151,82 @@ def test_backward_on_a_leaf_fires_its_hook():
     w.register_post_accumulate_grad_hook(lambda t: calls.append(float(t.grad)))
     w.backward()
     assert calls == [1.0]
+
+
+# ---- end-of-backward callbacks -------------------------------------------------------------
+
+def test_queued_callback_runs_once_after_every_hook():
+    rng = np.random.default_rng(0)
+    params = mlp(rng)
+    events = []
+
+    def hook(t, k):
+        events.append(("hook", k))
+        if k == len(params) - 1:  # the first hook to fire (last layer's bias) queues it
+            queue_callback(lambda: events.append(("end", all(p.grad is not None
+                                                             for p in params))))
+    for k, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(lambda t, k=k: hook(t, k))
+    forward(params, Tensor(rng.standard_normal((4, 8)).astype(np.float32))).backward()
+    assert [e[0] for e in events] == ["hook"] * len(params) + ["end"]
+    assert events[-1] == ("end", True)
+    # the next backward starts with an empty queue: nothing runs twice
+    events.clear()
+    forward(params, Tensor(rng.standard_normal((4, 8)).astype(np.float32))).backward()
+    assert [e[0] for e in events] == ["hook"] * len(params) + ["end"]
+
+
+def test_callbacks_run_in_order_and_may_queue_more():
+    w = Tensor(np.ones(3), requires_grad=True)
+    order = []
+
+    def second():
+        order.append(2)
+        queue_callback(lambda: order.append(3))
+    w.register_post_accumulate_grad_hook(
+        lambda t: (queue_callback(lambda: order.append(1)), queue_callback(second)))
+    (w * 2.0).sum().backward()
+    assert order == [1, 2, 3]
+
+
+def test_callback_errors_propagate_and_a_failed_backward_drops_its_callbacks():
+    w = Tensor(np.ones(3), requires_grad=True)
+
+    def boom():
+        raise ValueError("end of backward check failed")
+    handle = w.register_post_accumulate_grad_hook(lambda t: queue_callback(boom))
+    with pytest.raises(ValueError, match="check failed"):
+        (w * 2.0).sum().backward()
+    handle.remove()
+    ran = []
+    w.register_post_accumulate_grad_hook(lambda t: (queue_callback(lambda: ran.append(1)),
+                                                    1 / 0))
+    with pytest.raises(ZeroDivisionError):
+        (w * 2.0).sum().backward()
+    assert ran == []
+    with pytest.raises(RuntimeError, match="no backward is running"):
+        queue_callback(lambda: None)  # the failed backward left no frame behind
+
+
+def test_a_backward_inside_a_hook_runs_only_its_own_callbacks():
+    w = Tensor(np.ones(2), requires_grad=True)
+    v = Tensor(np.ones(2), requires_grad=True)
+    order = []
+
+    def w_hook(t):
+        queue_callback(lambda: order.append("outer"))
+        v.register_post_accumulate_grad_hook(
+            lambda t: queue_callback(lambda: order.append("inner")))
+        (v * 3.0).sum().backward()
+        order.append("inner backward returned")
+    w.register_post_accumulate_grad_hook(w_hook)
+    (w * 2.0).sum().backward()
+    assert order == ["inner", "inner backward returned", "outer"]
+
+
+def test_queue_callback_outside_backward_explains():
+    with pytest.raises(RuntimeError, match="no backward is running on this thread"):
+        queue_callback(lambda: None)
 
 
 # ---- the tape -----------------------------------------------------------------------------

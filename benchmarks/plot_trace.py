@@ -1,0 +1,131 @@
+"""Draw one DDP step from a real step timeline: compute and communication lanes per rank.
+
+    python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
+    python benchmarks/plot_trace.py /tmp/tr/n2/trace.json --out docs/img/ddp_step_trace.png
+
+The trace is the merged Chrome-trace JSON that ``--trace`` writes (minidist/trace.py). For
+overlap on and overlap off (one panel each) this picks, among the timed steps of the "large"
+model on rank 0, the step of median duration, and the step of every other rank that overlaps
+it most, and draws them on one time axis::
+
+    rank 0 compute        [forward][backward......[wait]][opt]
+    rank 0 communication              [bucket 0][bucket 1]
+    rank 1 ...
+
+"wait" is the exposed communication: backward is done, the all-reduces are not. Needs
+matplotlib (``pip install "minidist[bench]"``); without it the script says so and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer.step": "#55a868",
+          "wait for all-reduce": "#c44e52", "all_reduce": "#8172b3"}
+
+
+def spans(events: list, pid: int, name: str) -> list:
+    return [e for e in events if e.get("ph") == "X" and e["pid"] == pid
+            and (e["name"] == name or e["name"].startswith(name + " "))]
+
+
+def pick_steps(events: list, model: str, overlap: bool) -> dict:
+    """{pid: step span}: rank 0's median step of this config and the others' matching ones."""
+    def matches(e: dict) -> bool:
+        a = e.get("args", {})
+        return (e["name"].startswith("step ") and a.get("model") == model and a.get("ddp")
+                and a.get("overlap") == overlap and "bucket_cap_mb" not in a and a["i"] >= 1)
+    pids = sorted({e["pid"] for e in events})
+    mine = sorted((e for e in events if e["pid"] == pids[0] and matches(e)),
+                  key=lambda e: e["dur"])
+    if not mine:
+        raise SystemExit(f"plot_trace: no timed step of model={model!r} overlap={overlap} in "
+                         "the trace; run benchmarks/ddp_scaling.py --trace first.")
+    ref = mine[len(mine) // 2]
+    chosen = {pids[0]: ref}
+    for pid in pids[1:]:
+        cands = [e for e in events if e["pid"] == pid and matches(e)]
+        chosen[pid] = max(cands, key=lambda e: min(e["ts"] + e["dur"], ref["ts"] + ref["dur"])
+                          - max(e["ts"], ref["ts"]))
+    return chosen
+
+
+def draw(ax, events: list, steps: dict, title: str) -> None:
+    t0 = min(s["ts"] for s in steps.values())
+    t1 = max(s["ts"] + s["dur"] for s in steps.values())
+    rows = []
+    for pid in sorted(steps):
+        lo, hi = steps[pid]["ts"], steps[pid]["ts"] + steps[pid]["dur"]
+
+        def inside(e: dict, lo: float = lo, hi: float = hi) -> bool:
+            return e["ts"] >= lo - 1 and e["ts"] + e.get("dur", 0) <= hi + 1
+        y_comp, y_comm = len(rows) * 1.0, len(rows) * 1.0 + 1.0
+        rows += [f"rank {pid} compute", f"rank {pid} communication"]
+        for name in ("forward", "backward", "optimizer.step", "wait for all-reduce"):
+            for e in filter(inside, spans(events, pid, name)):
+                h = 0.35 if name == "wait for all-reduce" else 0.7
+                ax.barh(y_comp, e["dur"] / 1e3, left=(e["ts"] - t0) / 1e3, height=h,
+                        color=COLORS[name], hatch="//" if h < 0.7 else None,
+                        edgecolor="white", linewidth=0.5)
+        for e in filter(inside, spans(events, pid, "all_reduce")):
+            ax.barh(y_comm, e["dur"] / 1e3, left=(e["ts"] - t0) / 1e3, height=0.7,
+                    color=COLORS["all_reduce"], edgecolor="white", linewidth=0.8)
+            a = e["args"]
+            label = (f"b{a.get('bucket', '?')} {a['algorithm']} {a['bytes'] / 2**20:.1f} MiB\n"
+                     f"{a['busbw_GBps']:.1f} GB/s")
+            if e["dur"] / (t1 - t0) > 0.08:
+                ax.text((e["ts"] - t0 + e["dur"] / 2) / 1e3, y_comm, label, ha="center",
+                        va="center", fontsize=7, color="white")
+        for e in events:
+            if (e.get("ph") == "i" and e["pid"] == pid and e["name"].endswith(" ready")
+                    and inside(e)):
+                ax.plot((e["ts"] - t0) / 1e3, y_comp + 0.42, marker="v", color="black",
+                        markersize=4)
+        got = {n: sum(e["dur"] for e in filter(inside, spans(events, pid, n))) / 1e3
+               for n in COLORS}
+        print(f"# {title}: rank {pid}: " + ", ".join(f"{n} {v:.2f} ms" for n, v in got.items()))
+    ax.set_yticks(range(len(rows)), rows)
+    ax.invert_yaxis()
+    ax.set_xlim(0, (t1 - t0) / 1e3)
+    ax.set_xlabel("ms from the start of the step")
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("trace", help="merged trace.json from ddp_scaling.py --trace")
+    p.add_argument("--out", default="docs/img/ddp_step_trace.png")
+    p.add_argument("--model", default="large", choices=["small", "large"])
+    args = p.parse_args()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError:
+        print("plot_trace: matplotlib is not installed (pip install \"minidist[bench]\"); "
+              "no picture drawn.")
+        return
+    events = json.loads(Path(args.trace).read_text())["traceEvents"]
+    n = len({e["pid"] for e in events})
+    fig, axes = plt.subplots(2, 1, figsize=(10, 1.2 + 1.1 * n * 2), constrained_layout=True)
+    for ax, overlap in zip(axes, (True, False)):
+        steps = pick_steps(events, args.model, overlap)
+        ms = statistics.median(s["dur"] for s in steps.values()) / 1e3
+        draw(ax, events, steps, f"one DDP step, model '{args.model}', n={n}, "
+                                f"overlap={'on' if overlap else 'off'} (step {ms:.1f} ms)")
+    handles = [Patch(color=c, label=k.replace("all_reduce", "all-reduce of a bucket"))
+               for k, c in COLORS.items()]
+    fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize=8)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
