@@ -18,7 +18,8 @@ What construction does (every rank, same order)::
     1. plan buckets over the parameters in REVERSE order (bucket.py: 1 MiB first, 25 MiB cap)
     2. all_gather_object(signature) and compare with rank 0: a rank with a different model
        gets an error naming the first parameter that differs, instead of a hang
-    3. broadcast parameters and buffers from rank 0 (one message per bucket)
+    3. broadcast parameters and buffers from rank 0 (one message per bucket), and the float32
+       master weights of a model converted by amp.MasterWeights
     4. allocate one flat buffer per bucket (process group's alloc_buffer), make every p.grad
        a view into it, register a post-accumulate-grad hook per parameter (reducer.py)
 
@@ -36,6 +37,7 @@ import numpy as np
 
 from minidist import comm
 from minidist import xp as backend
+from minidist.amp import owner_of
 from minidist.comm.transports.shm_window import shm_free_buffer
 from minidist.ddp.bucket import Bucket, ParamMeta, plan_buckets
 from minidist.ddp.reducer import Reducer, unused_param_indices
@@ -112,7 +114,7 @@ class DistributedDataParallel:
         self.reducer = Reducer(self._params, self._names, self.buckets, self._all_reduce,
                                self.world_size, overlap=overlap and self.world_size > 1,
                                find_unused_parameters=find_unused_parameters,
-                               nonfinite_grads=nonfinite_grads)
+                               nonfinite_grads=nonfinite_grads, rank=self.rank)
         if comm_hook is not None:
             self.register_comm_hook(None, comm_hook)
         log.info("DDP: %d parameters (%d elements) in %d buckets %s, overlap=%s, algorithm=%s",
@@ -164,6 +166,10 @@ class DistributedDataParallel:
             comm.broadcast(b.buffer, src=0, group=self.process_group)
             for p, view in zip(b.params, b.views):
                 p.data[...] = view
+        # float16 weights (amp.MasterWeights): the float32 masters the optimizer steps, too
+        owners = {id(o): o for o in map(owner_of, self._params) if o is not None}
+        for owner in owners.values():
+            comm.broadcast(owner.master_buffer, src=0, group=self.process_group)
         others = [p for _, p in self.module.named_parameters() if not p.requires_grad]
         if hasattr(self.module, "named_buffers"):
             others += [t for _, t in self.module.named_buffers()]
@@ -184,6 +190,7 @@ class DistributedDataParallel:
             return self.module(*args, **kwargs)
         self.reducer.prepare_for_forward()
         out = self.module(*args, **kwargs)
+        self.reducer.watch_output(out)
         if self.find_unused_parameters and self.reducer.require_sync:
             self.reducer.mark_unused(unused_param_indices(out, self._params,
                                                           lambda t: getattr(t, "_parents", ())))
