@@ -388,7 +388,7 @@ class Trainer:
         yh = backend.to_host(y)
         correct = logits.argmax(axis=-1) == yh
         if mask is not None and not mask.all():  # padding in this batch: recompute on the rest
-            with no_grad():
+            with no_grad(), self._autocast():
                 sub = self.loss_fn(Tensor(out.data[mask]), y[mask]) if mask.any() else None
             n = int(mask.sum())
             lsum = float(sub.item()) * n if sub is not None else 0.0

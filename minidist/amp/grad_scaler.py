@@ -289,7 +289,7 @@ class GradScaler:
                 if src is None:
                     p.grad = None
                     continue
-                dst = optimizer.grad_buffer(p)
+                dst = owner_of(p.model).grad_buffer(p)
                 p.grad = dst
             else:
                 src = dst = p.grad
