@@ -463,3 +463,35 @@ def test_autocast_and_scaler_on_a_gpu():
 def test_policy_lists_name_real_ops():
     ops = set(autocast_mode.POLICY)
     assert {"matmul", "linear", "conv2d", "cross_entropy", "softmax"} <= ops
+
+
+@pytest.mark.parametrize("master_weights", [False, True])
+def test_trainer_amp_resume_is_bit_exact(group, tmp_path, master_weights):
+    from minidist.data import ArrayDataset
+    from minidist.trainer import Trainer, TrainerConfig
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64, 5)).astype(np.float32)
+    data = ArrayDataset(x, (x[:, 0] + x[:, 1] > 0).astype(np.int64))
+
+    def fit(ckdir, resume=False, stop=None):
+        minidist.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 2))
+        opt = optim.AdamW(model.parameters(), lr=0.01)
+        if master_weights:
+            opt = amp.MasterWeights(opt)
+        scaler = amp.GradScaler(init_scale=2.0 ** 22, growth_interval=3)  # backs off, grows
+        t = Trainer(model, nn.CrossEntropyLoss(), opt,
+                    TrainerConfig(epochs=4, batch_size=8, amp=True, verbose=False, seed=1,
+                                  checkpoint_dir=str(ckdir), checkpoint_every_n_epochs=1,
+                                  resume=resume, stop_after_epochs=stop), scaler=scaler)
+        t.fit(data)
+        t.ddp.close()
+        masters = [m.data.copy() for m in opt.masters()] if master_weights else []
+        return [a.copy() for a in model.state_dict().values()] + masters, scaler
+
+    straight, s1 = fit(tmp_path / "a")
+    fit(tmp_path / "b", stop=2)
+    resumed, s2 = fit(tmp_path / "b", resume=True)
+    assert s1.skipped_steps > 0 and s1.state_dict() == s2.state_dict()
+    for a, b in zip(straight, resumed):
+        np.testing.assert_array_equal(a, b)

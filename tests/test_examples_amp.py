@@ -1,0 +1,42 @@
+"""The main job with mixed precision, at toy size: --amp and --master-weights learn; --device
+cuda on a machine without a GPU stack ends with one clear line and a non-zero status."""
+
+import re
+
+import pytest
+
+from minidist import xp as backend
+from procs import REPO, run_env_ranks, run_mpi
+
+TRAIN = REPO / "examples" / "train.py"
+
+
+def final_accuracy(stdout: str) -> float:
+    found = re.findall(r"final test_acc ([0-9.]+)", stdout)
+    assert found, f"no 'final test_acc' line in the output:\n{stdout[-2000:]}"
+    return float(found[-1])
+
+
+@pytest.mark.parametrize("flags", [["--amp"], ["--master-weights"]])
+def test_train_amp_single_process_learns(flags):
+    result = run_env_ranks(1, [TRAIN, *flags, "--epochs", "3", "--hidden", "128"], timeout_s=120)
+    assert result.returncode == 0, result.report()
+    assert final_accuracy(result.stdout) >= 0.9, result.report()
+    assert "amp: float16 autocast on cpu (emulated" in result.stdout
+    assert "skipped steps" in result.stdout
+
+
+@pytest.mark.mpi
+def test_train_amp_two_ranks_learns():
+    result = run_mpi(2, [TRAIN, "--amp", "--epochs", "3", "--hidden", "128"], timeout_s=120)
+    assert result.returncode == 0, result.report()
+    assert final_accuracy(result.stdout) >= 0.9 and "world_size 2" in result.stdout
+
+
+@pytest.mark.skipif(backend.gpu_available(), reason="this machine has a GPU")
+def test_device_cuda_without_a_gpu_is_one_clear_line():
+    result = run_env_ranks(1, [TRAIN, "--device", "cuda", "--amp"], timeout_s=60)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("train.py: "), result.report()
+    assert "CuPy" in lines[0] and "Traceback" not in result.stderr
