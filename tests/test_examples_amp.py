@@ -4,9 +4,9 @@ cuda on a machine without a GPU stack ends with one clear line and a non-zero st
 import re
 
 import pytest
+from procs import REPO, run_env_ranks, run_mpi
 
 from minidist import xp as backend
-from procs import REPO, run_env_ranks, run_mpi
 
 TRAIN = REPO / "examples" / "train.py"
 

@@ -21,6 +21,16 @@ from minidist.amp.autocast_mode import autocast, float16, get_autocast_dtype, is
 from minidist.amp.grad_scaler import SCALE_FLOOR, GradScaler, OptState, active_scaler
 from minidist.amp.master_weights import MasterParameter, MasterWeights, owner_of
 
-__all__ = ["autocast", "float16", "is_autocast_enabled", "get_autocast_dtype", "GradScaler",
-           "OptState", "active_scaler", "SCALE_FLOOR", "MasterWeights", "MasterParameter",
-           "owner_of"]
+__all__ = [
+           "SCALE_FLOOR",
+           "GradScaler",
+           "MasterParameter",
+           "MasterWeights",
+           "OptState",
+           "active_scaler",
+           "autocast",
+           "float16",
+           "get_autocast_dtype",
+           "is_autocast_enabled",
+           "owner_of",
+]

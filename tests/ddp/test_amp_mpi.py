@@ -4,7 +4,6 @@ for every check; rank 0 prints a JSON summary, checked here."""
 import json
 
 import pytest
-
 from procs import run_mpi
 
 pytestmark = pytest.mark.mpi

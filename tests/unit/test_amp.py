@@ -10,8 +10,7 @@ import pytest
 import minidist
 from minidist import amp, nn, optim
 from minidist import xp as backend
-from minidist.tensor import Tensor
-from minidist.tensor import autocast_mode
+from minidist.tensor import Tensor, autocast_mode
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
@@ -56,9 +55,8 @@ def test_autocast_nests_restores_and_is_per_device_type():
         assert not amp.is_autocast_enabled("cuda")
     with amp.autocast("cuda"):
         assert (x @ x).dtype == F32
-    with pytest.raises(KeyError):
-        with amp.autocast("cpu"):
-            raise KeyError("boom")
+    with pytest.raises(KeyError), amp.autocast("cpu"):
+        raise KeyError("boom")
     assert not amp.is_autocast_enabled("cpu")                     # restored in finally
 
     @amp.autocast("cpu", dtype=minidist.float16)
@@ -76,7 +74,7 @@ def test_cpu_emulation_is_float16_rounding_of_float32_products():
     with amp.autocast("cpu") as ac:
         out = minidist.tensor.linear(x, w, b)
     assert ac.lower_precision_ops == 1
-    r = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
+    r = lambda a: a.astype(np.float16).astype(np.float32)
     expect = (r(x.data) @ r(w.data).T).astype(np.float16) + b.data.astype(np.float16)
     np.testing.assert_array_equal(out.data, expect)
     big = Tensor(np.full((1, 2), 300.0, np.float32))               # 300*300*2 > 65504
