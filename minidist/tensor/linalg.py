@@ -30,7 +30,7 @@ from minidist.tensor.elementwise import broadcast_message, unbroadcast
 def mm(a: Any, b: Any) -> Any:
     """``a @ b`` on xp arrays; float16 @ float16 on the CPU is computed in float32 and rounded.
 
-    NumPy multiplies float16 matrices without BLAS (~240x slower than float32). The emulation
+    NumPy multiplies float16 matrices without BLAS (~200x slower than float32). The emulation
     widens both operands exactly, uses float32 BLAS (float32 accumulation, like a device's
     half-precision GEMM) and rounds the product to float16, overflowing to inf where a device
     would. On a GPU, CuPy runs the real float16 GEMM.
