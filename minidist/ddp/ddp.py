@@ -250,6 +250,11 @@ class DistributedDataParallel:
         self.module.zero_grad(set_to_none=set_to_none)
 
     @property
+    def nonfinite_grad_steps(self) -> int:
+        """Synced steps whose averaged gradients held NaN/inf (without a GradScaler)."""
+        return self.reducer.nonfinite_grad_steps
+
+    @property
     def last_step_stats(self) -> dict[str, float]:
         """Seconds of the last synced backward: ``wait_s`` (exposed comm), ``comm_s`` (busy)."""
         return dict(self.reducer.stats)

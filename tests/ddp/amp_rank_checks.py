@@ -201,7 +201,7 @@ def main(root: Path) -> None:
     logging.getLogger("minidist").removeHandler(handler)
     warns = [m for lvl, m in handler.records if lvl >= logging.WARNING and "non-finite" in m]
     res["nonfinite/warnings"] = warns
-    res["nonfinite/count"] = ddp.reducer.nonfinite_grad_steps
+    res["nonfinite/count"] = ddp.nonfinite_grad_steps
     ddp.close()
 
     # 7. Trainer(amp=True) resume is bit-exact, scaler state included
