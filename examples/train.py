@@ -50,6 +50,7 @@ from minidist import amp, comm, nn, optim
 from minidist import xp as backend
 from minidist.data import load_dataset
 from minidist.ddp import DistributedDataParallel
+from minidist.tensor import Tensor, no_grad
 from minidist.trainer import Trainer, TrainerConfig
 
 
@@ -155,6 +156,17 @@ def parse_widths(text: str) -> tuple[int, ...]:
     return widths
 
 
+def check_float16_path(model: nn.Module, sample: np.ndarray, device_type: str, kind: str) -> None:
+    """--amp on a model that autocast would not change: one clear line (every rank), exit 1."""
+    model.eval()  # no dropout: this look-ahead draws no random numbers
+    with no_grad(), amp.autocast(device_type) as ac:
+        model(Tensor(backend.to_device(sample)))
+    model.train()
+    if ac.lower_precision_ops == 0:
+        raise SystemExit(f"train.py: --amp: model {kind!r} runs no op in float16 under autocast "
+                         "(only matmul, linear and conv2d on float32 inputs do); drop --amp.")
+
+
 def build_optimizer(cfg: Config, model: nn.Module) -> optim.Optimizer:
     if cfg.optimizer == "adamw":
         return optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -214,11 +226,10 @@ def main(argv: list[str] | None = None) -> float:
                   f"{', float16 weights + float32 masters' if cfg.master_weights else ''}",
                   flush=True)
 
+    if cfg.amp:
+        check_float16_path(model, train_set.x[:2], trainer.device_type, cfg.model)
     start = time.perf_counter()
-    try:
-        history = trainer.fit(train_set, test_set)
-    except ValueError as e:  # e.g. --amp on a model without a float16 path: same on all ranks
-        raise SystemExit(f"train.py: {e}") from None
+    history = trainer.fit(train_set, test_set)
     if history.train_losses and not math.isfinite(history.train_losses[-1]):
         raise SystemExit(f"train.py: the training loss is {history.train_losses[-1]}; the run "
                          f"diverged. Lower --lr (now {cfg.lr}).")

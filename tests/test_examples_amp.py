@@ -40,3 +40,26 @@ def test_device_cuda_without_a_gpu_is_one_clear_line():
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("train.py: "), result.report()
     assert "CuPy" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_amp_on_a_model_without_a_float16_path_is_one_clear_line():
+    import importlib.util
+
+    import numpy as np
+
+    from minidist import nn
+    spec = importlib.util.spec_from_file_location("train_example", TRAIN)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+
+    class Scale(nn.Module):  # element-wise only: autocast has nothing to cast
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(np.ones(4, np.float32))
+
+        def forward(self, x):
+            return x * self.w
+
+    with pytest.raises(SystemExit, match="model 'scale' runs no op in float16.*drop --amp"):
+        train.check_float16_path(Scale(), np.ones((2, 4), np.float32), "cpu", "scale")
+    train.check_float16_path(nn.Linear(4, 2), np.ones((2, 4), np.float32), "cpu", "mlp")
