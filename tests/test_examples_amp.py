@@ -44,12 +44,14 @@ def test_device_cuda_without_a_gpu_is_one_clear_line():
 
 def test_amp_on_a_model_without_a_float16_path_is_one_clear_line():
     import importlib.util
+    import sys
 
     import numpy as np
 
     from minidist import nn
     spec = importlib.util.spec_from_file_location("train_example", TRAIN)
     train = importlib.util.module_from_spec(spec)
+    sys.modules["train_example"] = train  # dataclasses look their module up there
     spec.loader.exec_module(train)
 
     class Scale(nn.Module):  # element-wise only: autocast has nothing to cast
