@@ -33,7 +33,7 @@ The scale and growth tracker are 1-element arrays on the gradients' device, upda
 it there too). Unscaling and the inf/NaN check are ONE pass (``kernels.unscale_and_check_``).
 
 Under DistributedDataParallel the pass happens earlier, per bucket: ``scale()`` makes this scaler
-the ACTIVE one; DDP's reducer takes it when it launches a bucket and, right after the bucket's
+the ACTIVE one (while the scaled loss lives, until ``update()``); DDP's reducer takes it when it launches a bucket and, right after the bucket's
 all-reduce, calls ``unscale_bucket_`` instead of its own finiteness check, so unscaling costs no
 extra pass over the gradients. The reduced buckets are identical on every rank, hence so are the
 found_inf flags, the skip decision and the next scale: no extra collective. ``unscale_`` then
@@ -46,6 +46,7 @@ from __future__ import annotations
 import collections
 import enum
 import threading
+import weakref
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -70,12 +71,18 @@ _active = threading.local()
 
 
 def active_scaler() -> GradScaler | None:
-    """The scaler whose ``scale()`` ran last on this thread and whose ``update()`` has not yet.
+    """The scaler whose ``scale()`` ran last on this thread, while the tensor it returned is
+    alive (its backward is running or to come) and ``update()`` has not been called.
 
     DDP's reducer asks this when it launches a bucket, to fold the unscale into the bucket's
-    post-reduction pass.
+    post-reduction pass. Tying it to the scaled tensor's lifetime means that a step abandoned
+    halfway (an exception between ``scale`` and ``update``) cannot make a later, unrelated
+    backward unscale its gradients.
     """
-    return getattr(_active, "scaler", None)
+    scaler = getattr(_active, "scaler", None)
+    if scaler is None or _active.output() is None:
+        return None
+    return scaler
 
 
 class OptState(enum.Enum):
@@ -162,7 +169,8 @@ class GradScaler:
         """Multiply ``outputs`` (a Tensor, or a list/tuple of them) by the current scale.
 
         The product is float32 (a float16 loss is widened first, so the scale cannot overflow
-        it). Makes this scaler the active one for DDP until ``update()``.
+        it). Makes this scaler the active one for DDP (``active_scaler``) while the returned
+        tensor lives, until ``update()``.
         """
         if not self._enabled:
             return outputs
@@ -179,9 +187,10 @@ class GradScaler:
                             f"list/tuple of Tensors, got {type(outputs).__name__}.")
         if self._scale is None:
             self._lazy_init(first.data)
-        _active.scaler = self
         factor = Tensor(self._scale.reshape(()).copy())
-        return _map(outputs, lambda t: (t.float() if t.dtype == np.float16 else t) * factor)
+        scaled = _map(outputs, lambda t: (t.float() if t.dtype == np.float16 else t) * factor)
+        _active.scaler, _active.output = self, weakref.ref(next(iter(_tensors(scaled))))
+        return scaled
 
     def _lazy_init(self, like: Any) -> None:
         xp = backend.get_array_module(like)
@@ -378,7 +387,7 @@ class GradScaler:
         self._folded.clear()
         self._folded_found.clear()
         self._inv_scale = None
-        if active_scaler() is self:
+        if getattr(_active, "scaler", None) is self:
             _active.scaler = None
 
     def _set_scale(self, new_scale: Any) -> None:

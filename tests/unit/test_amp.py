@@ -396,6 +396,13 @@ def test_ddp_fold_unscales_each_bucket_once(group):
     scaler.step(opt)
     scaler.update()
     assert amp.active_scaler() is None
+    # a step abandoned after scale(): a later backward without the scaler is not unscaled
+    other = amp.GradScaler()
+    other.scale(nn.CrossEntropyLoss()(ddp(x), y))          # the scaled loss is dropped at once
+    assert amp.active_scaler() is None
+    model.zero_grad()
+    nn.CrossEntropyLoss()(ddp(x), y).backward()
+    assert not other._folded
     ddp.close()
 
 
