@@ -12,14 +12,16 @@
 
 Modules: ``autocast_mode`` (the context manager; the state and op lists live in
 ``minidist.tensor.autocast_mode``), ``grad_scaler`` (GradScaler, OptState, the DDP fold),
-``master_weights`` (float16 model weights with float32 masters). docs/amp.md explains all three.
+``master_weights`` (float16 model weights with float32 masters), ``overflow`` (reports of
+skipped steps, the scale-floor warning). docs/amp.md explains them.
 On the CPU float16 matrix products are emulated (float32 BLAS, rounded to float16): same
 numbers as a GPU's float16 GEMM, not faster.
 """
 
 from minidist.amp.autocast_mode import autocast, float16, get_autocast_dtype, is_autocast_enabled
-from minidist.amp.grad_scaler import SCALE_FLOOR, GradScaler, OptState, active_scaler
+from minidist.amp.grad_scaler import GradScaler, OptState, active_scaler
 from minidist.amp.master_weights import MasterParameter, MasterWeights, owner_of
+from minidist.amp.overflow import SCALE_FLOOR
 
 __all__ = [
            "SCALE_FLOOR",

@@ -43,7 +43,6 @@ straight into a flat float32 buffer of master gradients.
 
 from __future__ import annotations
 
-import collections
 import enum
 import threading
 import weakref
@@ -54,15 +53,11 @@ import numpy as np
 from minidist import kernels
 from minidist import xp as backend
 from minidist.amp.master_weights import MasterParameter, MasterWeights, owner_of
+from minidist.amp.overflow import OverflowReport, first_nonfinite
 from minidist.log import get_logger, rank_prefix
 from minidist.tensor import Tensor
 
 log = get_logger(__name__)
-
-SCALE_FLOOR = 1.0
-"""Warn once when the scale backs off below this (torch has no floor and no warning): a scale
-below 1 means the gradients overflow even UNscaled, so loss scaling cannot help; the run is
-diverging, and the warning names the parameter that overflowed first most often."""
 
 _FIX_NO_SCALE = ("This may indicate your script did not use scaler.scale(loss or outputs) "
                  "earlier in the iteration.")
@@ -159,9 +154,7 @@ class GradScaler:
         self._folded: list[_FoldedBucket] = []
         self._folded_found: dict[int, Any] = {}   # id(param or master) -> its bucket's flag
         self._num_steps = 0            # update() calls: the "step" in messages
-        self._num_skipped = 0
-        self._overflow_first: collections.Counter = collections.Counter()
-        self._floor_warned = False
+        self._report = OverflowReport()  # skipped steps, the scale-floor warning
 
     # ------------------------------------------------------------------ scaling the loss
 
@@ -350,7 +343,9 @@ class GradScaler:
         retval = None
         state.skipped = bool(float(state.found_inf[0]) != 0.0)  # the one host read (as torch)
         if state.skipped:
-            self._report_skip(optimizer)
+            buckets = [(b.found_inf, b.targets, b.names) for b in self._folded]
+            first = first_nonfinite(buckets, list(_params(optimizer)), set(self._folded_found))
+            self._report.skipped(self._num_steps, first, self.get_scale(), self._backoff_factor)
         else:
             retval = optimizer.step(*args, **kwargs)
         state.stage = OptState.STEPPED
@@ -381,7 +376,7 @@ class GradScaler:
                                   self._growth_factor, self._backoff_factor,
                                   self._growth_interval)
         if any(s.skipped for s in self._per_optimizer.values()):
-            self._check_floor()
+            self._report.check_floor(self.get_scale())  # a host read, on skipped steps only
         self._num_steps += 1
         self._per_optimizer.clear()
         self._folded.clear()
@@ -400,48 +395,6 @@ class GradScaler:
                              "a 1-element float32 array/Tensor, got "
                              f"{type(new_scale).__name__} {getattr(arr, 'dtype', '')}.")
         self._scale[...] = backend.get_array_module(self._scale).asarray(arr).reshape(1)
-
-    # ------------------------------------------------------------------ reports
-
-    def _report_skip(self, optimizer: Any) -> None:
-        """A skipped step: name the first parameter (in backward order) that went inf/NaN."""
-        self._num_skipped += 1
-        first = self._first_nonfinite(optimizer)
-        self._overflow_first[first] += 1
-        log.info("GradScaler: inf/NaN gradient at step %d (first, in backward order: %s); "
-                 "optimizer step skipped, scale %g -> %g", self._num_steps, first,
-                 self.get_scale(), self.get_scale() * self._backoff_factor)
-
-    def _first_nonfinite(self, optimizer: Any) -> str:
-        for b in self._folded:  # buckets, in reduction (= backward) order
-            if float(b.found_inf[0]) == 0.0:
-                continue
-            for k, t in enumerate(b.targets):
-                if t.grad is not None and not _finite(t.grad):
-                    return repr(b.names[k]) if k < len(b.names) else \
-                        f"a parameter of shape {t.shape}"
-        params = list(_params(optimizer))
-        for i in range(len(params) - 1, -1, -1):  # backward reaches the last layers first
-            p = params[i]
-            if id(p) not in self._folded_found and p.grad is not None and not _finite(p.grad):
-                return f"parameter #{i} of the optimizer (shape {p.shape})"
-        return "unknown (the flag was set but no gradient holds inf/NaN now)"
-
-    def _check_floor(self) -> None:
-        if self._floor_warned or self._num_skipped == 0:
-            return
-        scale = self.get_scale()
-        if scale >= SCALE_FLOOR:
-            return
-        self._floor_warned = True
-        name, count = self._overflow_first.most_common(1)[0]
-        log.warning(
-            "GradScaler: the loss scale fell to %g (below %g) after %d skipped steps: the "
-            "gradients overflow even without scaling, so loss scaling cannot help. The "
-            "parameter that overflowed first most often is %s (%d of %d skipped steps). Lower "
-            "the learning rate, clip gradients, or check the inputs and that layer for inf/NaN "
-            "(this warning is shown once).", scale, SCALE_FLOOR, self._num_skipped, name, count,
-            self._num_skipped)
 
     # ------------------------------------------------------------------ accessors
 
@@ -480,7 +433,7 @@ class GradScaler:
     @property
     def skipped_steps(self) -> int:
         """Optimizer steps skipped because of inf/NaN gradients so far (not in state_dict)."""
-        return self._num_skipped
+        return self._report.num_skipped
 
     def state_dict(self) -> dict[str, Any]:
         """torch's keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker.
@@ -549,10 +502,6 @@ def _map(outputs: Any, fn: Any) -> Any:
 def _params(optimizer: Any) -> Iterator[Any]:
     for group in optimizer.param_groups:
         yield from group["params"]
-
-
-def _finite(a: Any) -> bool:
-    return bool(backend.get_array_module(a).isfinite(a).all())
 
 
 def _unscale_into(src: Any, dst: Any, inv: Any, found: Any) -> None:

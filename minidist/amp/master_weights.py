@@ -87,8 +87,9 @@ class MasterWeights(Optimizer):
             MasterWeights (each message says what to do).
     """
 
-    def __init__(self, optimizer: Optimizer) -> None:  # noqa: D107 - no Optimizer.__init__:
-        self.optimizer = optimizer                      # the groups are the inner optimizer's
+    def __init__(self, optimizer: Optimizer) -> None:
+        # Optimizer.__init__ is not called: the groups and state are the inner optimizer's.
+        self.optimizer = optimizer
         self._masters: list[MasterParameter] = []
         self._master_of: dict[int, MasterParameter] = {}
         self._bucket_grads: dict[tuple[int, ...], tuple[Any, list]] = {}
