@@ -7,6 +7,7 @@
     python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
         # + a step timeline per rank (minidist/trace.py): /tmp/tr/n2/trace.json, drawn by
         # benchmarks/plot_trace.py (tracing adds a little time to every step: not for the table)
+    python benchmarks/ddp_scaling.py --amp --quick    # + AMP rows: the cost of loss scaling
 
 Models (float32, SGD lr 0.01, synthetic data, batch 64 PER RANK):
     small   MLP 64-256-10          (19k parameters: latency-bound all-reduce)
@@ -20,6 +21,14 @@ overlap did not hide); compute = step - exposed comm. "plain" rows run the model
 copies side by side, which shows what the machine itself loses when n processes share its
 cores and memory bandwidth.
 
+AMP (``--amp``): two more rows per model, overlap off, beside the plain DDP row of the same
+setting. "amp=scaler" adds only the GradScaler to the DDP step (scale the loss, unscale each
+bucket with the fused kernel in place of DDP's finiteness check, read found_inf in step(),
+update the scale): the AMP overhead per DDP step. "amp=autocast" also runs forward under
+autocast, which on the CPU EMULATES float16 (float32 BLAS plus rounding), so it measures the
+emulation, not what a GPU gains. The footer also times the fused unscale of one 1.86M-float
+bucket next to the finiteness check it replaces.
+
 Memory, per configuration, in a separate untimed pass: ``tracemalloc`` traced from before the
 model is built through 3 steps (NumPy reports its array allocations to it), plus the bucket
 buffers DDP placed in shared-memory windows (MPI allocates those, tracemalloc cannot see
@@ -28,7 +37,8 @@ costs on top of a single process (target: at most one more copy of the gradients
 process's ``ru_maxrss`` (MPI, interpreter, every configuration) is printed at the bottom.
 
 Output: tables on stdout (rank 0); the driver writes benchmarks/results/ddp_scaling.json and
-ddp_scaling.txt (the table), a single launch under mpirun.sh ddp_scaling_nN.json.
+ddp_scaling.txt (the table), a single launch under mpirun.sh ddp_scaling_nN.json (with --amp:
+ddp_scaling_amp.json, ddp_scaling_amp.txt, ddp_scaling_amp_nN.json).
 """
 
 from __future__ import annotations
@@ -51,7 +61,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import minidist  # noqa: E402
-from minidist import comm, nn, optim, trace  # noqa: E402
+from minidist import amp, comm, kernels, nn, optim, trace  # noqa: E402
 from minidist.comm.algorithms.shm import shm_is_shared  # noqa: E402
 from minidist.ddp import DistributedDataParallel, auto_overlap  # noqa: E402
 from minidist.ddp.reducer import all_finite_fast  # noqa: E402
@@ -94,6 +104,8 @@ def run_steps(model_name: str, use_ddp: bool, steps: int, warmup: int,
               **ddp_kw) -> tuple[list[float], list[float], int]:
     """(step times, exposed comm times, bytes of DDP buckets in shared windows)."""
     rank = comm.get_rank()
+    amp_mode = ddp_kw.pop("amp", None)  # None | "scaler" | "autocast"
+    scaler = amp.GradScaler(enabled=amp_mode is not None)
     model = build(model_name)
     net = DistributedDataParallel(model, **ddp_kw) if use_ddp else model
     opt = optim.SGD(model.parameters(), lr=0.01)
@@ -108,9 +120,12 @@ def run_steps(model_name: str, use_ddp: bool, steps: int, warmup: int,
         if i == warmup:
             comm.barrier()
         t0 = time.perf_counter()
-        loss_fn(net(Tensor(x)), y).backward()
+        with amp.autocast("cpu", enabled=amp_mode == "autocast"):
+            loss = loss_fn(net(Tensor(x)), y)
+        scaler.scale(loss).backward()
         t_opt = time.perf_counter()
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad()
         t1 = time.perf_counter()
         if tr is not None:
@@ -152,6 +167,18 @@ def finite_check_cost_ms(numel: int, repeats: int = 20) -> float:
     return (time.perf_counter() - t0) / repeats * 1e3
 
 
+def fused_unscale_cost_ms(numel: int, repeats: int = 20) -> float:
+    """What the AMP fold (unscale + inf/NaN flag, one kernel call) costs on ``numel`` floats."""
+    buf = np.random.default_rng(0).normal(size=numel).astype(np.float32)
+    found = np.zeros(1, np.float32)
+    inv = np.ones(1, np.float32)  # 1.0: the buffer stays the same across repeats
+    kernels.unscale_and_check_(buf, buf, inv, found)  # warm-up (a compiled kernel compiles)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        kernels.unscale_and_check_(buf, buf, inv, found)
+    return (time.perf_counter() - t0) / repeats * 1e3
+
+
 def worker(args: argparse.Namespace) -> dict:
     comm.init_process_group()
     world = comm.get_world_size()
@@ -164,15 +191,18 @@ def worker(args: argparse.Namespace) -> dict:
     if not args.quick:
         configs += [("large", True, {"overlap": True, "bucket_cap_mb": cap})
                     for cap in (1, 5, 25, 100)]
+    if args.amp:
+        configs += [(m, True, {"overlap": False, "amp": mode})
+                    for m in ("small", "large") for mode in ("scaler", "autocast")]
     # Round-robin over the configurations, several rounds: on a shared, noisy machine a
     # burst of load then hits every configuration alike instead of one of them.
     samples: dict[int, tuple[list[float], list[float]]] = {i: ([], []) for i in range(len(configs))}
     for _ in range(args.rounds):
         for i, (model_name, use_ddp, kw) in enumerate(configs):
-            t, e = time_steps(model_name, use_ddp, args.steps, args.warmup, **kw)
+            t, e = time_steps(model_name, use_ddp, args.steps, args.warmup, **dict(kw))
             samples[i][0].extend(t)
             samples[i][1].extend(e)
-    mem = [peak_memory_mib(m, u, **kw) for m, u, kw in configs]
+    mem = [peak_memory_mib(m, u, **dict(kw)) for m, u, kw in configs]
     rows = [summarize(m, u, *samples[i], mem[i], **kw) for i, (m, u, kw) in enumerate(configs)]
     maxrss = np.array([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
     all_rss = comm.all_gather(maxrss).reshape(-1).tolist()
@@ -184,6 +214,10 @@ def worker(args: argparse.Namespace) -> dict:
         comm.barrier()  # every rank's file is written
         if comm.get_rank() == 0:
             print(f"# trace: {trace.merge(Path(args.trace) / f'n{world}')}", flush=True)
+    if args.amp:
+        out["fused_unscale_ms_1.86M"] = fused_unscale_cost_ms(1_863_690)
+        which = getattr(kernels, "implementation", None)  # which backend ran (newer kernels)
+        out["kernels"] = which(np.zeros(1, np.float32)) if which else "reference"
     comm.barrier()
     comm.destroy_process_group()
     return out
@@ -199,6 +233,7 @@ def table(results: list[dict]) -> str:
             cfg = "plain (no DDP)" if not r["ddp"] else (
                 f"overlap={'on ' if r['overlap'] else 'off'}"
                 + (f" cap={r['bucket_cap_mb']}MiB" if "bucket_cap_mb" in r else "")
+                + (f" amp={r['amp']}" if "amp" in r else "")
                 + (f" {r['algorithm']}" if "algorithm" in r else ""))
             ratio = (f"{r['step_ms'] / base[r['model']]:.2f}x" if r["model"] in base else "-")
             lines.append(f"  {r['model']:<6} {r['n']}  {cfg:<22} {r['step_ms']:9.2f}  "
@@ -211,7 +246,32 @@ def table(results: list[dict]) -> str:
                      f"per rank [MiB] {[round(v, 1) for v in res['peak_rss_mib_per_rank']]}; "
                      f"NaN/inf check of a 1.86M-float bucket: "
                      f"{res['finite_check_ms_1.86M']:.2f} ms")
+    lines += amp_overhead_lines(results)
     return "\n".join(lines)
+
+
+def amp_overhead_lines(results: list[dict]) -> list[str]:
+    """AMP overhead per DDP step: amp rows minus the plain DDP row (overlap off), same n."""
+    lines = []
+    for res in results:
+        rows = res["rows"]
+        for model in ("small", "large"):
+            base = next((r for r in rows if r["model"] == model and r["ddp"] and
+                         r.get("overlap") is False and "amp" not in r and
+                         "bucket_cap_mb" not in r), None)
+            for mode in ("scaler", "autocast"):
+                r = next((r for r in rows if r["model"] == model and r.get("amp") == mode),
+                         None)
+                if base is None or r is None:
+                    continue
+                extra = r["step_ms"] - base["step_ms"]
+                lines.append(f"# n={res['world_size']} {model}: amp={mode} adds {extra:+.2f} ms "
+                             f"per DDP step ({extra / base['step_ms'] * 100:+.1f}%)")
+        if "fused_unscale_ms_1.86M" in res:
+            lines.append(f"# n={res['world_size']}: fused unscale of a 1.86M-float bucket "
+                         f"({res['kernels']}): {res['fused_unscale_ms_1.86M']:.2f} ms, replacing "
+                         f"the {res['finite_check_ms_1.86M']:.2f} ms finiteness check")
+    return lines
 
 
 def driver(args: argparse.Namespace) -> None:
@@ -221,8 +281,8 @@ def driver(args: argparse.Namespace) -> None:
         cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n), sys.executable,
                __file__, "--worker-out", str(out), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--out", args.out
-               ] + (["--quick"] if args.quick else []) + (["--trace", args.trace] if args.trace
-                                                          else [])
+               ] + (["--quick"] if args.quick else []) + (["--amp"] if args.amp else []) \
+            + (["--trace", args.trace] if args.trace else [])
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         print(f"# running n={n}: {' '.join(cmd[:3])} ...", flush=True)
         subprocess.run(cmd, check=True, env=env, timeout=600)
@@ -234,11 +294,16 @@ def driver(args: argparse.Namespace) -> None:
             "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
             "batch_per_rank": BATCH, "steps_per_round": args.steps, "rounds": args.rounds,
             "results": results}
-    res_dir = Path(args.out)
-    (res_dir / "ddp_scaling.json").write_text(json.dumps(meta, indent=2))
-    (res_dir / "ddp_scaling.txt").write_text(f"# {meta['command']}  ({meta['machine']})\n"
-                                             + text + "\n")
-    print(f"# wrote {res_dir / 'ddp_scaling.json'} and ddp_scaling.txt")
+    res_dir, stem = Path(args.out), result_stem(args)
+    (res_dir / f"{stem}.json").write_text(json.dumps(meta, indent=2))
+    (res_dir / f"{stem}.txt").write_text(f"# {meta['command']}  ({meta['machine']})\n"
+                                         + text + "\n")
+    print(f"# wrote {res_dir / (stem + '.json')} and {stem}.txt")
+
+
+def result_stem(args: argparse.Namespace) -> str:
+    """``ddp_scaling``, or ``ddp_scaling_amp`` for --amp runs (they keep the plain table)."""
+    return "ddp_scaling_amp" if args.amp else "ddp_scaling"
 
 
 def main() -> None:
@@ -248,6 +313,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="round-robin passes over the configs")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="skip the bucket-size sweep")
+    p.add_argument("--amp", action="store_true",
+                   help="add AMP rows (GradScaler alone; autocast + GradScaler)")
     p.add_argument("--out", default=str(RESULTS), help="folder for the JSON/text results")
     p.add_argument("--trace", metavar="DIR", help="write a step timeline per world size "
                    "into DIR/n<N>/ (Chrome trace / Perfetto JSON; see minidist/trace.py)")
@@ -262,7 +329,7 @@ def main() -> None:
                 Path(args.worker_out).write_text(json.dumps(res))
             else:
                 print(table([res]))
-                path = Path(args.out) / f"ddp_scaling_n{res['world_size']}.json"
+                path = Path(args.out) / f"{result_stem(args)}_n{res['world_size']}.json"
                 path.write_text(json.dumps(res, indent=2))
                 print(f"# wrote {path}")
     else:

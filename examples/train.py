@@ -8,6 +8,9 @@ Run (from the repository root):
     ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/a --save-model runs/a/model.npz
     ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/a --resume   # after a crash
     python examples/train.py --dataset mnist --data-root ~/data/mnist --epochs 3
+    ./mpirun.sh -n 4 python examples/train.py --amp              # mixed precision (docs/amp.md)
+    ./mpirun.sh -n 4 python examples/train.py --amp --master-weights   # float16 weights too
+    ./mpirun.sh -n 2 python examples/train.py --device cuda --amp  # GPU LOCAL_RANK, real float16
 
 Rank 0 prints one line per epoch (loss and accuracy averaged over all ranks, validation on the
 test split, samples/s) and a final ``final test_acc`` line. The same ``--seed`` gives the same
@@ -19,6 +22,12 @@ numbers bit for bit. What one step does on every rank:
 
 ``--batch-size`` is per rank; the learning rate is scaled by the world size (``--lr-scaling
 linear``, Goyal et al. 2017), so ``--lr`` is the rate for ONE rank's batch.
+
+``--amp`` runs forward and loss under ``amp.autocast`` (float16 matmul/conv: real on a GPU,
+emulated on the CPU, where it is slower, not faster) with dynamic loss scaling; steps whose
+gradients overflow are skipped on every rank alike. ``--master-weights`` also keeps the model
+weights in float16 (fp32 master copies in the optimizer; gradients all-reduced in float16).
+``--device cuda`` puts each rank on GPU ``LOCAL_RANK`` (modulo the GPU count).
 """
 
 from __future__ import annotations
@@ -37,10 +46,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from minidist import comm, nn, optim
+from minidist import amp, comm, nn, optim
 from minidist import xp as backend
 from minidist.data import load_dataset
 from minidist.ddp import DistributedDataParallel
+from minidist.tensor import Tensor, no_grad
 from minidist.trainer import Trainer, TrainerConfig
 
 
@@ -68,12 +78,16 @@ class Config:
     stop_after_epochs: int = 0  # end early (a time-limited job); the schedule still spans --epochs
     save_model: str | None = None       # final weights as .npz with torch's state_dict keys
     progress_bar: bool = False
+    amp: bool = False           # float16 autocast + loss scaling (emulated on the CPU)
+    master_weights: bool = False        # float16 model weights, fp32 masters (implies --amp)
+    device: str | None = None   # cpu | cuda (default: MINIDIST_DEVICE, else cpu)
 
 
 CHOICES = {"model": ["mlp", "cnn"], "optimizer": ["sgd", "adamw"],
            "lr_scaling": ["none", "linear", "sqrt"],
            "dataset": ["digits", "mnist", "fashion-mnist", "synthetic"],
-           "algorithm": ["auto", "ring", "tree", "rd", "direct", "mpi"]}
+           "algorithm": ["auto", "ring", "tree", "rd", "direct", "mpi"],
+           "device": ["cpu", "cuda"]}
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -90,7 +104,25 @@ def parse_args(argv: list[str] | None = None) -> Config:
         parser.error("--resume needs --checkpoint-dir DIR")
     if cfg.dataset == "synthetic" and cfg.model == "cnn":
         parser.error("--model cnn needs image data; use --model mlp with --dataset synthetic")
+    cfg.amp = cfg.amp or cfg.master_weights
     return cfg
+
+
+def use_device(device: str | None) -> None:
+    """``--device``: cpu (NumPy), or cuda: CuPy on GPU LOCAL_RANK (modulo the GPU count).
+
+    Raises:
+        DeviceUnavailableError: cuda without CuPy or without a usable GPU (says which).
+    """
+    if device is None:
+        backend.default_array_module()  # checks MINIDIST_DEVICE
+        return
+    if device == "cuda":
+        cupy = backend.require_cuda()
+        n_gpus = cupy.cuda.runtime.getDeviceCount()
+        # Before init_process_group: a CUDA-aware MPI must see the device chosen first.
+        cupy.cuda.Device(comm.get_local_rank() % n_gpus).use()
+    backend.set_default_device(device)
 
 
 # ------------------------------------------------------------------------------- model
@@ -124,6 +156,17 @@ def parse_widths(text: str) -> tuple[int, ...]:
     return widths
 
 
+def check_float16_path(model: nn.Module, sample: np.ndarray, device_type: str, kind: str) -> None:
+    """--amp on a model that autocast would not change: one clear line (every rank), exit 1."""
+    model.eval()  # no dropout: this look-ahead draws no random numbers
+    with no_grad(), amp.autocast(device_type) as ac:
+        model(Tensor(backend.to_device(sample)))
+    model.train()
+    if ac.lower_precision_ops == 0:
+        raise SystemExit(f"train.py: --amp: model {kind!r} runs no op in float16 under autocast "
+                         "(only matmul, linear and conv2d on float32 inputs do); drop --amp.")
+
+
 def build_optimizer(cfg: Config, model: nn.Module) -> optim.Optimizer:
     if cfg.optimizer == "adamw":
         return optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -143,6 +186,10 @@ def save_weights(model: nn.Module, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> float:
     cfg = parse_args(argv)
+    try:
+        use_device(cfg.device)  # a missing GPU stack: one clear line, not a traceback
+    except (backend.DeviceUnavailableError, ValueError) as e:
+        raise SystemExit(f"train.py: {e}") from None
     comm.init_process_group()
     rank, world = comm.get_rank(), comm.get_world_size()
     nn.manual_seed(cfg.seed)                   # the same initial weights on every rank
@@ -153,23 +200,34 @@ def main(argv: list[str] | None = None) -> float:
 
     model = build_model(cfg.model, train_set.x.shape[1:], n_classes, cfg.dropout,
                         parse_widths(cfg.hidden))
+    optimizer = build_optimizer(cfg, model)
+    if cfg.master_weights:  # converts the model to float16: before DDP builds its buckets
+        optimizer = amp.MasterWeights(optimizer)
     ddp = DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_cap_mb,
                                   algorithm=cfg.algorithm)
-    trainer = Trainer(ddp, nn.CrossEntropyLoss(), build_optimizer(cfg, model), TrainerConfig(
+    trainer = Trainer(ddp, nn.CrossEntropyLoss(), optimizer, TrainerConfig(
         epochs=cfg.epochs, batch_size=cfg.batch_size, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, lr_scaling=cfg.lr_scaling,
         warmup_epochs=cfg.warmup_epochs, schedule="cosine",
         checkpoint_dir=cfg.checkpoint_dir, resume=cfg.resume,
         stop_after_epochs=cfg.stop_after_epochs or None,
         checkpoint_every_n_epochs=cfg.checkpoint_every if cfg.checkpoint_dir else 0,
-        progress_bar=cfg.progress_bar or None))
+        progress_bar=cfg.progress_bar or None, amp=cfg.amp))
     if rank == 0:
         n_params = sum(p.data.size for p in model.parameters())
         print(f"{cfg.dataset}: {len(train_set)} train / {len(test_set)} test, model {cfg.model} "
               f"({n_params} params), {cfg.optimizer} lr {cfg.lr} x {cfg.lr_scaling} scaling, "
               f"batch {cfg.batch_size}/rank x {world} rank(s), buckets "
               f"{[round(b.nbytes / 2**20, 2) for b in ddp.buckets]} MiB", flush=True)
+        if cfg.amp:
+            print(f"amp: float16 autocast on {trainer.device_type}"
+                  f"{' (emulated: float32 BLAS, rounded)' if trainer.device_type == 'cpu' else ''}"
+                  f", loss scaling from {trainer.scaler.get_scale():g}"
+                  f"{', float16 weights + float32 masters' if cfg.master_weights else ''}",
+                  flush=True)
 
+    if cfg.amp:
+        check_float16_path(model, train_set.x[:2], trainer.device_type, cfg.model)
     start = time.perf_counter()
     history = trainer.fit(train_set, test_set)
     if history.train_losses and not math.isfinite(history.train_losses[-1]):
@@ -178,7 +236,9 @@ def main(argv: list[str] | None = None) -> float:
     acc = history.val_accuracies[-1] if history.val_accuracies else float("nan")
     if rank == 0:
         print(f"final test_acc {acc:.4f}  elapsed {time.perf_counter() - start:.2f}s  "
-              f"world_size {world}  {history.samples_per_second:,.0f} samples/s", flush=True)
+              f"world_size {world}  {history.samples_per_second:,.0f} samples/s"
+              + (f"  amp scale {trainer.scaler.get_scale():g}, {trainer.scaler.skipped_steps} "
+                 "skipped steps" if cfg.amp else ""), flush=True)
     if cfg.save_model:
         save_weights(model, cfg.save_model)
     ddp.close()
@@ -187,8 +247,4 @@ def main(argv: list[str] | None = None) -> float:
 
 
 if __name__ == "__main__":
-    try:
-        backend.default_array_module()  # a missing GPU stack: one clear line, not a traceback
-    except (backend.DeviceUnavailableError, ValueError) as e:
-        raise SystemExit(f"train.py: {e}") from None
     main()

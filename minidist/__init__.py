@@ -1,7 +1,7 @@
 """minidist: distributed data-parallel training written from scratch in Python.
 
 Layers, bottom up (each imports only from the ones below it; see docs/layout.md):
-xp -> tensor -> nn, optim, comm -> data -> ddp -> trainer.
+xp -> tensor -> nn, optim, comm -> data, kernels -> amp -> ddp -> checkpoint -> trainer.
 """
 
 from minidist import xp
@@ -40,6 +40,10 @@ from minidist.comm import (
 # optim and data: optimizers, LR schedules, clipping; datasets, DistributedSampler, DataLoader
 from minidist import data, optim
 from minidist.data import DataLoader, DistributedSampler
+
+# amp: mixed precision (autocast, GradScaler, MasterWeights; docs/amp.md)
+from minidist import amp
+from minidist.amp import GradScaler, autocast, float16
 
 # ddp and trainer: DistributedDataParallel, comm hooks, Trainer, atomic checkpoints
 from minidist import ddp

@@ -20,11 +20,17 @@ One epoch on every rank::
 Resume (``TrainerConfig(resume=True)``) restores model, optimizer, scheduler, epoch, global
 step, the RNG and the history from the newest checkpoint in ``checkpoint_dir``: 4 epochs
 straight and 2 + resume + 2 give the same parameters bit for bit. See docs/trainer.md.
+
+Mixed precision (``TrainerConfig(amp=True)``, docs/amp.md): forward and loss run under
+``amp.autocast`` (float16 matmul/conv; emulated on the CPU), and a ``GradScaler`` scales the
+loss, skips steps whose gradients overflowed and adapts the scale; its state is checkpointed,
+so resume stays bit for bit. Pass ``scaler=`` to choose its settings.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import contextlib
 import json
 import math
 import os
@@ -36,7 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from minidist import comm, trace
+from minidist import amp, comm, trace
 from minidist import xp as backend
 from minidist.checkpoint import (CheckpointError, check_state_dict, checkpoint_path,
                                  latest_checkpoint, load_checkpoint, save_checkpoint)
@@ -86,6 +92,8 @@ class TrainerConfig:
         validation_split: fraction of the training set held out when no val set is given.
         progress_bar: text bar on rank 0's stderr; None = only on a TTY and not under CI.
         verbose: rank 0 prints one line per epoch.
+        amp: mixed precision: forward and loss under ``amp.autocast`` on the default device,
+            loss scaling with a ``GradScaler`` (see docs/amp.md).
         ddp_options: extra keyword arguments for DistributedDataParallel (bucket_cap_mb, ...).
     """
 
@@ -108,6 +116,7 @@ class TrainerConfig:
     validation_split: float = 0.0
     progress_bar: bool | None = None
     verbose: bool = True
+    amp: bool = False
     ddp_options: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -173,8 +182,10 @@ class Trainer:
     Args:
         model: the bare model (wrapped in DistributedDataParallel here) or a DDP wrapper.
         loss_fn: ``loss_fn(output, target) -> scalar Tensor`` (a mean over the batch).
-        optimizer: built over ``model.parameters()``.
+        optimizer: built over ``model.parameters()`` (or an ``amp.MasterWeights``).
         config: a TrainerConfig (defaults if None).
+        scaler: the ``amp.GradScaler`` to use (default: one with torch's settings, enabled
+            when ``config.amp``; a disabled scaler changes nothing).
 
     Attributes:
         preflight_fields: extra run-manifest fields (JSON-able) that ``fit`` checks are the
@@ -182,7 +193,8 @@ class Trainer:
     """
 
     def __init__(self, model: Any, loss_fn: Callable[[Any, Any], Any], optimizer: Any,
-                 config: TrainerConfig | None = None) -> None:
+                 config: TrainerConfig | None = None, scaler: amp.GradScaler | None = None
+                 ) -> None:
         self.config = config or TrainerConfig()
         self.config.validate()
         if not comm.is_initialized():
@@ -197,13 +209,17 @@ class Trainer:
         self.model = self.ddp.module
         self.loss_fn = loss_fn
         self.optimizer = optimizer
+        self.device_type = backend.default_device()
+        self.scaler = scaler if scaler is not None else amp.GradScaler(
+            self.device_type, enabled=self.config.amp)
+        self._fp16_path_checked = False
         self.scheduler: Any = None
         self.global_step = 0
         self.start_epoch = 0
         self.history = History(world_size=self.world_size)
         # Extra run-manifest fields that every rank must agree on, checked before step 0 of
         # fit (preflight.py), e.g. {"amp": {"enabled": True, "init_scale": 65536.0}}.
-        self.preflight_fields: dict[str, Any] = {}
+        self.preflight_fields: dict[str, Any] = {"amp": self._amp_manifest()}
         factor = {"none": 1.0, "linear": float(self.world_size),
                   "sqrt": math.sqrt(self.world_size)}[self.config.lr_scaling]
         for group in optimizer.param_groups:
@@ -262,6 +278,9 @@ class Trainer:
                 h.val_losses.append(vloss)
                 h.val_accuracies.append(vacc)
                 line += f"  val_loss {vloss:.4f}  val_acc {vacc:.4f}"
+            if self.scaler.is_enabled():
+                line += (f"  scale {self.scaler.get_scale():g} (skipped "
+                         f"{self.scaler.skipped_steps})")
             self._log(line + f"  {seen / elapsed:,.0f} samples/s  {elapsed:.2f}s")
             every = cfg.checkpoint_every_n_epochs
             if every and ((epoch + 1) % every == 0 or epoch + 1 == last):
@@ -289,8 +308,10 @@ class Trainer:
                 x, y = x[mask], y[mask]
             if len(y) == 0:
                 continue
-            out = self.model(Tensor(x))
-            sums += self._batch_metrics(out, y, self.loss_fn(out, y))
+            with self._autocast():
+                out = self.model(Tensor(x))
+                loss = self.loss_fn(out, y)
+            sums += self._batch_metrics(out, y, loss)
         comm.all_reduce(sums, op="sum")
         self.model.train(was_training)
         count = max(sums[2], 1.0)
@@ -302,6 +323,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict(),
             "epoch": int(epoch),
             "global_step": int(self.global_step),
             "sampler": {"epoch": int(epoch), "seed": self.config.seed,
@@ -356,20 +378,18 @@ class Trainer:
                 t_step = tr.now()
             x, y, mask = next(it)
             last_micro = (b + 1) % accum == 0 or b + 1 == len(batches)
-            if last_micro:
-                out = self.ddp(Tensor(x))
-                loss = self.loss_fn(out, y)
-                (loss / accum if accum > 1 else loss).backward()
-            else:
-                with self.ddp.no_sync():
+            with self._amp_errstate(), (contextlib.nullcontext() if last_micro
+                                        else self.ddp.no_sync()):
+                with self._autocast() as ac:
                     out = self.ddp(Tensor(x))
                     loss = self.loss_fn(out, y)
-                    (loss / accum).backward()
+                self._check_fp16_path(ac)
+                self.scaler.scale(loss / accum if accum > 1 else loss).backward()
             sums += self._batch_metrics(out, y, loss, mask)
             t_opt = tr.now() if tr is not None else 0.0
-
             if last_micro:
-                self.optimizer.step()
+                self.scaler.step(self.optimizer)   # optimizer.step(), unless inf/NaN (amp)
+                self.scaler.update()
                 if self.scheduler is not None:
                     self.scheduler.step()
                 self.optimizer.zero_grad()
@@ -377,7 +397,6 @@ class Trainer:
                 if cfg.log_every_n_batches and self.global_step % cfg.log_every_n_batches == 0:
                     self._log(f"epoch {epoch + 1} step {self.global_step} loss "
                               f"{float(loss.item()):.4f} (rank 0's batch)")
-
             if tr is not None and last_micro:
                 t_end, args = tr.now(), {"step": self.global_step - 1, "epoch": epoch}
                 tr.complete("optimizer.step", t_opt, t_end, args=args)
@@ -396,7 +415,7 @@ class Trainer:
         yh = backend.to_host(y)
         correct = logits.argmax(axis=-1) == yh
         if mask is not None and not mask.all():  # padding in this batch: recompute on the rest
-            with no_grad():
+            with no_grad(), self._autocast():
                 sub = self.loss_fn(Tensor(out.data[mask]), y[mask]) if mask.any() else None
             n = int(mask.sum())
             lsum = float(sub.item()) * n if sub is not None else 0.0
@@ -430,6 +449,12 @@ class Trainer:
                                   "(type and parameter groups) to resume.") from e
         if self.scheduler is not None and ckpt.get("scheduler") is not None:
             self.scheduler.load_state_dict(ckpt["scheduler"])
+        if self.scaler.is_enabled():
+            if ckpt.get("scaler"):
+                self.scaler.load_state_dict(ckpt["scaler"])
+            else:
+                self._log(f"resume: {path} has no GradScaler state (saved without amp); the "
+                          "loss scale starts fresh")
         tensor_random.default_generator().bit_generator.state = ckpt["rng"]
         self.start_epoch = int(ckpt["epoch"])
         self.global_step = int(ckpt["global_step"])
@@ -437,12 +462,44 @@ class Trainer:
             self.history = History.from_dict(ckpt["history"])
         self._log(f"resumed from {path}: epoch {self.start_epoch}, step {self.global_step}")
 
+    def _autocast(self) -> amp.autocast:
+        return amp.autocast(self.device_type, enabled=self.config.amp)
+
+    def _amp_errstate(self) -> Any:
+        """Under amp, NumPy's overflow/invalid warnings in float16 are expected: the scaler
+        skips those steps. A GPU raises no warnings either."""
+        if not self.config.amp:
+            return contextlib.nullcontext()
+        return np.errstate(over="ignore", invalid="ignore")
+
+    def _check_fp16_path(self, ac: amp.autocast) -> None:
+        """amp=True on a model whose forward casts nothing to float16 is an error (once)."""
+        if self._fp16_path_checked or not self.config.amp:
+            return
+        self._fp16_path_checked = True
+        if ac.lower_precision_ops == 0:
+            raise ValueError(
+                f"{rank_prefix()} Trainer: amp=True, but the forward pass of "
+                f"{type(self.model).__name__} ran no op in float16: autocast computes only "
+                "matmul, linear and conv2d in float16, and only from float32 inputs (float64 "
+                "models are left alone). Train without amp, or build the model in float32 from "
+                "such layers (nn.Linear, nn.Conv2d).")
+
     def _progress_enabled(self) -> bool:
         if self.rank != 0:
             return False
         if self.config.progress_bar is not None:
             return self.config.progress_bar
         return sys.stderr.isatty() and not os.environ.get("CI")
+
+    def _amp_manifest(self) -> dict[str, Any]:
+        """The mixed-precision settings every rank must share (a per-rank scale diverges)."""
+        sc = self.scaler
+        return {"autocast": bool(self.config.amp), "scaler": sc.is_enabled(),
+                "init_scale": float(sc.get_scale()) if sc.is_enabled() else None,
+                "growth_factor": sc.get_growth_factor(), "backoff_factor": sc.get_backoff_factor(),
+                "growth_interval": sc.get_growth_interval(),
+                "master_weights": isinstance(self.optimizer, amp.MasterWeights)}
 
     def _preflight(self, n_samples: int, n_batches: int) -> None:
         """Before step 0: every rank must run the same model, data length and settings.

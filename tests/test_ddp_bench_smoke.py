@@ -46,3 +46,15 @@ def test_ddp_scaling_trace_and_its_picture(tmp_path):
         assert "matplotlib is not installed" in plot.stdout
     else:
         assert png.stat().st_size > 10_000 and "overlap=on" in plot.stdout
+
+
+@pytest.mark.mpi
+def test_ddp_scaling_benchmark_amp_rows(tmp_path):
+    res = run_mpi(2, [BENCH, "--quick", "--amp", "--steps", "2", "--warmup", "1", "--rounds", "1",
+                      "--out", tmp_path], timeout_s=90, env={"MINIDIST_TIMEOUT_S": "30"})
+    assert res.returncode == 0, res.report()
+    data = json.loads((tmp_path / "ddp_scaling_amp_n2.json").read_text())
+    modes = {(r["model"], r.get("amp")) for r in data["rows"]}
+    assert {("large", "scaler"), ("large", "autocast"), ("small", "scaler")} <= modes
+    assert data["fused_unscale_ms_1.86M"] > 0
+    assert "amp=scaler adds" in res.stdout and "fused unscale of a 1.86M-float" in res.stdout

@@ -157,6 +157,7 @@ class Bucket:
         self._done = [False] * len(self.params)  # which grads reported this step
         self.finite = True  # the last reduced contents held no NaN/inf (set by the reducer)
         self.prescaled = False  # this step: grads divided by the world size on the way in
+        self.scaler: Any = None  # this step: the GradScaler that unscales it after reduction
 
     def __repr__(self) -> str:
         return (f"Bucket(index={self.index}, dtype={self.spec.dtype}, numel={self.spec.numel}, "

@@ -19,7 +19,8 @@ What construction does (every rank, same order)::
     2. pre-flight check (preflight.py): one all_gather_object of every rank's run manifest
        (library versions, parameters, bucket plan, all-reduce table); any difference raises
        the same PreflightError on every rank, naming the field and the ranks, not a hang
-    3. broadcast parameters and buffers from rank 0 (one message per bucket)
+    3. broadcast parameters and buffers from rank 0 (one message per bucket), and the float32
+       master weights of a model converted by amp.MasterWeights
     4. allocate one flat buffer per bucket (process group's alloc_buffer), make every p.grad
        a view into it, register a post-accumulate-grad hook per parameter (reducer.py)
 
@@ -37,6 +38,7 @@ import numpy as np
 
 from minidist import comm, trace
 from minidist import xp as backend
+from minidist.amp import owner_of
 from minidist.comm.algorithms import resolve
 from minidist.comm.transports.shm_window import shm_free_buffer
 from minidist.ddp.bucket import Bucket, BucketSpec, ParamMeta, plan_buckets
@@ -120,7 +122,7 @@ class DistributedDataParallel:
         self.reducer = Reducer(self._params, self._names, self.buckets, self._all_reduce,
                                self.world_size, overlap=overlap and self.world_size > 1,
                                find_unused_parameters=find_unused_parameters,
-                               nonfinite_grads=nonfinite_grads)
+                               nonfinite_grads=nonfinite_grads, rank=self.rank)
         self.reducer.bucket_algorithms = algorithms
         if comm_hook is not None:
             self.register_comm_hook(None, comm_hook)
@@ -195,6 +197,10 @@ class DistributedDataParallel:
             comm.broadcast(b.buffer, src=0, group=self.process_group)
             for p, view in zip(b.params, b.views):
                 p.data[...] = view
+        # float16 weights (amp.MasterWeights): the float32 masters the optimizer steps, too
+        owners = {id(o): o for o in map(owner_of, self._params) if o is not None}
+        for owner in owners.values():
+            comm.broadcast(owner.master_buffer, src=0, group=self.process_group)
         others = [p for _, p in self.module.named_parameters() if not p.requires_grad]
         if hasattr(self.module, "named_buffers"):
             others += [t for _, t in self.module.named_buffers()]
@@ -217,6 +223,7 @@ class DistributedDataParallel:
         t0 = tr.now() if tr is not None else 0.0
         self.reducer.prepare_for_forward()
         out = self.module(*args, **kwargs)
+        self.reducer.watch_output(out)
         if self.find_unused_parameters and self.reducer.require_sync:
             self.reducer.mark_unused(unused_param_indices(out, self._params,
                                                           lambda t: getattr(t, "_parents", ())))
@@ -277,6 +284,11 @@ class DistributedDataParallel:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients (None grads become bucket views again when backward reaches them)."""
         self.module.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def nonfinite_grad_steps(self) -> int:
+        """Synced steps whose averaged gradients held NaN/inf (without a GradScaler)."""
+        return self.reducer.nonfinite_grad_steps
 
     @property
     def last_step_stats(self) -> dict[str, float]:

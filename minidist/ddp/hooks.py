@@ -27,6 +27,12 @@ Hooks here:
       G~ = P Q^T                 the same on every rank; E = M - G~ (local)
 
   1-D parameters (biases) and tiny matrices go uncompressed in one all-reduce per bucket.
+
+Both compose with loss scaling (minidist.amp.GradScaler): they average the SCALED gradients,
+and the scaler unscales the bucket after the hook. A float16 cast can overflow to inf; that
+is a normal event under loss scaling (the step is skipped and the scale backs off). PowerSGD
+keeps its error memory and Q only from steps whose reduced P and Q are finite (the same on
+every rank), so one overflowing step does not poison every later one.
 """
 
 from __future__ import annotations
@@ -79,7 +85,8 @@ def allreduce_hook(state: Any, bucket: GradBucket) -> None:
 def fp16_compress_hook(state: Any, bucket: GradBucket) -> None:
     """Average the bucket in float16: half the bytes on the wire, ~3 decimal digits kept."""
     xp = backend.get_array_module(bucket.buffer)
-    half = (bucket.buffer / bucket.world_size).astype(xp.float16)
+    with np.errstate(over="ignore"):  # overflow -> inf, caught after the reduction
+        half = (bucket.buffer / bucket.world_size).astype(xp.float16)
     bucket.all_reduce(half, "sum")
     bucket.buffer[...] = half
 
@@ -205,12 +212,17 @@ def _powersgd(state: PowerSGDState, bucket: GradBucket) -> None:
     qs = [m_.T @ p for m_, p in zip(ms, ps)]
     flat_q = xp.concatenate([q.reshape(-1) for q in qs])
     bucket.all_reduce(flat_q, "avg")
+    # P and Q are identical on every rank after their all-reduces: so is this verdict. A
+    # non-finite step (an overflow under loss scaling) keeps the previous error memory and Q.
+    keep = bool(xp.isfinite(flat_p).all()) and bool(xp.isfinite(flat_q).all())
     off = 0
     for (k, g, _), m_, p, q in zip(mats, ms, ps, qs):
         q = flat_q[off:off + q.size].reshape(q.shape)
         off += q.size
         approx = p @ q.T
         g[...] = approx
+        if not keep:
+            continue
         if state.use_error_feedback:
             state.errors[(bucket.index, k)] = m_ - approx
         state.qs[(bucket.index, k)] = q.copy()

@@ -39,10 +39,24 @@ Rules that keep every rank in step:
   (``find_unused_parameters=True`` marks such parameters ready right after forward instead.)
 - an exception in the comm thread is kept and re-raised in the main thread, naming the bucket;
 - under ``no_sync`` the hooks do nothing: gradients just accumulate in the bucket views.
+
+With a GradScaler (mixed precision, minidist.amp): ``scaler.scale(loss)`` makes the scaler
+active; each bucket launched while it is active is UNSCALED right after its all-reduce by the
+scaler's fused kernel (``unscale_bucket_``: unscale + inf/NaN flag in one pass), in place of the
+finiteness dot product, so AMP adds no pass over the gradients. The flags are identical on
+every rank (the buckets are), so every rank skips the same steps. The scaler, not the reducer,
+then reports an inf/NaN (it is expected now and then: the scale was too high).
+
+Without a scaler, a NaN/inf after the reduction is reported once (warning) and then counted
+(``nonfinite_grad_steps``). Every rank sees the same reduced buckets, so all ranks take that
+slow path together, and it may run one small all-reduce: which ranks' forward outputs were
+already non-finite (the references kept by ``watch_output``; nothing is checked on the fast
+path), so the message can name the rank(s) where the NaN/inf started.
 """
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -52,6 +66,7 @@ import numpy as np
 
 from minidist import trace
 from minidist import xp as backend
+from minidist.amp import active_scaler
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.hooks import GradBucket, allreduce_hook
 from minidist.log import get_logger, rank_prefix
@@ -60,13 +75,15 @@ from minidist.tensor import queue_callback
 log = get_logger(__name__)
 
 NONFINITE_POLICIES = ("warn", "raise", "ignore")
+_MAX_WATCHED_OUTPUTS = 64  # forward outputs kept between syncs (no_sync micro-batches)
 
 
 class _CommThread:
     """One daemon thread that runs bucket reductions in the order they are submitted."""
 
-    def __init__(self, work: Callable[[Bucket], None]) -> None:
+    def __init__(self, work: Callable[[Bucket], None], device: Any = None) -> None:
         self._work = work
+        self._device = device  # CuPy's current device is per thread: use the buffers' one
         self._queue: queue.Queue = queue.Queue()
         self._cond = threading.Condition()
         self._outstanding = 0
@@ -80,6 +97,8 @@ class _CommThread:
         self._queue.put(bucket)
 
     def _run(self) -> None:
+        if self._device is not None:  # pragma: no cover - needs a GPU
+            self._device.use()
         while True:
             bucket = self._queue.get()
             if bucket is None:
@@ -116,12 +135,15 @@ class Reducer:
         world_size: number of ranks.
         overlap: reduce buckets on a comm thread during backward (True) or all at the end.
         find_unused_parameters: see :class:`minidist.ddp.DistributedDataParallel`.
-        nonfinite_grads: ``"warn"``, ``"raise"`` or ``"ignore"`` a NaN/inf after a reduction.
+        nonfinite_grads: ``"warn"`` (once, then count), ``"raise"`` or ``"ignore"`` a NaN/inf
+            after a reduction (not used for buckets a GradScaler unscales).
+        rank: this process's rank in the group (names the ranks in the non-finite report).
     """
 
     def __init__(self, params: Sequence[Any], names: Sequence[str], buckets: Sequence[Bucket],
                  all_reduce: Callable[[Any, str], None], world_size: int, *, overlap: bool = True,
-                 find_unused_parameters: bool = False, nonfinite_grads: str = "warn") -> None:
+                 find_unused_parameters: bool = False, nonfinite_grads: str = "warn",
+                 rank: int = 0) -> None:
         if nonfinite_grads not in NONFINITE_POLICIES:
             raise ValueError(f"{rank_prefix()} DistributedDataParallel: nonfinite_grads="
                              f"{nonfinite_grads!r}; use one of {NONFINITE_POLICIES}.")
@@ -130,6 +152,7 @@ class Reducer:
         self.buckets = list(buckets)
         self.all_reduce = all_reduce
         self.world_size = world_size
+        self.rank = rank
         self.overlap = overlap
         self.find_unused_parameters = find_unused_parameters
         self.nonfinite_grads = nonfinite_grads
@@ -137,6 +160,9 @@ class Reducer:
         self.comm_hook: Callable[[Any, GradBucket], None] = allreduce_hook
         self.hook_state: Any = None
         self.num_syncs = 0  # completed synced backward passes (the "step" in messages)
+        self.nonfinite_grad_steps = 0  # synced steps whose reduced gradients held NaN/inf
+        # forward outputs since the last sync (see watch_output); bounded: only a reference each
+        self._outputs: collections.deque = collections.deque(maxlen=_MAX_WATCHED_OUTPUTS)
         self.stats = {"wait_s": 0.0, "comm_s": 0.0}  # last step: exposed wait, comm thread busy
         self._next_launch = 0
         self._in_step = False  # a synced step is prepared and not yet finalized
@@ -150,7 +176,9 @@ class Reducer:
                 self._slot[i] = (b, k)
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                          for i, p in enumerate(self.params)]
-        self._thread = _CommThread(self._reduce_bucket) if overlap else None
+        device = self.buckets[0].buffer.device if self.buckets and \
+            backend.is_device_array(self.buckets[0].buffer) else None
+        self._thread = _CommThread(self._reduce_bucket, device) if overlap else None
         for b in self.buckets:
             b.attach_grads()
 
@@ -193,6 +221,14 @@ class Reducer:
             self._grad_ready(i)
         if unused:
             log.debug("step %d: %d unused parameter(s) marked ready", self.num_syncs, len(unused))
+
+    def watch_output(self, output: Any) -> None:
+        """Keep a reference to this forward's output arrays (no copy, no check: free).
+
+        Only if a reduced gradient turns out non-finite are they checked, to tell which
+        ranks' forward passes already produced NaN/inf (``_check_finite``).
+        """
+        self._outputs.extend(_arrays(output))
 
     # ------------------------------------------------------------------ hooks
 
@@ -269,6 +305,7 @@ class Reducer:
             b = self.buckets[self._next_launch]
             self._next_launch += 1
             b.state = BucketState.REDUCING
+            b.scaler = active_scaler()  # the GradScaler scaling this backward's loss, or None
             if tr is not None:
                 tr.instant(f"bucket {b.index} launch", args={"step": self.num_syncs})
             if self._thread is not None:
@@ -299,7 +336,10 @@ class Reducer:
             tr.counter("exposed comm [ms]", {"ms": self.stats["wait_s"] * 1e3})
         self._in_step = False
         self.num_syncs += 1
-        self._check_finite()
+        try:
+            self._check_finite()
+        finally:
+            self._outputs.clear()
 
     def _raise_bucket_error(self, bucket: Bucket, err: BaseException) -> None:
         self._in_step = False
@@ -321,7 +361,10 @@ class Reducer:
             grad_bucket = GradBucket(bucket, self.all_reduce, self.world_size,
                                      is_last=bucket.index == len(self.buckets) - 1)
             self.comm_hook(self.hook_state, grad_bucket)
-        if self.nonfinite_grads != "ignore":
+        if bucket.scaler is not None and bucket.scaler.unscale_bucket_(
+                bucket.buffer, bucket.params, bucket.names):
+            bucket.finite = True  # unscaled + checked in one pass; the scaler reports inf/NaN
+        elif self.nonfinite_grads != "ignore":
             bucket.finite = all_finite_fast(bucket.buffer)
         bucket.state = BucketState.REDUCED
         self._comm_busy_s += time.perf_counter() - t0
@@ -343,12 +386,33 @@ class Reducer:
             bad += [n for n, v in zip(b.names, b.views) if not bool(xp.isfinite(v).all())]
         if not bad:
             return
+        # Every rank is here (the reduced buckets are identical): one small collective is safe.
+        self.nonfinite_grad_steps += 1
         msg = (f"{rank_prefix()} DistributedDataParallel: non-finite (NaN/inf) averaged gradient "
-               f"at step {self.num_syncs - 1} in {bad[:8]}{'...' if len(bad) > 8 else ''}. "
-               "Lower the learning rate, clip gradients, or check the inputs of that step.")
+               f"at step {self.num_syncs - 1} in {bad[:8]}{'...' if len(bad) > 8 else ''}; "
+               f"{self._where_it_started()}. Lower the learning rate, clip gradients, or check "
+               "the inputs of that step.")
         if self.nonfinite_grads == "raise":
             raise FloatingPointError(msg)
-        log.warning(msg)
+        if self.nonfinite_grad_steps == 1:
+            log.warning("%s Warned once: later non-finite steps are only counted "
+                        "(DistributedDataParallel.nonfinite_grad_steps).", msg)
+        else:
+            log.debug("%s (non-finite step %d)", msg, self.nonfinite_grad_steps)
+
+    def _where_it_started(self) -> str:
+        """Which ranks' forward outputs were non-finite this step (one all-reduce of n flags)."""
+        flags = np.zeros(max(self.world_size, 1), dtype=np.float64)
+        finite = all(bool(backend.get_array_module(a).isfinite(a).all()) for a in self._outputs)
+        flags[self.rank] = 0.0 if finite else 1.0
+        if self.world_size > 1:
+            self.all_reduce(flags, "sum")
+        ranks = [r for r in range(len(flags)) if flags[r] > 0]
+        if ranks:
+            return (f"it started on rank(s) {ranks}, whose forward output was already "
+                    "non-finite (look at the input batch there, or the weights)")
+        return ("every rank's forward output was finite, so it arose in backward (a gradient "
+                "overflowed on some rank) or in the sum of the all-reduce")
 
     def close(self) -> None:
         """Remove the gradient hooks and stop the comm thread."""
@@ -374,6 +438,16 @@ def all_finite_fast(buf: Any) -> bool:
     with np.errstate(over="ignore", invalid="ignore"):  # overflow = "maybe", not a warning
         s = xp.dot(buf, buf) if buf.dtype.itemsize >= 4 else buf.sum(dtype=xp.float32)
     return bool(xp.isfinite(s))
+
+
+def _arrays(output: Any) -> list[Any]:
+    """The float arrays of the Tensors in a forward output (a Tensor, or nested list/dict)."""
+    if isinstance(output, (list, tuple)):
+        return [a for o in output for a in _arrays(o)]
+    if isinstance(output, dict):
+        return [a for o in output.values() for a in _arrays(o)]
+    data = getattr(output, "data", None)
+    return [data] if hasattr(data, "dtype") and data.dtype.kind == "f" else []
 
 
 def unused_param_indices(outputs: Any, params: Sequence[Any],

@@ -9,7 +9,8 @@
     pool:  max over the kh*kw axis of P
 
 Backward turns patch gradients back into an image with ``col2im``: one strided add per kernel
-offset, which also sums overlapping windows.
+offset, which also sums overlapping windows. Under autocast the convolution runs in float16
+(the products go through ``linalg.mm``, emulated with float32 BLAS on the CPU).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from minidist import xp as backend
+from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, error
+from minidist.tensor.linalg import mm, sum_rows
 
 
 def pair(v: Any, name: str = "value") -> tuple[int, int]:
@@ -90,6 +93,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     Returns:
         (N, O, Ho, Wo) with ``Ho = (H + 2 ph - kh) // sh + 1``.
     """
+    x, weight, bias = autocast_args("conv2d", x, weight, bias)
     o, c, kh, kw = weight.shape
     (sh, sw), (ph, pw) = pair(stride, "stride"), pair(padding, "padding")
     _out_size("conv2d", x, kh, kw, ph, pw)
@@ -103,7 +107,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     ho, wo = cols.shape[4], cols.shape[5]
     cols = cols.reshape(kh * kw * c, n * ho * wo)
     wmat = weight.data.transpose(0, 2, 3, 1).reshape(o, kh * kw * c)  # (O, kh, kw, C) order
-    out = wmat @ cols
+    out = mm(wmat, cols)
     if bias is not None:
         out += bias.data[:, None]
     out = out.reshape(o, n, ho, wo).transpose(1, 0, 2, 3)  # NCHW view of the (O, N, ...) result
@@ -113,13 +117,13 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
         g2 = g.transpose(1, 0, 2, 3).reshape(o, n * ho * wo)  # a free view when g is out-shaped
         gx = gw = None
         if weight.requires_grad:
-            gw = (g2 @ cols.T).reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
+            gw = mm(g2, cols.T).reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
         if x.requires_grad:
-            gcols = (wmat.T @ g2).reshape(kh, kw, c, n, ho, wo)
+            gcols = mm(wmat.T, g2).reshape(kh, kw, c, n, ho, wo)
             gx = col2im(gcols, xpad.shape, sh, sw)[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]]
         if bias is None:
             return gx, gw
-        return gx, gw, (g2.sum(axis=1) if bias.requires_grad else None)
+        return gx, gw, (sum_rows(g2, axis=1) if bias.requires_grad else None)
 
     return Tensor._make(out, parents, backward, "conv2d")
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy
 
 from minidist import xp as backend
+from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, error, is_floating
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -140,6 +141,7 @@ def neg(a: Tensor) -> Tensor:
 
 def pow(a: Tensor, exponent: Any) -> Tensor:  # noqa: A001 - the op's name
     """``a ** exponent``: a Python scalar exponent, or a tensor one (then ``a`` must be > 0)."""
+    (a,) = autocast_args("pow", a)
     exponent = coerce(exponent, a)
     if not isinstance(exponent, Tensor):
         p = exponent
@@ -169,12 +171,14 @@ def rpow(a: Tensor, base: Any) -> Tensor:
 
 def exp(a: Tensor) -> Tensor:
     """``e ** a``."""
+    (a,) = autocast_args("exp", a)
     out = backend.get_array_module(a.data).exp(a.data)
     return Tensor._make(out, (a,), lambda g: (g * out,), "exp")
 
 
 def log(a: Tensor) -> Tensor:
     """Natural log."""
+    (a,) = autocast_args("log", a)
     out = backend.get_array_module(a.data).log(a.data)
     return Tensor._make(out, (a,), lambda g: (g / a.data,), "log")
 
@@ -265,4 +269,11 @@ def astype(a: Tensor, dtype: Any) -> Tensor:
     if a.data.dtype == dtype:
         return a
     src = a.data.dtype
-    return Tensor._make(a.data.astype(dtype), (a,), lambda g: (g.astype(src),), "astype")
+    with numpy.errstate(over="ignore"):  # float16 overflows to inf, as on a device
+        out = a.data.astype(dtype)
+
+    def backward(g: Any) -> tuple:
+        with numpy.errstate(over="ignore"):
+            return (g.astype(src),)
+
+    return Tensor._make(out, (a,), backward, "astype")

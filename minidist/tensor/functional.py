@@ -7,6 +7,9 @@ Softmax-type ops subtract the row maximum first, so ``exp`` never overflows::
 
 ``cross_entropy`` fuses log_softmax and the negative log-likelihood into one node whose
 backward is ``(softmax(x) - onehot(target)) * g`` (divided by N for ``reduction="mean"``).
+
+Under autocast every op here except dropout runs in float32 (float16 inputs are cast up on the
+tape first), as torch's autocast does for softmax, losses and layer_norm.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy
 
 from minidist import xp as backend
 from minidist.tensor import random
+from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, as_array, error
 from minidist.tensor.reduce import normalize_axes
 
@@ -25,6 +29,7 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """``exp(x) / sum(exp(x))`` along ``axis`` (stable)."""
+    (x,) = autocast_args("softmax", x)
     xp = backend.get_array_module(x.data)
     (ax,) = normalize_axes("softmax", axis, x.ndim)
     e = xp.exp(x.data - x.data.max(axis=ax, keepdims=True))
@@ -35,6 +40,7 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """``x - logsumexp(x)`` along ``axis`` (stable)."""
+    (x,) = autocast_args("log_softmax", x)
     xp = backend.get_array_module(x.data)
     (ax,) = normalize_axes("log_softmax", axis, x.ndim)
     shifted = x.data - x.data.max(axis=ax, keepdims=True)
@@ -60,6 +66,7 @@ def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean") -> Tenso
         The loss (a scalar unless ``reduction="none"``).
     """
     _check_reduction("cross_entropy", reduction)
+    (logits,) = autocast_args("cross_entropy", logits)
     if logits.ndim != 2:
         raise ValueError(error("cross_entropy", f"logits must be (N, C), got shape "
                                f"{logits.shape}. Flatten extra dims into N first."))
@@ -100,6 +107,9 @@ def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean") -> Tenso
 def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # noqa: A002
     """Mean squared error ``(input - target)^2``, reduced by mean (default), sum or none."""
     _check_reduction("mse_loss", reduction)
+    (input,) = autocast_args("mse_loss", input)
+    if isinstance(target, Tensor):
+        (target,) = autocast_args("mse_loss", target)
     target = target if isinstance(target, Tensor) else Tensor(target, dtype=input.dtype)
     if input.shape != target.shape:
         raise ValueError(error("mse_loss", f"input shape {input.shape} and target shape "
@@ -141,6 +151,7 @@ def layer_norm(x: Tensor, normalized_shape: tuple[int, ...], weight: Tensor | No
     ``y = (x - mean) / sqrt(var + eps) * weight + bias`` with the biased variance, as torch.
     Built from tape ops, so its gradient comes from theirs.
     """
+    x, weight, bias = autocast_args("layer_norm", x, weight, bias)
     k = len(normalized_shape)
     if tuple(x.shape[x.ndim - k:]) != tuple(normalized_shape):
         raise ValueError(error("layer_norm", f"input shape {x.shape} does not end with "

@@ -8,15 +8,46 @@ For ``out = a @ b`` with ``a (..., n, k)`` and ``b (..., k, m)``::
 A 1-D left operand acts as a row ``(1, k)``, a 1-D right one as a column ``(k, 1)``; the added
 dim is dropped from the result and from the gradients. ``linear(x, W, b) = x @ W^T + b`` is one
 node, so its backward writes ``grad W = g^T @ x`` directly in W's (out, in) layout.
+
+Under autocast (``autocast_mode``) all three run in float16. Every product goes through ``mm``,
+which emulates a float16 GEMM on the CPU (float32 BLAS, result rounded to float16): NumPy has no
+float16 BLAS. Bias gradients of float16 outputs are summed in float32 and rounded once, as a
+device's reduction does.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy
+
 from minidist import xp as backend
+from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, error
 from minidist.tensor.elementwise import broadcast_message, unbroadcast
+
+
+def mm(a: Any, b: Any) -> Any:
+    """``a @ b`` on xp arrays; float16 @ float16 on the CPU is computed in float32 and rounded.
+
+    NumPy multiplies float16 matrices without BLAS (~200x slower than float32). The emulation
+    widens both operands exactly, uses float32 BLAS (float32 accumulation, like a device's
+    half-precision GEMM) and rounds the product to float16, overflowing to inf where a device
+    would. On a GPU, CuPy runs the real float16 GEMM.
+    """
+    if a.dtype == numpy.float16 and b.dtype == numpy.float16 and \
+            backend.get_array_module(a, b) is numpy:
+        with numpy.errstate(over="ignore", invalid="ignore"):  # inf, NaN: as on a device
+            return numpy.matmul(a.astype(numpy.float32), b.astype(numpy.float32)
+                                ).astype(numpy.float16)
+    return backend.get_array_module(a, b).matmul(a, b)
+
+
+def sum_rows(g: Any, axis: int = 0) -> Any:
+    """``g.sum(axis)``; float16 is accumulated in float32 and rounded once (bias gradients)."""
+    if g.dtype == numpy.float16:
+        return g.sum(axis=axis, dtype=numpy.float32).astype(numpy.float16)
+    return g.sum(axis=axis)
 
 
 def _check_aligned(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> None:
@@ -35,10 +66,11 @@ def matmul(a: Tensor, b: Any) -> Tensor:
     """``a @ b`` with NumPy's matmul rules."""
     if not isinstance(b, Tensor):
         b = Tensor(b, dtype=a.dtype)
+    a, b = autocast_args("matmul", a, b)
     _check_aligned("matmul", a.shape, b.shape)
     xp = backend.get_array_module(a.data, b.data)
     try:
-        out = xp.matmul(a.data, b.data)
+        out = mm(a.data, b.data)
     except ValueError:
         raise ValueError(broadcast_message("matmul (batch dims)", a.shape[:-2],
                                            b.shape[:-2])) from None
@@ -52,9 +84,9 @@ def matmul(a: Tensor, b: Any) -> Tensor:
         g2 = g[..., None, :] if A.ndim == 1 else (g[..., None] if B.ndim == 1 else g)
         ga = gb = None
         if a.requires_grad:
-            ga = unbroadcast(xp.matmul(g2, xp.swapaxes(B2, -1, -2)), A2.shape).reshape(A.shape)
+            ga = unbroadcast(mm(g2, xp.swapaxes(B2, -1, -2)), A2.shape).reshape(A.shape)
         if b.requires_grad:
-            gb = unbroadcast(xp.matmul(xp.swapaxes(A2, -1, -2), g2), B2.shape).reshape(B.shape)
+            gb = unbroadcast(mm(xp.swapaxes(A2, -1, -2), g2), B2.shape).reshape(B.shape)
         return ga, gb
 
     return Tensor._make(out, (a, b), backward, "matmul")
@@ -74,18 +106,18 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             f"its last dim but the weight of shape {weight.shape} expects {weight.shape[-1]} "
             "(weight is (out_features, in_features)). Check in_features of the layer or the "
             "shape of the input (flatten images first)."))
-    xp = backend.get_array_module(x.data, weight.data)
-    out = xp.matmul(x.data, weight.data.T)
+    x, weight, bias = autocast_args("linear", x, weight, bias)
+    out = mm(x.data, weight.data.T)
     if bias is not None:
         out += bias.data  # `out` is a fresh array: add in place, no temporary
     parents = (x, weight) if bias is None else (x, weight, bias)
 
     def backward(g: Any) -> tuple:
         g2 = g.reshape(-1, g.shape[-1])
-        gx = xp.matmul(g, weight.data) if x.requires_grad else None
-        gw = xp.matmul(g2.T, x.data.reshape(-1, x.shape[-1])) if weight.requires_grad else None
+        gx = mm(g, weight.data) if x.requires_grad else None
+        gw = mm(g2.T, x.data.reshape(-1, x.shape[-1])) if weight.requires_grad else None
         if bias is None:
             return gx, gw
-        return gx, gw, (g2.sum(axis=0) if bias.requires_grad else None)
+        return gx, gw, (sum_rows(g2) if bias.requires_grad else None)
 
     return Tensor._make(out, parents, backward, "linear")

@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from minidist import xp as backend
+from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, error
 
 
@@ -41,7 +42,8 @@ def _expand(g: Any, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: boo
 
 
 def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    """Sum over ``axis`` (all axes by default)."""
+    """Sum over ``axis`` (all axes by default; in float32 under autocast)."""
+    (x,) = autocast_args("sum", x)
     axes = normalize_axes("sum", axis, x.ndim)
     out = x.data.sum(axis=axes, keepdims=keepdims)
     shape = x.data.shape

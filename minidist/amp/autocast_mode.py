@@ -1,0 +1,104 @@
+"""``autocast``: run matmul/linear/conv in float16 and softmax/losses/reductions in float32.
+
+    from minidist import amp
+    with amp.autocast("cpu"):                 # or "cuda"; dtype="float16" (minidist.float16)
+        logits = model(x)                     # Linear layers compute in float16
+        loss = loss_fn(logits, y)             # cross_entropy computes in float32
+    loss.backward()                           # outside: the backward follows the forward's dtypes
+
+The state lives in the tensor layer (``minidist.tensor.autocast_mode``, per thread and per
+device type) so that tensor ops can consult it; this class only switches it on and off. See
+that module for the op lists and for how the CPU emulates float16 matrix products.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, TypeVar
+
+import numpy
+
+from minidist.log import rank_prefix
+from minidist.tensor import autocast_mode as state
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+float16 = numpy.dtype(numpy.float16)
+"""The dtype autocast computes in: ``amp.autocast("cuda", dtype=minidist.float16)``."""
+
+
+def _check_dtype(dtype: Any) -> Any:
+    try:
+        dt = numpy.dtype(dtype if dtype is not None else numpy.float16)
+    except TypeError:
+        dt = None
+    if dt not in state.SUPPORTED_DTYPES:
+        raise ValueError(f"{rank_prefix()} autocast: dtype={dtype!r} is not supported; use "
+                         "dtype='float16' (minidist.float16). NumPy and CuPy have no bfloat16.")
+    return dt
+
+
+class autocast:  # noqa: N801 - torch's name
+    """Context manager (and decorator) that runs eligible ops in float16 inside its block.
+
+    torch.autocast's signature and op policy (see ``minidist.tensor.autocast_mode``): matmul,
+    linear and conv2d cast float32 inputs to float16; softmax, log_softmax, cross_entropy,
+    mse_loss, layer_norm, exp, log, pow and sum cast float16 inputs to float32; other ops run
+    in the dtype of their inputs. Blocks nest; each restores the previous state in ``finally``
+    (``enabled=False`` turns autocast off inside an enclosing block).
+
+    Run only the forward pass (and the loss) under autocast, not ``backward()``: the tape
+    already records the casts, and the gradient of a float32 parameter comes back float32.
+
+    On the CPU the float16 products are EMULATED (float32 BLAS, results rounded to float16),
+    so values, overflow and rounding match a GPU's float16 GEMM but nothing runs faster.
+
+    Args:
+        device_type: "cpu" (NumPy arrays) or "cuda" (CuPy arrays): ops on arrays of the other
+            device are left alone, as in torch.
+        dtype: the lower-precision dtype; only float16.
+        enabled: False makes the block a no-op (or turns autocast off inside another block).
+
+    Attributes:
+        lower_precision_ops: after the block, how many ops in it ran in float16 (0 means the
+            model has no float16 path: nothing was cast).
+    """
+
+    def __init__(self, device_type: str, dtype: Any = "float16", enabled: bool = True) -> None:
+        if device_type not in state.DEVICE_TYPES:
+            raise ValueError(f"{rank_prefix()} autocast: device_type={device_type!r}; use one "
+                             f"of {state.DEVICE_TYPES}.")
+        self.device_type = device_type
+        self.fast_dtype = _check_dtype(dtype)
+        self.enabled = bool(enabled)
+        self.lower_precision_ops = 0
+        self._prev: list[Any] = []
+        self._count0: list[int] = []
+
+    def __enter__(self) -> autocast:
+        new = self.fast_dtype if self.enabled else None
+        self._prev.append(state.set_autocast_dtype(self.device_type, new))
+        self._count0.append(state.lower_precision_op_count())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        state.set_autocast_dtype(self.device_type, self._prev.pop())
+        self.lower_precision_ops = state.lower_precision_op_count() - self._count0.pop()
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with autocast(self.device_type, self.fast_dtype, self.enabled):  # a fresh one per
+                return fn(*args, **kwargs)                                   # call: reentrant
+
+        return wrapper  # type: ignore[return-value]
+
+
+def is_autocast_enabled(device_type: str = "cpu") -> bool:
+    """True inside an enabled ``autocast(device_type)`` block on this thread."""
+    return state.is_autocast_enabled(device_type)
+
+
+def get_autocast_dtype(device_type: str = "cpu") -> Any:
+    """The dtype of the enclosing ``autocast(device_type)`` block, or None outside one."""
+    return state.get_autocast_dtype(device_type)
