@@ -250,13 +250,18 @@ def _numbered(directory: Path) -> list[tuple[int, Path]]:
                    if (m := _NAME_RE.match(p.name))), reverse=True)
 
 
+def list_checkpoints(directory: str | Path) -> list[Path]:
+    """Every ``checkpoint-NNNNNN.npz`` in ``directory``, newest (highest number) first."""
+    return [p for _, p in _numbered(Path(directory))]
+
+
 def latest_checkpoint(directory: str | Path) -> Path | None:
     """The newest ``checkpoint-NNNNNN.npz`` in ``directory`` (highest number), or None.
 
     It is not opened: see ``Trainer(resume=True)`` for a resume that skips damaged files.
     """
-    found = _numbered(Path(directory))
-    return found[0][1] if found else None
+    found = list_checkpoints(directory)
+    return found[0] if found else None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -339,7 +344,7 @@ def prune_checkpoints(directory: str | Path, keep_last: int,
         The files deleted.
     """
     _check_keep_last(keep_last, "prune_checkpoints")
-    found = [p for _, p in _numbered(Path(directory))]
+    found = list_checkpoints(directory)
     kept, doomed = found[:keep_last], found[keep_last:]
     good = known_good is not None and any(p.resolve() == Path(known_good).resolve() for p in kept)
     if doomed and not good and not any(_loads(p) for p in kept):
