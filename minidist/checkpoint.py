@@ -47,7 +47,6 @@ import os
 import re
 import socket
 import time
-import zipfile
 from pathlib import Path
 from typing import Any, Mapping
 

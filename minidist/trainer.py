@@ -390,10 +390,11 @@ class Trainer:
         return np.array([float(loss.item()) * n, float(correct.sum()), n], dtype=np.float64)
 
     def _resume(self) -> None:
-        path, ckpt = self._agree_on_checkpoint()
-        if path is None:
+        chosen = self._agree_on_checkpoint()
+        if chosen is None:
             self._log(f"resume: no checkpoint in {self.config.checkpoint_dir}; starting fresh")
             return
+        path, ckpt = chosen
         if int(ckpt["world_size"]) != self.world_size:
             raise CheckpointError(
                 f"{rank_prefix()} resume from {path}: written at world size {ckpt['world_size']}"
@@ -417,7 +418,7 @@ class Trainer:
             self.history = History.from_dict(ckpt["history"])
         self._log(f"resumed from {path}: epoch {self.start_epoch}, step {self.global_step}")
 
-    def _agree_on_checkpoint(self) -> tuple[Path | None, dict | None]:
+    def _agree_on_checkpoint(self) -> tuple[Path, dict] | None:
         """Rank 0 picks the newest checkpoint that loads; every rank then loads that one.
 
             rank 0: remove stale temp files; try checkpoint-N, N-1, ... until one loads
@@ -425,9 +426,9 @@ class Trainer:
             broadcast {path, error} from rank 0                -> the same choice everywhere
             ranks 1..N-1 load that path; all_gather who failed -> the same error everywhere
         """
-        directory = self.config.checkpoint_dir
+        directory = str(self.config.checkpoint_dir)
         choice: dict = {"path": None, "error": None}
-        ckpt = None
+        ckpt: dict | None = None
         if self.rank == 0:
             remove_stale_temp_files(directory)
             skipped = []
@@ -453,7 +454,7 @@ class Trainer:
         if choice["error"]:
             raise CheckpointError(f"{rank_prefix()} {choice['error']}")
         if choice["path"] is None:
-            return None, None
+            return None
         path, failed = Path(choice["path"]), None
         if ckpt is None:  # the other ranks read the file rank 0 chose
             try:
@@ -468,6 +469,7 @@ class Trainer:
                     f"{rank_prefix()} resume from {path}: rank 0 read it but rank {r} cannot "
                     f"({why}). Every rank must see the same checkpoint_dir (a shared file "
                     "system, or the same copy on every node).")
+        assert ckpt is not None, "every rank loaded the checkpoint or raised above"
         return path, ckpt
 
     def _progress_enabled(self) -> bool:

@@ -197,7 +197,7 @@ def test_stale_temporary_files_are_removed_but_a_live_writers_file_is_not(tmp_pa
         "other_host_old": ".checkpoint-000002.npz.tmp-elsewhere-1",
         "not_ours": ".notes.txt.tmp-1",
     }
-    for key, name in names.items():
+    for name in names.values():
         (tmp_path / name).write_bytes(b"partial")
     os.utime(tmp_path / names["other_host_old"], (old, old))
     removed = {p.name for p in remove_stale_temp_files(tmp_path)}
