@@ -39,6 +39,7 @@ import numpy as np
 
 from minidist import comm, nn, optim
 from minidist import xp as backend
+from minidist.checkpoint import CheckpointError
 from minidist.data import load_dataset
 from minidist.ddp import DistributedDataParallel
 from minidist.trainer import Trainer, TrainerConfig
@@ -191,4 +192,7 @@ if __name__ == "__main__":
         backend.default_array_module()  # a missing GPU stack: one clear line, not a traceback
     except (backend.DeviceUnavailableError, ValueError) as e:
         raise SystemExit(f"train.py: {e}") from None
-    main()
+    try:
+        main()
+    except CheckpointError as e:  # raised alike on every rank (rank 0 decides): say it once
+        raise SystemExit(f"train.py: {e}" if comm.get_rank() == 0 else 1) from None

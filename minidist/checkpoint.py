@@ -167,9 +167,9 @@ def _nonfinite_error(path: Path, state: Mapping[str, Any], arrays: Mapping[str, 
                 "(Trainer(resume=True) picks it)")
     else:
         keep = f"Nothing was written (there is no earlier checkpoint in {path.parent}). Start again"
-    reason = f"{key!r} holds {count} non-finite value(s) (first: {value}{where}){more}"
+    reason = f"{key!r} holds {count} non-finite value(s) (first: {value}{where}){when}{more}"
     return CheckpointError(
-        f"{rank_prefix()} save_checkpoint: refused to write {path.name}: {reason}{when}. The run "
+        f"{rank_prefix()} save_checkpoint: refused to write {path.name}: {reason}. The run "
         f"diverged. {keep} with a lower learning rate or gradient clipping "
         "(optim.clip_grad_norm_). To store non-finite values on purpose, pass "
         "allow_nonfinite=True.", path=path, reason=reason)

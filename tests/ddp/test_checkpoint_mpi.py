@@ -29,7 +29,8 @@ def test_refused_save_and_fallback_resume_agree_on_every_rank(n, tmp_path):
     body = bodies.pop()
     assert body.startswith("save_checkpoint: refused to write checkpoint-000003.npz: "
                            "'model/0.weight' holds"), body
-    assert "after epoch 3. The run diverged" in body and "checkpoint-000002.npz, is kept" in body
+    assert ") after epoch 3" in body and "The run diverged" in body, body
+    assert "the last good checkpoint, " in body and "checkpoint-000002.npz, is kept" in body
     assert res["files"] == ["checkpoint-000001.npz", "checkpoint-000002.npz"]
     # 2. every rank resumed from the same older checkpoint, and ended identical
     assert res["resume"] == [[1, None]] * n, res["resume"]

@@ -137,7 +137,7 @@ def test_a_diverged_run_stops_at_its_next_checkpoint_and_keeps_the_last_good_one
                         checkpoint_every_n_epochs=1, checkpoint_keep_last=2, verbose=False)
     t = Trainer(model, PoisonedLoss(model, at=20), optim.SGD(model.parameters(), lr=0.1), cfg)
     with pytest.raises(CheckpointError, match=r"refused to write checkpoint-000003.npz: "
-                       r"'model/0.weight' holds .* after epoch 3. The run diverged.*"
+                       r"'model/0.weight' holds .* after epoch 3; .* The run diverged.*"
                        r"checkpoint-000002.npz, is kept"):
         t.fit(blobs())          # 8 steps per epoch: the NaN comes in epoch 3
     t.ddp.close()
