@@ -127,7 +127,7 @@ def test_every_flipped_byte_and_every_cut_raises_checkpoint_error_naming_the_fil
 
 
 def _legacy_checkpoint(path, w):
-    """A file as minidist wrote them before the SHA-256 trailer: zip CRC-32s only."""
+    """A file as minidist wrote them before the CRC-32 trailer: zip CRC-32s only."""
     meta = {"format_version": 1, "state": {"model": {"w": {"__array__": "model/w"}}, "epoch": 3}}
     np.savez(path, **{"model/w": w, "__meta__.json": np.frombuffer(json.dumps(meta).encode(),
                                                                    np.uint8)})

@@ -97,7 +97,7 @@ def test_resume_skips_a_damaged_newest_checkpoint(group, tmp_path, warnings_seen
     skipped = [m for m in warnings_seen if m.startswith("resume: skipped")]
     assert len(skipped) == 2, warnings_seen
     assert "checkpoint-000003.npz: BadZipFile" in skipped[0], skipped
-    assert "checkpoint-000002.npz: its SHA-256 is" in skipped[1], skipped
+    assert "checkpoint-000002.npz: its CRC-32 is" in skipped[1], skipped
     assert not stale.exists()
 
 
