@@ -165,16 +165,18 @@ def _nonfinite_error(path: Path, state: Mapping[str, Any], arrays: Mapping[str, 
     when = f" after epoch {epoch}" if isinstance(epoch, (int, np.integer)) else ""
     last = latest_checkpoint(path.parent)
     if last is not None:
-        keep = (f"Nothing was written; the last good checkpoint, {last}, is kept. Resume from it "
-                "(Trainer(resume=True) picks it)")
+        keep = (f"nothing was written, and the last good checkpoint, {last}, is kept. Resuming "
+                "from it would repeat the same steps (resume is exact), so start again with a "
+                "lower learning rate or gradient clipping (optim.clip_grad_norm_), or load its "
+                "weights into a new run")
     else:
-        keep = f"Nothing was written (there is no earlier checkpoint in {path.parent}). Start again"
+        keep = (f"nothing was written (there is no earlier checkpoint in {path.parent}). Start "
+                "again with a lower learning rate or gradient clipping (optim.clip_grad_norm_)")
     reason = f"{key!r} holds {count} non-finite value(s) (first: {value}{where}){when}{more}"
     return CheckpointError(
         f"{rank_prefix()} save_checkpoint: refused to write {path.name}: {reason}. The run "
-        f"diverged. {keep} with a lower learning rate or gradient clipping "
-        "(optim.clip_grad_norm_). To store non-finite values on purpose, pass "
-        "allow_nonfinite=True.", path=path, reason=reason)
+        f"diverged: {keep}. To store non-finite values on purpose, pass allow_nonfinite=True.",
+        path=path, reason=reason)
 
 
 def _crc32(f: Any, nbytes: int) -> str:
