@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from procs import REPO, job_env, mpiexec_path
+from procs import REPO, free_port, job_env, mpiexec_path, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -85,3 +85,40 @@ def test_ctrl_c_ends_the_job_with_one_line_and_exit_code_130(mode):
     finally:
         _kill_all(job, pids)
         job.wait()
+
+
+def test_ctrl_c_over_tcp_ends_every_rank_with_exit_code_130():
+    """torchrun-style ranks: the terminal signals each process; each exits with 130."""
+    port = free_port()
+    procs = []
+    try:
+        for r in range(N):
+            env = job_env({"RANK": str(r), "WORLD_SIZE": str(N), "LOCAL_RANK": str(r),
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+            procs.append(subprocess.Popen([sys.executable, str(SCRIPT), "train"], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, cwd=str(REPO), start_new_session=True))
+        for p in procs:   # each prints READY once it trains
+            assert "READY" in p.stdout.readline(), p.stderr.read()
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pytest.fail("a rank was still running 60 s after Ctrl-C")
+        errs = [p.stderr.read() for p in procs]
+        assert [p.returncode for p in procs] == [130] * N, errs
+        for r, err in enumerate(errs):
+            assert f"[rank {r}/{N}] interrupted (SIGINT)" in err and "Traceback" not in err, err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_destroy_process_group_restores_python_sigint_handling():
+    job = run_mpi(N, [SCRIPT, "restore"], timeout_s=60)
+    assert job.returncode == 0, job.report()
+    assert job.stdout.count("restored on rank") == N, job.report()

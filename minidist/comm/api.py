@@ -87,6 +87,7 @@ INTERRUPT_GRACE_S = 1.0
 # them first, so a Ctrl-C prints one line, not one per rank. Longer than INTERRUPT_GRACE_S so
 # rank 0, even in a blocking call, gets there first.
 INTERRUPT_QUIET_S = 2.0
+INTERRUPT_FLUSH_S = 0.2  # for the launcher to relay the "interrupted" line before the abort
 
 
 def _install_excepthooks(group: ProcessGroup) -> None:
@@ -136,8 +137,11 @@ def _install_excepthooks(group: ProcessGroup) -> None:
         abort = getattr(group.transport, "abort", None)
         if callable(abort):
             # MPI Abort ends every rank, even those inside a blocking call, and mpiexec exits
-            # with our code. MPI prints its own "application called MPI_Abort" line: the line
-            # above already says it, so stderr goes quiet first.
+            # with our code. The launcher relays our stderr through a pipe, and the abort can
+            # tear that down before it has read the line above: give it a moment. MPI prints
+            # its own "application called MPI_Abort" line; ours already says it, so stderr goes
+            # quiet first.
+            time.sleep(INTERRUPT_FLUSH_S)
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
             abort(INTERRUPT_EXIT_CODE)
         os._exit(INTERRUPT_EXIT_CODE)  # TCP and others: peers see the closed connections

@@ -2,6 +2,7 @@
 
     mpiexec -n 2 python tests/mpi/interrupted_rank.py train     # both ranks in Trainer.fit
     mpiexec -n 2 python tests/mpi/interrupted_rank.py blocked   # both inside blocking MPI calls
+    mpiexec -n 2 python tests/mpi/interrupted_rank.py restore   # no signal: hooks come and go
 
 Every rank prints ``READY rank=<r> pid=<pid>.`` once it is where the signal should find it (for
 ``blocked``: just before the blocking call, which never returns on its own). In ``blocked``
@@ -11,7 +12,9 @@ no Python code runs in the main threads, so only the SIGINT watcher thread can e
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 import numpy as np
 
@@ -50,7 +53,24 @@ def blocked() -> None:
         world.Recv(np.zeros(1), source=0)  # rank 0 never sends
 
 
+def restore() -> None:
+    """The SIGINT handler and watcher exist only between init and destroy_process_group."""
+    def watchers():
+        return [t for t in threading.enumerate() if t.name == "minidist-sigint-watcher"]
+
+    assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    assert len(watchers()) == 1, watchers()
+    comm.destroy_process_group()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.set_wakeup_fd(-1) == -1
+    for t in watchers():
+        t.join(10)
+    assert not watchers()
+    print(f"restored on rank {comm.get_rank()}", flush=True)
+    sys.exit(0)
+
+
 if __name__ == "__main__":
     comm.init_process_group()
-    {"train": train, "blocked": blocked}[sys.argv[1]]()
+    {"train": train, "blocked": blocked, "restore": restore}[sys.argv[1]]()
     print("unreachable", flush=True)
