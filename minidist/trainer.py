@@ -18,8 +18,10 @@ One epoch on every rank::
     checkpoint (rank 0 writes, everyone waits at the barrier)
 
 Resume (``TrainerConfig(resume=True)``) restores model, optimizer, scheduler, epoch, global
-step, the RNG and the history from the newest checkpoint in ``checkpoint_dir``: 4 epochs
-straight and 2 + resume + 2 give the same parameters bit for bit. See docs/trainer.md.
+step, the RNG and the history from the newest checkpoint in ``checkpoint_dir`` that loads (rank
+0 skips damaged ones and tells every rank which it took): 4 epochs straight and 2 + resume + 2
+give the same parameters bit for bit. A save that finds NaN/inf in the state is refused on
+every rank (the run diverged; the last good checkpoint stays). See docs/trainer.md.
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ from minidist.tensor import random as tensor_random
 log = get_logger(__name__)
 
 LR_SCALINGS = ("none", "linear", "sqrt")
-_RESUME_KEYS = ("model", "optimizer", "epoch", "global_step", "world_size", "rng")
 SCHEDULES = ("cosine", "constant")
+_RESUME_KEYS = ("model", "optimizer", "epoch", "global_step", "world_size", "rng")
 
 
 @dataclass
@@ -429,28 +431,16 @@ class Trainer:
         directory = str(self.config.checkpoint_dir)
         choice: dict = {"path": None, "error": None}
         ckpt: dict | None = None
+        unexpected: Exception | None = None
         if self.rank == 0:
-            remove_stale_temp_files(directory)
-            skipped = []
-            for candidate in list_checkpoints(directory):
-                try:
-                    loaded = load_checkpoint(candidate)
-                except CheckpointError as e:
-                    why = e.reason
-                else:
-                    missing = [k for k in _RESUME_KEYS if k not in loaded]
-                    if not missing:
-                        choice["path"], ckpt = str(candidate), loaded
-                        break
-                    why = f"it has no {missing[0]!r} entry, so Trainer did not write it"
-                skipped.append(f"{candidate.name} ({why})")
-                log.warning("resume: skipped %s: %s", candidate, why)
-            if skipped and ckpt is None:
-                choice["error"] = (
-                    f"resume: none of the {len(skipped)} checkpoints in {directory} loads: "
-                    f"{'; '.join(skipped)}. Restore a copy, or move them aside to start fresh.")
+            try:
+                ckpt, choice = self._pick_checkpoint(directory)
+            except Exception as e:  # noqa: BLE001 - told to the other ranks, then raised here
+                choice["error"], unexpected = f"resume: {type(e).__name__}: {e}", e
         if self.world_size > 1:
             choice = comm.broadcast_object(choice, src=0)
+        if unexpected is not None:
+            raise unexpected
         if choice["error"]:
             raise CheckpointError(f"{rank_prefix()} {choice['error']}")
         if choice["path"] is None:
@@ -471,6 +461,28 @@ class Trainer:
                     "system, or the same copy on every node).")
         assert ckpt is not None, "every rank loaded the checkpoint or raised above"
         return path, ckpt
+
+    @staticmethod
+    def _pick_checkpoint(directory: str) -> tuple[dict | None, dict]:
+        """Rank 0: (the newest loadable Trainer checkpoint, {"path", "error"} for the others)."""
+        remove_stale_temp_files(directory)
+        skipped = []
+        for candidate in list_checkpoints(directory):
+            try:
+                loaded = load_checkpoint(candidate)
+            except CheckpointError as e:
+                why = e.reason
+            else:
+                missing = [k for k in _RESUME_KEYS if k not in loaded]
+                if not missing:
+                    return loaded, {"path": str(candidate), "error": None}
+                why = f"it has no {missing[0]!r} entry, so Trainer did not write it"
+            skipped.append(f"{candidate.name} ({why})")
+            log.warning("resume: skipped %s: %s", candidate, why)
+        error = (f"resume: none of the {len(skipped)} checkpoints in {directory} loads: "
+                 f"{'; '.join(skipped)}. Restore a copy, or move them aside to start fresh."
+                 if skipped else None)
+        return None, {"path": None, "error": error}
 
     def _progress_enabled(self) -> bool:
         if self.rank != 0:
