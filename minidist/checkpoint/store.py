@@ -100,12 +100,12 @@ def save_checkpoint(path: str | Path, state: Mapping[str, Any], *, rank0_only: b
                     keep_last: int | None = None, allow_nonfinite: bool = False) -> Path:
     """Write ``state`` (a tree of arrays, numbers, strings, lists, dicts) to ``path`` atomically.
 
-    Rank 0 checks the arrays (no NaN/inf), writes a temporary file in the same directory,
-    fsyncs it and renames it over ``path``, then prunes old checkpoints (``keep_last``).
-    Then it broadcasts the outcome: every rank returns once the file is complete and visible,
-    or every rank raises the same error (so a refused save never leaves a rank waiting).
-    ``rank0_only=False`` lets every rank write its own path (for per-rank state); then any
-    rank's failure is raised on all.
+    Collective: every rank calls it. Rank 0 checks the arrays (no NaN/inf), writes a temporary
+    file in the same directory, fsyncs it and renames it over ``path``, then prunes old
+    checkpoints (``keep_last``). Then it broadcasts the outcome: every rank returns once the
+    file is complete and visible, or every rank raises the same error (so a refused save never
+    leaves a rank waiting). ``rank0_only=False`` lets every rank write its own path (for
+    per-rank state); then any rank's failure is raised on all.
 
     Args:
         path: the ``.npz`` file to create or replace; its directory is created if needed.
