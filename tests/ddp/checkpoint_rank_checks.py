@@ -6,7 +6,8 @@
    after that epoch is refused on EVERY rank with the same CheckpointError, nobody hangs, and
    the checkpoints of the good epochs stay;
 2. the newest of those is then damaged: resume skips it on rank 0 and every rank resumes from
-   the same older checkpoint, with bit-identical parameters.
+   the same older checkpoint, with bit-identical parameters;
+3. per-rank files (rank0_only=False): one rank's refusal is raised on every rank.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 import minidist
 from minidist import comm, nn, optim
-from minidist.checkpoint import CheckpointError
+from minidist.checkpoint import CheckpointError, save_checkpoint
 from minidist.data import ArrayDataset
 from minidist.trainer import Trainer, TrainerConfig
 
@@ -81,9 +82,17 @@ def main(root: Path) -> None:
     trainer, resume_error = run(root, resume=True)
     starts = comm.all_gather_object([trainer.start_epoch, resume_error])
     digests = comm.all_gather_object(digest(trainer.model))
+    bad = np.full(2, np.nan if rank == world - 1 else 1.0)
+    try:
+        save_checkpoint(root / "per_rank" / f"rank{rank}.npz", {"w": bad}, rank0_only=False)
+        per_rank = None
+    except CheckpointError as e:
+        per_rank = str(e)
+    per_rank_errors = comm.all_gather_object(per_rank)
     if rank == 0:
         print("RESULT " + json.dumps({"world_size": world, "errors": errors, "files": names,
-                                      "resume": starts, "digests": digests}), flush=True)
+                                      "resume": starts, "digests": digests,
+                                      "per_rank_errors": per_rank_errors}), flush=True)
     comm.barrier()
     comm.destroy_process_group()
 

@@ -1,6 +1,6 @@
 """Checkpoint outcomes under mpiexec: a refused (non-finite) save raises the same error on every
-rank, and resume skips a damaged newest checkpoint identically on every rank. The bodies are in
-checkpoint_rank_checks.py; rank 0 prints a JSON summary."""
+rank (also with per-rank files), and resume skips a damaged newest checkpoint identically on
+every rank. The bodies are in checkpoint_rank_checks.py; rank 0 prints a JSON summary."""
 
 import json
 
@@ -38,3 +38,7 @@ def test_refused_save_and_fallback_resume_agree_on_every_rank(n, tmp_path):
     skipped = [line for line in job.stderr.splitlines() if "resume: skipped" in line]
     assert len(skipped) == 1 and skipped[0].startswith(f"[rank 0/{n}] WARNING") and \
         "checkpoint-000002.npz: BadZipFile" in skipped[0], job.stderr
+    # 3. per-rank files: the last rank's refusal reaches every rank
+    per_rank = res["per_rank_errors"]
+    assert all(e and f"refused to write rank{n - 1}.npz" in e for e in per_rank), per_rank
+    assert f"reported by rank {n - 1}" in per_rank[0], per_rank
