@@ -48,6 +48,7 @@ import numpy as np
 
 from minidist import amp, comm, nn, optim
 from minidist import xp as backend
+from minidist.checkpoint import CheckpointError
 from minidist.data import load_dataset
 from minidist.ddp import DistributedDataParallel
 from minidist.tensor import Tensor, no_grad
@@ -247,4 +248,7 @@ def main(argv: list[str] | None = None) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except CheckpointError as e:  # raised alike on every rank (rank 0 decides): say it once
+        raise SystemExit(f"train.py: {e}" if comm.get_rank() == 0 else 1) from None

@@ -18,8 +18,10 @@ One epoch on every rank::
     checkpoint (rank 0 writes, everyone waits at the barrier)
 
 Resume (``TrainerConfig(resume=True)``) restores model, optimizer, scheduler, epoch, global
-step, the RNG and the history from the newest checkpoint in ``checkpoint_dir``: 4 epochs
-straight and 2 + resume + 2 give the same parameters bit for bit. See docs/trainer.md.
+step, the RNG and the history from the newest checkpoint in ``checkpoint_dir`` that loads (rank
+0 skips damaged ones and tells every rank which it took): 4 epochs straight and 2 + resume + 2
+give the same parameters bit for bit. A save that finds NaN/inf in the state is refused on
+every rank (the run diverged; the last good checkpoint stays). See docs/trainer.md.
 
 Mixed precision (``TrainerConfig(amp=True)``, docs/amp.md): forward and loss run under
 ``amp.autocast`` (float16 matmul/conv; emulated on the CPU), and a ``GradScaler`` scales the
@@ -45,7 +47,8 @@ import numpy as np
 from minidist import amp, comm, trace
 from minidist import xp as backend
 from minidist.checkpoint import (CheckpointError, check_state_dict, checkpoint_path,
-                                 latest_checkpoint, load_checkpoint, save_checkpoint)
+                                 list_checkpoints, load_checkpoint, remove_stale_temp_files,
+                                 save_checkpoint)
 from minidist.data import DataLoader, DistributedSampler, random_split
 from minidist.ddp import DistributedDataParallel, check_manifest
 from minidist.log import get_logger, rank_prefix
@@ -61,6 +64,7 @@ SCHEDULES = ("cosine", "constant")
 # the pre-flight check at fit compares them across ranks.
 _AGREED_CONFIG = ("epochs", "batch_size", "grad_accum_steps", "shuffle", "seed",
                   "stop_after_epochs", "validation_split", "resume")
+_RESUME_KEYS = ("model", "optimizer", "epoch", "global_step", "world_size", "rng")
 
 
 @dataclass
@@ -86,7 +90,9 @@ class TrainerConfig:
             ``MINIDIST_TRACE`` variable does the same). None: no tracing.
         checkpoint_every_n_epochs: write a checkpoint every n epochs and after the last (0: never).
         checkpoint_dir: where checkpoints and history.json go.
-        resume: start from the newest checkpoint in checkpoint_dir, if there is one.
+        checkpoint_keep_last: keep only this many newest checkpoints (None: keep all).
+        resume: start from the newest checkpoint in checkpoint_dir that loads (damaged newer
+            ones are skipped, one warning line each), if there is one.
         stop_after_epochs: end this run after this many epochs (counted from 0) although the
             schedule spans ``epochs``: for time-limited jobs that resume later (None: run all).
         validation_split: fraction of the training set held out when no val set is given.
@@ -111,6 +117,7 @@ class TrainerConfig:
     trace_dir: str | None = None
     checkpoint_every_n_epochs: int = 0
     checkpoint_dir: str | None = None
+    checkpoint_keep_last: int | None = None
     resume: bool = False
     stop_after_epochs: int | None = None
     validation_split: float = 0.0
@@ -135,6 +142,9 @@ class TrainerConfig:
              self.checkpoint_every_n_epochs, ">= 0"),
             (not ((self.checkpoint_every_n_epochs or self.resume) and not self.checkpoint_dir),
              "checkpoint_dir", self.checkpoint_dir, "set when checkpointing or resuming"),
+            (self.checkpoint_keep_last is None or (isinstance(self.checkpoint_keep_last, int)
+                                                   and self.checkpoint_keep_last >= 1),
+             "checkpoint_keep_last", self.checkpoint_keep_last, "None (keep all) or >= 1"),
         ]
         for ok, name, value, want in checks:
             if not ok:
@@ -318,7 +328,12 @@ class Trainer:
         return float(sums[0] / count), float(sums[1] / count)
 
     def save_checkpoint(self, epoch: int) -> Path:
-        """Write everything needed to resume after ``epoch`` epochs (rank 0 writes, all wait)."""
+        """Write everything needed to resume after ``epoch`` epochs (rank 0 writes, all wait).
+
+        Raises:
+            CheckpointError: on every rank alike, if the model or optimizer state holds NaN
+                or inf (the run diverged): nothing is written, the last good checkpoint stays.
+        """
         state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -334,7 +349,8 @@ class Trainer:
             "config": {k: v for k, v in dataclasses.asdict(self.config).items()
                        if isinstance(v, (int, float, str, bool, type(None)))},
         }
-        path = save_checkpoint(checkpoint_path(self.config.checkpoint_dir, epoch), state)
+        path = save_checkpoint(checkpoint_path(self.config.checkpoint_dir, epoch), state,
+                               keep_last=self.config.checkpoint_keep_last)
         self._log(f"checkpoint: {path}")
         return path
 
@@ -424,15 +440,11 @@ class Trainer:
         return np.array([float(loss.item()) * n, float(correct.sum()), n], dtype=np.float64)
 
     def _resume(self) -> None:
-        path = latest_checkpoint(self.config.checkpoint_dir)
-        if path is None:
+        chosen = self._agree_on_checkpoint()
+        if chosen is None:
             self._log(f"resume: no checkpoint in {self.config.checkpoint_dir}; starting fresh")
             return
-        ckpt = load_checkpoint(path)
-        for key in ("model", "optimizer", "epoch", "global_step", "world_size", "rng"):
-            if key not in ckpt:
-                raise CheckpointError(f"{rank_prefix()} resume from {path}: the checkpoint has "
-                                      f"no {key!r} entry; it was not written by Trainer.")
+        path, ckpt = chosen
         if int(ckpt["world_size"]) != self.world_size:
             raise CheckpointError(
                 f"{rank_prefix()} resume from {path}: written at world size {ckpt['world_size']}"
@@ -484,6 +496,70 @@ class Trainer:
                 "matmul, linear and conv2d in float16, and only from float32 inputs (float64 "
                 "models are left alone). Train without amp, or build the model in float32 from "
                 "such layers (nn.Linear, nn.Conv2d).")
+
+    def _agree_on_checkpoint(self) -> tuple[Path, dict] | None:
+        """Rank 0 picks the newest checkpoint that loads; every rank then loads that one.
+
+            rank 0: remove stale temp files; try checkpoint-N, N-1, ... until one loads
+                    (each one skipped: one warning line naming it and why)
+            broadcast {path, error} from rank 0                -> the same choice everywhere
+            ranks 1..N-1 load that path; all_gather who failed -> the same error everywhere
+        """
+        directory = str(self.config.checkpoint_dir)
+        choice: dict = {"path": None, "error": None}
+        ckpt: dict | None = None
+        unexpected: Exception | None = None
+        if self.rank == 0:
+            try:
+                ckpt, choice = self._pick_checkpoint(directory)
+            except Exception as e:  # noqa: BLE001 - told to the other ranks, then raised here
+                choice["error"], unexpected = f"resume: {type(e).__name__}: {e}", e
+        if self.world_size > 1:
+            choice = comm.broadcast_object(choice, src=0)
+        if unexpected is not None:
+            raise unexpected
+        if choice["error"]:
+            raise CheckpointError(f"{rank_prefix()} {choice['error']}")
+        if choice["path"] is None:
+            return None
+        path, failed = Path(choice["path"]), None
+        if ckpt is None:  # the other ranks read the file rank 0 chose
+            try:
+                ckpt = load_checkpoint(path)
+            except CheckpointError as e:
+                failed = e.reason
+        if self.world_size > 1:
+            failures = [(r, f) for r, f in enumerate(comm.all_gather_object(failed)) if f]
+            if failures:
+                r, why = failures[0]
+                raise CheckpointError(
+                    f"{rank_prefix()} resume from {path}: rank 0 read it but rank {r} cannot "
+                    f"({why}). Every rank must see the same checkpoint_dir (a shared file "
+                    "system, or the same copy on every node).")
+        assert ckpt is not None, "every rank loaded the checkpoint or raised above"
+        return path, ckpt
+
+    @staticmethod
+    def _pick_checkpoint(directory: str) -> tuple[dict | None, dict]:
+        """Rank 0: (the newest loadable Trainer checkpoint, {"path", "error"} for the others)."""
+        remove_stale_temp_files(directory)
+        skipped = []
+        for candidate in list_checkpoints(directory):
+            try:
+                loaded = load_checkpoint(candidate)
+            except CheckpointError as e:
+                why = e.reason
+            else:
+                missing = [k for k in _RESUME_KEYS if k not in loaded]
+                if not missing:
+                    return loaded, {"path": str(candidate), "error": None}
+                why = f"it has no {missing[0]!r} entry, so Trainer did not write it"
+            skipped.append(f"{candidate.name} ({why})")
+            log.warning("resume: skipped %s: %s", candidate, why)
+        error = (f"resume: none of the {len(skipped)} checkpoints in {directory} loads: "
+                 f"{'; '.join(skipped)}. Restore a copy, or move them aside to start fresh."
+                 if skipped else None)
+        return None, {"path": None, "error": error}
 
     def _progress_enabled(self) -> bool:
         if self.rank != 0:

@@ -19,8 +19,11 @@ waiting for a message that never comes (over TCP it closes the transport, which 
 from __future__ import annotations
 
 import datetime
+import os
+import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -35,6 +38,7 @@ log = mdlog.get_logger(__name__)
 _group: ProcessGroup | None = None
 _info: LaunchInfo | None = None
 _saved_hooks: tuple | None = None
+_restore_signals: Any = None  # undoes _watch_sigint (SIGINT handler, wakeup fd, watcher)
 BACKENDS = ("auto", "mpi", "tcp", "local")
 
 
@@ -74,13 +78,77 @@ def _make_transport(backend: str, info: LaunchInfo, timeout_s: float) -> Transpo
     return TCPTransport(info.rank, info.world_size, info.master_addr, info.master_port, timeout_s)
 
 
+INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
+# A rank whose main thread waits inside a blocking MPI call (Barrier, Comm_split_type, MPI's
+# Allreduce) runs no Python code, so Python's SIGINT handler cannot raise KeyboardInterrupt
+# there. The watcher thread gives the main thread this long to take the interrupt itself.
+INTERRUPT_GRACE_S = 1.0
+# Ranks other than 0 wait this long before ending: rank 0's exit usually makes the launcher end
+# them first, so a Ctrl-C prints one line, not one per rank. Longer than INTERRUPT_GRACE_S so
+# rank 0, even in a blocking call, gets there first.
+INTERRUPT_QUIET_S = 2.0
+INTERRUPT_FLUSH_S = 0.2  # for the launcher to relay the "interrupted" line before the abort
+
+
 def _install_excepthooks(group: ProcessGroup) -> None:
-    global _saved_hooks
+    """One rank's failure ends the world; so does Ctrl-C, promptly and in one line.
+
+    - An uncaught exception (main thread or any other): the traceback, prefixed ``[rank r/N]``,
+      then ``transport.abort(1)`` (MPI Abort ends every rank) or ``transport.close()`` (TCP
+      peers see the closed connection).
+    - Ctrl-C (SIGINT; mpiexec forwards it to every rank): one line ``[rank 0/N] interrupted
+      (SIGINT): ...``, no traceback, then ``transport.abort(130)``: every rank ends and
+      mpiexec exits with 130 (over TCP: ``os._exit(130)``; MPI_Finalize and atexit handlers
+      would wait for peers that are gone). Ranks other than 0 wait ``INTERRUPT_QUIET_S``
+      first, so rank 0's abort usually ends them before they print. A rank whose main thread
+      is inside a blocking MPI call cannot run Python's handler; a watcher thread (woken
+      through ``signal.set_wakeup_fd``) ends it after ``INTERRUPT_GRACE_S``::
+
+          SIGINT --> C handler --+--> main thread in Python: KeyboardInterrupt -> sys_hook --.
+                                 '--> wakeup fd -> watcher: Python saw it within 1 s? no ----+
+                                                                                             v
+                                                 "[rank r/N] interrupted ..."; abort(130)
+
+    The Ctrl-C part applies at world size > 1, when SIGINT still has Python's default handler
+    and no wakeup fd is set (asyncio), and in the main thread; otherwise Python's behaviour
+    stays. ``destroy_process_group`` restores everything.
+    """
+    global _saved_hooks, _restore_signals
     if _saved_hooks is None:
         _saved_hooks = (sys.excepthook, threading.excepthook)
     prev_sys, _ = _saved_hooks
+    ending = threading.Lock()  # the first path that ends the process wins; others go quiet
+    python_saw_sigint = threading.Event()
+
+    def end_interrupted() -> None:
+        if not ending.acquire(blocking=False):
+            time.sleep(INTERRUPT_QUIET_S)  # another thread is already ending this process
+            os._exit(INTERRUPT_EXIT_CODE)
+        if group.rank != 0:
+            time.sleep(INTERRUPT_QUIET_S)  # rank 0's abort normally ends this process first
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        sys.stderr.write(f"{mdlog.rank_prefix()} interrupted (SIGINT): ending the job on all "
+                         f"{group.size} ranks with exit code {INTERRUPT_EXIT_CODE}.\n")
+        sys.stderr.flush()
+        abort = getattr(group.transport, "abort", None)
+        if callable(abort):
+            # MPI Abort ends every rank, even those inside a blocking call, and mpiexec exits
+            # with our code. The launcher relays our stderr through a pipe, and the abort can
+            # tear that down before it has read the line above: give it a moment. MPI prints
+            # its own "application called MPI_Abort" line; ours already says it, so stderr goes
+            # quiet first.
+            time.sleep(INTERRUPT_FLUSH_S)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+            abort(INTERRUPT_EXIT_CODE)
+        os._exit(INTERRUPT_EXIT_CODE)  # TCP and others: peers see the closed connections
 
     def end_world(exc_type: Any, exc: Any, tb: Any, where: str) -> None:
+        if not ending.acquire(blocking=False):
+            return  # the process is already ending (Ctrl-C, or another thread's failure)
         text = "".join(traceback.format_exception(exc_type, exc, tb))
         prefix = mdlog.rank_prefix()
         sys.stderr.write("".join(f"{prefix} {line}\n" for line in text.rstrip().splitlines()))
@@ -92,10 +160,21 @@ def _install_excepthooks(group: ProcessGroup) -> None:
             abort(1)  # MPI: takes every rank down (does not return)
         group.transport.close()  # TCP and others: peers see the closed connection
 
+    def caused_by_interrupt(exc: Any) -> bool:
+        """KeyboardInterrupt itself, or an error raised while one was being handled."""
+        seen = 0
+        while exc is not None and seen < 32:
+            if isinstance(exc, KeyboardInterrupt):
+                return True
+            exc, seen = exc.__context__, seen + 1
+        return False
+
     def sys_hook(exc_type: Any, exc: Any, tb: Any) -> None:
-        if issubclass(exc_type, KeyboardInterrupt) or group.size == 1:
+        if group.size == 1:
             prev_sys(exc_type, exc, tb)
             return
+        if caused_by_interrupt(exc):
+            end_interrupted()
         end_world(exc_type, exc, tb, "in the main thread")
 
     def thread_hook(args: Any) -> None:
@@ -107,6 +186,50 @@ def _install_excepthooks(group: ProcessGroup) -> None:
 
     sys.excepthook = sys_hook
     threading.excepthook = thread_hook
+    if (group.size > 1 and _restore_signals is None
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        _restore_signals = _watch_sigint(python_saw_sigint, end_interrupted)
+
+
+def _watch_sigint(python_saw: threading.Event, end: Any) -> Any:
+    """Route SIGINT through a wakeup pipe to a watcher thread; return the undo function."""
+    rfd, wfd = os.pipe()
+    os.set_blocking(wfd, False)  # set_wakeup_fd's requirement: the C handler must never block
+    old_fd = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+    if old_fd != -1:  # somebody (asyncio) already listens: leave SIGINT to them
+        signal.set_wakeup_fd(old_fd)
+        os.close(rfd)
+        os.close(wfd)
+        return None
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        python_saw.set()
+        raise KeyboardInterrupt
+
+    def watch() -> None:
+        while True:
+            try:
+                got = os.read(rfd, 64)
+            except OSError:
+                return
+            if not got or 0 in got:  # 0: destroy_process_group asked the watcher to stop
+                os.close(rfd)
+                return
+            if signal.SIGINT in got:
+                if not python_saw.wait(INTERRUPT_GRACE_S):
+                    end()  # the main thread is stuck in C: end from here
+                python_saw.clear()  # Python raised KeyboardInterrupt; the next Ctrl-C is new
+
+    signal.signal(signal.SIGINT, on_sigint)
+    threading.Thread(target=watch, name="minidist-sigint-watcher", daemon=True).start()
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.set_wakeup_fd(-1)
+        os.write(wfd, b"\0")
+        os.close(wfd)
+    return restore
 
 
 def init_process_group(backend: str = "auto", timeout: float | datetime.timedelta | None = None,
@@ -155,10 +278,13 @@ def init_process_group(backend: str = "auto", timeout: float | datetime.timedelt
 
 def destroy_process_group() -> None:
     """Close the default group's transport and restore the exception hooks. Idempotent."""
-    global _group, _info, _saved_hooks
+    global _group, _info, _saved_hooks, _restore_signals
     if _saved_hooks is not None:
         sys.excepthook, threading.excepthook = _saved_hooks
         _saved_hooks = None
+    if _restore_signals is not None:
+        _restore_signals()
+        _restore_signals = None
     if _group is not None:
         _group.close()
     _group, _info = None, None
