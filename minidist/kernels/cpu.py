@@ -1,0 +1,212 @@
+"""Numba CPU kernels for mixed precision: each fused op reads its input once.
+
+    from minidist.kernels import cpu        # imports numba (~1 s); minidist.kernels does it lazily
+    found = cpu.unscale_and_check(grads32, grads32, 1 / 65536)    # fp32 in place
+    found = cpu.unscale_and_check(grads16, master32, 1 / 65536)   # fp16 grads -> fp32 master
+
+Arguments are checked by ``minidist.kernels`` before they get here (dtypes, sizes, contiguity);
+call these through ``minidist.kernels`` unless you have validated them yourself.
+
+Why one pass. NumPy (``reference.py``) needs two passes over the gradients plus a temporary:
+
+    two passes (NumPy)                                one pass (this module)
+    ------------------                                ----------------------
+    tmp = isfinite(src)   read src, write tmp         for i in prange(n):     (threads split n)
+    found = ~tmp.all()    read tmp                        h = src[i]          read once
+    dst = src * inv       read src again, write dst       v = decode(h)       fp16 bits -> fp32
+                                                          bad = not finite(v) check the INPUT
+                                                          dst[i] = v * inv    fp32 multiply, store
+                                                      found = any(bad)    (a prange reduction)
+
+Per element that is 14 bytes of memory traffic against 8 (fp32 in place) or 10 against 6
+(fp16 -> fp32): the fused kernel runs at memory speed while NumPy streams the array twice, and
+NumPy's own float16 arithmetic is slow (it converts element by element in software).
+
+Numba has no float16 on the CPU (any float16 array raises ``NotImplementedError``), so fp16
+arrays come in as ``.view(np.uint16)`` and are converted with integer code here: decoding is
+exact and branch-free enough to vectorize; encoding (``master_to_model``) is NumPy's own
+round-to-nearest-even routine, so every one of the 2^32 float32 inputs gives NumPy's bits.
+
+No ``fastmath``: it lets LLVM assume there are no inf/NaN, and ``isfinite`` then folds to True
+(the check silently disappears). ``cache=True`` stores the machine code next to this file, so a
+second process (every MPI rank, every test process) loads it instead of compiling.
+
+The element logic is ``reference.unscale_element`` / ``reference.update_scale_rule``, compiled
+here with ``njit(inline="always")``: one definition for NumPy, CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+from numba.core.errors import NumbaError
+
+from minidist.kernels import reference
+
+__all__ = ["unscale_and_check", "unscale_and_check_", "update_scale_", "master_to_model",
+           "COMPILE_ERRORS", "check_usable"]
+
+COMPILE_ERRORS: tuple[type[BaseException], ...] = (NumbaError,)
+"""Errors that mean "Numba cannot compile this here" (minidist.kernels then falls back)."""
+
+_unscale_element = njit(inline="always")(reference.unscale_element)
+_update_scale_rule = njit(inline="always")(reference.update_scale_rule)
+
+# Numba's default "workqueue" threading layer aborts the process when two Python threads run
+# parallel kernels at the same time (the threads transport runs ranks as threads). The kernels
+# are memory bound, so taking turns costs little.
+_PARALLEL_LOCK = threading.Lock()
+
+_TWO_POW_112 = np.float32(2.0 ** 112)  # rebias: float32 exponent bias 127 - float16 bias 15
+
+
+# ----------------------------------------------------------------- float16 <-> float32 bits
+
+@njit(inline="always")
+def half_to_float(h: Any) -> Any:
+    """float16 bits (uint16) -> the float32 value, exactly as NumPy's float16 -> float32 cast.
+
+    The 15 bits below the sign are moved up 13 places into float32's exponent/mantissa slots;
+    that float32 is the fp16 value times 2^-112 (for subnormals too), so one exact multiply by
+    2^112 rebiases it. Exponent 31 (inf/NaN) instead gets float32's all-ones exponent 255.
+    """
+    bits = np.uint32(h)
+    magnitude = np.uint32((bits & np.uint32(0x7FFF)) << np.uint32(13))
+    if magnitude >= np.uint32(0x0F800000):  # fp16 exponent 31: inf or NaN (payload kept)
+        out = np.uint32(magnitude | np.uint32(0x7F800000))
+    else:  # zero, subnormal or normal
+        rebiased = np.uint32(magnitude).view(np.float32) * _TWO_POW_112
+        out = np.float32(rebiased).view(np.uint32)
+    sign = np.uint32((bits & np.uint32(0x8000)) << np.uint32(16))
+    return np.uint32(out | sign).view(np.float32)
+
+
+@njit(inline="always")
+def float_to_half_bits(f: Any) -> Any:
+    """float32 bits (uint32) -> float16 bits, round to nearest even.
+
+    A transcription of NumPy's ``npy_floatbits_to_halfbits``, so NaN payloads, overflow to inf
+    (from 65520 up) and subnormals come out as ``astype(np.float16)`` gives them.
+    """
+    f = np.uint32(f)
+    sign = np.uint32((f >> np.uint32(16)) & np.uint32(0x8000))
+    exp = np.uint32(f & np.uint32(0x7F800000))
+    sig = np.uint32(f & np.uint32(0x007FFFFF))
+    if exp >= np.uint32(0x47800000):  # |f| >= 2^16: inf, NaN, or overflow to inf
+        if exp == np.uint32(0x7F800000) and sig != np.uint32(0):
+            h = np.uint32(0x7C00) + (sig >> np.uint32(13))  # NaN: keep the top payload bits,
+            if h == np.uint32(0x7C00):                      # but make sure it stays a NaN
+                h = np.uint32(0x7C01)
+            return np.uint16(sign | h)
+        return np.uint16(sign | np.uint32(0x7C00))
+    if exp <= np.uint32(0x38000000):  # |f| < 2^-14: a float16 subnormal or zero
+        if exp < np.uint32(0x33000000):  # < 2^-25: rounds to (signed) zero
+            return np.uint16(sign)
+        shift = np.uint32(113) - (exp >> np.uint32(23))  # 1..11 extra places for subnormals
+        s = np.uint32((sig | np.uint32(0x00800000)) >> shift)
+        # round to nearest even: add half an ulp unless it is an exact tie on an even ulp
+        # (the bits the shift dropped are still in f's low 11 bits)
+        if (s & np.uint32(0x3FFF)) != np.uint32(0x1000) or (f & np.uint32(0x7FF)) != 0:
+            s = np.uint32(s + np.uint32(0x1000))
+        return np.uint16(sign | (s >> np.uint32(13)))
+    h_exp = np.uint32((exp - np.uint32(0x38000000)) >> np.uint32(13))
+    if (sig & np.uint32(0x3FFF)) != np.uint32(0x1000):  # same rounding rule
+        sig = np.uint32(sig + np.uint32(0x1000))
+    # a carry out of the mantissa bumps the exponent; from 65520 up that gives 0x7C00 = inf
+    return np.uint16(sign | (h_exp + (sig >> np.uint32(13))))
+
+
+# ----------------------------------------------------------------- kernels
+
+@njit(parallel=True, cache=True)
+def _unscale_f32_inplace(grads: Any, inv_scale: Any) -> bool:  # pragma: no cover - compiled
+    found = 0
+    for i in prange(grads.size):
+        value, bad = _unscale_element(grads[i], inv_scale)
+        grads[i] = value
+        found += bad
+    return found > 0
+
+
+# A separate kernel for dst is src: with two array arguments LLVM guards its vector loop with a
+# runtime overlap test that equal pointers fail, and the in-place call ran 3x slower, scalar.
+@njit(parallel=True, cache=True)
+def _unscale_f32(src: Any, dst: Any, inv_scale: Any) -> bool:  # pragma: no cover - compiled
+    found = 0
+    for i in prange(src.size):
+        value, bad = _unscale_element(src[i], inv_scale)
+        dst[i] = value
+        found += bad
+    return found > 0
+
+
+@njit(parallel=True, cache=True)
+def _unscale_f16(src_bits: Any, dst: Any, inv_scale: Any) -> bool:  # pragma: no cover
+    found = 0
+    for i in prange(src_bits.size):
+        value, bad = _unscale_element(half_to_float(src_bits[i]), inv_scale)
+        dst[i] = value
+        found += bad
+    return found > 0
+
+
+@njit(parallel=True, cache=True)
+def _to_half(master_bits: Any, model_bits: Any) -> None:  # pragma: no cover - compiled
+    for i in prange(master_bits.size):
+        model_bits[i] = float_to_half_bits(master_bits[i])
+
+
+@njit(cache=True)
+def _update_scale(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor: float,
+                  backoff_factor: float, growth_interval: int) -> None:  # pragma: no cover
+    new_scale, new_tracker = _update_scale_rule(scale[0], growth_tracker[0], found_inf[0],
+                                                growth_factor, backoff_factor, growth_interval)
+    scale[0] = new_scale
+    growth_tracker[0] = new_tracker
+
+
+# ----------------------------------------------------------------- entry points
+
+def check_usable() -> None:
+    """Nothing to probe: importing Numba was the test (compiling happens on first use)."""
+
+
+def unscale_and_check(src: np.ndarray, dst: np.ndarray, inv_scale: float) -> bool:
+    """``dst = float32(src) * inv_scale`` in one pass; True if ``src`` holds a NaN or an inf.
+
+    Args:
+        src: C-contiguous float32 or float16 array (the scaled gradients).
+        dst: C-contiguous float32 array with as many elements; may be ``src`` (float32).
+        inv_scale: 1 / scale as a host number; it is rounded to float32 first, as NumPy does.
+    """
+    inv = np.float32(inv_scale)
+    flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
+    with _PARALLEL_LOCK:
+        if flat_src.dtype == np.float16:
+            return bool(_unscale_f16(flat_src.view(np.uint16), flat_dst, inv))
+        if flat_src.ctypes.data == flat_dst.ctypes.data:  # in place (validated: same size)
+            return bool(_unscale_f32_inplace(flat_dst, inv))
+        return bool(_unscale_f32(flat_src, flat_dst, inv))
+
+
+def unscale_and_check_(src: np.ndarray, dst: np.ndarray, inv_scale: float,
+                       found_inf: np.ndarray) -> None:
+    """:func:`unscale_and_check`, then ``found_inf[0] = 1.0`` if it found a NaN/inf (never 0)."""
+    if unscale_and_check(src, dst, inv_scale):
+        found_inf[0] = 1.0
+
+
+def update_scale_(scale: np.ndarray, growth_tracker: np.ndarray, found_inf: np.ndarray,
+                  growth_factor: float, backoff_factor: float, growth_interval: int) -> None:
+    """torch's ``_amp_update_scale_`` in place on float32[1], int32[1], float32[1] arrays."""
+    _update_scale(scale, growth_tracker, found_inf, float(growth_factor),
+                  float(backoff_factor), int(growth_interval))
+
+
+def master_to_model(master: np.ndarray, model: np.ndarray) -> None:
+    """``model[...] = master.astype(float16)`` (round to nearest even), in place, one pass."""
+    with _PARALLEL_LOCK:
+        _to_half(master.reshape(-1).view(np.uint32), model.reshape(-1).view(np.uint16))
