@@ -1,6 +1,6 @@
-"""AMP kernel benchmark: the fused one-pass kernels beside NumPy's two passes and torch's CPU kernel.
+"""AMP kernel benchmark: the fused one-pass kernels beside NumPy's two passes and torch's kernel.
 
-    NUMBA_NUM_THREADS=2 .venv/bin/python benchmarks/amp_kernels.py       # 16M elements, 1 and 2 threads
+    NUMBA_NUM_THREADS=2 .venv/bin/python benchmarks/amp_kernels.py  # 16M elements, threads 1, 2
     .venv/bin/python benchmarks/amp_kernels.py --numel 1M --threads 1 --repeats 5
     .venv/bin/python benchmarks/amp_kernels.py --out /tmp/amp --no-plot --no-torch
 

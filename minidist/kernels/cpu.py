@@ -22,6 +22,10 @@ Per element that is 14 bytes of memory traffic against 8 (fp32 in place) or 10 a
 (fp16 -> fp32): the fused kernel runs at memory speed while NumPy streams the array twice, and
 NumPy's own float16 arithmetic is slow (it converts element by element in software).
 
+Each loop is compiled twice from one source: with ``prange`` (Numba's thread pool, up to
+``numba.get_num_threads()`` threads) for arrays of ``PARALLEL_MIN_NUMEL`` elements and more,
+and as a plain loop for shorter ones, where waking the pool would cost more than the work.
+
 Numba has no float16 on the CPU (any float16 array raises ``NotImplementedError``), so fp16
 arrays come in as ``.view(np.uint16)`` and are converted with integer code here: decoding is
 exact and branch-free enough to vectorize; encoding (``master_to_model``) is NumPy's own
@@ -38,8 +42,9 @@ here with ``njit(inline="always")``: one definition for NumPy, CPU and CUDA.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
+import numba
 import numpy as np
 from numba import njit, prange
 from numba.core.errors import NumbaError
@@ -116,42 +121,73 @@ def float_to_half_bits(f: Any) -> Any:
 
 # ----------------------------------------------------------------- kernels
 
-@njit(parallel=True, cache=True)
-def _unscale_f32_inplace(grads: Any, inv_scale: Any) -> bool:  # pragma: no cover - compiled
-    found = 0
-    for i in prange(grads.size):
-        value, bad = _unscale_element(grads[i], inv_scale)
-        grads[i] = value
-        found += bad
-    return found > 0
+class _Loops(NamedTuple):
+    unscale_f32_inplace: Any
+    unscale_f32: Any
+    unscale_f16: Any
+    to_half: Any
 
 
-# A separate kernel for dst is src: with two array arguments LLVM guards its vector loop with a
-# runtime overlap test that equal pointers fail, and the in-place call ran 3x slower, scalar.
-@njit(parallel=True, cache=True)
-def _unscale_f32(src: Any, dst: Any, inv_scale: Any) -> bool:  # pragma: no cover - compiled
-    found = 0
-    for i in prange(src.size):
-        value, bad = _unscale_element(src[i], inv_scale)
-        dst[i] = value
-        found += bad
-    return found > 0
+def _compile_loops(parallel: bool) -> _Loops:
+    """The elementwise loops, compiled lazily with ``prange`` (threads) or a plain ``range``.
+
+    Both variants come from this one source. ``loop_range`` is a closure variable on purpose:
+    Numba's cache keys a function by its name, bytecode and closure values (not by its flags),
+    so the closure is what keeps the two variants' cache entries apart.
+    """
+    loop_range = prange if parallel else range
+    jit = njit(parallel=parallel, cache=True)
+
+    @jit
+    def unscale_f32_inplace(grads: Any, inv_scale: Any) -> bool:  # pragma: no cover
+        found = 0
+        for i in loop_range(grads.size):
+            value, bad = _unscale_element(grads[i], inv_scale)
+            grads[i] = value
+            found += bad
+        return found > 0
+
+    # A separate loop for dst is src: with two array arguments LLVM guards its vector loop with
+    # a runtime overlap test that equal pointers fail, and in place ran 3x slower, scalar.
+    @jit
+    def unscale_f32(src: Any, dst: Any, inv_scale: Any) -> bool:  # pragma: no cover
+        found = 0
+        for i in loop_range(src.size):
+            value, bad = _unscale_element(src[i], inv_scale)
+            dst[i] = value
+            found += bad
+        return found > 0
+
+    @jit
+    def unscale_f16(src_bits: Any, dst: Any, inv_scale: Any) -> bool:  # pragma: no cover
+        found = 0
+        for i in loop_range(src_bits.size):
+            value, bad = _unscale_element(half_to_float(src_bits[i]), inv_scale)
+            dst[i] = value
+            found += bad
+        return found > 0
+
+    @jit
+    def to_half(master_bits: Any, model_bits: Any) -> None:  # pragma: no cover
+        for i in loop_range(master_bits.size):
+            model_bits[i] = float_to_half_bits(master_bits[i])
+
+    return _Loops(unscale_f32_inplace, unscale_f32, unscale_f16, to_half)
 
 
-@njit(parallel=True, cache=True)
-def _unscale_f16(src_bits: Any, dst: Any, inv_scale: Any) -> bool:  # pragma: no cover
-    found = 0
-    for i in prange(src_bits.size):
-        value, bad = _unscale_element(half_to_float(src_bits[i]), inv_scale)
-        dst[i] = value
-        found += bad
-    return found > 0
+PARALLEL_LOOPS = _compile_loops(parallel=True)
+SERIAL_LOOPS = _compile_loops(parallel=False)
+
+PARALLEL_MIN_NUMEL = 1 << 18
+"""Arrays shorter than this run on one thread: 256 Ki elements take one core ~20-100 us, about
+what waking the other threads costs on a busy machine (a 1000-element call: 0.3 us serial,
+20-70 us through the thread pool under load)."""
 
 
-@njit(parallel=True, cache=True)
-def _to_half(master_bits: Any, model_bits: Any) -> None:  # pragma: no cover - compiled
-    for i in prange(master_bits.size):
-        model_bits[i] = float_to_half_bits(master_bits[i])
+def _loops(numel: int) -> _Loops:
+    if numel >= PARALLEL_MIN_NUMEL and numba.get_num_threads() > 1:
+        return PARALLEL_LOOPS
+    return SERIAL_LOOPS
 
 
 @njit(cache=True)
@@ -169,6 +205,13 @@ def check_usable() -> None:
     """Nothing to probe: importing Numba was the test (compiling happens on first use)."""
 
 
+def _run(loops: _Loops, kernel: Any, *args: Any) -> Any:
+    if loops is PARALLEL_LOOPS:
+        with _PARALLEL_LOCK:
+            return kernel(*args)
+    return kernel(*args)
+
+
 def unscale_and_check(src: np.ndarray, dst: np.ndarray, inv_scale: float) -> bool:
     """``dst = float32(src) * inv_scale`` in one pass; True if ``src`` holds a NaN or an inf.
 
@@ -179,12 +222,12 @@ def unscale_and_check(src: np.ndarray, dst: np.ndarray, inv_scale: float) -> boo
     """
     inv = np.float32(inv_scale)
     flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
-    with _PARALLEL_LOCK:
-        if flat_src.dtype == np.float16:
-            return bool(_unscale_f16(flat_src.view(np.uint16), flat_dst, inv))
-        if flat_src.ctypes.data == flat_dst.ctypes.data:  # in place (validated: same size)
-            return bool(_unscale_f32_inplace(flat_dst, inv))
-        return bool(_unscale_f32(flat_src, flat_dst, inv))
+    loops = _loops(flat_src.size)
+    if flat_src.dtype == np.float16:
+        return bool(_run(loops, loops.unscale_f16, flat_src.view(np.uint16), flat_dst, inv))
+    if flat_src.ctypes.data == flat_dst.ctypes.data:  # in place (validated: same size)
+        return bool(_run(loops, loops.unscale_f32_inplace, flat_dst, inv))
+    return bool(_run(loops, loops.unscale_f32, flat_src, flat_dst, inv))
 
 
 def unscale_and_check_(src: np.ndarray, dst: np.ndarray, inv_scale: float,
@@ -203,5 +246,6 @@ def update_scale_(scale: np.ndarray, growth_tracker: np.ndarray, found_inf: np.n
 
 def master_to_model(master: np.ndarray, model: np.ndarray) -> None:
     """``model[...] = master.astype(float16)`` (round to nearest even), in place, one pass."""
-    with _PARALLEL_LOCK:
-        _to_half(master.reshape(-1).view(np.uint32), model.reshape(-1).view(np.uint16))
+    loops = _loops(master.size)
+    _run(loops, loops.to_half, master.reshape(-1).view(np.uint32),
+         model.reshape(-1).view(np.uint16))

@@ -33,7 +33,7 @@ and nothing waits on the host; with ``sync=True`` Numba would block on the array
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, no_type_check
 
 import numpy as np
 from numba import config as _numba_config
@@ -44,7 +44,7 @@ from minidist.kernels import reference
 __all__ = ["unscale_and_check", "unscale_and_check_", "update_scale_", "master_to_model",
            "SIMULATOR", "COMPILE_ERRORS", "check_usable"]
 
-SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
+SIMULATOR = bool(getattr(_numba_config, "ENABLE_CUDASIM", 0))
 """True when Numba's CUDA simulator is on: kernels run as Python threads on NumPy arrays."""
 
 THREADS_PER_BLOCK = 256
@@ -70,8 +70,10 @@ _update_scale_rule = cuda.jit(device=True)(reference.update_scale_rule)
 
 
 # ----------------------------------------------------------------- kernels
+# (no_type_check: these bodies are typed by Numba, not by mypy's view of numba's stubs)
 
 @cuda.jit(device=True)
+@no_type_check
 def _unscale_range(src: Any, dst: Any, inv_scale: Any, found_inf: Any) -> None:
     start, stride = cuda.grid(1), cuda.gridsize(1)
     for i in range(start, src.size, stride):
@@ -94,6 +96,7 @@ def _unscale_kernel_device_inv(src: Any, dst: Any, inv_scale: Any, found_inf: An
 
 
 @cuda.jit
+@no_type_check
 def _to_half_kernel(master: Any, model: Any) -> None:
     start, stride = cuda.grid(1), cuda.gridsize(1)
     for i in range(start, master.size, stride):
@@ -101,6 +104,7 @@ def _to_half_kernel(master: Any, model: Any) -> None:
 
 
 @cuda.jit
+@no_type_check
 def _update_scale_kernel(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor: float,
                          backoff_factor: float, growth_interval: int) -> None:
     if cuda.grid(1) == 0:  # launched with one thread; the guard keeps a bigger grid correct

@@ -12,9 +12,10 @@ import numba
 import numpy as np
 
 from minidist import kernels
-from minidist.kernels import reference as ref
+from minidist.kernels import cpu, reference as ref
 
 assert numba.config.NUMBA_NUM_THREADS == 3, numba.config.NUMBA_NUM_THREADS
+cpu.PARALLEL_MIN_NUMEL = 1  # the prange loops even for these short arrays
 
 for dtype in (np.float32, np.float16):
     for n in (3, 4, 5, 100, 301):
@@ -27,6 +28,11 @@ for dtype in (np.float32, np.float16):
                 assert ref.unscale_and_check(src, want, 0.25)
                 assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (dtype, n, i)
 assert numba.threading_layer() == "workqueue", numba.threading_layer()
+
+h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+got, want = np.empty(h.size, np.float32), np.empty(h.size, np.float32)
+assert kernels.unscale_and_check(h, got, 1 / 3) and ref.unscale_and_check(h, want, 1 / 3)
+assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 errors = []
 

@@ -38,6 +38,14 @@ def assert_same_bits(got, want):
                             f"{got.reshape(-1)[diff[:5]]} vs {want.reshape(-1)[diff[:5]]}")
 
 
+@pytest.fixture(params=["serial", "parallel"])
+def variant(request, monkeypatch):
+    """Run the test with the plain loops, then with the prange loops (whatever the size)."""
+    loops = cpu.SERIAL_LOOPS if request.param == "serial" else cpu.PARALLEL_LOOPS
+    monkeypatch.setattr(cpu, "_loops", lambda numel: loops)
+    return loops
+
+
 def both_unscale(src, inv, in_place):
     """(found, dst) from the Numba kernel and from the reference, on copies of src."""
     out = []
@@ -54,7 +62,7 @@ def both_unscale(src, inv, in_place):
 
 @pytest.mark.parametrize("inv", INV_SCALES)
 @pytest.mark.parametrize("in_place", [True, False])
-def test_fp32_specials_match_reference(inv, in_place):
+def test_fp32_specials_match_reference(inv, in_place, variant):
     src = np.concatenate([SPECIAL32, SNAN32, -SPECIAL32])
     (f1, d1), (f2, d2) = both_unscale(src, inv, in_place)
     assert f1 is f2 is True
@@ -62,7 +70,7 @@ def test_fp32_specials_match_reference(inv, in_place):
 
 
 @pytest.mark.parametrize("inv", INV_SCALES)
-def test_every_fp16_bit_pattern_to_fp32_master(inv):
+def test_every_fp16_bit_pattern_to_fp32_master(inv, variant):
     src = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     (f1, d1), (f2, d2) = both_unscale(src, inv, in_place=False)
     assert f1 is f2 is True
@@ -73,11 +81,11 @@ def test_every_fp16_bit_pattern_to_fp32_master(inv):
     assert_same_bits(d1, d2)
 
 
-def test_fp16_decode_is_exact():
+def test_fp16_decode_is_exact(variant):
     """The integer decode equals NumPy's float16 -> float32 cast on all 65536 patterns."""
     h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     got = np.empty(h.size, np.float32)
-    cpu._unscale_f16(h, got, np.float32(1.0))  # * 1.0 only quiets signaling NaNs
+    variant.unscale_f16(h, got, np.float32(1.0))  # * 1.0 only quiets signaling NaNs
     with np.errstate(all="ignore"):
         want = h.view(np.float16).astype(np.float32) * np.float32(1.0)
     assert_same_bits(got, want)
@@ -85,7 +93,7 @@ def test_fp16_decode_is_exact():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 31, 33, 1000, 4099])
-def test_odd_lengths_and_bad_value_positions(dtype, n):
+def test_odd_lengths_and_bad_value_positions(dtype, n, variant):
     rng = np.random.default_rng(n)
     clean = (rng.standard_normal(n) * 100).astype(dtype)
     for positions in ([], [0], [n - 1], [n // 2 - 1, n // 2], [n // 3]):
@@ -100,7 +108,7 @@ def test_odd_lengths_and_bad_value_positions(dtype, n):
             assert_same_bits(d1, d2)
 
 
-def test_every_position_of_a_single_inf_is_found():
+def test_every_position_of_a_single_inf_is_found(variant):
     n = 101
     for dtype in (np.float32, np.float16):
         dst = np.empty(n, np.float32)
@@ -151,7 +159,7 @@ def fp32_around_every_fp16():
     return np.concatenate([u, u + 1, u - 1]).view(np.float32)
 
 
-def test_master_to_model_matches_numpy_astype():
+def test_master_to_model_matches_numpy_astype(variant):
     rng = np.random.default_rng(0)
     random_bits = rng.integers(0, 1 << 32, 300_000, dtype=np.uint64).astype(np.uint32)
     nans = (rng.integers(1, 1 << 23, 2000, dtype=np.uint32) | 0x7F800000)
@@ -165,13 +173,14 @@ def test_master_to_model_matches_numpy_astype():
 
 
 @pytest.mark.skipif(os.environ.get("MINIDIST_EXHAUSTIVE") != "1",
-                    reason="all 2^32 float32 patterns (~1 min); set MINIDIST_EXHAUSTIVE=1")
+                    reason="all 2^32 float32 patterns (5-10 min); set MINIDIST_EXHAUSTIVE=1")
+@pytest.mark.timeout(3600)
 def test_master_to_model_all_float32_patterns():
     chunk = 1 << 24
     model = np.empty(chunk, np.float16)
     for start in range(0, 1 << 32, chunk):
         master = np.arange(start, start + chunk, dtype=np.uint64).astype(np.uint32)
-        cpu.master_to_model(master.view(np.float32), model)
+        cpu.PARALLEL_LOOPS.to_half(master, model.view(np.uint16))
         with np.errstate(all="ignore"):
             want = master.view(np.float32).astype(np.float16)
         assert np.array_equal(bits(model), bits(want)), hex(start)
@@ -252,8 +261,9 @@ def test_no_kernel_uses_fastmath():
     """fastmath lets LLVM assume no inf/NaN: isfinite folds to True and the check vanishes."""
     from numba.core.registry import CPUDispatcher
 
-    dispatchers = [v for v in vars(cpu).values() if isinstance(v, CPUDispatcher)]
-    assert len(dispatchers) >= 6
+    dispatchers = [v for v in [*vars(cpu).values(), *cpu.PARALLEL_LOOPS, *cpu.SERIAL_LOOPS]
+                   if isinstance(v, CPUDispatcher)]
+    assert len(dispatchers) >= 12
     for d in dispatchers:
         assert not d.targetoptions.get("fastmath"), d.py_func.__name__
     assert "fastmath" not in (REPO / "minidist/kernels/cpu.py").read_text().replace(
@@ -262,6 +272,7 @@ def test_no_kernel_uses_fastmath():
 
 def test_numpy_arrays_use_numba_cpu():
     assert kernels.implementation(np.zeros(1, np.float32)) == "numba-cpu"
+    assert cpu._loops(10) is cpu.SERIAL_LOOPS
     with pytest.raises(ValueError, match="NumPy or CuPy array"):
         kernels.implementation([1.0])
 
@@ -292,17 +303,17 @@ def test_import_is_lazy_and_env_choice():
             "assert 'numba' not in sys.modules, 'import minidist imported numba'\n"
             "print(k.implementation(np.zeros(1, np.float32)))\n"
             "assert 'numba' not in sys.modules\n")
-    res = subprocess.run([sys.executable, "-c", code], env=job_env({"MINIDIST_KERNELS": "reference"}),
-                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env=job_env({"MINIDIST_KERNELS": "reference"}), timeout=60)
     assert res.returncode == 0 and res.stdout.strip() == "reference", res.stderr
 
 
 def test_threads_and_chunk_tails_in_a_fresh_process():
     """3 Numba threads on the workqueue layer (not thread-safe): the kernels' lock, prange
     chunk boundaries, and 4 Python threads calling at once (the threads transport)."""
+    env = job_env({"NUMBA_NUM_THREADS": "3", "NUMBA_THREADING_LAYER": "workqueue"})
     res = subprocess.run([sys.executable, str(REPO / "tests/unit/kernels_threads_body.py")],
-                         env=job_env({"NUMBA_NUM_THREADS": "3", "NUMBA_THREADING_LAYER": "workqueue"}),
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "threads ok" in res.stdout, res.stdout + res.stderr
 
 
@@ -313,7 +324,8 @@ def f32(n=4):
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: kernels.unscale_and_check(f32(), np.ones(4, np.float16), 1.0), "dst has dtype float16"),
+    (lambda: kernels.unscale_and_check(f32(), np.ones(4, np.float16), 1.0),
+     "dst has dtype float16"),
     (lambda: kernels.unscale_and_check(np.ones(4), f32(), 1.0), "src has dtype float64"),
     (lambda: kernels.unscale_and_check(f32(4), f32(5), 1.0), "src has 4 elements but dst has 5"),
     (lambda: kernels.unscale_and_check(f32(8)[::2], f32(4), 1.0), "not C-contiguous"),
