@@ -193,6 +193,8 @@ def unscale_and_check_(src: Any, dst: Any, inv_scale: Any, found_inf: Any, *,
         launch: ``(blocks, threads_per_block)``; default: fill the GPU (simulator: 2 x 64).
     """
     n = int(src.size)
+    if n == 0:
+        return
     s, d, f = _device_view(src), _device_view(dst), _device_view(found_inf)
     if _is_host_number(inv_scale):
         _launch(_unscale_kernel, n, launch, s, d, np.float32(inv_scale), f)
@@ -224,4 +226,6 @@ def update_scale_(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor
 
 def master_to_model(master: Any, model: Any, *, launch: tuple[int, int] | None = None) -> None:
     """``model[...] = master.astype(float16)`` (round to nearest even), one pass on the GPU."""
-    _launch(_to_half_kernel, int(master.size), launch, _device_view(master), _device_view(model))
+    if master.size:
+        _launch(_to_half_kernel, int(master.size), launch, _device_view(master),
+                _device_view(model))

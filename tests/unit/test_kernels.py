@@ -365,3 +365,10 @@ def test_overlap_and_read_only_are_refused_before_anything_changes():
     with pytest.raises(ValueError, match="read-only"):
         kernels.unscale_and_check(ro, ro, 0.5)
     assert_same_bits(buf, before)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    result = doctest.testmod(kernels)
+    assert result.failed == 0 and result.attempted >= 5
