@@ -3,6 +3,7 @@
     NUMBA_NUM_THREADS=2 .venv/bin/python benchmarks/amp_kernels.py  # 16M elements, threads 1, 2
     .venv/bin/python benchmarks/amp_kernels.py --numel 1M --threads 1 --repeats 5
     .venv/bin/python benchmarks/amp_kernels.py --out /tmp/amp --no-plot --no-torch
+    .venv/bin/python benchmarks/amp_kernels.py --markdown benchmarks/results/amp_kernels.json
 
 Numba starts at most ``NUMBA_NUM_THREADS`` threads (``test.sh``/``mpirun.sh`` set it to 1 for
 each rank), so set it in the environment to time 2 threads; the script then sets the count per
@@ -36,6 +37,8 @@ is importable.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import sys
 import time
@@ -80,7 +83,12 @@ def parse_args(argv: list[str] | None = None) -> Args:
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU rows")
     p.add_argument("--no-torch", action="store_true", help="skip the torch rows")
+    p.add_argument("--markdown", nargs="+", metavar="JSON", help="print result tables and exit")
     a = p.parse_args(argv)
+    if a.markdown:
+        for path in a.markdown:
+            print(markdown(json.loads(Path(path).read_text())) + "\n")
+        raise SystemExit(0)
     threads = [int(t) for t in a.threads.split(",") if t.strip()]
     if not threads or min(threads) < 1 or a.repeats < 1:
         raise SystemExit("--threads needs counts >= 1 and --repeats >= 1")
@@ -300,6 +308,8 @@ def main(argv: list[str] | None = None) -> dict:
                             r["speedup_vs_torch"], "yes" if r["exact"] else "NO"), flush=True)
             rows.append(r)
     result = {"numel": n, "repeats": args.repeats, "cpu_implementation": impl,
+              "argv": list(sys.argv[1:] if argv is None else argv),
+              "NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS"),
               "machine": machine_info({"torch": getattr(torch, "__version__", None),
                                        "numba": _numba_version()}),
               "rows": rows}
@@ -318,6 +328,19 @@ def _numba_version() -> str | None:
     except ImportError:
         return None
     return numba.__version__
+
+
+def markdown(result: dict) -> str:
+    """The result as a Markdown table (the one in docs/benchmarks.md)."""
+    lines = ["| case | impl | threads | median (ms) | min (ms) | GB/s (median) | vs numpy | "
+             "vs torch | exact |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        ratio = lambda v: f"{v:.2f}x" if v is not None else "-"  # noqa: E731
+        lines.append(f"| {r['case']} | {r['impl']} | {r['threads']} | "
+                     f"{r['median_us'] / 1e3:.2f} | {r['min_us'] / 1e3:.2f} | {r['GBps']:.1f} | "
+                     f"{ratio(r['speedup_vs_numpy'])} | {ratio(r['speedup_vs_torch'])} | "
+                     f"{'yes' if r['exact'] else 'NO'} |")
+    return "\n".join(lines)
 
 
 def plot(result: dict, path: Path) -> Path | None:

@@ -43,6 +43,8 @@ from minidist.log import rank_prefix
 __all__ = ["unscale_and_check", "unscale_and_check_", "update_scale_", "master_to_model",
            "implementation"]
 
+_F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
+
 NUMBA_CPU = "numba-cpu"
 NUMBA_CUDA = "numba-cuda"
 REFERENCE = "reference"
@@ -150,6 +152,8 @@ def _module_of(op: str, name: str, a: Any) -> str:
 
 
 def _same_module(op: str, names: tuple[str, ...], arrays: tuple[Any, ...]) -> str:
+    if all(type(a) is np.ndarray for a in arrays):  # the common case, fast
+        return "numpy"
     mods = [_module_of(op, n, a) for n, a in zip(names, arrays)]
     if len(set(mods)) != 1:
         got = ", ".join(f"{n}: {m}" for n, m in zip(names, mods))
@@ -158,9 +162,9 @@ def _same_module(op: str, names: tuple[str, ...], arrays: tuple[Any, ...]) -> st
     return mods[0]
 
 
-def _check_dtype(op: str, name: str, a: Any, allowed: tuple[Any, ...], fix: str) -> None:
-    if a.dtype not in [np.dtype(t) for t in allowed]:
-        want = " or ".join(np.dtype(t).name for t in allowed)
+def _check_dtype(op: str, name: str, a: Any, allowed: tuple[np.dtype, ...], fix: str) -> None:
+    if a.dtype not in allowed:
+        want = " or ".join(t.name for t in allowed)
         raise _error(op, f"{name} has dtype {a.dtype}, expected {want}", fix)
 
 
@@ -176,8 +180,9 @@ def _check_writeable(op: str, name: str, a: Any) -> None:
         raise _error(op, f"{name} is read-only", f"Pass a writeable array as {name}")
 
 
-def _check_one_element(op: str, name: str, a: Any, dtype: Any) -> None:
-    _check_dtype(op, name, a, (dtype,), f"Create it as xp.zeros(1, dtype=xp.{np.dtype(dtype)})")
+def _check_one_element(op: str, name: str, a: Any, dtype: np.dtype) -> None:
+    if a.dtype != dtype:
+        _check_dtype(op, name, a, (dtype,), f"Create it as xp.zeros(1, dtype=xp.{dtype.name})")
     if a.size != 1:
         raise _error(op, f"{name} has {a.size} elements (shape {tuple(a.shape)}), expected 1",
                      f"Pass a 1-element array, as torch's {name}")
@@ -188,6 +193,14 @@ def _address(a: Any) -> int:
     return int(a.data.ptr) if backend.is_device_array(a) else int(a.ctypes.data)
 
 
+def _may_overlap(a: Any, b: Any) -> bool:
+    """Do the memory extents of a and b intersect? (NumPy: a bounds check, no pointer objects.)"""
+    if isinstance(a, np.ndarray):
+        return bool(np.may_share_memory(a, b))
+    a0, b0 = _address(a), _address(b)
+    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
+
+
 def _check_src_dst(op: str, src: Any, dst: Any, src_name: str, dst_name: str) -> None:
     """Same number of elements, both contiguous, dst writeable, no partial overlap."""
     if src.size != dst.size:
@@ -196,11 +209,9 @@ def _check_src_dst(op: str, src: Any, dst: Any, src_name: str, dst_name: str) ->
     _check_contiguous(op, src_name, src)
     _check_contiguous(op, dst_name, dst)
     _check_writeable(op, dst_name, dst)
-    if src.size == 0:
+    if src is dst or src.size == 0 or not _may_overlap(src, dst):
         return
-    s0, d0 = _address(src), _address(dst)
-    same = s0 == d0 and src.dtype == dst.dtype
-    if not same and s0 < d0 + dst.nbytes and d0 < s0 + src.nbytes:
+    if _address(src) != _address(dst) or src.dtype != dst.dtype:  # same buffer is in place
         raise _error(op, f"{dst_name} overlaps {src_name} without being the same buffer",
                      f"Write into a separate {dst_name}, or (float32 only) pass the same array "
                      "twice to work in place")
@@ -208,10 +219,11 @@ def _check_src_dst(op: str, src: Any, dst: Any, src_name: str, dst_name: str) ->
 
 def _check_inv_scale(op: str, inv_scale: Any, module: str) -> Any:
     """A host float, or a float32[1] array (kept as is when it is on the device with src)."""
-    if isinstance(inv_scale, numbers.Real) and not isinstance(inv_scale, bool):
+    if type(inv_scale) is float or (isinstance(inv_scale, numbers.Real)
+                                    and not isinstance(inv_scale, bool)):
         return float(inv_scale)
     if isinstance(inv_scale, np.ndarray) or backend.is_device_array(inv_scale):
-        _check_dtype(op, "inv_scale", inv_scale, (np.float32,),
+        _check_dtype(op, "inv_scale", inv_scale, (_F32,),
                      "Keep inv_scale float32, as torch does (1 / scale computed in float64, "
                      "then rounded to float32)")
         if inv_scale.size != 1:
@@ -229,9 +241,8 @@ def _check_inv_scale(op: str, inv_scale: Any, module: str) -> Any:
 
 def _check_unscale(op: str, src: Any, dst: Any) -> str:
     module = _same_module(op, ("src", "dst"), (src, dst))
-    _check_dtype(op, "src", src, (np.float32, np.float16),
-                 "Unscale float32 or float16 gradients")
-    _check_dtype(op, "dst", dst, (np.float32,),
+    _check_dtype(op, "src", src, (_F32, _F16), "Unscale float32 or float16 gradients")
+    _check_dtype(op, "dst", dst, (_F32,),
                  "dst receives fp32 master gradients: unscale fp16 grads into a float32 array "
                  "(in-place fp16 unscaling underflows small gradients), or pass src as dst "
                  "for float32 grads")
@@ -283,7 +294,7 @@ def unscale_and_check_(src: Any, dst: Any, inv_scale: Any, found_inf: Any) -> No
     module = _check_unscale("unscale_and_check_", src, dst)
     inv = _check_inv_scale("unscale_and_check_", inv_scale, module)
     _same_module("unscale_and_check_", ("src", "found_inf"), (src, found_inf))
-    _check_one_element("unscale_and_check_", "found_inf", found_inf, np.float32)
+    _check_one_element("unscale_and_check_", "found_inf", found_inf, _F32)
     _call("unscale_and_check_", src, src, dst, inv, found_inf)
 
 
@@ -312,9 +323,9 @@ def update_scale_(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor
     """
     op = "update_scale_"
     _same_module(op, ("scale", "growth_tracker", "found_inf"), (scale, growth_tracker, found_inf))
-    _check_one_element(op, "scale", scale, np.float32)
-    _check_one_element(op, "growth_tracker", growth_tracker, np.int32)
-    _check_one_element(op, "found_inf", found_inf, np.float32)
+    _check_one_element(op, "scale", scale, _F32)
+    _check_one_element(op, "growth_tracker", growth_tracker, np.dtype(np.int32))
+    _check_one_element(op, "found_inf", found_inf, _F32)
     for name, value in (("growth_factor", growth_factor), ("backoff_factor", backoff_factor)):
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
             raise _error(op, f"{name} must be a number, got {type(value).__name__}",
@@ -339,7 +350,7 @@ def master_to_model(master: Any, model: Any) -> None:
     """
     op = "master_to_model"
     _same_module(op, ("master", "model"), (master, model))
-    _check_dtype(op, "master", master, (np.float32,), "master weights are float32")
-    _check_dtype(op, "model", model, (np.float16,), "model weights are float16")
+    _check_dtype(op, "master", master, (_F32,), "master weights are float32")
+    _check_dtype(op, "model", model, (_F16,), "model weights are float16")
     _check_src_dst(op, master, model, "master", "model")
     _call(op, master, master, model)

@@ -225,7 +225,7 @@ def unscale_and_check(src: np.ndarray, dst: np.ndarray, inv_scale: float) -> boo
     loops = _loops(flat_src.size)
     if flat_src.dtype == np.float16:
         return bool(_run(loops, loops.unscale_f16, flat_src.view(np.uint16), flat_dst, inv))
-    if flat_src.ctypes.data == flat_dst.ctypes.data:  # in place (validated: same size)
+    if src is dst or np.may_share_memory(src, dst):  # validated: overlap means the same buffer
         return bool(_run(loops, loops.unscale_f32_inplace, flat_dst, inv))
     return bool(_run(loops, loops.unscale_f32, flat_src, flat_dst, inv))
 
