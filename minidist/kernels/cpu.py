@@ -27,9 +27,10 @@ Each loop is compiled twice from one source: with ``prange`` (Numba's thread poo
 and as a plain loop for shorter ones, where waking the pool would cost more than the work.
 
 Numba has no float16 on the CPU (any float16 array raises ``NotImplementedError``), so fp16
-arrays come in as ``.view(np.uint16)`` and are converted with integer code here: decoding is
-exact and branch-free enough to vectorize; encoding (``master_to_model``) is NumPy's own
-round-to-nearest-even routine, so every one of the 2^32 float32 inputs gives NumPy's bits.
+arrays come in as ``.view(np.uint16)`` and are converted with integer code here, branch-free so
+the loops vectorize: decoding is exact, and encoding (``master_to_model``) rounds to nearest
+even with NumPy's NaN rule; it gave NumPy's ``astype(np.float16)`` bits for all 2^32 float32
+inputs (``MINIDIST_EXHAUSTIVE=1`` in tests/unit/test_kernels.py).
 
 No ``fastmath``: it lets LLVM assume there are no inf/NaN, and ``isfinite`` then folds to True
 (the check silently disappears). ``cache=True`` stores the machine code next to this file, so a
