@@ -4,20 +4,60 @@
     found = ref.unscale_and_check(grads16, master32, 1 / 65536)    # two passes, whole-array ops
     ref.update_scale_(scale, tracker, found_inf, 2.0, 0.5, 2000)   # torch's dynamic-scale rule
 
-Each function here is written with whole-array xp operations (several passes over memory), so it
-is easy to read and obviously right. ``kernels/cpu.py`` (Numba ``@njit``) and ``kernels/cuda.py``
-(``numba.cuda``) compute the same results bit for bit in one pass; the tests feed the same input
-to all three.
+Each array function here is written with whole-array xp operations (several passes over
+memory), so it is easy to read and obviously right. ``kernels/cpu.py`` (Numba ``@njit``) and
+``kernels/cuda.py`` (``numba.cuda``) compute the same results bit for bit in one pass; the tests
+feed the same input to all three.
+
+The per-element logic is written ONCE, here, as scalar Python (``unscale_element``,
+``update_scale_rule``); cpu.py compiles it with ``njit(inline="always")`` and cuda.py with
+``cuda.jit(device=True)``, so the three implementations cannot drift apart. Numba caches cpu.py's
+machine code keyed on cpu.py's own file stamp only: after editing a scalar function here, touch
+cpu.py (or delete ``minidist/kernels/__pycache__/*.nbi``) so the cache is rebuilt.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from minidist import xp as backend
 
+
+# ----------------------------------------------------------------- scalar logic (shared)
+
+def unscale_element(value: Any, inv_scale: Any) -> tuple[Any, bool]:
+    """One element of the fused unscale: ``(value * inv_scale, value is not finite)``.
+
+    ``value`` and ``inv_scale`` are float32 (fp16 inputs are widened first: fp32 "opmath", as
+    ATen's ``AmpKernels.cu``), so the product is rounded once, in float32. The check looks at
+    the INPUT: an inf that ``* inv_scale`` would turn finite still counts.
+    """
+    return value * inv_scale, not math.isfinite(value)
+
+
+def update_scale_rule(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor: float,
+                      backoff_factor: float, growth_interval: int) -> tuple[Any, Any]:
+    """torch's ``_amp_update_scale_`` on scalars: returns ``(new_scale, new_growth_tracker)``.
+
+    ``scale`` is a float32 value, the factors are float64 (``double`` in ATen), so each product
+    is computed in float64 and narrowed to float32 once. A grown scale that would be inf is not
+    taken (the tracker still resets); a backed-off scale has no lower bound.
+    """
+    if found_inf != 0.0:  # NaN counts too, as in C (`if (*found_inf)`)
+        return np.float32(scale * backoff_factor), 0
+    successful = growth_tracker + 1
+    if successful == growth_interval:
+        grown = np.float32(scale * growth_factor)
+        if math.isfinite(grown):
+            return grown, 0
+        return np.float32(scale), 0
+    return np.float32(scale), successful
+
+
+# ----------------------------------------------------------------- whole-array references
 
 def _inv_scale_value(inv_scale: Any) -> Any:
     """``inv_scale`` as a float32 scalar (host) or a 1-element float32 array (device)."""
@@ -38,9 +78,16 @@ def unscale_and_check(src: Any, dst: Any, inv_scale: Any) -> bool:
     Returns:
         True if any element of ``src`` (the INPUT, as torch checks it) is not finite.
     """
+    return bool(_unscale(src, dst, inv_scale))
+
+
+def _unscale(src: Any, dst: Any, inv_scale: Any) -> Any:
+    """The two passes: ``isfinite(src).all()`` (read src), then ``dst = src * inv`` (read src
+    again, write dst). Returns "found" as a 0-d bool array (on the device for CuPy: no sync)."""
     xp = backend.get_array_module(src)
-    found = not bool(xp.isfinite(src).all())
-    xp.multiply(src, _inv_scale_value(inv_scale), out=dst, dtype=np.float32)
+    found = ~xp.isfinite(src).all()  # computed before dst is written: dst may be src
+    with np.errstate(over="ignore", invalid="ignore"):  # inf * inv_scale > 1 is inf: expected
+        xp.multiply(src, _inv_scale_value(inv_scale), out=dst, dtype=np.float32)
     return found
 
 
@@ -51,8 +98,9 @@ def unscale_and_check_(src: Any, dst: Any, inv_scale: Any, found_inf: Any) -> No
     zeroed here (the caller zeroes it once per step, as torch's ``found_inf`` contract), so one
     flag can collect the result of many buffers without a host synchronization.
     """
-    if unscale_and_check(src, dst, inv_scale):
-        found_inf[0] = 1.0
+    xp = backend.get_array_module(src)
+    found = _unscale(src, dst, inv_scale)
+    xp.copyto(found_inf, np.float32(1.0), where=found)  # stays on the device for CuPy
 
 
 def update_scale_(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor: float,
@@ -72,20 +120,15 @@ def update_scale_(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor
                          -> scale *= growth_factor (kept if the result would be inf); tracker = 0
         else             -> tracker += 1
     """
-    if float(found_inf[0]) != 0.0:
-        scale[0] = np.float32(float(scale[0]) * backoff_factor)
-        growth_tracker[0] = 0
-        return
-    successful = int(growth_tracker[0]) + 1
-    if successful == growth_interval:
-        grown = np.float32(float(scale[0]) * growth_factor)
-        if np.isfinite(grown):
-            scale[0] = grown
-        growth_tracker[0] = 0
-    else:
-        growth_tracker[0] = successful
+    with np.errstate(over="ignore"):  # a grown scale past float32 max is inf, then not taken
+        new_scale, new_tracker = update_scale_rule(
+            float(scale[0]), int(growth_tracker[0]), float(found_inf[0]), float(growth_factor),
+            float(backoff_factor), int(growth_interval))
+    scale[0] = new_scale  # reads above and writes here sync a CuPy stream (a fallback only)
+    growth_tracker[0] = new_tracker
 
 
 def master_to_model(master: Any, model: Any) -> None:
     """Copy float32 ``master`` into float16 ``model`` (round to nearest even), in place."""
-    model[...] = master.astype(model.dtype)
+    with np.errstate(over="ignore"):  # beyond 65504 rounds to inf, as torch's .half()
+        model[...] = master.astype(model.dtype)
