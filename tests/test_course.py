@@ -52,3 +52,22 @@ def test_exercise_2_1_ring_for_any_count(n):
 
         for got in run_threads(n, body, timeout_s=20):
             np.testing.assert_allclose(got, world[:, :numel].sum(axis=0), rtol=1e-12)
+
+
+def test_course_doc_snippets_run(tmp_path):
+    """The Python blocks of docs/course.md run as written (one process, thread ranks)."""
+    import re
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "course.md").read_text(), re.S)
+    assert blocks
+    for i, block in enumerate(blocks):
+        script = tmp_path / f"course_snippet_{i}.py"
+        script.write_text(block + "\nprint('snippet ok')\n")
+        result = run_env_ranks(1, [script], timeout_s=60)
+        assert result.returncode == 0 and "snippet ok" in result.stdout, result.report()
+
+
+def test_course_doc_names_files_that_exist():
+    import re
+    text = (REPO / "docs" / "course.md").read_text()
+    for path in set(re.findall(r"(?:examples|tests)/[\w/]+\.py", text)):
+        assert (REPO / path).exists(), path
