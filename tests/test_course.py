@@ -71,3 +71,10 @@ def test_course_doc_names_files_that_exist():
     text = (REPO / "docs" / "course.md").read_text()
     for path in set(re.findall(r"(?:examples|tests)/[\w/]+\.py", text)):
         assert (REPO / path).exists(), path
+
+
+def test_overlap_over_a_slow_link_gives_the_same_gradients():
+    result = run_env_ranks(1, [COURSE / "overlap_slow_link.py", "--quick", "--latency-ms", "1"],
+                           timeout_s=120)
+    assert result.returncode == 0, result.report()
+    assert "on every rank: OK" in result.stdout, result.report()

@@ -11,10 +11,9 @@ communication thread, which all-reduces it while the main thread goes on with ba
     comm:                 | ar(b0)| ar(b1)| ar(b2)
                           ^ bucket 0 full: launched here, not after backward
 
-One comm thread keeps the buckets in the same order on every rank (the hooks fire in the same
-order everywhere), which is what keeps the ranks' messages matched. Overlap pays only when
-the communication can run on a core of its own; with more ranks than free cores it mostly
-adds a thread hand-off (see docs/course.md). (The library: minidist/ddp/reducer.py.)
+One comm thread keeps the buckets in the same order on every rank, so the ranks' messages
+match. Overlap pays only when the communication has a core (or a network) of its own: see
+docs/course.md and overlap_slow_link.py. (The library: minidist/ddp/reducer.py.)
 """
 
 import argparse
@@ -39,8 +38,8 @@ def build(width, depth):
 class BucketReducer:
     """Step 4's buckets, now filled by hooks during backward; ``overlap`` launches them early."""
 
-    def __init__(self, params, cap_bytes, overlap):
-        self.overlap, self.buckets, current, size = overlap, [], [], 0
+    def __init__(self, params, cap_bytes, overlap, group=None):
+        self.overlap, self.group, self.buckets, current, size = overlap, group, [], [], 0
         for p in reversed(params):  # the order backward finishes them
             if current and size + p.data.nbytes > cap_bytes:
                 self.buckets.append(current)
@@ -60,15 +59,15 @@ class BucketReducer:
         self._reset()
 
     def _reset(self):
-        self.missing = [len(b) for b in self.buckets]
-        self.launched = []
+        self.missing, self.launched = [len(b) for b in self.buckets], []
 
     def _grad_ready(self, p):  # called by backward the moment p.grad is complete
         i, offset = self.where[id(p)]
         self.flats[i][offset:offset + p.grad.size] = p.grad.reshape(-1)
         self.missing[i] -= 1
         if self.missing[i] == 0 and self.overlap:
-            self.launched.append(self.comm.submit(md.all_reduce, self.flats[i], "avg", "ring"))
+            self.launched.append(self.comm.submit(md.all_reduce, self.flats[i], "avg", "ring",
+                                                  self.group))
 
     def finish(self):
         """After backward: wait for (or run) every bucket, copy the averages back into p.grad."""
@@ -77,7 +76,7 @@ class BucketReducer:
                 f.result()
         else:
             for flat in self.flats:
-                md.all_reduce(flat, op="avg", algorithm="ring")
+                md.all_reduce(flat, op="avg", algorithm="ring", group=self.group)
         for bucket, flat in zip(self.buckets, self.flats):
             for p in bucket:
                 _, offset = self.where[id(p)]

@@ -20,6 +20,7 @@ gets a process group of its own (``new_group_from_transport``) and passes it as 
 
 import argparse
 import sys
+import threading
 import time
 
 import numpy as np
@@ -29,10 +30,14 @@ from minidist import comm, nn, optim
 from minidist.ddp import DistributedDataParallel, NaiveDataParallel
 
 
+BUILD = threading.Lock()  # thread ranks share nn.manual_seed's generator: build one at a time
+
+
 def build():
-    nn.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                         nn.Linear(64, 10))
+    with BUILD:
+        nn.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                             nn.Linear(64, 10))
 
 
 def train(wrap, group, steps, B=16):

@@ -33,7 +33,8 @@ class NaiveDataParallel:
         algorithm: all-reduce algorithm, as ``comm.all_reduce`` takes it (default: the group's).
     """
 
-    def __init__(self, module: Any, process_group: Any = None, algorithm: str | None = None) -> None:
+    def __init__(self, module: Any, process_group: Any = None,
+                 algorithm: str | None = None) -> None:
         self.module, self.process_group, self.algorithm = module, process_group, algorithm
         self.params = [p for p in module.parameters() if p.requires_grad]
         for p in self.params:  # every rank starts from rank 0's weights

@@ -111,12 +111,14 @@ def plot_cost_model(results_json: str | Path, path: str | Path) -> Path:
     n = int(data["n"])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, name in enumerate(["ring", "tree", "rd", "direct", "mpi"]):
-        rows = sorted((r for r in data["rows"] if r["algorithm"] == name), key=lambda r: r["nbytes"])
+        rows = sorted((r for r in data["rows"] if r["algorithm"] == name),
+                      key=lambda r: r["nbytes"])
         if not rows:
             continue
         color = f"C{i}"
         ks = [r["nbytes"] for r in rows]
-        ax.plot(ks, [r["median_us"] for r in rows], "o", color=color, ms=4, label=f"{name} measured")
+        ax.plot(ks, [r["median_us"] for r in rows], "o", color=color, ms=4,
+                label=f"{name} measured")
         grid = np.logspace(math.log10(ks[0]), math.log10(ks[-1]), 60)
         ax.plot(grid, [predict_us(name, n, int(k)) for k in grid], "-", color=color, lw=1,
                 label=f"{name} model")

@@ -3,6 +3,8 @@
 Both run over the threads transport: n ranks as n threads of this process, no MPI needed.
 """
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -12,11 +14,13 @@ from minidist.ddp import DistributedDataParallel, NaiveDataParallel
 from minidist.tensor import Tensor
 
 B = 4  # per-rank batch
+BUILD = threading.Lock()  # thread ranks share nn.manual_seed's generator: build one at a time
 
 
 def build():
-    nn.manual_seed(0)
-    return nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
+    with BUILD:
+        nn.manual_seed(0)
+        return nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
 
 
 def data(n):
