@@ -1,6 +1,6 @@
 """Step 5 again, over a slow link: here overlap visibly pays.
 
-    python examples/course/overlap_slow_link.py                  # 2 thread ranks, 2 ms per message
+    python examples/course/overlap_slow_link.py                  # 2 thread ranks, 4 ms per message
     python examples/course/overlap_slow_link.py --latency-ms 0   # no injected latency
 
 On the 2-core machine step 5 ran on, overlap did not pay: the communication needed the same
@@ -50,20 +50,23 @@ class SlowLink(Transport):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--latency-ms", type=float, default=2.0)
-    ap.add_argument("--bucket-kb", type=float, default=256)
+    ap.add_argument("--latency-ms", type=float, default=4.0)
+    ap.add_argument("--bucket-kb", type=float, default=512)
+    ap.add_argument("--batch", type=int, default=1024, help="per rank (compute to hide behind)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="a tiny model, few repeats (tests)")
     args = ap.parse_args()
     width, depth = (32, 2) if args.quick else (256, 6)
+    args.batch = 16 if args.quick else args.batch
     repeats = 2 if args.quick else args.repeats
     n = args.ranks
-    x = np.random.default_rng(1).normal(size=(64 * n, width)).astype(np.float32)
-    y = np.random.default_rng(2).integers(0, 10, 64 * n)
+    B = args.batch
+    x = np.random.default_rng(1).normal(size=(B * n, width)).astype(np.float32)
+    y = np.random.default_rng(2).integers(0, 10, B * n)
 
     def rank_body(t):
         group = comm.new_group_from_transport(SlowLink(t, args.latency_ms / 1000))
-        mine = slice(64 * t.rank, 64 * (t.rank + 1))
+        mine = slice(B * t.rank, B * (t.rank + 1))
         times, grads = {}, {}
         for overlap in (False, True):
             with BUILD:
