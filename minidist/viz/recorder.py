@@ -10,7 +10,7 @@
         t = rec.wrap(t, watch=buf)                 # a Transport that records, then delegates
         ring_all_reduce(t, buf, ReduceOp.SUM)
     run_threads(4, body)
-    rec.messages[0]     # Message(step=0, src=0, dst=1, nbytes=8, start=6, stop=8)
+    rec.sent_by(0)[0]   # Message(step=0, src=0, dst=1, nbytes=8, start=6, stop=8)
     rec.steps()         # 6 == 2(N-1) for the ring
 
 ``RecordingTransport`` is a ``Transport`` like any other: it forwards ``isend``/``irecv`` to the
@@ -57,6 +57,7 @@ class Recorder:
     def __init__(self) -> None:
         self.messages: list = []
         self.size = 0
+        self.numel = 0  # elements of the watched buffer, for labels (set by render.record)
         self._lock = threading.Lock()
         self._clock: dict = collections.defaultdict(int)
         self._stamps: dict = collections.defaultdict(collections.deque)
