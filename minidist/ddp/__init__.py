@@ -4,7 +4,7 @@
     model = DistributedDataParallel(model, bucket_cap_mb=25)
     model.register_comm_hook(None, hooks.fp16_compress_hook)
 
-Modules, in the order a step uses them: ``bucket`` (which grads share a flat buffer),
+Modules, in the order a step uses them (``naive`` is the unbucketed oracle): ``bucket`` (which grads share a flat buffer),
 ``reducer`` (hooks -> ready buckets -> comm thread -> averaged grads), ``hooks`` (how one
 bucket is averaged: plain, fp16, PowerSGD), ``preflight`` (the run manifest every rank must
 agree on before step 0), ``ddp`` (the wrapper, no_sync, construction checks).
@@ -16,10 +16,11 @@ from minidist.ddp.bucket import (DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_
 from minidist.ddp.ddp import DistributedDataParallel, auto_overlap
 from minidist.ddp.hooks import (GradBucket, PowerSGDState, allreduce_hook, fp16_compress_hook,
                                 powersgd_hook)
+from minidist.ddp.naive import NaiveDataParallel
 from minidist.ddp.preflight import PreflightError, check_manifest
 from minidist.ddp.reducer import Reducer
 
-__all__ = ["DistributedDataParallel", "Reducer", "Bucket", "BucketSpec", "BucketState",
+__all__ = ["DistributedDataParallel", "NaiveDataParallel", "Reducer", "Bucket", "BucketSpec", "BucketState",
            "ParamMeta", "plan_buckets", "DEFAULT_BUCKET_CAP_BYTES", "DEFAULT_FIRST_BUCKET_BYTES",
            "GradBucket", "PowerSGDState", "allreduce_hook", "fp16_compress_hook",
            "powersgd_hook", "hooks", "auto_overlap", "PreflightError", "check_manifest"]
