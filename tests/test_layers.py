@@ -21,6 +21,7 @@ LAYERS = {
     "ddp": 5,
     "checkpoint": 6,
     "trainer": 7,
+    "utils": 2,
 }
 FORBIDDEN = {("comm", "tensor"), ("comm", "nn"), ("comm", "optim")}
 
