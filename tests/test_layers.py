@@ -1,6 +1,6 @@
 """The layer contract of the design brief: each layer imports only from layers below it.
 
-    xp, log, version, trace  <-  tensor  <-  nn, optim, comm  <-  data, kernels  <-  amp
+    xp, log, version, trace  <-  tensor  <-  nn, optim, comm, utils  <-  data, kernels  <-  amp
         <-  ddp  <-  checkpoint  <-  trainer
 
 plus: comm never imports tensor (collectives move plain xp arrays in place). A new top-level
