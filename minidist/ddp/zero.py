@@ -12,14 +12,15 @@ parameter, plus 2 work buffers). ZeRO-1 (Rajbhandari et al., "ZeRO: Memory Optim
 Toward Training Trillion Parameter Models", SC 2020) splits each DDP bucket's flat range into
 n equal shards; rank r owns shard r::
 
-    one bucket (flat, padded to n x c elements), n = 4
-    params      | shard 0 | shard 1 | shard 2 | shard 3 |   every rank: all of them
-    grads       | shard 0 | shard 1 | shard 2 | shard 3 |   every rank: its own sum, local
-        reduce-scatter(avg)     rank r receives the AVERAGE of shard r only
-    AdamW state |  rank 0 |  rank 1 |  rank 2 |  rank 3 |   each rank: its shard only
-        rank r: optimizer step on shard r of the parameters
-        all-gather              every rank receives every updated shard
-    params      | shard 0 | shard 1 | shard 2 | shard 3 |   identical on every rank again
+    one bucket (flat, N elements), n = 4: 4 chunks of c = N // 4, then a tail of N - 4c < 4
+    params      | chunk 0 | chunk 1 | chunk 2 | chunk 3 |t|   every rank: all of them
+    grads       | chunk 0 | chunk 1 | chunk 2 | chunk 3 |t|   every rank: its own sum, local
+        reduce-scatter(avg)     rank r receives the AVERAGE of chunk r only
+        all-reduce(avg) of t    (< n elements: every rank keeps and steps the tail itself)
+    AdamW state |  rank 0 |  rank 1 |  rank 2 |  rank 3 |t|   each rank: its chunk (+ tail)
+        rank r: optimizer step on chunk r (and the tail) of the parameters
+        all-gather              every rank receives every updated chunk
+    params      | chunk 0 | chunk 1 | chunk 2 | chunk 3 |t|   identical on every rank again
 
     bytes per rank and bucket of K bytes: reduce-scatter (n-1)/n K + all-gather (n-1)/n K
     = 2 (n-1)/n K, exactly a ring all-reduce's (which IS a reduce-scatter + an all-gather)
@@ -67,33 +68,48 @@ class GradState(enum.Enum):
 
 
 class _Shard:
-    """One bucket's slice owned by this rank: what the inner optimizer sees as a parameter."""
+    """One bucket's part owned by this rank: what the inner optimizer sees as parameters.
+
+    The bucket's N elements split as ``n`` equal chunks of c = N // n, then a tail of
+    N - n c < n elements. Rank r owns chunk r; the tail is tiny, so every rank averages it
+    with a small all-reduce and steps it (identically) itself: no padding, no extra copy of
+    the bucket::
+
+        flat (N)   | chunk 0 | chunk 1 | ... | chunk n-1 | tail |
+        rank r     owns chunk r (optimizer state for c elements) and the tail (< n elements)
+    """
 
     def __init__(self, bucket: Any, rank: int, world_size: int) -> None:
         self.index = bucket.index
         self.numel = bucket.spec.numel
-        self.chunk = math.ceil(self.numel / world_size)       # c: elements per shard (padded)
-        padded = self.chunk * world_size
-        self.lo = min(rank * self.chunk, self.numel)
-        own = min(self.lo + self.chunk, self.numel) - self.lo
+        self.chunk = self.numel // world_size                 # c
+        self.split = self.chunk * world_size                  # where the tail starts
+        self.lo = rank * self.chunk
         xp = backend.get_array_module(bucket.buffer)
         dtype = bucket.buffer.dtype
-        self.flat = xp.zeros(padded, dtype=dtype)             # every parameter of the bucket
+        self.flat = xp.empty(self.numel, dtype=dtype)         # every parameter of the bucket
         for p, off in zip(bucket.params, bucket.spec.offsets):
             n = p.data.size
             self.flat[off:off + n] = p.data.reshape(-1)
             p.data = self.flat[off:off + n].reshape(p.data.shape)   # rebound once, here
-        self.grad_shard = xp.zeros(self.chunk, dtype=dtype)   # the reduce-scatter's output
-        self.send = xp.zeros(self.chunk, dtype=dtype)         # the all-gather's input
-        self.pad = xp.zeros(padded, dtype=dtype) if padded != self.numel else None
-        self.data = self.flat[self.lo:self.lo + own]          # what the inner optimizer steps
-        self.grad = self.grad_shard[:own]
+        # the reduce-scatter's output; after the step, the all-gather's input
+        self.own_buffer = world_size > 1
+        self.grad_shard = (bucket.buffer if world_size == 1  # one rank: the bucket is the mean
+                           else xp.zeros(self.chunk, dtype=dtype))
+        self.parts = [_Part(self.flat[self.lo:self.lo + self.chunk], self.grad_shard),
+                      _Part(self.flat[self.split:], bucket.buffer[self.split:])]
         self.offsets = list(bucket.spec.offsets)
         self.params = list(bucket.params)
 
     def nbytes(self) -> int:
-        return int(self.grad_shard.nbytes + self.send.nbytes
-                   + (self.pad.nbytes if self.pad is not None else 0))
+        return int(self.grad_shard.nbytes) if self.own_buffer else 0
+
+
+class _Part:
+    """A flat "parameter" of the inner optimizer: a view of the parameters and its gradient."""
+
+    def __init__(self, data: Any, grad: Any) -> None:
+        self.data, self.grad = data, grad
 
 
 class ZeroRedundancyOptimizer(Optimizer):
@@ -129,14 +145,16 @@ class ZeroRedundancyOptimizer(Optimizer):
         self.rank, self.world_size = group.rank, group.size
         self._check_params(ddp, name)
         self._shards = [_Shard(b, self.rank, self.world_size) for b in ddp.buckets]
-        self.optim = optimizer_class([{"params": s} for s in self._shards], **defaults)
+        # inner parameter 2k: bucket k's chunk of this rank, 2k+1: bucket k's tail
+        self.optim = optimizer_class([part for s in self._shards for part in s.parts],
+                                     **defaults)
         self.optimizer_class = optimizer_class
         self.grad_state = GradState.STALE
         self._consolidated: dict[str, Any] | None = None
         self._consolidated_to: int | None = None
         ddp.register_comm_hook(self, reduce_scatter_hook)
         log.info("ZeRO-1: %d buckets, this rank owns %d of %d elements (%s)", len(self._shards),
-                 sum(s.data.size for s in self._shards), sum(s.numel for s in self._shards),
+                 sum(s.chunk for s in self._shards), sum(s.numel for s in self._shards),
                  optimizer_class.__name__)
 
     # The base class keeps per-parameter state in ``self.state``; here it is the inner
@@ -196,14 +214,14 @@ class ZeroRedundancyOptimizer(Optimizer):
             g.update(options)
         self.optim.step()
         for s in self._shards:
-            if self.world_size > 1:
-                s.send[...] = s.flat[self.rank * s.chunk:(self.rank + 1) * s.chunk]
-                comm.all_gather_into(s.flat, s.send, group=self.process_group)
+            if self.world_size > 1 and s.chunk > 0:  # the tail was stepped on every rank
+                s.grad_shard[...] = s.flat[s.lo:s.lo + s.chunk]  # the gradient is used up
+                comm.all_gather_into(s.flat[:s.split], s.grad_shard, group=self.process_group)
         self.grad_state = GradState.STALE
         self._consolidated = None
 
     def comm_buffers_nbytes(self) -> int:
-        """Bytes of ZeRO's own buffers: gradient shards, all-gather staging, padding copies."""
+        """Bytes of ZeRO's own buffers: one gradient shard (1/n of a bucket) per bucket."""
         return sum(s.nbytes() for s in self._shards)
 
     # ------------------------------------------------------------------ checkpoints
@@ -237,22 +255,22 @@ class ZeroRedundancyOptimizer(Optimizer):
         index = {id(p): i for i, p, _ in self.indexed_params()}
         state: dict[int, dict[str, Any]] = {}
         for k, s in enumerate(self._shards):
-            local = self.optim.state.get(k, {})
+            chunk, tail = self.optim.state.get(2 * k, {}), self.optim.state.get(2 * k + 1, {})
             full: dict[str, Any] = {}
-            for key in sorted(local):  # the same keys on every rank (same steps)
-                v = local[key]
-                if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0:
-                    xp = backend.get_array_module(s.flat)
-                    send = xp.zeros(s.chunk, dtype=v.dtype)
-                    send[:v.size] = v
-                    out = xp.zeros(s.chunk * self.world_size, dtype=v.dtype)
+            for key in sorted(chunk or tail):  # the same keys on every rank (same steps)
+                v = (chunk or tail)[key]
+                if not (hasattr(v, "shape") and getattr(v, "ndim", 0) > 0):
+                    full[key] = v  # "step": the same on every rank
+                    continue
+                out = backend.get_array_module(s.flat).empty(s.numel, dtype=v.dtype)
+                if s.chunk > 0:
                     if self.world_size > 1:
-                        comm.all_gather_into(out, send, group=self.process_group)
+                        comm.all_gather_into(out[:s.split], chunk[key], group=self.process_group)
                     else:
-                        out[...] = send
-                    full[key] = out
-                else:
-                    full[key] = v
+                        out[:s.split] = chunk[key]
+                if s.split < s.numel:
+                    out[s.split:] = tail[key]
+                full[key] = out
             if not full:
                 continue
             for p, off in zip(s.params, s.offsets):
@@ -300,16 +318,18 @@ class ZeroRedundancyOptimizer(Optimizer):
             if not entries:
                 continue
             xp = backend.get_array_module(s.flat)
-            local: dict[str, Any] = {}
+            chunk: dict[str, Any] = {}
+            tail: dict[str, Any] = {}
             for key in entries[0][0]:
                 if key == "step":
-                    local[key] = int(entries[0][0][key])
+                    chunk[key] = tail[key] = int(entries[0][0][key])
                     continue
-                full = xp.zeros(s.flat.size, dtype=s.flat.dtype)
+                full = xp.zeros(s.numel, dtype=s.flat.dtype)
                 for st, p, off in entries:
                     full[off:off + p.data.size] = xp.asarray(st[key]).reshape(-1)
-                local[key] = full[s.lo:s.lo + s.data.size].copy()
-            new_state[k] = local
+                chunk[key] = full[s.lo:s.lo + s.chunk].copy()
+                tail[key] = full[s.split:].copy()
+            new_state[2 * k], new_state[2 * k + 1] = chunk, tail
         for key, v in groups[0].items():
             if key != "params":
                 self.param_groups[0][key] = tuple(v) if isinstance(v, list) else v
@@ -318,20 +338,19 @@ class ZeroRedundancyOptimizer(Optimizer):
 
 
 def reduce_scatter_hook(state: ZeroRedundancyOptimizer, bucket: GradBucket) -> None:
-    """DDP comm hook of ZeRO-1: rank r receives the average of its shard of the bucket.
+    """DDP comm hook of ZeRO-1: rank r receives the average of its chunk of the bucket.
 
-    Replaces the bucket's all-reduce (same bytes: the ring all-reduce's first half); the rest
-    of ``bucket.buffer`` keeps this rank's local sum. The last bucket marks the shards READY.
+    Replaces the bucket's all-reduce (same bytes: the ring all-reduce's first half); the tail
+    (fewer than n elements) is averaged on every rank by a small all-reduce, and the rest of
+    ``bucket.buffer`` keeps this rank's local sum. The last bucket marks the shards READY.
     """
     s = state._shards[bucket.index]
-    if state.world_size == 1:
-        s.grad_shard[:s.numel] = bucket.buffer
-    else:
-        src = bucket.buffer
-        if s.pad is not None:  # reduce_scatter needs n equal chunks: pad the tail with zeros
-            s.pad[:s.numel] = bucket.buffer
-            src = s.pad
-        comm.reduce_scatter(s.grad_shard, src, op="avg", group=state.process_group)
+    if state.world_size > 1:
+        if s.chunk > 0:
+            comm.reduce_scatter(s.grad_shard, bucket.buffer[:s.split], op="avg",
+                                group=state.process_group)
+        if s.split < s.numel:
+            bucket.all_reduce(bucket.buffer[s.split:], "avg")
     if bucket.is_last:
         state.grad_state = GradState.READY
 

@@ -7,8 +7,8 @@ same per-rank batches: ZeRO must end with the same parameters (float64: 1e-12; f
 because plain DDP all-reduces grad/n with SUM while ZeRO reduce-scatters the sum with AVG, so
 the roundings differ in the last bit, and AdamW's normalised step turns a last-bit difference
 of a tiny gradient into up to ~lr x 1e-3 relative: a few 1e-6 after a few steps). Tiny bucket
-caps give several buckets, and a parameter count that n = 3 does not divide gives unequal
-shards. Activation checkpointing must give bit-identical float64 gradients under DDP, with
+caps give several buckets, and bucket sizes that n = 3 and 4 do not divide exercise the
+tail that every rank steps itself. Activation checkpointing must give bit-identical float64 gradients under DDP, with
 dropout and with a no_sync micro-batch.
 """
 
