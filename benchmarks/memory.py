@@ -13,9 +13,10 @@ Modes: "ddp" (DistributedDataParallel + AdamW), "ckpt" (every block checkpointed
 minidist.utils.checkpoint_sequential), "zero" (ZeroRedundancyOptimizer(AdamW) over the DDP
 buckets), "zero+ckpt" (both). Per rank, from minidist.utils.memory_report: parameters,
 gradients that own their memory, bucket buffers (+ ZeRO's shard buffers), optimizer state
-(AdamW's exp_avg + exp_avg_sq; ZeRO: this rank's shard), and the peak of one forward +
-backward under tracemalloc above what was in use before it (activations + backward's
-temporaries). Columns are the max over ranks. Step time: forward, backward (with the bucket
+(AdamW's exp_avg + exp_avg_sq; ZeRO: this rank's shard), and, under tracemalloc, the
+activations still held for backward when forward has returned ("act kept") and the peak
+through forward + backward ("peak act": kept activations + backward's temporaries + the one
+block a checkpointed backward recomputes). Columns are the max over ranks. Step time: forward, backward (with the bucket
 reductions), optimizer step, zero_grad; the median over ``--rounds`` rounds in which the four
 modes take turns (so machine noise hits them alike), each round the median of ``--steps``
 steps after warm-up.
@@ -88,11 +89,11 @@ class Setup:
         self.y = rng.integers(0, D_OUT, size=BATCH)
         self.loss_fn = nn.CrossEntropyLoss()
 
-    def forward_backward(self) -> None:
-        self.loss_fn(self.ddp(self.x), self.y).backward()
+    def forward(self) -> Tensor:
+        return self.loss_fn(self.ddp(self.x), self.y)
 
     def step(self) -> None:
-        self.forward_backward()
+        self.forward().backward()
         self.opt.step()
         self.opt.zero_grad()
 
@@ -117,7 +118,7 @@ def run_size(args: argparse.Namespace) -> dict:
                 times[mode].append(statistics.median(samples))
         for mode, s in setups.items():
             comm.barrier()
-            rep = memory_report(s.ddp, s.opt, step=s.forward_backward)
+            rep = memory_report(s.ddp, s.opt, step=s.forward)
             s.opt.step()  # ZeRO: the synced backward above is consumed
             s.opt.zero_grad()
             every = comm.all_gather_object(rep.as_dict())
@@ -127,7 +128,7 @@ def run_size(args: argparse.Namespace) -> dict:
                    "params": sum(p.data.size for p in s.model.parameters()),
                    "step_ms": max(all_ms)}
             for key in ("parameters", "gradients", "buckets", "optimizer_state",
-                        "peak_activations"):
+                        "activations_kept", "peak_activations"):
                 row[key + "_mib"] = max(r[key] for r in every) / MiB
             rows.append(row)
             s.ddp.close(release_buffers=True)
@@ -137,16 +138,17 @@ def run_size(args: argparse.Namespace) -> dict:
 
 TABLE = Table([("model", 7, "s"), ("n", 2, "d"), ("mode", 10, "s"), ("params", 6, ".2f"),
                ("grads", 6, ".2f"), ("buckets", 7, ".2f"), ("opt state", 9, ".3f"),
-               ("peak act", 8, ".2f"), ("step ms", 8, ".1f")])
+               ("act kept", 8, ".2f"), ("peak act", 8, ".2f"), ("step ms", 8, ".1f")])
 
 
 def render(rows: list[dict]) -> str:
-    lines = ["# memory per rank in MiB (max over ranks); params = parameters; peak act = "
-             "forward+backward peak (tracemalloc)", TABLE.header()]
+    lines = ["# memory per rank in MiB (max over ranks); act kept = held for backward after "
+             "forward; peak act = forward+backward peak (tracemalloc)", TABLE.header()]
     for r in rows:
         lines.append(TABLE.row(r["model"], r["n"], r["mode"], r["parameters_mib"],
                                r["gradients_mib"], r["buckets_mib"], r["optimizer_state_mib"],
-                               r["peak_activations_mib"], r["step_ms"]))
+                               r["activations_kept_mib"], r["peak_activations_mib"],
+                               r["step_ms"]))
     lines.append("")
     lines.append("# ratios against ddp of the same model and n")
     base = {(r["model"], r["n"]): r for r in rows if r["mode"] == "ddp"}
@@ -155,7 +157,8 @@ def render(rows: list[dict]) -> str:
             continue
         b = base[(r["model"], r["n"])]
         lines.append(f"  {r['model']:7s} n={r['n']} {r['mode']:10s} opt state "
-                     f"{r['optimizer_state_mib'] / b['optimizer_state_mib']:.3f}x  peak act "
+                     f"{r['optimizer_state_mib'] / b['optimizer_state_mib']:.3f}x  act kept "
+                     f"{r['activations_kept_mib'] / b['activations_kept_mib']:.3f}x  peak act "
                      f"{r['peak_activations_mib'] / b['peak_activations_mib']:.3f}x  step "
                      f"{r['step_ms'] / b['step_ms']:.3f}x")
     return "\n".join(lines)

@@ -72,6 +72,7 @@ def checkpoint(function: Callable[..., Tensor], *args: Any, preserve_rng_state: 
     Example::
 
         >>> from minidist import nn
+        >>> from minidist.tensor import Tensor
         >>> from minidist.utils import checkpoint
         >>> block = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
         >>> x = Tensor([[1.0, 2.0, 3.0, 4.0]], requires_grad=True)

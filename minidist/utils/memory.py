@@ -8,11 +8,16 @@ Static parts are counted from the arrays themselves (``nbytes``): each parameter
 ``.grad`` arrays that own their memory (a gradient that is a view of a DDP bucket is counted
 once, in the bucket); DDP's bucket buffers (``model.buckets``) plus a ZeRO optimizer's own
 communication buffers (``optimizer.comm_buffers_nbytes()``); the arrays in
-``optimizer.state`` (for ZeRO: this rank's shard only). Activations are measured: ``step()``
-(forward + backward; leave the optimizer step out) runs once under ``tracemalloc`` and the
-peak above the memory in use before it is reported: the saved activations plus the
-temporaries of backward. tracemalloc sees host (NumPy) memory only; on a GPU the activation
-column is not meaningful.
+``optimizer.state`` (for ZeRO: this rank's shard only). Activations are measured under
+``tracemalloc``, above the memory in use before ``step()`` runs (leave the optimizer step
+out of it):
+
+    activations_kept   step() returned the loss (forward only): what is alive while it
+                       is held, i.e. what the tape keeps for backward; then loss.backward()
+    peak_activations   the peak through forward AND backward: the kept activations plus
+                       backward's temporaries (and, checkpointed, one segment recomputed)
+
+tracemalloc sees host (NumPy) memory only; on a GPU the activation columns are not meaningful.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class MemoryReport:
     gradients: int = 0
     buckets: int = 0
     optimizer_state: int = 0
+    activations_kept: int | None = None
     peak_activations: int | None = None
 
     def as_dict(self) -> dict[str, int | None]:
@@ -42,7 +48,8 @@ class MemoryReport:
         rows = [("parameters", self.parameters), ("gradients (own arrays)", self.gradients),
                 ("buckets (DDP/ZeRO buffers)", self.buckets),
                 ("optimizer state", self.optimizer_state),
-                ("peak activations (step)", self.peak_activations)]
+                ("activations kept (forward)", self.activations_kept),
+                ("peak activations (fwd+bwd)", self.peak_activations)]
         lines = [f"{'memory of this rank':28s} {'MiB':>10s}"]
         lines += [f"{name:28s} {'-' if v is None else f'{v / _MiB:10.3f}':>10s}"
                   for name, v in rows]
@@ -68,8 +75,12 @@ def static_memory(model: Any, optimizer: Any = None) -> MemoryReport:
                         buckets=buckets, optimizer_state=state)
 
 
-def peak_step_bytes(step: Callable[[], Any]) -> int:
-    """Peak host memory allocated by ``step()`` above what was in use when it started."""
+def measure_step(step: Callable[[], Any]) -> tuple[int | None, int]:
+    """(kept, peak) host bytes of ``step()`` above what was in use when it started.
+
+    If ``step()`` returns a loss (anything with ``.backward``), ``kept`` is measured while it
+    is alive and then ``loss.backward()`` runs inside the measurement; otherwise kept is None.
+    """
     gc.collect()
     was_tracing = tracemalloc.is_tracing()
     if not was_tracing:
@@ -77,8 +88,13 @@ def peak_step_bytes(step: Callable[[], Any]) -> int:
     try:
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
-        step()
-        return max(tracemalloc.get_traced_memory()[1] - base, 0)
+        loss = step()
+        kept = None
+        if hasattr(loss, "backward"):
+            kept = max(tracemalloc.get_traced_memory()[0] - base, 0)
+            loss.backward()
+            del loss
+        return kept, max(tracemalloc.get_traced_memory()[1] - base, 0)
     finally:
         if not was_tracing:
             tracemalloc.stop()
@@ -86,13 +102,15 @@ def peak_step_bytes(step: Callable[[], Any]) -> int:
 
 def memory_report(model: Any, optimizer: Any = None, step: Callable[[], Any] | None = None
                   ) -> MemoryReport:
-    """This rank's memory by kind; with ``step``, also the peak of one forward + backward.
+    """This rank's memory by kind; with ``step``, also its activations (measured).
 
     Args:
         model: a Module or a DistributedDataParallel (its buckets are counted).
         optimizer: any optimizer (its ``state`` arrays are counted), e.g. a
             ZeroRedundancyOptimizer (only this rank's shard).
-        step: runs one forward + backward (no optimizer step); measured with tracemalloc.
+        step: runs one forward and returns the loss (then ``activations_kept`` is measured
+            too, and the report calls ``loss.backward()``), or runs forward + backward itself
+            and returns None. No optimizer step. Measured with tracemalloc.
 
     Returns:
         A :class:`MemoryReport` (``print`` it for a table, ``as_dict()`` for JSON). The
@@ -107,7 +125,7 @@ def memory_report(model: Any, optimizer: Any = None, step: Callable[[], Any] | N
         >>> memory_report(net).parameters
         40040
     """
-    peak = peak_step_bytes(step) if step is not None else None
+    kept, peak = measure_step(step) if step is not None else (None, None)
     report = static_memory(model, optimizer)
-    report.peak_activations = peak
+    report.activations_kept, report.peak_activations = kept, peak
     return report
