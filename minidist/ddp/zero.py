@@ -40,6 +40,8 @@ Invariants and limits:
   model holds the LOCAL gradient elsewhere; gradient clipping over ``model.parameters()``
   would be wrong (not supported here), and so is mixed precision's loss scaling (GradScaler).
 - ``step()`` without a synced backward since the last step raises (the shards would be stale).
+- DDP's NaN/inf report on reduced gradients is turned off (``nonfinite_grads="ignore"``):
+  outside its chunk a rank's bucket holds local gradients, so ranks could disagree on it.
 - ``state_dict()`` is COLLECTIVE (every rank calls it; the Trainer does) and returns torch's
   per-parameter layout, the same as the inner optimizer's over the whole model, so a
   checkpoint resumes at any world size, with or without ZeRO.
@@ -153,6 +155,10 @@ class ZeroRedundancyOptimizer(Optimizer):
         self._consolidated: dict[str, Any] | None = None
         self._consolidated_to: int | None = None
         ddp.register_comm_hook(self, reduce_scatter_hook)
+        # DDP checks each reduced bucket for NaN/inf and, if one is found, runs a small
+        # collective to name the rank. Here each rank's bucket holds its LOCAL gradients
+        # outside its chunk, so ranks could disagree on taking that path: it is turned off.
+        ddp.reducer.nonfinite_grads = "ignore"
         log.info("ZeRO-1: %d buckets, this rank owns %d of %d elements (%s)", len(self._shards),
                  sum(s.chunk for s in self._shards), sum(s.numel for s in self._shards),
                  optimizer_class.__name__)
@@ -218,7 +224,7 @@ class ZeroRedundancyOptimizer(Optimizer):
                 s.grad_shard[...] = s.flat[s.lo:s.lo + s.chunk]  # the gradient is used up
                 comm.all_gather_into(s.flat[:s.split], s.grad_shard, group=self.process_group)
         self.grad_state = GradState.STALE
-        self._consolidated = None
+        self._consolidated, self._consolidated_to = None, None
 
     def comm_buffers_nbytes(self) -> int:
         """Bytes of ZeRO's own buffers: one gradient shard (1/n of a bucket) per bucket."""
