@@ -132,8 +132,10 @@ def run_size(args: argparse.Namespace) -> dict:
                 row[key + "_mib"] = max(r[key] for r in every) / MiB
             rows.append(row)
             s.ddp.close(release_buffers=True)
+    command = (f"./mpirun.sh -n {world} python benchmarks/memory.py --steps {args.steps} "
+               f"--rounds {args.rounds} --warmup {args.warmup} --models {' '.join(args.models)}")
     return {"world_size": world, "rows": rows, "machine": machine_info(),
-            "command": " ".join(sys.argv)} if rank == 0 else {}
+            "command": command} if rank == 0 else {}
 
 
 TABLE = Table([("model", 7, "s"), ("n", 2, "d"), ("mode", 10, "s"), ("params", 6, ".2f"),
