@@ -138,3 +138,14 @@ def test_docstring_examples_run():
     import minidist.utils.memory as memory
     for module in (mechanism, checkpointing, memory):
         assert doctest.testmod(module).failed == 0, module.__name__
+
+
+def test_autograd_grad_returns_gradients_without_accumulating_or_hooks():
+    from minidist.tensor.autograd import grad
+    w = Tensor(np.array([1.0, 2.0]), requires_grad=True)
+    other = Tensor(np.array([3.0, 4.0]), requires_grad=True)
+    fired = []
+    w.register_post_accumulate_grad_hook(lambda t: fired.append(t))
+    (gw,) = grad((w * w + w * other).sum(), [w])
+    assert np.array_equal(gw, 2 * w.data + other.data)
+    assert w.grad is None and other.grad is None and not fired
