@@ -11,6 +11,7 @@ Run (from the repository root):
     ./mpirun.sh -n 4 python examples/train.py --amp              # mixed precision (docs/amp.md)
     ./mpirun.sh -n 4 python examples/train.py --amp --master-weights   # float16 weights too
     ./mpirun.sh -n 2 python examples/train.py --device cuda --amp  # GPU LOCAL_RANK, real float16
+    ./mpirun.sh -n 4 python examples/train.py --zero             # ZeRO-1: 1/4 of the AdamW state per rank
 
 Rank 0 prints one line per epoch (loss and accuracy averaged over all ranks, validation on the
 test split, samples/s) and a final ``final test_acc`` line. The same ``--seed`` gives the same
@@ -50,7 +51,7 @@ from minidist import amp, comm, nn, optim
 from minidist import xp as backend
 from minidist.checkpoint import CheckpointError
 from minidist.data import load_dataset
-from minidist.ddp import DistributedDataParallel
+from minidist.ddp import DistributedDataParallel, ZeroRedundancyOptimizer
 from minidist.tensor import Tensor, no_grad
 from minidist.trainer import Trainer, TrainerConfig
 
@@ -82,6 +83,7 @@ class Config:
     amp: bool = False           # float16 autocast + loss scaling (emulated on the CPU)
     master_weights: bool = False        # float16 model weights, fp32 masters (implies --amp)
     device: str | None = None   # cpu | cuda (default: MINIDIST_DEVICE, else cpu)
+    zero: bool = False          # ZeRO-1: each rank keeps 1/n of the optimizer state (docs/memory.md)
 
 
 CHOICES = {"model": ["mlp", "cnn"], "optimizer": ["sgd", "adamw"],
@@ -106,6 +108,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if cfg.dataset == "synthetic" and cfg.model == "cnn":
         parser.error("--model cnn needs image data; use --model mlp with --dataset synthetic")
     cfg.amp = cfg.amp or cfg.master_weights
+    if cfg.zero and cfg.amp:
+        parser.error("--zero does not combine with --amp (loss scaling needs the whole "
+                     "averaged gradient, ZeRO keeps only this rank's shard); drop one")
     return cfg
 
 
@@ -168,7 +173,12 @@ def check_float16_path(model: nn.Module, sample: np.ndarray, device_type: str, k
                          "(only matmul, linear and conv2d on float32 inputs do); drop --amp.")
 
 
-def build_optimizer(cfg: Config, model: nn.Module) -> optim.Optimizer:
+def build_optimizer(cfg: Config, model: nn.Module, ddp: DistributedDataParallel | None = None
+                    ) -> optim.Optimizer:
+    if cfg.zero:  # the same optimizer, its state sharded over the ranks (minidist.ddp.zero)
+        cls, kw = ((optim.AdamW, dict(weight_decay=cfg.weight_decay)) if cfg.optimizer == "adamw"
+                   else (optim.SGD, dict(momentum=0.9, weight_decay=cfg.weight_decay)))
+        return ZeroRedundancyOptimizer(model.parameters(), cls, ddp=ddp, lr=cfg.lr, **kw)
     if cfg.optimizer == "adamw":
         return optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     return optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
@@ -201,11 +211,13 @@ def main(argv: list[str] | None = None) -> float:
 
     model = build_model(cfg.model, train_set.x.shape[1:], n_classes, cfg.dropout,
                         parse_widths(cfg.hidden))
-    optimizer = build_optimizer(cfg, model)
+    optimizer = build_optimizer(cfg, model) if not cfg.zero else None
     if cfg.master_weights:  # converts the model to float16: before DDP builds its buckets
         optimizer = amp.MasterWeights(optimizer)
     ddp = DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_cap_mb,
                                   algorithm=cfg.algorithm)
+    if cfg.zero:  # ZeRO shards DDP's buckets: built after them
+        optimizer = build_optimizer(cfg, model, ddp)
     trainer = Trainer(ddp, nn.CrossEntropyLoss(), optimizer, TrainerConfig(
         epochs=cfg.epochs, batch_size=cfg.batch_size, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, lr_scaling=cfg.lr_scaling,

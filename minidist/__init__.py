@@ -1,7 +1,7 @@
 """minidist: distributed data-parallel training written from scratch in Python.
 
 Layers, bottom up (each imports only from the ones below it; see docs/layout.md):
-xp -> tensor -> nn, optim, comm -> data, kernels -> amp -> ddp -> checkpoint -> trainer.
+xp -> tensor -> nn, optim, comm, utils -> data, kernels -> amp -> ddp -> checkpoint -> trainer.
 """
 
 from minidist import xp
@@ -47,7 +47,10 @@ from minidist.amp import GradScaler, autocast, float16
 
 # ddp and trainer: DistributedDataParallel, comm hooks, Trainer, atomic checkpoints
 from minidist import ddp
-from minidist.ddp import DistributedDataParallel
+from minidist.ddp import DistributedDataParallel, ZeroRedundancyOptimizer
+
+# utils: activation checkpointing and the memory report (docs/memory.md)
+from minidist import utils
 from minidist.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from minidist.trainer import History, Trainer, TrainerConfig
 

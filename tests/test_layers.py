@@ -1,6 +1,6 @@
 """The layer contract of the design brief: each layer imports only from layers below it.
 
-    xp, log, version, trace  <-  tensor  <-  nn, optim, comm  <-  data, kernels, viz  <-  amp
+    xp, log, version, trace  <-  tensor  <-  nn, optim, comm, utils  <-  data, kernels, viz  <-  amp
         <-  ddp  <-  checkpoint  <-  trainer
 
 plus: comm never imports tensor (collectives move plain xp arrays in place). A new top-level
@@ -21,6 +21,7 @@ LAYERS = {
     "ddp": 5,
     "checkpoint": 6,
     "trainer": 7,
+    "utils": 2,
 }
 FORBIDDEN = {("comm", "tensor"), ("comm", "nn"), ("comm", "optim")}
 

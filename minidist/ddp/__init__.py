@@ -7,7 +7,9 @@
 Modules, in the order a step uses them (``naive`` is the unbucketed oracle): ``bucket`` (which grads share a flat buffer),
 ``reducer`` (hooks -> ready buckets -> comm thread -> averaged grads), ``hooks`` (how one
 bucket is averaged: plain, fp16, PowerSGD), ``preflight`` (the run manifest every rank must
-agree on before step 0), ``ddp`` (the wrapper, no_sync, construction checks).
+agree on before step 0), ``ddp`` (the wrapper, no_sync, construction checks), ``zero``
+(ZeroRedundancyOptimizer: ZeRO-1 optimizer-state sharding over the buckets; it lives here,
+not in ``optim``, because it communicates).
 """
 
 from minidist.ddp import hooks
@@ -19,8 +21,10 @@ from minidist.ddp.hooks import (GradBucket, PowerSGDState, allreduce_hook, fp16_
 from minidist.ddp.naive import NaiveDataParallel
 from minidist.ddp.preflight import PreflightError, check_manifest
 from minidist.ddp.reducer import Reducer
+from minidist.ddp.zero import ZeroRedundancyOptimizer
 
 __all__ = ["DistributedDataParallel", "NaiveDataParallel", "Reducer", "Bucket", "BucketSpec", "BucketState",
            "ParamMeta", "plan_buckets", "DEFAULT_BUCKET_CAP_BYTES", "DEFAULT_FIRST_BUCKET_BYTES",
            "GradBucket", "PowerSGDState", "allreduce_hook", "fp16_compress_hook",
-           "powersgd_hook", "hooks", "auto_overlap", "PreflightError", "check_manifest"]
+           "powersgd_hook", "hooks", "auto_overlap", "PreflightError", "check_manifest",
+           "ZeroRedundancyOptimizer"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from minidist import trace
 from minidist import xp as backend
@@ -192,6 +192,34 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
         ValueError: root is not a scalar and no gradient was given, or gradient has the wrong shape.
         RuntimeError: root does not require grad, or the graph was already freed.
     """
+    _run(root, gradient, retain_graph, None)
+
+
+def grad(outputs: Tensor, inputs: Sequence[Tensor], grad_outputs: Any = None,
+         retain_graph: bool = False) -> tuple[Any, ...]:
+    """torch.autograd.grad: the gradients of ``outputs`` w.r.t. ``inputs``, RETURNED.
+
+    Nothing is accumulated into any ``.grad`` and no post-accumulate-grad hook fires: leaves
+    that are not in ``inputs`` are simply skipped. Activation checkpointing
+    (``minidist.utils.checkpoint``) uses it to differentiate a recomputed segment and hand
+    the results to the outer backward, which then accumulates them and fires the hooks once.
+
+    Args:
+        outputs: the tensor to differentiate (a scalar, or pass ``grad_outputs``).
+        inputs: leaf tensors; a leaf the graph does not reach gets None.
+        grad_outputs: d(something)/d(outputs), same shape as outputs (default 1 for a scalar).
+        retain_graph: keep the tape so backward can run through it again.
+
+    Returns:
+        One gradient (an xp array, or None) per input, in order.
+    """
+    capture: dict[int, Any] = {id(t): None for t in inputs}
+    _run(outputs, grad_outputs, retain_graph, capture)
+    return tuple(capture[id(t)] for t in inputs)
+
+
+def _run(root: Tensor, gradient: Any, retain_graph: bool, capture: dict[int, Any] | None
+         ) -> None:
     frames = getattr(_running, "frames", None)
     if frames is None:
         frames = _running.frames = []
@@ -200,7 +228,7 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
     tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
     t0 = tr.now() if tr is not None else 0.0
     try:
-        _walk(root, gradient, retain_graph)  # an error here drops the queued callbacks
+        _walk(root, gradient, retain_graph, capture)  # an error drops the queued callbacks
         i = 0
         while i < len(callbacks):  # a callback may queue more: they join the end of the list
             callbacks[i]()
@@ -211,8 +239,13 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
             tr.complete("backward", t0, tr.now())
 
 
-def _walk(root: Tensor, gradient: Any, retain_graph: bool) -> None:
-    """The backward walk itself (steps 1-4 of the module docstring)."""
+def _walk(root: Tensor, gradient: Any, retain_graph: bool, capture: dict[int, Any] | None
+          ) -> None:
+    """The backward walk itself (steps 1-4 of the module docstring).
+
+    With ``capture`` (leaf id -> gradient or None), leaf gradients are summed into it instead
+    of ``.grad`` (only for the leaves it lists) and no hook fires (``grad``).
+    """
     if not root.requires_grad:
         raise RuntimeError(error(
             "backward", f"called on a tensor of shape {root.shape} that does not require grad: "
@@ -233,6 +266,10 @@ def _walk(root: Tensor, gradient: Any, retain_graph: bool) -> None:
                 f"{root.shape}. Pass a gradient of the tensor's shape."))
 
     if root._backward is None:  # backward on a leaf: its gradient is the seed itself
+        if capture is not None:
+            if id(root) in capture:
+                capture[id(root)] = seed
+            return
         _accumulate(root, seed)
         _fire_hooks(root)
         return
@@ -257,7 +294,11 @@ def _walk(root: Tensor, gradient: Any, retain_graph: bool) -> None:
             if not parent.requires_grad:
                 continue
             key = id(parent)
-            if parent._backward is None:
+            if parent._backward is None and capture is not None:
+                if pg is not None and key in capture:  # summed in arrival order, as .grad is
+                    prev = capture[key]
+                    capture[key] = pg if prev is None else prev + pg
+            elif parent._backward is None:
                 if pg is not None:
                     fresh = id(pg) not in routed and sum(q is pg for q in parent_grads) == 1
                     _accumulate(parent, pg, fresh)
