@@ -50,8 +50,8 @@ from minidist.comm.algorithms.shm import _owners, shm_alloc_buffer, shm_availabl
 from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
 from minidist.comm.errors import CollectiveMismatch, CommError, PeerFailed
 from minidist.comm.failure import farewell, on_failure
-from minidist.comm.ledger import (FP, STATUS, T0, T1, CallStatus, Ledger, dump_dir,
-                                  fingerprint, ledger_capacity, ledger_enabled)
+from minidist.comm.ledger import (FP, T0, T1, Ledger, dump_dir, fingerprint, ledger_capacity,
+                                  ledger_enabled)
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
 from minidist.comm.transports.base import (MAX_STREAMS, SIDE_BYE, SIDE_FAIL, STREAM_BITS,
                                            Transport, has_fingerprint, wire_tag)
@@ -61,7 +61,6 @@ log = get_logger(__name__)
 
 _OPS = list(ReduceOp)
 _FAST_OPS: dict = {**{o.value: o for o in ReduceOp}, **{o: o for o in ReduceOp}}
-_OK = CallStatus.OK
 EXPLAIN_SAMPLES = 5  # MINIDIST_DEBUG: auto's calls per size class before it logs the median
 
 
@@ -90,6 +89,7 @@ class ProcessGroup:
         self._debug = debug_level()
         self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled())
         self._max_tag = int(getattr(transport, "max_tag", (1 << 62) - 1))
+        self._fp_space = ((self._max_tag + 1) >> STREAM_BITS) - 1  # wire_tag, inlined below
         self._native = supports_native(transport)
         self._shm = shm_node(transport) if shm_available(transport) else None  # collective
         self._explained: dict = {}  # MINIDIST_DEBUG: size class -> samples (None: logged)
@@ -300,7 +300,7 @@ class ProcessGroup:
         if ledger.enabled:
             row = ledger.begin("all_reduce", tag, flat.size, flat.dtype, array.shape, op, -1,
                                name, reason, label)
-            wire = wire_tag(tag, row[FP], self._max_tag)
+            wire = tag | ((row[FP] % self._fp_space) + 1) << STREAM_BITS  # = wire_tag(...)
         else:
             row, wire = None, tag
         try:
@@ -315,7 +315,6 @@ class ProcessGroup:
             raise self._failed(row, e, f'all_reduce(algorithm="{algorithm}")') from e
         if row is not None:
             row[T1] = time.perf_counter()
-            row[STATUS] = _OK
             if self._debug and algorithm == "auto":
                 self._explain(name, reason, flat.nbytes, shared, row[T1] - row[T0])
         return array

@@ -48,7 +48,6 @@ import contextlib
 import contextvars
 import dataclasses
 import enum
-import itertools
 import json
 import os
 import sys
@@ -90,12 +89,15 @@ class CallStatus(enum.Enum):
     TIMEOUT = "timeout"
 
 
+_RUNNING = CallStatus.RUNNING
+
+
 # -- fingerprints ----------------------------------------------------------------------------
-# Small stable codes (the same in every process: Python's str hash is salted per process).
+# Small stable codes (the same in every process: Python's str hash is salted per process, int
+# and tuple-of-int hashes are not).
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier",
                "broadcast_object", "all_gather_object", "consistency_check", "alloc_buffer")
 _COLLECTIVE_CODE = {name: i + 1 for i, name in enumerate(COLLECTIVES)}
-_OP_CODE: dict = {None: 0, **{op: i + 1 for i, op in enumerate(ReduceOp)}}
 _DTYPE_CODE: dict = {None: 0, **{np.dtype(d): i + 1 for i, d in enumerate(SUPPORTED_DTYPES)}}
 _ALGO_CODE: dict = {None: 0}
 
@@ -103,7 +105,7 @@ _ALGO_CODE: dict = {None: 0}
 def _algo_code(name: str | None) -> int:
     code = _ALGO_CODE.get(name)
     if code is None:
-        code = _ALGO_CODE[name] = zlib.crc32(str(name).encode()) & 0xFFFF or 1
+        code = _ALGO_CODE[name] = zlib.crc32(str(name).encode()) & 0xFFFFFF or 1
     return code
 
 
@@ -113,13 +115,11 @@ def fingerprint(seq: int, collective: str, op: ReduceOp | None, dtype: Any, coun
 
     Mixes the call number ``seq`` (so the n-th call of one rank only matches the n-th of
     another), the collective, reduce op, dtype, element count, root (-1 for none) and the
-    resolved algorithm. Integer mixing (splitmix64's finalizer), identical in every process.
+    resolved algorithm: Python's hash of a tuple of small integers, which is the same in every
+    process of one Python version (ranks run the same interpreter).
     """
-    h = (_COLLECTIVE_CODE[collective] | _OP_CODE[op] << 5 | _DTYPE_CODE.get(dtype, 15) << 9
-         | _algo_code(algorithm) << 13 | (root + 1) << 29)
-    h = ((h * 0x100000001B3) ^ count) * 0x9E3779B97F4A7C15 ^ seq
-    h = (h ^ (h >> 31)) * 0xBF58476D1CE4E5B9 & _M64
-    return h ^ (h >> 29)
+    return hash((seq, count, root, _COLLECTIVE_CODE[collective], 0 if op is None else op.code,
+                 _DTYPE_CODE.get(dtype, 15), _ALGO_CODE.get(algorithm) or _algo_code(algorithm)))
 
 
 # -- labels and call sites -------------------------------------------------------------------
@@ -150,6 +150,38 @@ _THREADING_FILE = threading.__file__
 _internal: dict[str, bool] = {}
 
 
+def _inside(filename: str) -> bool:
+    inside = _internal.get(filename)
+    if inside is None:
+        inside = _internal[filename] = filename.startswith(_PACKAGE_DIR)
+    return inside
+
+
+def _walk_out(f: Any) -> tuple[Any, int]:
+    """``(code, lasti)`` of the first frame at or above ``f`` outside minidist (see caller_site)."""
+    last = f
+    while f is not None:
+        code = f.f_code
+        if not _inside(code.co_filename):
+            if code.co_filename == _THREADING_FILE:
+                break
+            return code, f.f_lasti
+        last, f = f, f.f_back
+    return last.f_code, last.f_lasti
+
+
+def line_of(code: Any, lasti: int) -> int:
+    """The source line of byte offset ``lasti`` in ``code`` (what ``frame.f_lineno`` computes,
+    done only when an entry is read: ``f_lineno`` costs ~0.6 us per call in the hot path)."""
+    line = code.co_firstlineno
+    for start, end, ln in code.co_lines():
+        if ln is not None:
+            line = ln
+        if start <= lasti < end:
+            break
+    return line
+
+
 def caller_site(depth: int = 2) -> tuple[str, int]:
     """``(filename, line)`` of the first frame outside the minidist package.
 
@@ -157,23 +189,14 @@ def caller_site(depth: int = 2) -> tuple[str, int]:
     minidist's (DDP's communication thread starts in ``threading``), the outermost minidist
     frame is returned instead.
     """
-    f: Any = sys._getframe(depth)
-    last = f
-    while f is not None:
-        name = f.f_code.co_filename
-        inside = _internal.get(name)
-        if inside is None:
-            inside = _internal[name] = name.startswith(_PACKAGE_DIR)
-        if not inside:
-            if name == _THREADING_FILE:
-                break
-            return name, f.f_lineno
-        last, f = f, f.f_back
-    return last.f_code.co_filename, last.f_lineno
+    code, lasti = _walk_out(sys._getframe(depth))
+    return code.co_filename, line_of(code, lasti)
 
 
 # -- entries ---------------------------------------------------------------------------------
 # Row layout of the ring buffer (plain lists: the cheapest thing to build in the hot path).
+# FILE holds the caller's code object and LINE its byte offset (f_lasti) until read; STATUS is
+# None until a failure sets it (see Ledger.status).
 (SEQ, STREAM, COLLECTIVE, OP, ALGORITHM, REASON, COUNT, DTYPE, SHAPE, ROOT, LABEL, FILE, LINE,
  T0, T1, STATUS, FP, ERROR) = range(18)
 
@@ -261,7 +284,7 @@ class Ledger:
                  enabled: bool = True) -> None:
         self.rank, self.size, self.capacity, self.enabled = rank, size, int(capacity), enabled
         self._rows: list = [None] * self.capacity
-        self._index = itertools.count()  # next() is atomic under the GIL: threads may share
+        self._n = 0  # rows written (two threads on two streams may rarely overwrite one row)
         self._seq: dict[int, int] = {}   # stream -> calls so far
         # perf_counter for cheap, precise times; wall clock = _wall0 + (t - _perf0)
         self._perf0, self._wall0 = time.perf_counter(), time.time()
@@ -272,22 +295,35 @@ class Ledger:
               label: str | None = None) -> list:
         """Record the start of a call; return its row (a list; ``row[FP]`` is its fingerprint).
 
-        The hot path: no formatting, no allocation beyond the row itself.
+        The hot path (every collective): no formatting, no line-number lookup (the caller's
+        code object and byte offset are kept; ``records`` turns them into file:line).
         """
-        seq = self._seq.get(stream, 0) + 1
-        self._seq[stream] = seq
-        file, line = caller_site(3)
-        row = [seq, stream, collective, op, algorithm, reason, count, dtype, shape, root,
-               label or _LABEL.get(), file, line, time.perf_counter(), None, CallStatus.RUNNING,
-               fingerprint(seq, collective, op, dtype, count, root, algorithm), None]
-        self._rows[next(self._index) % self.capacity] = row
+        seqs = self._seq
+        seq = seqs.get(stream, 0) + 1
+        seqs[stream] = seq
+        try:
+            f = sys._getframe(2)  # the collective's caller (frame 1 is the collective itself)
+        except ValueError:  # called from the top of a stack
+            f = sys._getframe(1)
+        code = f.f_code
+        if _internal.get(code.co_filename, True):  # minidist's own, or not classified yet
+            code, lasti = _walk_out(f)
+        else:
+            lasti = f.f_lasti
+        i = self._n
+        self._n = i + 1
+        self._rows[i % self.capacity] = row = [
+            seq, stream, collective, op, algorithm, reason, count, dtype, shape, root,
+            label or _LABEL.get(), code, lasti, time.perf_counter(), None, None,
+            hash((seq, count, root, _COLLECTIVE_CODE[collective], 0 if op is None else op.code,
+                  _DTYPE_CODE.get(dtype, 15), _ALGO_CODE.get(algorithm) or _algo_code(algorithm))),
+            None]
         return row
 
     @staticmethod
     def end(row: list) -> None:
-        """Mark a call finished."""
+        """Mark a call finished (STATUS stays None: a row with an end time and no status is OK)."""
         row[T1] = time.perf_counter()
-        row[STATUS] = CallStatus.OK
 
     def fail(self, row: list, error: BaseException) -> None:
         """Mark a call failed (TIMEOUT for a deadline) and keep the first line of the error."""
@@ -308,6 +344,12 @@ class Ledger:
         rows.sort(key=lambda r: r[T0])
         return rows
 
+    @staticmethod
+    def status(row: list) -> CallStatus:
+        """A row's status: set on failure; otherwise RUNNING until it has an end time."""
+        st = row[STATUS]
+        return st if st is not None else (_RUNNING if row[T1] is None else CallStatus.OK)
+
     def _as_dict(self, r: list) -> dict:
         wall = self._wall0 - self._perf0
         op, dt = r[OP], r[DTYPE]
@@ -317,8 +359,9 @@ class Ledger:
                 "dtype": None if dt is None else np.dtype(dt).name,
                 "shape": None if r[SHAPE] is None else [int(x) for x in r[SHAPE]],
                 "root": None if r[ROOT] < 0 else int(r[ROOT]), "label": r[LABEL],
-                "file": r[FILE], "line": int(r[LINE]), "start_s": wall + r[T0],
-                "end_s": None if r[T1] is None else wall + r[T1], "status": r[STATUS].value,
+                "file": r[FILE].co_filename, "line": line_of(r[FILE], r[LINE]),
+                "start_s": wall + r[T0],
+                "end_s": None if r[T1] is None else wall + r[T1], "status": self.status(r).value,
                 "error": r[ERROR]}
 
     def records(self, stream: int | None = None, last: int | None = None) -> list[dict]:

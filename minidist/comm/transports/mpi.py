@@ -41,8 +41,8 @@ import numpy as np
 from minidist import xp as backend
 from minidist.comm.errors import CollectiveMismatch, CommError, CommTimeout
 from minidist.comm.ops import ReduceOp, finalize, parse_op
-from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, Request, Transport,
-                                           has_fingerprint, stream_of, wait_until)
+from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, MAX_STREAMS, Request, Transport,
+                                           stream_of, wait_until)
 from minidist.log import get_logger
 
 log = get_logger(__name__)
@@ -167,6 +167,7 @@ class _MPIRequest(Request):
         wait_until(self._test, timeout_s, timed_out, self.t.poller(self.peer, self.tag))
 
 
+_STREAM_MASK = MAX_STREAMS - 1
 _MPI_OPS = {ReduceOp.SUM: "SUM", ReduceOp.AVG: "SUM", ReduceOp.MAX: "MAX", ReduceOp.MIN: "MIN",
             ReduceOp.PROD: "PROD"}
 
@@ -200,7 +201,7 @@ class MPITransport(Transport):
         self.guard_node: Any = None  # the ShmNode when every rank shares one node (shm_window)
         self._guard = np.zeros(2, np.int64)  # across nodes: [fp, -fp] reduced with MAX
         self._in_place = MPI.IN_PLACE
-        self._mpi_ops = {op: getattr(MPI, name) for op, name in _MPI_OPS.items()}
+        self._mpi_ops = [None] + [getattr(MPI, _MPI_OPS[op]) for op in ReduceOp]  # by op.code
         self._side_sends: list = []  # (request, buffer) of side messages in flight
         self._cuda_aware: bool | None = None  # decided on the first device buffer
         self.spin_tests = (OVERSUBSCRIBED_SPIN_TESTS if self.size > (os.cpu_count() or 1)
@@ -290,20 +291,21 @@ class MPITransport(Transport):
         op = parse_op(op)
         view, after = self._host_view(buf, for_recv=True)
         node, k, greq = self.guard_node, 0, None
-        if has_fingerprint(tag):
-            if node is not None:
-                k = node.guard_post(tag)
+        if tag > _STREAM_MASK:  # has_fingerprint(tag), inlined: this is the 8-byte hot path
+            if node is not None:  # node.guard_post(tag), inlined
+                node.ncoll = k = node.ncoll + 1
+                mine, i = node.my_guard, (k & 3) << 1
+                mine[i + 1] = tag
+                mine[i] = k
             else:
                 self._guard[0], self._guard[1] = tag, -tag
                 greq = self.comm.Iallreduce(self._in_place, self._guard, op=self.MPI.MAX)
-        req = self.comm.Iallreduce(self._in_place, view, op=self._mpi_ops[op])
+        req = self.comm.Iallreduce(self._in_place, view, op=self._mpi_ops[op.code])
         try:
-            done = False
             for _ in range(self.spin_tests):
                 if req.Test():
-                    done = True
                     break
-            if not done:
+            else:
                 self._wait_native(req, view.nbytes, timeout_s, node, k, tag)
             if greq is not None:
                 self._wait_native(greq, 16, timeout_s, None, 0, tag)
@@ -313,7 +315,10 @@ class MPITransport(Transport):
                             f"{view.nbytes} bytes): MPI error {e}. Every rank must pass the same "
                             "shape and dtype.") from e
         if k:
-            self._check_guard(node, k, tag, complete=True)
+            i = (k & 3) << 1
+            for g in node.peer_guards:  # node.guard_mismatch(k, tag, True), inlined
+                if g[i] != k or g[i + 1] != tag:
+                    self._check_guard(node, k, tag, complete=True)
         elif greq is not None and (self._guard[0] != tag or self._guard[1] != -tag):
             raise CollectiveMismatch(
                 f"[rank {self.rank}/{self.size}] all_reduce(algorithm=\"mpi\"): another rank "

@@ -134,6 +134,8 @@ class ShmNode:
         self.guards = [memoryview(s[LINE:2 * LINE]).cast("q") for s in self.control.slots]
         for i in range(2 * GUARD_SLOTS):  # zero my line before any peer can read it
             self.guards[self.rank][i] = 0
+        self.my_guard = self.guards[self.rank]
+        self.peer_guards = [g for j, g in enumerate(self.guards) if j != self.rank]
         self.ncoll = 0  # MPI collectives guarded so far
         self.headers = [s[2 * LINE: 2 * LINE + 2 * HEADER_INTS * 8].view(np.int64)
                         .reshape(2, HEADER_INTS) for s in self.control.slots]
