@@ -17,9 +17,9 @@ number whose signatures are not all equal - a rank that made no call that far co
 signature of its own - is the finding. Ranks are grouped by signature; the smallest group is
 named first (for two ranks: rank 0 last), so every rank prints the same sentence. Call sites
 (file:line) are not part of the signature (``if rank == 0: broadcast_object(x) else:
-broadcast_object(None)`` is correct code), but the first call number where they differ before
-the finding is reported as a note: with identical arguments, a rank that skipped a collective
-pairs its next call with the others' skipped one, and only the line numbers show it.
+broadcast_object(None)`` is correct code), but the first completed call number where they differ
+before the finding is reported as a note: with identical arguments, a rank that skipped a
+collective pairs its next call with the others' skipped one, and only the line numbers show it.
 Pure functions: no messages, no transport (tests call them directly).
 """
 
@@ -83,7 +83,8 @@ def diagnose(stream: int, reports: dict[int, dict], missing: dict[int, str] | No
             first = (seq, entry, sigs)
             break
         sites = {site(e) for e in entry.values() if e is not None}
-        if note is None and len(sites) > 1:
+        done = all(e is not None and e.get("status", "ok") == "ok" for e in entry.values())
+        if note is None and len(sites) > 1 and done:
             note = (seq, entry)
     out: dict[str, Any] = {"stream": stream, "missing": missing, "seq": None, "groups": [],
                            "site_note": None}
@@ -148,9 +149,10 @@ def diagnose(stream: int, reports: dict[int, dict], missing: dict[int, str] | No
         fewest = min(counts.values())
         short = sorted(r for r, c in counts.items() if c == fewest)
         who = (f" ({_ranks(short)} made fewer calls)" if len(short) < len(counts) else "")
-        parts.append(f"at collective #{seq} the ranks were at different lines with the same "
-                     f"arguments ({where}), so those calls were paired with each other and "
-                     f"returned wrong results: a rank skipped or added a collective there{who}")
+        parts.append(f"note: collective #{seq} ran at different lines on different ranks "
+                     f"({where}) with the same arguments, so those calls were paired; unless "
+                     f"they are the same call of your program, a rank skipped or added a "
+                     f"collective there{who} and from there on the results were wrong")
     out["kind"] = kind
     out["text"] = "; ".join(parts) if parts else "no ledger entries to compare"
     return out
