@@ -125,7 +125,9 @@ def main() -> None:
             line = "NO ERROR"
         except CommError as e:
             line = f"{type(e).__name__}: {e}"
-        print(f"CASE {name} rank {g.rank} {line}", flush=True)
+        # one write per line: ranks share the output pipe, and print() writes the newline apart
+        sys.stdout.write(f"CASE {name} rank {g.rank} {line}\n")
+        sys.stdout.flush()
         g.close()
     sys.stdout.flush()
     os._exit(0)  # a failed MPI call may still be pending: MPI_Finalize would wait for it
