@@ -34,7 +34,7 @@ from typing import Any
 from minidist.comm.diagnose import diagnose
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
                                   CommTimeout, PeerFailed)
-from minidist.comm.ledger import COLLECTIVE, SEQ, STREAM, dump_dir
+from minidist.comm.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, dump_dir
 from minidist.comm.transports.base import SIDE_BYE, SIDE_DONE, SIDE_FAIL, Transport
 from minidist.log import get_logger
 
@@ -147,9 +147,9 @@ def on_failure(group: Any, row: list | None, error: CommError, call: str) -> Com
     if not ledger.enabled or group.size == 1 or getattr(error, "diagnosis", None) is not None:
         return error
     if row is not None:
-        stream, seq = row[STREAM], row[SEQ]
+        stream, seq = row[SITE][S_STREAM], row[SEQ]
         status = "timed out" if isinstance(error, CommTimeout) else "failed"
-        state = f"{status} in {row[COLLECTIVE]} #{seq}"
+        state = f"{status} in {row[SITE][S_COLLECTIVE]} #{seq}"
         where = f"{call} #{seq}"
     else:
         stream, seq = 0, None

@@ -50,7 +50,7 @@ from minidist.comm.algorithms.shm import _owners, shm_alloc_buffer, shm_availabl
 from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
 from minidist.comm.errors import CollectiveMismatch, CommError, PeerFailed
 from minidist.comm.failure import farewell, on_failure
-from minidist.comm.ledger import (FP, T0, T1, Ledger, dump_dir, fingerprint, ledger_capacity,
+from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
                                   ledger_enabled)
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
 from minidist.comm.transports.base import (MAX_STREAMS, SIDE_BYE, SIDE_FAIL, STREAM_BITS,
@@ -87,9 +87,9 @@ class ProcessGroup:
         self.check_consistency = (debug_level() >= 1 if check_consistency is None
                                   else check_consistency)
         self._debug = debug_level()
-        self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled())
         self._max_tag = int(getattr(transport, "max_tag", (1 << 62) - 1))
-        self._fp_space = ((self._max_tag + 1) >> STREAM_BITS) - 1  # wire_tag, inlined below
+        self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled(),
+                             self._max_tag)
         self._native = supports_native(transport)
         self._shm = shm_node(transport) if shm_available(transport) else None  # collective
         self._explained: dict = {}  # MINIDIST_DEBUG: size class -> samples (None: logged)
@@ -158,7 +158,7 @@ class ProcessGroup:
         count, dtype = (0, None) if flat is None else (flat.size, flat.dtype)
         row = self.ledger.begin(collective, stream, count, dtype, shape, op, root, algorithm,
                                 reason)
-        return row, wire_tag(stream, row[FP], self._max_tag)
+        return row, row[TAG]
 
     def _agree(self, call: str, flat: Any, op: ReduceOp | None, algo: str, root: int,
                row: list | None, stream: int) -> None:
@@ -172,7 +172,7 @@ class ProcessGroup:
                 algos.index(algo) if algo in algos else len(algos), root]
         table = np.zeros(self.size * len(mine), np.int64)
         table[self.rank * len(mine):(self.rank + 1) * len(mine)] = mine
-        check = (fingerprint(row[0], "consistency_check", None, None, 0, -1, None)
+        check = (fingerprint(row[SEQ], "consistency_check", None, None, 0, -1, None)
                  if row is not None else 1)
         ring_all_gather(self.transport, table, wire_tag(stream, check, self._max_tag))
         rows = table.reshape(self.size, len(mine))
@@ -300,16 +300,16 @@ class ProcessGroup:
         if ledger.enabled:
             row = ledger.begin("all_reduce", tag, flat.size, flat.dtype, array.shape, op, -1,
                                name, reason, label)
-            wire = tag | ((row[FP] % self._fp_space) + 1) << STREAM_BITS  # = wire_tag(...)
+            wire = row[TAG]
         else:
             row, wire = None, tag
+        if self._debug >= 1:
+            log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
+                      name, flat.size, flat.dtype.name, flat.nbytes, op.value, self.size)
         try:
             if self.check_consistency:
                 self._agree(f'all_reduce(algorithm="{algorithm}")', flat, op, algorithm, 0, row,
                             tag)
-            if self._debug >= 1:
-                log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
-                          name, flat.size, flat.dtype.name, flat.nbytes, op.value, self.size)
             fn(self.transport, flat, op, wire)
         except CommError as e:
             raise self._failed(row, e, f'all_reduce(algorithm="{algorithm}")') from e

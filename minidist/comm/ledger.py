@@ -60,6 +60,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from minidist.comm.ops import SUPPORTED_DTYPES, ReduceOp
+from minidist.comm.transports.base import STREAM_BITS, fingerprint_mask
 
 DEFAULT_CAPACITY = 512
 _M64 = (1 << 64) - 1
@@ -115,11 +116,13 @@ def fingerprint(seq: int, collective: str, op: ReduceOp | None, dtype: Any, coun
 
     Mixes the call number ``seq`` (so the n-th call of one rank only matches the n-th of
     another), the collective, reduce op, dtype, element count, root (-1 for none) and the
-    resolved algorithm: Python's hash of a tuple of small integers, which is the same in every
-    process of one Python version (ranks run the same interpreter).
+    resolved algorithm: Python's hash of tuples of small integers, which is the same in every
+    process of one Python version (ranks run the same interpreter). ``Ledger.begin`` computes
+    the same value (the signature part once per call site).
     """
-    return hash((seq, count, root, _COLLECTIVE_CODE[collective], 0 if op is None else op.code,
-                 _DTYPE_CODE.get(dtype, 15), _ALGO_CODE.get(algorithm) or _algo_code(algorithm)))
+    sig = hash((count, root, _COLLECTIVE_CODE[collective], 0 if op is None else op.code,
+                _DTYPE_CODE.get(dtype, 15), _ALGO_CODE.get(algorithm) or _algo_code(algorithm)))
+    return hash((seq, sig))
 
 
 # -- labels and call sites -------------------------------------------------------------------
@@ -194,11 +197,15 @@ def caller_site(depth: int = 2) -> tuple[str, int]:
 
 
 # -- entries ---------------------------------------------------------------------------------
-# Row layout of the ring buffer (plain lists: the cheapest thing to build in the hot path).
-# FILE holds the caller's code object and LINE its byte offset (f_lasti) until read; STATUS is
-# None until a failure sets it (see Ledger.status).
-(SEQ, STREAM, COLLECTIVE, OP, ALGORITHM, REASON, COUNT, DTYPE, SHAPE, ROOT, LABEL, FILE, LINE,
- T0, T1, STATUS, FP, ERROR) = range(18)
+# A row of the ring buffer (a plain list: the cheapest thing to build in the hot path). What
+# repeats from call to call lives in a shared "site" tuple: one per caller location (code
+# object and byte offset of the first frame outside minidist) and call signature, cached, so
+# a training loop's repeated call only builds the small row and hashes (seq, site signature).
+SEQ, TAG, T0, T1, SITE, LABEL, STATUS, ERROR = range(8)  # TAG: the call's message tag
+# site tuple: the call's static part
+(S_STREAM, S_COLLECTIVE, S_OP, S_ALGORITHM, S_REASON, S_COUNT, S_DTYPE, S_SHAPE, S_ROOT, S_CODE,
+ S_LASTI, S_SIG) = range(12)
+_SITES_MAX = 4096  # cached sites (a new signature at a known location replaces the old one)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,14 +285,17 @@ class Ledger:
         rank, size: of the group (for dumps).
         capacity: entries kept (oldest dropped first).
         enabled: False records nothing and fingerprints nothing (``MINIDIST_LEDGER=0``).
+        max_tag: the transport's largest message tag (the fingerprint is folded below it).
     """
 
     def __init__(self, rank: int, size: int, capacity: int = DEFAULT_CAPACITY,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, max_tag: int = (1 << 62) - 1) -> None:
         self.rank, self.size, self.capacity, self.enabled = rank, size, int(capacity), enabled
+        self._fp_mask = fingerprint_mask(int(max_tag))  # see transports.base.wire_tag
         self._rows: list = [None] * self.capacity
         self._n = 0  # rows written (two threads on two streams may rarely overwrite one row)
         self._seq: dict[int, int] = {}   # stream -> calls so far
+        self._sites: dict[tuple, tuple] = {}  # (id(code), lasti, stream, collective) -> site
         # perf_counter for cheap, precise times; wall clock = _wall0 + (t - _perf0)
         self._perf0, self._wall0 = time.perf_counter(), time.time()
         self.failures = 0
@@ -293,10 +303,12 @@ class Ledger:
     def begin(self, collective: str, stream: int, count: int, dtype: Any, shape: Any,
               op: ReduceOp | None, root: int, algorithm: str | None, reason: str | None,
               label: str | None = None) -> list:
-        """Record the start of a call; return its row (a list; ``row[FP]`` is its fingerprint).
+        """Record the start of a call; return its row (a list). ``row[TAG]`` is the call's
+        message tag: ``wire_tag(stream, fingerprint(...), max_tag)``, computed inline.
 
-        The hot path (every collective): no formatting, no line-number lookup (the caller's
-        code object and byte offset are kept; ``records`` turns them into file:line).
+        The hot path (every collective): find the caller (a short frame walk), look its site up
+        (same location and signature as last time: reuse it), build an 8-slot row. No
+        formatting, no line-number lookup (``records`` does that when an entry is read).
         """
         seqs = self._seq
         seq = seqs.get(stream, 0) + 1
@@ -310,15 +322,32 @@ class Ledger:
             code, lasti = _walk_out(f)
         else:
             lasti = f.f_lasti
+        key = (id(code), lasti, stream, collective)
+        site = self._sites.get(key)
+        if (site is None or site[S_COUNT] != count or site[S_DTYPE] is not dtype
+                or site[S_OP] is not op or site[S_ALGORITHM] != algorithm
+                or site[S_REASON] is not reason or site[S_SHAPE] != shape
+                or site[S_ROOT] != root):
+            site = self._new_site(key, collective, stream, count, dtype, shape, op, root,
+                                  algorithm, reason, code, lasti)
         i = self._n
         self._n = i + 1
         self._rows[i % self.capacity] = row = [
-            seq, stream, collective, op, algorithm, reason, count, dtype, shape, root,
-            label or _LABEL.get(), code, lasti, time.perf_counter(), None, None,
-            hash((seq, count, root, _COLLECTIVE_CODE[collective], 0 if op is None else op.code,
-                  _DTYPE_CODE.get(dtype, 15), _ALGO_CODE.get(algorithm) or _algo_code(algorithm))),
-            None]
+            seq, stream | ((hash((seq, site[S_SIG])) & self._fp_mask) or 1) << STREAM_BITS,
+            time.perf_counter(), None, site, label or _LABEL.get(), None, None]
         return row
+
+    def _new_site(self, key: tuple, collective: str, stream: int, count: int, dtype: Any,
+                  shape: Any, op: ReduceOp | None, root: int, algorithm: str | None,
+                  reason: str | None, code: Any, lasti: int) -> tuple:
+        sig = hash((count, root, _COLLECTIVE_CODE[collective], 0 if op is None else op.code,
+                    _DTYPE_CODE.get(dtype, 15), _ALGO_CODE.get(algorithm) or _algo_code(algorithm)))
+        site = (stream, collective, op, algorithm, reason, count, dtype, shape, root, code, lasti,
+                sig)
+        if len(self._sites) >= _SITES_MAX:
+            self._sites.clear()
+        self._sites[key] = site
+        return site
 
     @staticmethod
     def end(row: list) -> None:
@@ -352,21 +381,21 @@ class Ledger:
 
     def _as_dict(self, r: list) -> dict:
         wall = self._wall0 - self._perf0
-        op, dt = r[OP], r[DTYPE]
-        return {"seq": r[SEQ], "stream": r[STREAM], "collective": r[COLLECTIVE],
-                "op": op.value if op is not None else None, "algorithm": r[ALGORITHM],
-                "reason": r[REASON], "count": int(r[COUNT]),
+        site = r[SITE]
+        op, dt, root = site[S_OP], site[S_DTYPE], site[S_ROOT]
+        return {"seq": r[SEQ], "stream": site[S_STREAM], "collective": site[S_COLLECTIVE],
+                "op": op.value if op is not None else None, "algorithm": site[S_ALGORITHM],
+                "reason": site[S_REASON], "count": int(site[S_COUNT]),
                 "dtype": None if dt is None else np.dtype(dt).name,
-                "shape": None if r[SHAPE] is None else [int(x) for x in r[SHAPE]],
-                "root": None if r[ROOT] < 0 else int(r[ROOT]), "label": r[LABEL],
-                "file": r[FILE].co_filename, "line": line_of(r[FILE], r[LINE]),
-                "start_s": wall + r[T0],
-                "end_s": None if r[T1] is None else wall + r[T1], "status": self.status(r).value,
-                "error": r[ERROR]}
+                "shape": None if site[S_SHAPE] is None else [int(x) for x in site[S_SHAPE]],
+                "root": None if root < 0 else int(root), "label": r[LABEL],
+                "file": site[S_CODE].co_filename, "line": line_of(site[S_CODE], site[S_LASTI]),
+                "start_s": wall + r[T0], "end_s": None if r[T1] is None else wall + r[T1],
+                "status": self.status(r).value, "error": r[ERROR]}
 
     def records(self, stream: int | None = None, last: int | None = None) -> list[dict]:
         """Entries as JSON-able dicts, oldest first (optionally one stream, the last N)."""
-        rows = [r for r in self._ordered_rows() if stream is None or r[STREAM] == stream]
+        rows = [r for r in self._ordered_rows() if stream is None or r[SITE][S_STREAM] == stream]
         if last is not None:
             rows = rows[-last:]
         return [self._as_dict(r) for r in rows]

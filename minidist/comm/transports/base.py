@@ -73,17 +73,19 @@ def has_fingerprint(tag: int) -> bool:
     return tag > _STREAM_MASK
 
 
+def fingerprint_mask(max_tag: int) -> int:
+    """The bits of a fingerprint that fit above the stream bits of a tag <= ``max_tag``."""
+    return (1 << ((max_tag + 1).bit_length() - 1 - STREAM_BITS)) - 1
+
+
 def wire_tag(stream: int, fingerprint: int, max_tag: int) -> int:
     """The message tag of one collective: ``stream`` low, ``fingerprint`` folded in above it.
 
-    ``max_tag`` is the transport's largest tag (MPI: the ``MPI_TAG_UB`` attribute); the folded
-    fingerprint is never 0, so ``has_fingerprint`` holds for every fingerprinted call.
+    ``max_tag`` is the transport's largest tag (MPI: the ``MPI_TAG_UB`` attribute, 2**29 - 1
+    with MPICH: 19 fingerprint bits); the folded fingerprint is never 0, so ``has_fingerprint``
+    holds for every fingerprinted call.
     """
-    space = (max_tag + 1) >> STREAM_BITS
-    return stream | ((fingerprint % (space - 1)) + 1) << STREAM_BITS
-
-
-POLL_S = 0.002  # how often a waiting rank looks for a peer's failure notice (slow phase only)
+    return stream | ((fingerprint & fingerprint_mask(max_tag)) or 1) << STREAM_BITS
 
 
 PollHook = Callable[[Any, int], Any]  # (src or None, tag) -> exception to raise, or None

@@ -282,17 +282,23 @@ class MPITransport(Transport):
 
         ``tag``: the process group's message tag of this call; when it carries a fingerprint
         (``has_fingerprint``), the ranks check they all passed the same one (module docstring).
+        Same as ``native_wait(native_post(buf, op, tag), timeout_s)``.
 
         Raises:
             CollectiveMismatch: a rank passed a different fingerprint (another collective, or
                 another count, dtype or op); raised on every rank that sees it.
-            CommTimeout: not complete within ``timeout_s``; PeerFailed: a peer gave up first.
+            CommTimeout: not complete within ``timeout_s``; a poll-hook error (a peer gave up).
         """
+        self.native_wait(self.native_post(buf, op, tag), timeout_s)
+
+    def native_post(self, buf: Any, op: str | ReduceOp = ReduceOp.SUM, tag: int = 0) -> tuple:
+        """Publish the fingerprint guard and post the ``Iallreduce``; returns what
+        ``native_wait`` needs. Nothing else may run on this communicator in between."""
         op = parse_op(op)
         view, after = self._host_view(buf, for_recv=True)
         node, k, greq = self.guard_node, 0, None
         if tag > _STREAM_MASK:  # has_fingerprint(tag), inlined: this is the 8-byte hot path
-            if node is not None:  # node.guard_post(tag), inlined
+            if node is not None:  # publish (k, fp) in my guard line (shm_window.py)
                 node.ncoll = k = node.ncoll + 1
                 mine, i = node.my_guard, (k & 3) << 1
                 mine[i + 1] = tag
@@ -301,12 +307,22 @@ class MPITransport(Transport):
                 self._guard[0], self._guard[1] = tag, -tag
                 greq = self.comm.Iallreduce(self._in_place, self._guard, op=self.MPI.MAX)
         req = self.comm.Iallreduce(self._in_place, view, op=self._mpi_ops[op.code])
+        # MPICH advances a non-blocking collective only inside MPI calls (no progress thread):
+        # one Test() now sends this rank's data, so the caller's work until native_wait
+        # overlaps the transfer instead of delaying it.
+        done = req.Test()
+        return req, greq, buf, view, after, op, node, k, tag, done
+
+    def native_wait(self, pending: tuple, timeout_s: float | None = None) -> None:
+        """Finish a ``native_post``: wait with the deadline, check the guard, finalize AVG."""
+        req, greq, buf, view, after, op, node, k, tag, done = pending
         try:
-            for _ in range(self.spin_tests):
-                if req.Test():
-                    break
-            else:
-                self._wait_native(req, view.nbytes, timeout_s, node, k, tag)
+            if not done:
+                for _ in range(self.spin_tests):
+                    if req.Test():
+                        break
+                else:
+                    self._wait_native(req, view.nbytes, timeout_s, node, k, tag)
             if greq is not None:
                 self._wait_native(greq, 16, timeout_s, None, 0, tag)
         except self.MPI.Exception as e:
