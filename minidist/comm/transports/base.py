@@ -88,6 +88,7 @@ def wire_tag(stream: int, fingerprint: int, max_tag: int) -> int:
     return stream | ((fingerprint & fingerprint_mask(max_tag)) or 1) << STREAM_BITS
 
 
+POLL_S = 0.002  # how often a waiting rank runs the poll hook (slow phase only)
 PollHook = Callable[[Any, int], Any]  # (src or None, tag) -> exception to raise, or None
 
 
