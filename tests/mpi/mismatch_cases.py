@@ -86,7 +86,15 @@ def die(g, r):
     g.all_reduce(np.ones(N, np.float32), algorithm=ALGO)
 
 
-CASES = {f.__name__: f for f in (skip, extra, bcast, dtype, count, op, order, die)}
+def slow(g, r):
+    """Rank 1 arrives in the same all-reduce long after the others' deadline (docs example)."""
+    if r == 1:
+        import time
+        time.sleep(2.5 * float(os.environ.get("MINIDIST_TIMEOUT_S", "3")))
+    g.all_reduce(np.ones(N, np.float32), algorithm=ALGO)
+
+
+CASES = {f.__name__: f for f in (skip, extra, bcast, dtype, count, op, order, die, slow)}
 ALGO = "auto"
 
 
