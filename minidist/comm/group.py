@@ -53,8 +53,8 @@ from minidist.comm.failure import farewell, on_failure
 from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
                                   ledger_enabled)
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
-from minidist.comm.transports.base import (MAX_STREAMS, SIDE_BYE, SIDE_FAIL, STREAM_BITS,
-                                           Transport, has_fingerprint, wire_tag)
+from minidist.comm.transports.base import (MAX_STREAMS, SIDE_BYE, SIDE_FAIL, Transport,
+                                           has_fingerprint, wire_tag)
 from minidist.log import debug_level, get_logger
 
 log = get_logger(__name__)
@@ -102,13 +102,19 @@ class ProcessGroup:
     def _where(self, call: str) -> str:
         return f"[rank {self.rank}/{self.size}] {call}"
 
-    def _flat(self, array: Any, call: str, writable: bool = True) -> Any:
-        """Validate ``array`` and return a flat view of it (never a copy)."""
+    def _flat(self, array: Any, call: str, writable: bool = True, algorithm: str | None = None
+              ) -> Any:
+        """Validate ``array`` and return a flat view of it (never a copy).
+
+        ``algorithm``: for all_reduce, whose call is spelled out only in an error message.
+        """
         if type(array) is np.ndarray:  # the hot path: one flags object, no reshape if 1-D
             flags = array.flags
             if array.dtype in SUPPORTED and flags.c_contiguous and (flags.writeable
                                                                     or not writable):
                 return array if array.ndim == 1 else array.reshape(-1)
+        if algorithm is not None:
+            call = f'{call}(algorithm="{algorithm}")'
         if not hasattr(array, "dtype") or not hasattr(array, "flags"):
             raise ValueError(f"{self._where(call)}: expected a numpy or cupy array, got "
                              f"{type(array).__name__}. Wrap the data with np.asarray(...) first.")
@@ -279,7 +285,7 @@ class ProcessGroup:
             op = _FAST_OPS[op]
         except (KeyError, TypeError):
             op = self._op(op, f'all_reduce(algorithm="{algorithm}")')
-        flat = self._flat(array, f'all_reduce(algorithm="{algorithm}")')
+        flat = self._flat(array, "all_reduce", algorithm=algorithm)  # no formatting unless bad
         if tag:
             tag = self._stream(tag, f'all_reduce(algorithm="{algorithm}")')
         if algorithm == "auto":
@@ -581,4 +587,4 @@ def new_group_from_transport(transport: Transport, **kwargs: Any) -> ProcessGrou
     return ProcessGroup(transport, **kwargs)
 
 
-__all__ = ["ProcessGroup", "new_group_from_transport", "STREAM_BITS"]
+__all__ = ["ProcessGroup", "new_group_from_transport"]

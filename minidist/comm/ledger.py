@@ -254,7 +254,7 @@ class LedgerEntry:
         return f"{os.path.basename(self.file)}:{self.line}"
 
     def describe(self) -> str:
-        """``all_reduce(1024 x float32, sum)``, ``broadcast(12 x float64, src=0)``, ``barrier()``."""
+        """``all_reduce(1024 x float32, sum)``, ``broadcast(12 x float64, src=0)``, ..."""
         return describe(self.to_dict())
 
     def to_dict(self) -> dict:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.comm import (CollectiveMismatch, CommError, ProcessGroup, get_ledger,
-                           ledger_label, new_group_from_transport)
+from minidist.comm import (CollectiveMismatch, CommError, ProcessGroup, ledger_label,
+                           new_group_from_transport)
 from minidist.comm.diagnose import diagnose
 from minidist.comm.ledger import Ledger, fingerprint
 from minidist.comm.ops import ReduceOp

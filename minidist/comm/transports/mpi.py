@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
 from typing import Any
 
 import numpy as np
