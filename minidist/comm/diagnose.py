@@ -48,9 +48,47 @@ def _ranks(rs: list[int]) -> str:
             "ranks " + ", ".join(map(str, rs)))
 
 
-def _call_text(e: dict, with_algorithm: bool) -> str:
-    text = describe(e)
-    return f"{text} [algorithm {e['algorithm']}]" if with_algorithm else text
+def _first_difference(stream: int, reports: dict[int, dict]) -> tuple:
+    """Walk the call numbers every rank still holds, oldest first.
+
+    Returns ``(calls, counts, first, note)``: per rank ``{seq: entry}`` and call count on the
+    stream; ``first`` = ``(seq, {rank: entry or None})`` where the signatures first differ
+    (None if nowhere); ``note`` = the same for the first completed call whose call sites differ
+    with equal signatures.
+    """
+    calls = {r: {e["seq"]: e for e in rep.get("entries", []) if e["stream"] == stream}
+             for r, rep in reports.items()}
+    counts = {r: int(rep.get("counts", {}).get(str(stream), 0)) for r, rep in reports.items()}
+    # Ring buffers may differ in depth: start at the oldest call number every rank still has.
+    lo = max((min(c) if c else counts[r] + 1) for r, c in calls.items())
+    hi = max(counts.values(), default=0)
+    note = None
+    for seq in range(lo, hi + 1):
+        entry = {r: calls[r].get(seq) if seq <= counts[r] else None for r in reports}
+        if len({signature(e) for e in entry.values()}) > 1:
+            return calls, counts, (seq, entry), note
+        sites = {site(e) for e in entry.values() if e is not None}
+        done = all(e is not None and e.get("status", "ok") == "ok" for e in entry.values())
+        if note is None and len(sites) > 1 and done:
+            note = (seq, entry)
+    return calls, counts, None, note
+
+
+def _group_text(rs: list[int], e: dict | None, seq: int, first: bool, with_algorithm: bool,
+                calls: dict, counts: dict, reports: dict) -> str:
+    """One group of ranks at the differing call: what they called, or that they made none."""
+    one = len(rs) == 1
+    if e is None:
+        r0 = rs[0]
+        last = calls[r0].get(counts[r0])
+        text = f"{_ranks(rs)} made no collective #{seq}"
+        if last is not None:
+            text += f" (last: #{counts[r0]}, {describe(last)} at {site(last)})"
+        state = reports[r0].get("state")
+        return text + (f" and {'is' if one else 'are'} {state}" if state else "")
+    call = describe(e) + (f" [algorithm {e['algorithm']}]" if with_algorithm else "")
+    numbered = f" as {'its' if one else 'their'} collective #{seq}" if first else ""
+    return f"{_ranks(rs)} called {call}{numbered} at {site(e)}"
 
 
 def diagnose(stream: int, reports: dict[int, dict], missing: dict[int, str] | None = None
@@ -60,7 +98,7 @@ def diagnose(stream: int, reports: dict[int, dict], missing: dict[int, str] | No
     Args:
         stream: the stream (``tag``) of the failed collective.
         reports: rank -> its report (this rank's own included).
-        missing: rank -> why it sent no report ("dead: ...", "no answer within 3 s").
+        missing: rank -> why it sent no report ("is dead: ...", "did not answer within 3 s").
 
     Returns:
         ``{"kind", "text", "seq", "groups": [{"ranks", "call", "where"}], "missing",
@@ -69,90 +107,60 @@ def diagnose(stream: int, reports: dict[int, dict], missing: dict[int, str] | No
         the same calls: the failure is not a mismatch).
     """
     missing = dict(missing or {})
-    calls = {r: {e["seq"]: e for e in rep.get("entries", []) if e["stream"] == stream}
-             for r, rep in reports.items()}
-    counts = {r: int(rep.get("counts", {}).get(str(stream), 0)) for r, rep in reports.items()}
-    # Compare only call numbers every rank still holds (their ring buffers may differ in depth).
-    lo = max((min(c) if c else counts[r] + 1) for r, c in calls.items())
-    hi = max(counts.values(), default=0)
-    first, note = None, None
-    for seq in range(lo, hi + 1):
-        entry = {r: calls[r].get(seq) if seq <= counts[r] else None for r in reports}
-        sigs = {r: signature(e) for r, e in entry.items()}
-        if len(set(sigs.values())) > 1:
-            first = (seq, entry, sigs)
-            break
-        sites = {site(e) for e in entry.values() if e is not None}
-        done = all(e is not None and e.get("status", "ok") == "ok" for e in entry.values())
-        if note is None and len(sites) > 1 and done:
-            note = (seq, entry)
+    calls, counts, first, note = _first_difference(stream, reports)
     out: dict[str, Any] = {"stream": stream, "missing": missing, "seq": None, "groups": [],
                            "site_note": None}
     parts = []
     if first is not None:
-        seq, entry, sigs = first
+        seq, entry = first
         groups: dict = {}
         for r in sorted(entry):
-            groups.setdefault(sigs[r], []).append(r)
+            groups.setdefault(signature(entry[r]), []).append(r)
+        # Smallest group first; for two ranks, rank 0 last: the same sentence on every rank.
         order = sorted(groups.values(), key=lambda rs: (len(rs), 0 in rs, rs))
-        algos_differ = len({s[:5] for s in groups if s is not None}) < len(
-            [s for s in groups if s is not None])
-        texts = []
-        for i, rs in enumerate(order):
-            e = entry[rs[0]]
-            if e is None:
-                r0 = rs[0]
-                last = calls[r0].get(counts[r0])
-                text = f"{_ranks(rs)} made no collective #{seq}"
-                if last is not None:
-                    text += f" (last: #{counts[r0]}, {describe(last)} at {site(last)})"
-                state = reports[r0].get("state")
-                if state:
-                    text += f" and {'is' if len(rs) == 1 else 'are'} {state}"
-            else:
-                call = _call_text(e, algos_differ)
-                text = (f"{_ranks(rs)} called {call}"
-                        + (f" as {'its' if len(rs) == 1 else 'their'} collective #{seq}"
-                           if i == 0 else "") + f" at {site(e)}")
-            texts.append(text)
-            out["groups"].append({"ranks": rs, "call": None if e is None else describe(e),
-                                  "where": None if e is None else site(e)})
-        out["seq"] = seq
-        parts.append("; ".join(texts))
-        kind = "mismatch"
+        called = [sig for sig in groups if sig is not None]
+        only_algorithm = len({sig[:5] for sig in called}) < len(called)
+        parts.append("; ".join(
+            _group_text(rs, entry[rs[0]], seq, i == 0, only_algorithm, calls, counts, reports)
+            for i, rs in enumerate(order)))
+        out["groups"] = [{"ranks": rs, "call": describe(entry[rs[0]]) if entry[rs[0]] else None,
+                          "where": site(entry[rs[0]]) if entry[rs[0]] else None}
+                         for rs in order]
+        out["seq"], kind = seq, "mismatch"
+        parts += [f"rank {r} {missing[r]}" for r in sorted(missing)]
     else:
         kind = "missing" if missing else "same"
-        last = {r: calls[r].get(counts[r]) for r in reports}
-        e = next((x for x in last.values() if x is not None), None)
-        for r in sorted(missing):
-            parts.append(f"rank {r} {missing[r]}")
+        parts += [f"rank {r} {missing[r]}" for r in sorted(missing)]
+        e = next((calls[r].get(counts[r]) for r in reports if calls[r].get(counts[r])), None)
         if e is not None:
             out["seq"] = e["seq"]
+            rs = sorted(reports)
             if missing:
-                rs = sorted(reports)
                 parts.append(f"{_ranks(rs)} {'is' if len(rs) == 1 else 'are'} in collective "
                              f"#{e['seq']}, {describe(e)} at {site(e)}"
                              + ("" if len(rs) == 1 else " (their calls agree)"))
             else:
                 parts.append(f"every rank called {describe(e)} as collective #{e['seq']} at "
                              f"{site(e)}, with the same arguments")
-    if first is not None:
-        for r in sorted(missing):
-            parts.append(f"rank {r} {missing[r]}")
     if note is not None and (first is None or note[0] < first[0]):
-        seq, entry = note
-        by_site: dict = {}
-        for r in sorted(entry):
-            by_site.setdefault(site(entry[r]), []).append(r)
-        where = ", ".join(f"{_ranks(rs)} at {s}" for s, rs in by_site.items())
-        out["site_note"] = {"seq": seq, "sites": {s: rs for s, rs in by_site.items()}}
-        fewest = min(counts.values())
-        short = sorted(r for r, c in counts.items() if c == fewest)
-        who = (f" ({_ranks(short)} made fewer calls)" if len(short) < len(counts) else "")
-        parts.append(f"note: collective #{seq} ran at different lines on different ranks "
-                     f"({where}) with the same arguments, so those calls were paired; unless "
-                     f"they are the same call of your program, a rank skipped or added a "
-                     f"collective there{who} and from there on the results were wrong")
+        parts.append(_site_note(note, counts, out))
     out["kind"] = kind
     out["text"] = "; ".join(parts) if parts else "no ledger entries to compare"
     return out
+
+
+def _site_note(note: tuple, counts: dict, out: dict) -> str:
+    """The note on the first completed call whose call sites differ (signatures equal)."""
+    seq, entry = note
+    by_site: dict = {}
+    for r in sorted(entry):
+        by_site.setdefault(site(entry[r]), []).append(r)
+    out["site_note"] = {"seq": seq, "sites": dict(by_site)}
+    where = ", ".join(f"{_ranks(rs)} at {s}" for s, rs in by_site.items())
+    fewest = min(counts.values())
+    short = sorted(r for r, c in counts.items() if c == fewest)
+    who = f" ({_ranks(short)} made fewer calls)" if len(short) < len(counts) else ""
+    return (f"note: collective #{seq} ran at different lines on different ranks ({where}) "
+            f"with the same arguments, so those calls were paired; unless they are the same "
+            f"call of your program, a rank skipped or added a collective there{who} and from "
+            f"there on the results were wrong")
