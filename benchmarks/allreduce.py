@@ -60,6 +60,7 @@ class Args:
     backend: str
     plot: bool
     ledger_compare: bool = False
+    burst: int = 1
 
 
 def parse_args(argv: list[str] | None = None) -> Args | tuple:
@@ -80,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--ledger-compare", action="store_true",
                    help="add X-off (ledger and fingerprints off) beside every algorithm X")
+    p.add_argument("--burst", type=int, default=1,
+                   help="calls per timed sample, back to back (no barrier or input restore "
+                        "between them: warm caches, as in a training loop); time is per call")
     p.add_argument("--fit", nargs="+", metavar="JSON", help="fit select.py constants and exit")
     p.add_argument("--fit-out", default=str(RESULTS / "allreduce_fit.json"))
     p.add_argument("--markdown", nargs="+", metavar="JSON", help="print result tables and exit")
@@ -100,8 +104,11 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
         algos += [x + "-off" for x in algos if not x.endswith("-off")]
     if step < 2:
         raise SystemExit(f"--step must be >= 2, got {step}")
+    if a.burst < 1:
+        raise SystemExit(f"--burst must be >= 1, got {a.burst}")
     return Args(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes), step, iters, warmup, algos,
-                a.dtype, a.op, Path(a.out), a.name, a.backend, not a.no_plot, a.ledger_compare)
+                a.dtype, a.op, Path(a.out), a.name, a.backend, not a.no_plot, a.ledger_compare,
+                a.burst)
 
 
 # ---------------------------------------------------------------- running one point
@@ -156,14 +163,15 @@ def identical_everywhere(group: Any, buf: np.ndarray) -> bool:
 
 
 def time_interleaved(group: Any, runs: list[tuple[Callable, np.ndarray]], base: np.ndarray,
-                     op: str, iters: int, warmup: int) -> list[list[float]]:
+                     op: str, iters: int, warmup: int, burst: int = 1) -> list[list[float]]:
     """Per-call seconds (slowest rank) of every ``(run, buf)``, ``iters`` calls each, INTERLEAVED:
     iteration i runs every algorithm once, in a random order (seeded by i: the same on every
     rank), each after restoring its input and a barrier. Load from other jobs then hits all
     algorithms alike, so the ratios between them (auto vs the best, X vs MPI) hold even when
     absolute times drift by 30 %; the shuffle keeps one algorithm from always running after the
     same other one (a warm cache left by the predecessor made e.g. shm look 15 % faster than
-    auto running the very same shm code)."""
+    auto running the very same shm code). ``burst`` > 1: each sample is that many calls back to
+    back (the buffer keeps accumulating), divided by ``burst``."""
     barrier = barrier_fn(group)
     k = len(runs)
     local = np.empty((k, iters))
@@ -177,8 +185,9 @@ def time_interleaved(group: Any, runs: list[tuple[Callable, np.ndarray]], base: 
             buf[...] = base
             barrier()
             t0 = time.perf_counter()
-            run(buf, op)
-            local[j, i] = time.perf_counter() - t0
+            for _ in range(burst):
+                run(buf, op)
+            local[j, i] = (time.perf_counter() - t0) / burst
     return group.all_gather(local.reshape(-1)).max(axis=0).reshape(k, iters).tolist()
 
 
@@ -242,7 +251,7 @@ def sweep(args: Args, group: Any) -> dict:
             point.append(row)
             runs.append((run, buf))
         for row, samples in zip(point, time_interleaved(group, runs, base, args.op, iters,
-                                                         args.warmup)):
+                                                         args.warmup, args.burst)):
             st = stats(samples)
             algbw = nbytes / st["median_us"] / 1e3
             row.update(st, algbw_GBps=algbw,
@@ -261,7 +270,8 @@ def sweep(args: Args, group: Any) -> dict:
                       flush=True)
         rows += point
     out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
-           "rows": rows, "crossover_ring_tree": crossover(rows, "ring", "tree")}
+           "burst": args.burst, "rows": rows,
+           "crossover_ring_tree": crossover(rows, "ring", "tree")}
     if args.ledger_compare:
         out["ledger_overhead"] = ledger_overhead(rows)
         if rank == 0:
