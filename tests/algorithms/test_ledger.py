@@ -137,6 +137,29 @@ def test_messages_of_different_calls_carry_different_tags():
     assert len(set(tags)) == 3 and all(stream_of(t) == 0 for t in tags)
 
 
+def test_a_poll_suspicion_is_dropped_when_the_message_arrived_meanwhile(monkeypatch):
+    # wait_until's contract: an error from poll() is raised only if one more test() fails; if
+    # that test succeeds the wait returns at once (the request is complete: no second test).
+    from minidist.comm.transports import base
+
+    monkeypatch.setattr(base, "POLL_S", -1.0)  # poll on every turn of the loop
+    results = iter([False, True])
+    calls, polls = [], []
+
+    def test():
+        calls.append(1)
+        return next(results)
+
+    def poll():
+        polls.append(1)
+        return CollectiveMismatch("suspicion")
+
+    base.wait_until(test, 5.0, lambda: AssertionError("timed out"), poll)
+    assert (len(calls), len(polls)) == (2, 1)
+    with pytest.raises(CollectiveMismatch, match="suspicion"):
+        base.wait_until(lambda: False, 5.0, lambda: AssertionError("timed out"), poll)
+
+
 # -- mismatches end fast on every rank, with the diagnosis ----------------------------------
 
 @pytest.mark.parametrize("case,expect", [

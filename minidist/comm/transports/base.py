@@ -109,7 +109,9 @@ def wait_until(test: Callable[[], bool], timeout_s: float, timed_out: Callable[[
         if poll is not None and now > next_poll:
             next_poll = now + POLL_S
             error = poll()
-            if error is not None and not test():
+            if error is not None:
+                if test():  # it arrived after all: the suspicion was a race, not a mismatch
+                    return
                 raise error
         os.sched_yield()  # releases the GIL and the core (time.sleep(0) costs ~55 us here)
 

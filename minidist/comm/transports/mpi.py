@@ -163,7 +163,7 @@ class _MPIRequest(Request):
                 f"{self.nbytes} bytes): not complete after {timeout_s:.1f} s. Nothing arrived "
                 f"from rank {self.peer}; check every rank calls the same collectives in the "
                 "same order (raise MINIDIST_TIMEOUT_S for slow steps).")
-        wait_until(self._test, timeout_s, timed_out, self.t.poller(self.peer, self.tag))
+        wait_until(self.test, timeout_s, timed_out, self.t.poller(self.peer, self.tag))
 
 
 _STREAM_MASK = MAX_STREAMS - 1
