@@ -19,9 +19,14 @@ from typing import Any
 
 
 class CommError(RuntimeError):
-    """A collective or point-to-point operation failed (peer gone, mismatch across ranks, ...)."""
+    """A collective or point-to-point operation failed (peer gone, mismatch across ranks, ...).
+
+    ``diagnosis``: the ledger comparison's finding (a dict), once the ranks made it; ``how``:
+    which check found the failure, in words (for the message).
+    """
 
     diagnosis: dict[str, Any] | None = None
+    how: str | None = None
 
 
 class CommTimeout(CommError, TimeoutError):

@@ -18,7 +18,9 @@ on the stuck call::
     wait for their SIDE_DONE            one ends the MPI job through its excepthook)
     raise CollectiveMismatch / CommTimeout / CommError with the finding
 
-``farewell`` (``destroy_process_group``): every rank sends its collective counts (SIDE_BYE) and
+``poll`` is the check a waiting rank runs every few milliseconds (the transports' poll hook):
+a peer's failure notice, a stray message of another call, a peer already past this call or
+already gone (SIDE_BYE). ``farewell`` (``destroy_process_group``): every rank sends its collective counts (SIDE_BYE) and
 waits for the others' (up to the deadline plus EXCHANGE_S; a rank that never arrives is only a
 warning). Counts that differ, or a peer's failure notice, are a failure of the same kind: so a
 rank that skipped a collective and finished "successfully" raises too, naming the call.
@@ -35,7 +37,8 @@ from minidist.comm.diagnose import diagnose
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
                                   CommTimeout, PeerFailed)
 from minidist.comm.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, dump_dir
-from minidist.comm.transports.base import SIDE_BYE, SIDE_DONE, SIDE_FAIL, Transport
+from minidist.comm.transports.base import (SIDE_BYE, SIDE_DONE, SIDE_FAIL, Transport,
+                                           has_fingerprint)
 from minidist.log import get_logger
 
 log = get_logger(__name__)
@@ -189,6 +192,62 @@ def on_failure(group: Any, row: list | None, error: CommError, call: str) -> Com
     log.error("%s: %s", type(out).__name__, message.split("] ", 1)[-1])
     _done(group.transport, answered)
     return out
+
+
+def poll(group: Any, src: int | None, tag: int) -> CommError | None:
+    """The transport's poll hook (base.py "Polling"): why a slow wait cannot succeed.
+
+    Checked every few milliseconds while a wait lasts: a peer's failure notice; a message
+    from ``src`` on this stream with another call's fingerprint (the ranks called
+    different collectives: per-pair order means the awaited message would have come
+    first); a peer that already said goodbye (destroy_process_group) with fewer calls than
+    this rank has started.
+    """
+    t = group.transport
+    failed = t.side_pending(SIDE_FAIL)
+    if failed is not None:
+        return PeerFailed(f"{group._where('wait')}: rank {failed} reported a failed "
+                          "collective.", failed)
+    if not group.ledger.enabled or group.size == 1:
+        return None
+    if src is not None and has_fingerprint(tag):
+        other = t.stray_tag(src, tag)
+        if other is not None:
+            err = CollectiveMismatch(
+                f"{group._where('wait')}: rank {src} sent a message of another collective "
+                f"(tag {other}, awaited tag {tag}): the ranks called different collectives.")
+            err.how = f"when rank {src} sent a message of another call"
+            return err
+        # src already posted an MPI Allreduce this rank has not: it is past this call
+        # (only with one stream: another thread's MPI calls would look the same).
+        ahead = (group._shm.native_ahead(src) if group._shm is not None
+                 and len(group.ledger.counts()) == 1 else 0)
+        if ahead:
+            err = CollectiveMismatch(
+                f"{group._where('wait')}: rank {src} is already in MPI collective call "
+                f"{ahead}, which this rank has not called, instead of sending the awaited "
+                "message: the ranks called different collectives.")
+            err.how = f"when rank {src} started an MPI collective this rank has not called"
+            return err
+    peer = t.side_pending(SIDE_BYE)
+    while peer is not None:
+        raw = t.side_try_recv(peer, SIDE_BYE)
+        if raw is None:
+            break
+        group._byes[peer] = {int(k): v for k, v in json.loads(raw.decode()).items()}
+        peer = t.side_pending(SIDE_BYE)
+    if group._byes:
+        mine = group.ledger.counts()
+        for p, theirs in group._byes.items():
+            for stream, n in mine.items():
+                if theirs.get(stream, 0) < n:
+                    err = CollectiveMismatch(
+                        f"{group._where('wait')}: rank {p} has finished (it called "
+                        f"destroy_process_group after {theirs.get(stream, 0)} collectives "
+                        f"on stream {stream}), so it will not join collective #{n}.")
+                    err.how = f"when rank {p} reached destroy_process_group"
+                    return err
+    return None
 
 
 def farewell(group: Any) -> None:

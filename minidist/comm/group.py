@@ -44,24 +44,22 @@ from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.algorithms.ring import ring_all_gather, ring_reduce_scatter
 from minidist.comm.algorithms.scratch import clear as clear_scratch
 from minidist.comm.algorithms.scratch import scratch
-from minidist.comm.algorithms.select import choose_with_reason, human_bytes, predict_us
+from minidist.comm.algorithms.select import Explainer, choose_with_reason
 from minidist.comm.algorithms.select import table as select_table
 from minidist.comm.algorithms.shm import _owners, shm_alloc_buffer, shm_available, shm_node
 from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
-from minidist.comm.errors import CollectiveMismatch, CommError, PeerFailed
-from minidist.comm.failure import farewell, on_failure
+from minidist.comm.errors import CollectiveMismatch, CommError
+from minidist.comm.failure import farewell, on_failure, poll
 from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
                                   ledger_enabled)
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
-from minidist.comm.transports.base import (MAX_STREAMS, SIDE_BYE, SIDE_FAIL, Transport,
-                                           has_fingerprint, wire_tag)
+from minidist.comm.transports.base import MAX_STREAMS, Transport, wire_tag
 from minidist.log import debug_level, get_logger
 
 log = get_logger(__name__)
 
 _OPS = list(ReduceOp)
 _FAST_OPS: dict = {**{o.value: o for o in ReduceOp}, **{o: o for o in ReduceOp}}
-EXPLAIN_SAMPLES = 5  # MINIDIST_DEBUG: auto's calls per size class before it logs the median
 
 
 class ProcessGroup:
@@ -92,7 +90,7 @@ class ProcessGroup:
                              self._max_tag)
         self._native = supports_native(transport)
         self._shm = shm_node(transport) if shm_available(transport) else None  # collective
-        self._explained: dict = {}  # MINIDIST_DEBUG: size class -> samples (None: logged)
+        self._explainer = Explainer(self.size)  # MINIDIST_DEBUG: auto, once per size class
         self._byes: dict[int, dict[int, int]] = {}  # peer -> its final counts (SIDE_BYE)
         self._token = np.zeros(1, np.uint8)
         self._token_in = np.zeros(1, np.uint8)
@@ -201,59 +199,8 @@ class ProcessGroup:
         return on_failure(self, row, error, call)
 
     def _poll(self, src: int | None, tag: int) -> CommError | None:
-        """The transport's poll hook (base.py "Polling"): why a slow wait cannot succeed.
-
-        Checked every few milliseconds while a wait lasts: a peer's failure notice; a message
-        from ``src`` on this stream with another call's fingerprint (the ranks called
-        different collectives: per-pair order means the awaited message would have come
-        first); a peer that already said goodbye (destroy_process_group) with fewer calls than
-        this rank has started.
-        """
-        t = self.transport
-        failed = t.side_pending(SIDE_FAIL)
-        if failed is not None:
-            return PeerFailed(f"{self._where('wait')}: rank {failed} reported a failed "
-                              "collective.", failed)
-        if not self.ledger.enabled or self.size == 1:
-            return None
-        if src is not None and has_fingerprint(tag):
-            other = t.stray_tag(src, tag)
-            if other is not None:
-                err = CollectiveMismatch(
-                    f"{self._where('wait')}: rank {src} sent a message of another collective "
-                    f"(tag {other}, awaited tag {tag}): the ranks called different collectives.")
-                err.how = f"when rank {src} sent a message of another call"
-                return err
-            # src already posted an MPI Allreduce this rank has not: it is past this call
-            # (only with one stream: another thread's MPI calls would look the same).
-            ahead = (self._shm.native_ahead(src) if self._shm is not None
-                     and len(self.ledger.counts()) == 1 else 0)
-            if ahead:
-                err = CollectiveMismatch(
-                    f"{self._where('wait')}: rank {src} is already in MPI collective call "
-                    f"{ahead}, which this rank has not called, instead of sending the awaited "
-                    "message: the ranks called different collectives.")
-                err.how = f"when rank {src} started an MPI collective this rank has not called"
-                return err
-        peer = t.side_pending(SIDE_BYE)
-        while peer is not None:
-            raw = t.side_try_recv(peer, SIDE_BYE)
-            if raw is None:
-                break
-            self._byes[peer] = {int(k): v for k, v in json.loads(raw.decode()).items()}
-            peer = t.side_pending(SIDE_BYE)
-        if self._byes:
-            mine = self.ledger.counts()
-            for p, theirs in self._byes.items():
-                for stream, n in mine.items():
-                    if theirs.get(stream, 0) < n:
-                        err = CollectiveMismatch(
-                            f"{self._where('wait')}: rank {p} has finished (it called "
-                            f"destroy_process_group after {theirs.get(stream, 0)} collectives "
-                            f"on stream {stream}), so it will not join collective #{n}.")
-                        err.how = f"when rank {p} reached destroy_process_group"
-                        return err
-        return None
+        """The transport's poll hook: why a slow wait cannot succeed (failure.poll)."""
+        return poll(self, src, tag)
 
     # -- collectives on arrays ---------------------------------------------------------------
     def all_reduce(self, array: Any, op: str | ReduceOp = "sum", algorithm: str | None = None,
@@ -322,7 +269,7 @@ class ProcessGroup:
         if row is not None:
             row[T1] = time.perf_counter()
             if self._debug and algorithm == "auto":
-                self._explain(name, reason, flat.nbytes, shared, row[T1] - row[T0])
+                self._explainer.add(name, reason, flat.nbytes, shared, row[T1] - row[T0])
         return array
 
     def broadcast(self, array: Any, src: int = 0, tag: int = 0) -> Any:
@@ -509,30 +456,6 @@ class ProcessGroup:
         t = select_table(self.size, self._native, self._shm is not None)
         return {"backend": self.backend, "transport": self.transport.name, **t}
 
-    def _explain(self, name: str, reason: str, nbytes: int, shared: bool, seconds: float
-                 ) -> None:
-        """MINIDIST_DEBUG: once per size class, log auto's choice, why, predicted vs measured."""
-        key = (nbytes.bit_length(), shared)
-        samples = self._explained.setdefault(key, [])
-        if samples is None:
-            return
-        samples.append((name, reason, nbytes, seconds))
-        if len(samples) >= EXPLAIN_SAMPLES:
-            self._log_explained(key)
-
-    def _log_explained(self, key: tuple) -> None:
-        samples = self._explained.get(key)
-        if not samples:
-            return
-        self._explained[key] = None
-        name, reason, nbytes, _ = samples[-1]
-        measured = float(np.median([s[3] for s in samples])) * 1e6
-        model = "shm_zc" if key[1] and name == "shm" else name
-        log.debug("auto: %s all_reduce (%s buffer, n=%d) -> %s (%s); predicted %.1f us, measured "
-                  "%.1f us (median of %d calls)", human_bytes(nbytes),
-                  "shared" if key[1] else "plain", self.size, name, reason,
-                  predict_us(model, self.size, nbytes), measured, len(samples))
-
     # -- memory and lifecycle ----------------------------------------------------------------
     def alloc_buffer(self, numel: int, dtype: Any, xp: Any = None) -> Any:
         """A 1-D communication buffer placed where the transport moves data best.
@@ -561,8 +484,7 @@ class ProcessGroup:
         Called by ``destroy_process_group``; raises CollectiveMismatch when a rank made fewer or
         more collectives than the others.
         """
-        for key in list(self._explained):
-            self._log_explained(key)
+        self._explainer.flush()
         farewell(self)
 
     def close(self) -> None:
