@@ -18,6 +18,7 @@ ends through the excepthook (non-zero exit, every rank's message on stderr).
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -89,7 +90,6 @@ def die(g, r):
 def slow(g, r):
     """Rank 1 arrives in the same all-reduce long after the others' deadline (docs example)."""
     if r == 1:
-        import time
         time.sleep(2.5 * float(os.environ.get("MINIDIST_TIMEOUT_S", "3")))
     g.all_reduce(np.ones(N, np.float32), algorithm=ALGO)
 
@@ -137,7 +137,13 @@ def main() -> None:
         sys.stdout.write(f"CASE {name} rank {g.rank} {line}\n")
         sys.stdout.flush()
         g.close()
-    sys.stdout.flush()
+    # mpiexec ends the job as soon as one rank exits: first wait until every rank has printed
+    # (not with "die", where a rank is gone by design)
+    if not a.tcp and "die" not in a.cases:
+        from mpi4py import MPI
+        req, deadline = MPI.COMM_WORLD.Ibarrier(), time.monotonic() + 30
+        while not req.Test() and time.monotonic() < deadline:
+            time.sleep(0.001)
     os._exit(0)  # a failed MPI call may still be pending: MPI_Finalize would wait for it
 
 

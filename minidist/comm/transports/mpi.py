@@ -315,14 +315,11 @@ class MPITransport(Transport):
     def native_wait(self, pending: tuple, timeout_s: float | None = None) -> None:
         """Finish a ``native_post``: wait with the deadline, check the guard, finalize AVG."""
         req, greq, buf, view, after, op, node, k, tag, done = pending
-        checked = not k
         try:
             if not done:
                 for _ in range(self.spin_tests):
                     if req.Test():
                         break
-                    if not checked:  # compare the guard while waiting anyway (a cache miss)
-                        checked = self._guard_early(node, k, tag)
                 else:
                     self._wait_native(req, view.nbytes, timeout_s, node, k, tag)
             if greq is not None:
@@ -332,7 +329,7 @@ class MPITransport(Transport):
             raise CommError(f"[rank {self.rank}/{self.size}] all_reduce(algorithm=\"mpi\", "
                             f"{view.nbytes} bytes): MPI error {e}. Every rank must pass the same "
                             "shape and dtype.") from e
-        if not checked:
+        if k:
             i = (k & 3) << 1
             for g in node.peer_guards:  # node.guard_mismatch(k, tag, True), inlined
                 if g[i] != k or g[i + 1] != tag:
@@ -366,17 +363,6 @@ class MPITransport(Transport):
                     return e
             return None if hook is None else hook(None, tag)
         wait_until(req.Test, timeout_s, timed_out, poll)
-
-    def _guard_early(self, node: Any, k: int, tag: int) -> bool:
-        """True when every peer has published call ``k`` with this fingerprint; raises
-        CollectiveMismatch when one published another; False while some have not yet."""
-        i = (k & 3) << 1
-        for g in node.peer_guards:
-            if g[i] != k:
-                return False
-            if g[i + 1] != tag:
-                self._check_guard(node, k, tag, complete=False)
-        return True
 
     def _check_guard(self, node: Any, k: int, tag: int, complete: bool) -> None:
         if not k:
