@@ -12,7 +12,9 @@ communicators; TCP: MASTER_PORT + case number) and ends with ``farewell`` + ``cl
 ``CASE <name> rank <r> <ErrorType>: <message>`` or ``CASE <name> rank <r> NO ERROR``.
 ``--uncaught CASE``: run one case through ``init_process_group`` without catching, so the job
 ends through the excepthook (non-zero exit, every rank's message on stderr).
-``die``: the last rank exits in the middle (run it alone: it ends the job).
+Cases: skip, extra, bcast, dtype, count, op, order (each one function below); ``die``: the last
+rank exits in the middle (run it alone: it ends the job); ``slow``: rank 1 arrives long after
+the deadline (the docs' example of a rank that does not answer).
 """
 
 import argparse
