@@ -5,6 +5,8 @@ xp -> tensor -> nn, optim, comm, utils -> data, kernels -> amp -> ddp -> checkpo
 """
 
 from minidist import xp
+from minidist import cuda
+from minidist.xp import DeviceUnavailableError, device
 from minidist.log import get_logger
 from minidist import trace
 

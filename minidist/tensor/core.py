@@ -38,6 +38,38 @@ def is_floating(dtype: Any) -> bool:
     return bool(numpy.issubdtype(dtype, numpy.floating))
 
 
+def parse_to_args(op: str, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """``(device or None, dtype or None)`` from torch's ``.to(...)`` spellings.
+
+    Accepted: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(tensor)`` (its device
+    and dtype), and the keywords ``device=``, ``dtype=``, ``non_blocking=`` (ignored: copies are
+    synchronous), ``copy=`` (ignored).
+    """
+    kwargs = dict(kwargs)
+    kwargs.pop("non_blocking", None)
+    kwargs.pop("copy", None)
+    where, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+    if kwargs:
+        raise TypeError(error(op, f"unexpected keyword argument(s) {sorted(kwargs)}; use "
+                              "device=, dtype=, non_blocking= or copy=."))
+    for arg in args:
+        if isinstance(arg, Tensor):
+            where, dtype = backend.device_of(arg.data), arg.data.dtype
+        elif isinstance(arg, (backend.device, int)) and not isinstance(arg, bool):
+            where = arg
+        elif isinstance(arg, str) and arg.split(":")[0].strip().lower() in ("cpu", "cuda"):
+            where = arg
+        elif arg is not None:
+            try:
+                dtype = numpy.dtype(arg)
+            except TypeError:
+                raise TypeError(error(op, f"cannot read {arg!r} as a device or a dtype. Pass "
+                                      "'cpu', 'cuda:N', minidist.device(...) or a dtype such "
+                                      "as numpy.float32.")) from None
+    return (None if where is None else backend.device(where),
+            None if dtype is None else numpy.dtype(dtype))
+
+
 def as_array(data: Any, dtype: Any = None) -> Any:
     """An xp array for ``data``: arrays are kept (no copy), Python floats/lists become float32."""
     if isinstance(data, Tensor):
@@ -189,6 +221,36 @@ class Tensor:
 
     def astype(self, dtype: Any) -> Tensor:
         return elementwise.astype(self, dtype)
+
+    @property
+    def device(self) -> backend.device:
+        """Where the data lives: ``device(type='cpu')`` or ``device(type='cuda', index=N)``."""
+        return backend.device_of(self.data)
+
+    @property
+    def is_cuda(self) -> bool:
+        return backend.is_device_array(self.data)
+
+    def to(self, *args: Any, **kwargs: Any) -> Tensor:
+        """torch's ``Tensor.to``: a copy on another device and/or with another dtype.
+
+            t.to("cuda:0"); t.to(numpy.float16); t.to("cpu", numpy.float64); t.to(other)
+
+        Returns self when nothing changes. Differentiable (the gradient flows back to this
+        tensor's device and dtype). See ``parse_to_args`` for the accepted spellings.
+        """
+        where, dtype = parse_to_args("Tensor.to", args, kwargs)
+        out = self if where is None else elementwise.to_device(self, where)
+        return out if dtype is None else elementwise.astype(out, dtype)
+
+    def cpu(self) -> Tensor:
+        """This tensor on the CPU (self if it is already there)."""
+        return elementwise.to_device(self, "cpu")
+
+    def cuda(self, device: Any = None) -> Tensor:
+        """This tensor on GPU ``device`` (default: the current GPU)."""
+        return elementwise.to_device(self, backend.device("cuda", device)
+                                     if isinstance(device, (int, type(None))) else device)
 
     def float(self) -> Tensor:
         return elementwise.astype(self, numpy.float32)

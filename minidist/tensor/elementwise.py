@@ -277,3 +277,19 @@ def astype(a: Tensor, dtype: Any) -> Tensor:
             return (g.astype(src),)
 
     return Tensor._make(out, (a,), backward, "astype")
+
+
+def to_device(a: Tensor, device: Any) -> Tensor:
+    """Copy to ``device`` (differentiable: the gradient goes back to ``a``'s device).
+
+    Returns ``a`` itself when it already lives there, as torch's ``Tensor.to`` does.
+    """
+    src = backend.device_of(a.data)
+    out = backend.move(a.data, device)
+    if out is a.data:
+        return a
+
+    def backward(g: Any) -> tuple:
+        return (backend.move(g, src),)
+
+    return Tensor._make(out, (a,), backward, "to")
