@@ -53,7 +53,8 @@ from minidist.ddp import DistributedDataParallel, ZeroRedundancyOptimizer
 
 # utils: activation checkpointing and the memory report (docs/memory.md)
 from minidist import utils
-from minidist.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from minidist.checkpoint import (CheckpointError, latest_checkpoint, load, load_checkpoint, save,
+                                 save_checkpoint)
 from minidist.trainer import History, Trainer, TrainerConfig
 
 from minidist.version import __version__  # noqa: E402

@@ -1,5 +1,6 @@
 """docs/porting.md's Python snippets run as written, in one process, in order."""
 
+import os
 import re
 import subprocess
 import sys
@@ -13,6 +14,7 @@ def test_porting_snippets_run(tmp_path):
     script = tmp_path / "porting_snippets.py"
     script.write_text("\n".join(blocks) + "\nprint('snippets ok')\n")
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=120, cwd=REPO)
+                            timeout=120, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "snippets ok" in result.stdout
