@@ -27,6 +27,13 @@ from minidist.tensor import Tensor
 from minidist.tensor.core import error, is_floating, parse_to_args
 
 
+def as_input(value: Any) -> Any:
+    """A NumPy or CuPy array as a Tensor (outside the tape); anything else unchanged."""
+    if isinstance(value, numpy.ndarray) or backend.is_device_array(value):
+        return Tensor(value)
+    return value
+
+
 class Parameter(Tensor):
     """A Tensor that a Module registers as a learnable parameter (``requires_grad=True``)."""
 
@@ -284,6 +291,10 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must define forward().")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``forward(*args, **kwargs)``; NumPy/CuPy array arguments are wrapped as Tensors
+        (so ``model(x)`` works on the arrays a DataLoader yields)."""
+        args = tuple(as_input(a) for a in args)
+        kwargs = {k: as_input(v) for k, v in kwargs.items()}
         return self.forward(*args, **kwargs)
 
     def extra_repr(self) -> str:
