@@ -14,6 +14,7 @@ from minidist import trace
 from minidist import nn
 from minidist import tensor  # the package, callable as torch's tensor(data, dtype=None, ...)
 from minidist.tensor import Tensor, no_grad, is_grad_enabled, manual_seed
+from minidist.tensor import enable_grad, set_grad_enabled
 from minidist.tensor import (arange, as_tensor, empty, empty_like, from_numpy, full, full_like,
                              ones, ones_like, rand, rand_like, randint, randn, randn_like, zeros,
                              zeros_like)
