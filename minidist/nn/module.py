@@ -150,6 +150,16 @@ class Module:
         """Total number of parameter elements."""
         return sum(p.size for p in self.parameters())
 
+    def apply(self, fn: Any) -> Module:
+        """Call ``fn(m)`` on every sub-module (children first) and then on self; returns self.
+
+        torch's idiom for custom init: ``model.apply(init_weights)``.
+        """
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
     # ---- modes and grads -----------------------------------------------------------------
 
     def train(self, mode: bool = True) -> Module:

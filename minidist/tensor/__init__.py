@@ -30,7 +30,7 @@ from minidist.tensor.creation import (arange, as_tensor, empty, empty_like, from
                                       randn_like, tensor, zeros, zeros_like)
 from minidist.tensor.elementwise import erf, exp, gelu, log, relu, sigmoid, tanh
 from minidist.tensor.functional import (cross_entropy, dropout, layer_norm, log_softmax,
-                                        mse_loss, softmax)
+                                        mse_loss, nll_loss, softmax)
 from minidist.tensor.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from minidist.tensor.linalg import linear, matmul
 from minidist.tensor.random import default_generator, manual_seed
@@ -42,7 +42,7 @@ __all__ = [
     "set_grad_enabled",
     "manual_seed", "default_generator", "matmul", "linear", "exp", "log", "tanh", "sigmoid",
     "relu", "gelu", "erf", "sum", "mean", "max", "min", "cat", "concatenate", "stack",
-    "softmax", "log_softmax", "cross_entropy", "mse_loss", "dropout", "layer_norm", "conv2d",
+    "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "layer_norm", "conv2d",
     "max_pool2d", "tensor", "from_numpy", "as_tensor", "zeros", "ones", "empty", "full", "rand",
     "randn", "randint", "arange", "zeros_like", "ones_like", "empty_like", "full_like",
     "rand_like", "randn_like", "float16", "float32", "float64", "int32", "int64",
