@@ -91,7 +91,8 @@ class DataLoader:
             raise ValueError(f"DataLoader: prefetch_factor={prefetch_factor} must be >= 1.")
         self.dataset, self.batch_size = dataset, int(batch_size)
         self.shuffle, self.sampler, self.drop_last = bool(shuffle), sampler, bool(drop_last)
-        self.num_workers, self.collate_fn, self.pin_memory = int(num_workers), collate_fn, pin_memory
+        self.num_workers, self.collate_fn = int(num_workers), collate_fn
+        self.pin_memory = pin_memory
         self.timeout, self.worker_init_fn = timeout, worker_init_fn
         self.prefetch_factor = 2 if prefetch_factor is None else int(prefetch_factor)
         self.persistent_workers = bool(persistent_workers)
