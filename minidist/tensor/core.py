@@ -285,6 +285,15 @@ class Tensor:
     def half(self) -> Tensor:
         return elementwise.astype(self, numpy.float16)
 
+    def long(self) -> Tensor:
+        return elementwise.astype(self, numpy.int64)
+
+    def int(self) -> Tensor:
+        return elementwise.astype(self, numpy.int32)
+
+    def bool(self) -> Tensor:
+        return elementwise.astype(self, numpy.bool_)
+
     def double(self) -> Tensor:
         return elementwise.astype(self, numpy.float64)
 

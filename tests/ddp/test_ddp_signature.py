@@ -48,3 +48,13 @@ def test_torch_style_cpu_call_and_minidist_keywords_work(group):
 def test_device_ids_must_agree_with_the_parameters(group, kwargs, match):
     with pytest.raises(ValueError, match=match):
         DistributedDataParallel(nn.Linear(2, 2), **kwargs)
+
+
+@pytest.mark.mpi
+def test_a_torch_script_ported_by_imports_trains_and_saves_on_two_ranks(tmp_path):
+    from procs import REPO, run_mpi
+
+    result = run_mpi(2, [REPO / "tests/ddp/ported_torch_script.py", tmp_path / "m.npz"],
+                     timeout_s=90)
+    assert result.returncode == 0, result.report()
+    assert result.stdout.count("ported script ok") == 2, result.report()

@@ -84,6 +84,12 @@ def test_comparisons_clone_and_in_place_fills():
     np.testing.assert_allclose(lin.bias.data, 0.1)
 
 
+def test_integer_and_bool_casts():
+    t = Tensor(np.array([0.0, 1.7, -2.2]))
+    assert t.long().dtype == np.int64 and t.long().data.tolist() == [0, 1, -2]
+    assert t.int().dtype == np.int32 and t.bool().data.tolist() == [False, True, True]
+
+
 def test_set_grad_enabled_is_a_call_and_a_context_manager():
     assert is_grad_enabled()
     with set_grad_enabled(False):
