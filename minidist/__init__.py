@@ -5,12 +5,22 @@ xp -> tensor -> nn, optim, comm, utils -> data, kernels -> amp -> ddp -> checkpo
 """
 
 from minidist import xp
+from minidist import cuda
+from minidist.xp import DeviceUnavailableError, device
 from minidist.log import get_logger
 from minidist import trace
 
 # tensor and nn: Tensor + autograd tape, no_grad, layers (minidist/tensor, minidist/nn)
 from minidist import nn
+from minidist import tensor  # the package, callable as torch's tensor(data, dtype=None, ...)
 from minidist.tensor import Tensor, no_grad, is_grad_enabled, manual_seed
+from minidist.tensor import enable_grad, set_grad_enabled
+from minidist.tensor import (arange, as_tensor, empty, empty_like, from_numpy, full, full_like,
+                             ones, ones_like, rand, rand_like, randint, randn, randn_like, zeros,
+                             zeros_like)
+from minidist.tensor import (double, float32, float64, half, int32, int64,  # torch's dtype names
+                             long)
+from minidist.tensor import float as float  # noqa: A004,F401 - torch's name (minidist.float)
 
 # comm: process group and collectives (minidist/comm)
 from minidist.comm import (
@@ -51,7 +61,8 @@ from minidist.ddp import DistributedDataParallel, ZeroRedundancyOptimizer
 
 # utils: activation checkpointing and the memory report (docs/memory.md)
 from minidist import utils
-from minidist.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from minidist.checkpoint import (CheckpointError, latest_checkpoint, load, load_checkpoint, save,
+                                 save_checkpoint)
 from minidist.trainer import History, Trainer, TrainerConfig
 
 from minidist.version import __version__  # noqa: E402

@@ -123,3 +123,88 @@ def synchronize(array: Any = None) -> None:
     """Wait for queued GPU work (the current stream) before a buffer goes to MPI; CPU: no-op."""
     if _cupy is not None and (array is None or is_device_array(array)) and gpu_available():
         _cupy.cuda.get_current_stream().synchronize()
+
+
+# ---- torch-style devices --------------------------------------------------------------------
+
+
+class device:  # noqa: N801 - torch's name
+    """Where an array lives, spelled as torch does: ``device("cpu")``, ``device("cuda:1")``.
+
+        device("cuda:1")           # device(type='cuda', index=1)
+        device("cuda", 0)          # the same as device("cuda:0")
+        device(device("cpu"))      # a device is accepted wherever a device string is
+
+    Creating a ``cuda`` device never touches the GPU; moving an array to it does (and raises
+    ``DeviceUnavailableError`` on a machine without CuPy or a GPU).
+
+    Args:
+        type: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, or another ``device``.
+        index: the GPU number (``cuda`` only; None means the current device).
+    """
+
+    __slots__ = ("type", "index")
+
+    def __init__(self, type: Any, index: int | None = None) -> None:  # noqa: A002 - torch's name
+        if isinstance(type, device):
+            type, index = type.type, type.index if index is None else index
+        if isinstance(type, int) and not isinstance(type, bool):  # torch: device(1) is cuda:1
+            type, index = "cuda", type
+        if not isinstance(type, str):
+            raise TypeError(f"device: expected a string like 'cpu' or 'cuda:0', got "
+                            f"{type!r} ({builtin_type(type).__name__}).")
+        text = type.strip().lower()
+        if ":" in text:
+            text, _, num = text.partition(":")
+            if index is not None or not num.isdigit():
+                raise ValueError(f"device: cannot parse {type!r}; write 'cpu', 'cuda' or "
+                                 "'cuda:N' with N a GPU number.")
+            index = int(num)
+        if text not in ("cpu", "cuda"):
+            raise ValueError(f"device: unknown device type {text!r} in {type!r}; use 'cpu' "
+                             "(NumPy) or 'cuda' (CuPy).")
+        if text == "cpu" and index not in (None, 0):
+            raise ValueError(f"device: 'cpu' has no index {index}; use 'cpu'.")
+        self.type, self.index = text, (None if text == "cpu" else index)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            other = device(other)
+        return isinstance(other, device) and (self.type, self.index) == (other.type, other.index)
+
+    def __hash__(self) -> int:
+        return hash((self.type, self.index))
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __repr__(self) -> str:
+        idx = "" if self.index is None else f", index={self.index}"
+        return f"device(type={self.type!r}{idx})"
+
+
+builtin_type = type
+
+
+def device_of(array: Any) -> device:
+    """The ``device`` holding ``array`` (``cuda:N`` for a CuPy array, else ``cpu``)."""
+    if is_device_array(array):
+        return device("cuda", int(array.device.id))
+    return device("cpu")
+
+
+def move(array: Any, where: Any) -> Any:
+    """``array`` on device ``where`` (a ``device`` or its string); no copy if already there.
+
+    Raises:
+        DeviceUnavailableError: ``where`` is a CUDA device and CuPy or a GPU is missing.
+    """
+    where = device(where)
+    if where.type == "cpu":
+        return to_host(array)
+    cupy = require_cuda()
+    index = where.index if where.index is not None else cupy.cuda.Device().id
+    if is_device_array(array) and array.device.id == index:
+        return array
+    with cupy.cuda.Device(index):
+        return cupy.asarray(array)

@@ -39,6 +39,7 @@ The package, one concept per module (each imports only those above it):
     folder.py     file names, listing, stale temporary files
     integrity.py  the CRC-32 trailer, the non-finite check, the messages for damaged files
     store.py      save_checkpoint, load_checkpoint, prune_checkpoints, check_state_dict
+    serialize.py  save, load: torch.save/torch.load for state dicts, NOT collective
 """
 
 from minidist.checkpoint.codec import FORMAT_VERSION, META_KEY
@@ -46,10 +47,11 @@ from minidist.checkpoint.errors import CheckpointError
 from minidist.checkpoint.folder import (STALE_TEMP_AGE_S, checkpoint_path, latest_checkpoint,
                                         list_checkpoints, remove_stale_temp_files)
 from minidist.checkpoint.integrity import TRAILER_NBYTES, TRAILER_TAG
+from minidist.checkpoint.serialize import load, save
 from minidist.checkpoint.store import (check_state_dict, load_checkpoint, prune_checkpoints,
                                        save_checkpoint)
 
 __all__ = ["CheckpointError", "FORMAT_VERSION", "META_KEY", "STALE_TEMP_AGE_S", "TRAILER_NBYTES",
            "TRAILER_TAG", "check_state_dict", "checkpoint_path", "latest_checkpoint",
            "list_checkpoints", "load_checkpoint", "prune_checkpoints", "remove_stale_temp_files",
-           "save_checkpoint"]
+           "save_checkpoint", "save", "load"]

@@ -8,12 +8,15 @@
         loader.set_epoch(epoch)
         for x, y in loader: ...
 
-Modules: ``datasets`` (ArrayDataset, random_split, standardize, load_dataset), ``idx`` (MNIST's
-file format), ``sampler`` (DistributedSampler), ``loader`` (DataLoader). See docs/data.md.
+Modules: ``datasets`` (Dataset, TensorDataset, ArrayDataset, random_split, standardize,
+load_dataset), ``idx`` (MNIST's file format), ``sampler`` (DistributedSampler), ``loader``
+(DataLoader). See docs/data.md.
 """
 
 from minidist.data.datasets import (
     ArrayDataset,
+    Dataset,
+    TensorDataset,
     load_digits,
     load_dataset,
     load_mnist,
@@ -25,6 +28,7 @@ from minidist.data.idx import read_idx, write_idx
 from minidist.data.loader import DataLoader
 from minidist.data.sampler import DistributedSampler
 
-__all__ = ["ArrayDataset", "DataLoader", "DistributedSampler", "load_dataset", "load_digits",
+__all__ = ["ArrayDataset", "Dataset", "TensorDataset", "DataLoader", "DistributedSampler",
+           "load_dataset", "load_digits",
            "load_mnist", "make_classification", "random_split", "read_idx", "standardize",
            "write_idx"]

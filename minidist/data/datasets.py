@@ -35,7 +35,49 @@ DIGITS_FILE = Path(__file__).with_name("digits.npz")
 SPLITS = ("train", "test", "all")
 
 
-class ArrayDataset:
+class Dataset:
+    """torch's map-style dataset: subclass it and define ``__getitem__`` and ``__len__``.
+
+        class Squares(Dataset):
+            def __len__(self): return 10
+            def __getitem__(self, i): return np.float32([i]), np.int64(i * i)
+
+    A sample is usually a tuple ``(x, y)`` (any length works); DataLoader stacks each field.
+    """
+
+    def __getitem__(self, index: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must define __getitem__.")
+
+    def __len__(self) -> int:
+        raise NotImplementedError(f"{type(self).__name__} must define __len__.")
+
+
+class TensorDataset(Dataset):
+    """Samples ``(a[i], b[i], ...)`` from arrays or Tensors with the same first dimension.
+
+    torch's ``TensorDataset``: ``TensorDataset(x, y)[3] == (x[3], y[3])``. Tensors are stored
+    as their host arrays; DataLoader batches it with one fancy-indexing step per array.
+
+    Raises:
+        ValueError: no arrays, a 0-d array, or different first dimensions.
+    """
+
+    def __init__(self, *tensors: Any) -> None:
+        arrays = tuple(np.asarray(getattr(t, "numpy", lambda: t)()) for t in tensors)
+        if not arrays or any(a.ndim == 0 for a in arrays) or len({len(a) for a in arrays}) > 1:
+            raise ValueError(f"TensorDataset: got shapes {[a.shape for a in arrays]}; pass at "
+                             "least one array, all with the same first dimension (one row per "
+                             "sample).")
+        self.tensors = arrays
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, index: Any) -> tuple[np.ndarray, ...]:
+        return tuple(a[index] for a in self.tensors)
+
+
+class ArrayDataset(Dataset):
     """Samples ``(x[i], y[i])`` from two host arrays with the same first dimension.
 
     ``ds[i]`` gives one sample; ``ds[index_array]`` gives a whole batch in one fancy-indexing

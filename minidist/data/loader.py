@@ -12,6 +12,13 @@ no per-sample Python loop; other datasets (``len`` + ``__getitem__`` returning (
 stacked sample by sample. Batches are moved to ``device`` (default: minidist's default device;
 on the CPU that is a no-op).
 
+With ``num_workers=N > 0``, N background threads build the next ``prefetch_factor * N``
+batches while the training loop uses the current one (batches still come out in order, and
+the same batches as with ``num_workers=0``). Threads, not processes: NumPy's indexing and
+copies release the GIL, and nothing has to be pickled. ``persistent_workers=True`` keeps the
+threads between passes. An exception raised while building a batch is raised by the loop at
+that batch.
+
 Order: with a sampler, the sampler's ``local_indices()``; with ``shuffle=True``, pass k uses
 ``numpy.random.default_rng(seed + k)``, where k counts passes and ``set_epoch(e)`` sets it to e
 (so both "call set_epoch every epoch" and "never call it" give a new order each epoch).
@@ -21,44 +28,77 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
 
 import numpy as np
 
 from minidist import xp as backend
-from minidist.data.datasets import ArrayDataset
+from minidist.data.datasets import ArrayDataset, TensorDataset
 from minidist.data.sampler import DistributedSampler
 
 
 class DataLoader:
-    """Iterate over a dataset in batches.
+    """Iterate over a dataset in batches (torch's arguments, in torch's order).
 
     Args:
-        dataset: an ArrayDataset (fast path) or any dataset of (x, y) samples.
+        dataset: an ArrayDataset or TensorDataset (fast path: one indexing step per array per
+            batch) or any dataset of samples (``len`` + ``__getitem__``), e.g. a ``Dataset``
+            subclass returning ``(x, y)``.
         batch_size: samples per batch.
         shuffle: shuffle each pass (not allowed together with ``sampler``; the sampler shuffles).
         sampler: a DistributedSampler (or anything with ``local_indices()``/``__iter__``).
+        batch_sampler: not supported (raises ValueError); use ``sampler`` and ``batch_size``.
+        num_workers: background threads that prefetch batches (0: build them in the loop).
+        collate_fn: ``collate_fn(list_of_samples) -> batch``; replaces the default, which
+            stacks each field of the samples into an array (and keeps the fast path).
+        pin_memory: accepted; a no-op (NumPy batches are copied to a GPU when ``device`` says).
         drop_last: drop the last batch if it is smaller than ``batch_size``.
+        timeout: seconds to wait for a prefetched batch (0: no limit).
+        worker_init_fn: called as ``worker_init_fn(worker_id)`` in each worker thread.
+        prefetch_factor: batches in flight per worker (torch's default: 2).
+        persistent_workers: keep the worker threads between passes (needs num_workers > 0).
         seed: base seed of the shuffle.
         device: "cpu" or "cuda" for the batches (default: ``minidist.xp.default_device()``).
 
     Raises:
-        ValueError: batch_size < 1, or shuffle=True together with a sampler.
+        ValueError: batch_size < 1, shuffle=True together with a sampler, num_workers < 0,
+            persistent_workers without workers, or a batch_sampler.
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False,
-                 sampler: DistributedSampler | None = None, drop_last: bool = False,
+                 sampler: DistributedSampler | None = None, batch_sampler: Any = None,
+                 num_workers: int = 0, collate_fn: Callable[[list], Any] | None = None,
+                 pin_memory: bool = False, drop_last: bool = False, timeout: float = 0,
+                 worker_init_fn: Callable[[int], None] | None = None, *,
+                 prefetch_factor: int | None = None, persistent_workers: bool = False,
                  seed: int = 0, device: str | None = None) -> None:
-        if batch_size < 1:
+        if batch_size is None or batch_size < 1:
             raise ValueError(f"DataLoader: batch_size={batch_size} must be >= 1.")
         if shuffle and sampler is not None:
             raise ValueError("DataLoader: shuffle=True and a sampler were both given; the sampler "
                              "decides the order. Pass shuffle to the sampler instead "
                              "(DistributedSampler(..., shuffle=True)).")
+        if batch_sampler is not None:
+            raise ValueError("DataLoader: batch_sampler is not supported; pass sampler= and "
+                             "batch_size= instead.")
+        if num_workers < 0:
+            raise ValueError(f"DataLoader: num_workers={num_workers} must be >= 0.")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("DataLoader: persistent_workers=True needs num_workers > 0 (there "
+                             "are no workers to keep).")
+        if prefetch_factor is not None and prefetch_factor < 1:
+            raise ValueError(f"DataLoader: prefetch_factor={prefetch_factor} must be >= 1.")
         self.dataset, self.batch_size = dataset, int(batch_size)
         self.shuffle, self.sampler, self.drop_last = bool(shuffle), sampler, bool(drop_last)
+        self.num_workers, self.collate_fn = int(num_workers), collate_fn
+        self.pin_memory = pin_memory
+        self.timeout, self.worker_init_fn = timeout, worker_init_fn
+        self.prefetch_factor = 2 if prefetch_factor is None else int(prefetch_factor)
+        self.persistent_workers = bool(persistent_workers)
         self.seed, self.device = int(seed), device
         self.epoch = 0
+        self._pool: ThreadPoolExecutor | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the shuffle of ``epoch``; passed on to the sampler's ``set_epoch``."""
@@ -84,30 +124,78 @@ class DataLoader:
         n = self._num_samples()
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
-    def _gather(self, idx: np.ndarray) -> tuple[Any, Any]:
+    def _gather(self, idx: np.ndarray) -> Any:
+        """One batch: the collate_fn's result, or a tuple of arrays on ``device``."""
+        if self.collate_fn is not None:
+            return self.collate_fn([self.dataset[int(i)] for i in idx])
         if isinstance(self.dataset, ArrayDataset):
-            xb, yb = self.dataset.x[idx], self.dataset.y[idx]
+            fields: tuple = (self.dataset.x[idx], self.dataset.y[idx])
+        elif isinstance(self.dataset, TensorDataset):
+            fields = tuple(a[idx] for a in self.dataset.tensors)
         else:
             samples = [self.dataset[int(i)] for i in idx]
-            xb = np.stack([np.asarray(s[0]) for s in samples])
-            yb = np.stack([np.asarray(s[1]) for s in samples])
-        return backend.to_device(xb, self.device), backend.to_device(yb, self.device)
+            if not isinstance(samples[0], (tuple, list)):  # a dataset of single arrays
+                return backend.to_device(np.stack([np.asarray(s) for s in samples]), self.device)
+            fields = tuple(np.stack([np.asarray(s[k]) for s in samples])
+                           for k in range(len(samples[0])))
+        return tuple(backend.to_device(f, self.device) for f in fields)
 
-    def iter_with_mask(self) -> Iterator[tuple[Any, Any, np.ndarray]]:
-        """Like iteration, plus a host bool array per batch: False marks sampler padding.
+    def _start_workers(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            ids = iter(range(self.num_workers))
+            init = self.worker_init_fn
+            self._pool = ThreadPoolExecutor(
+                self.num_workers, thread_name_prefix="minidist-dataloader",
+                initializer=None if init is None else lambda: init(next(ids)))
+        return self._pool
 
-        For exact distributed evaluation (see ``DistributedSampler.valid_mask``).
-        """
+    def _stop_workers(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def _batches(self) -> Iterator[tuple[Any, slice, int]]:
+        """``(batch, its slice of this pass's indices, its size)`` in order (prefetched)."""
         order = self.indices()
-        valid = (self.sampler.valid_mask() if hasattr(self.sampler, "valid_mask")
-                 else np.ones(len(order), dtype=bool))
         if self.sampler is None:
             self.epoch += 1  # the next pass shuffles anew even without set_epoch
-        for b in range(len(self)):
-            sl = slice(b * self.batch_size, (b + 1) * self.batch_size)
-            xb, yb = self._gather(order[sl])
-            yield xb, yb, valid[sl]
+        slices = [slice(b * self.batch_size, (b + 1) * self.batch_size) for b in range(len(self))]
+        if self.num_workers == 0:
+            for sl in slices:
+                yield self._gather(order[sl]), sl, len(order[sl])
+            return
+        pool = self._start_workers()
+        ahead = self.num_workers * self.prefetch_factor
+        pending: list[Future] = []
+        try:
+            for b, sl in enumerate(slices):
+                while len(pending) < ahead and b + len(pending) < len(slices):
+                    pending.append(pool.submit(self._gather, order[slices[b + len(pending)]]))
+                yield pending.pop(0).result(timeout=self.timeout or None), sl, len(order[sl])
+        finally:
+            for f in pending:  # a loop left early: drop the batches nobody will read
+                f.cancel()
+            if not self.persistent_workers:
+                self._stop_workers()
 
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        for xb, yb, _ in self.iter_with_mask():
-            yield xb, yb
+    def iter_with_mask(self) -> Iterator[tuple[Any, ...]]:
+        """Like iteration, with a host bool array appended per batch: False marks padding.
+
+        For exact distributed evaluation (see ``DistributedSampler.valid_mask``). A batch of
+        ``(x, y)`` comes as ``(x, y, mask)``.
+        """
+        valid = None
+        if hasattr(self.sampler, "valid_mask"):
+            valid = self.sampler.valid_mask()
+        for batch, sl, n in self._batches():
+            mask = valid[sl] if valid is not None else np.ones(n, dtype=bool)
+            yield (*batch, mask) if isinstance(batch, tuple) else (batch, mask)
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch, _, _ in self._batches():
+            yield batch
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)

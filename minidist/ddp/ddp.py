@@ -51,19 +51,68 @@ log = get_logger(__name__)
 _MiB = 1 << 20
 
 
+def check_device_ids(module: Any, device_ids: Any, output_device: Any) -> None:
+    """Raise ValueError unless ``device_ids``/``output_device`` name where the parameters are.
+
+    torch's rule for one device per process: ``device_ids`` is None or ``[that device]``; for
+    CPU modules it must be None.
+    """
+    devices = {backend.device_of(p.data) for p in module.parameters()}
+    where = ", ".join(sorted(str(d) for d in devices)) or "nowhere (no parameters)"
+    if device_ids is None:
+        if output_device is not None:
+            raise ValueError(f"{rank_prefix()} DistributedDataParallel: output_device="
+                             f"{output_device!r} was given without device_ids. Pass both "
+                             "(device_ids=[local_rank], output_device=local_rank) or neither.")
+        return
+    if isinstance(device_ids, (str, int, backend.device)) or len(device_ids) != 1:
+        raise ValueError(f"{rank_prefix()} DistributedDataParallel: device_ids={device_ids!r}; "
+                         "minidist runs one device per process, so pass a one-element list "
+                         "such as [local_rank], or None.")
+    wanted = backend.device(device_ids[0])
+    same = devices == {wanted} or (wanted.index is None and {d.type for d in devices} == {
+        wanted.type})  # "cuda" without a number: any one GPU
+    if wanted.type == "cpu" or not same:
+        raise ValueError(f"{rank_prefix()} DistributedDataParallel: device_ids={device_ids!r} "
+                         f"but the module's parameters are on {where}. Move the model first "
+                         f"(model.to({str(wanted)!r})), or pass device_ids=None for a CPU "
+                         "module.")
+    if output_device is not None and backend.device(output_device) != wanted:
+        raise ValueError(f"{rank_prefix()} DistributedDataParallel: output_device="
+                         f"{output_device!r} differs from device_ids[0]={device_ids[0]!r}. Use "
+                         "the same device (or leave output_device=None).")
+
+
 class DistributedDataParallel:
     """Data-parallel wrapper: bucketed, overlapped gradient averaging (torch's API).
 
+    The arguments up to ``static_graph`` are torch's, in torch's order, so a torch call
+    ports unchanged; minidist's own options come after them and are keyword-only.
+
     Args:
         module: the model; every rank must build the same one (same names, shapes, dtypes).
-        bucket_cap_mb: size limit of each gradient bucket after the first (torch: 25).
-        broadcast_parameters: copy rank 0's parameters and buffers to every rank at start.
+        device_ids: torch's one-device-per-process form: None (CPU modules, or "where the
+            parameters are"), or a one-element list naming the GPU that holds the parameters
+            (``[local_rank]``, ``["cuda:1"]``). Anything else raises ValueError.
+        output_device: None, or the same device as ``device_ids[0]``.
+        dim: torch's scatter dimension for multi-device modules; unused (one device per rank).
+        broadcast_buffers: accepted for torch compatibility; buffers are broadcast from rank 0
+            once, at construction (with the parameters), not before every forward.
+        init_sync: torch's name for broadcasting rank 0's parameters and buffers at start.
+        process_group: the group to reduce over (default: the world).
+        bucket_cap_mb: size limit of each gradient bucket after the first (torch: 25; None
+            means 25).
         find_unused_parameters: walk the autograd graph after each forward and reduce the
             parameters it does not reach as they are (zeros), so a model with branches that
             are not used every step still finishes its backward.
+        check_reduction: ignored (deprecated in torch too).
+        gradient_as_bucket_view: accepted; minidist's gradients are always views into the
+            buckets (torch's ``True`` behaviour).
+        static_graph: accepted and recorded; minidist does not specialise on it.
+        broadcast_parameters: minidist's older name for ``init_sync`` (both must be True to
+            broadcast).
         algorithm: all-reduce algorithm: "auto", "ring", "tree", "rd", "direct", "mpi".
         comm_hook: ``hook(state, bucket)`` replacing the plain averaging (see hooks.py).
-        process_group: the group to reduce over (default: the world).
         overlap: reduce buckets on a comm thread while backward runs (True), all at the end
             of backward on the main thread (False), or ``"auto"`` (default): off only when
             the node has about one core per rank (see ``auto_overlap``).
@@ -78,11 +127,22 @@ class DistributedDataParallel:
             the first differing parameter and the ranks).
     """
 
-    def __init__(self, module: Any, bucket_cap_mb: float = 25, broadcast_parameters: bool = True,
-                 find_unused_parameters: bool = False, algorithm: str = "auto",
-                 comm_hook: Callable | None = None, process_group: Any = None,
+    def __init__(self, module: Any, device_ids: list[Any] | None = None,
+                 output_device: Any = None, dim: int = 0, broadcast_buffers: bool = True,
+                 init_sync: bool = True, process_group: Any = None,
+                 bucket_cap_mb: float | None = 25, find_unused_parameters: bool = False,
+                 check_reduction: bool = False, gradient_as_bucket_view: bool = False,
+                 static_graph: bool = False, *, broadcast_parameters: bool = True,
+                 algorithm: str = "auto", comm_hook: Callable | None = None,
                  overlap: bool | str = "auto", first_bucket_cap_mb: float = 1,
                  nonfinite_grads: str = "warn") -> None:
+        check_device_ids(module, device_ids, output_device)
+        self.device_ids, self.output_device, self.dim = device_ids, output_device, dim
+        self.broadcast_buffers, self.static_graph = broadcast_buffers, static_graph
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        broadcast_parameters = broadcast_parameters and init_sync
+        if bucket_cap_mb is None:  # torch's None: the default cap
+            bucket_cap_mb = 25
         if not comm.is_initialized():
             comm.init_process_group()
         self.module = module

@@ -9,16 +9,19 @@
     model.state_dict().keys()                    # '0.weight', '0.bias', '2.weight', '2.bias'
 
 Modules: ``module`` (Module, Parameter, state_dict), ``layers`` (Linear, LayerNorm, Dropout,
-activations, Sequential), ``conv`` (Conv2d, MaxPool2d), ``losses``, ``init``, ``functional``.
+Embedding, activations, Sequential, ModuleList, ModuleDict), ``conv`` (Conv2d, MaxPool2d),
+``norm`` (BatchNorm1d/2d), ``losses``, ``init``, ``functional``.
 """
 
 from __future__ import annotations
 
 from minidist.nn import functional, init
 from minidist.nn.conv import Conv2d, MaxPool2d
-from minidist.nn.layers import (GELU, Dropout, Flatten, Identity, LayerNorm, Linear, ReLU,
-                                Sequential, Sigmoid, Tanh)
-from minidist.nn.losses import CrossEntropyLoss, MSELoss
+from minidist.nn.layers import (GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear,
+                                LogSoftmax, ModuleDict, ModuleList, ReLU, Sequential, Sigmoid,
+                                Softmax, Tanh)
+from minidist.nn.losses import CrossEntropyLoss, MSELoss, NLLLoss
+from minidist.nn.norm import BatchNorm1d, BatchNorm2d
 from minidist.nn.module import IncompatibleKeys, Module, Parameter, StateDictError
 from minidist.tensor import manual_seed
 
@@ -26,4 +29,6 @@ __all__ = [
     "Module", "Parameter", "StateDictError", "IncompatibleKeys", "Linear", "Conv2d", "MaxPool2d",
     "Flatten", "ReLU", "GELU", "Tanh", "Sigmoid", "Identity", "Dropout", "LayerNorm",
     "Sequential", "CrossEntropyLoss", "MSELoss", "manual_seed", "init", "functional",
+    "ModuleList", "ModuleDict", "Softmax", "LogSoftmax", "NLLLoss", "Embedding", "BatchNorm1d",
+    "BatchNorm2d",
 ]

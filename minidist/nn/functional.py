@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from minidist.tensor import (conv2d, cross_entropy, dropout, gelu, layer_norm, linear, log_softmax,
-                             max_pool2d, mse_loss, relu, sigmoid, softmax, tanh)
+                             max_pool2d, mse_loss, nll_loss, relu, sigmoid, softmax, tanh)
 
 __all__ = ["conv2d", "cross_entropy", "dropout", "gelu", "layer_norm", "linear", "log_softmax",
-           "max_pool2d", "mse_loss", "relu", "sigmoid", "softmax", "tanh"]
+           "max_pool2d", "mse_loss", "nll_loss", "relu", "sigmoid", "softmax", "tanh"]

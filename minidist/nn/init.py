@@ -16,7 +16,8 @@ import numpy
 from minidist import xp as backend
 from minidist.tensor import Tensor, default_generator, manual_seed, no_grad
 
-__all__ = ["manual_seed", "uniform_", "zeros_", "ones_", "kaiming_uniform_", "fan_in"]
+__all__ = ["manual_seed", "uniform_", "normal_", "constant_", "zeros_", "ones_",
+           "kaiming_uniform_", "fan_in"]
 
 
 def _fill(t: Tensor, host: numpy.ndarray) -> Tensor:
@@ -29,6 +30,17 @@ def _fill(t: Tensor, host: numpy.ndarray) -> Tensor:
 def uniform_(t: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
     """Fill ``t`` in place with draws from U(a, b); returns t."""
     return _fill(t, default_generator().uniform(a, b, size=t.shape))
+
+
+def normal_(t: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
+    """Fill ``t`` in place with draws from N(mean, std^2); returns t."""
+    return _fill(t, default_generator().normal(mean, std, size=t.shape))
+
+
+def constant_(t: Tensor, val: float) -> Tensor:
+    """Fill ``t`` with ``val`` in place; returns t."""
+    t.data[...] = val
+    return t
 
 
 def zeros_(t: Tensor) -> Tensor:

@@ -1,19 +1,20 @@
 """Layers with torch's names, shapes and default init: Linear, LayerNorm, Dropout, Flatten,
-activations (ReLU, GELU, Tanh, Sigmoid), Identity and the Sequential container.
+Embedding, activations (ReLU, GELU, Tanh, Sigmoid, Softmax, LogSoftmax), Identity and the
+containers Sequential, ModuleList, ModuleDict.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy
 
 from minidist import xp as backend
 from minidist.nn import init
 from minidist.nn.module import Module, Parameter
-from minidist.tensor import Tensor, dropout, layer_norm, linear
+from minidist.tensor import Tensor, dropout, layer_norm, linear, log_softmax, softmax
 from minidist.tensor.core import error
 
 
@@ -167,3 +168,123 @@ class Sequential(Module):
     def append(self, layer: Module) -> Sequential:
         setattr(self, str(len(self._modules)), layer)
         return self
+
+
+
+class Softmax(Module):
+    """``softmax`` along ``dim`` (torch's ``nn.Softmax(dim)``)."""
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return softmax(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(Softmax):
+    """``log_softmax`` along ``dim`` (pair it with ``NLLLoss``)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return log_softmax(x, self.dim)
+
+
+class Embedding(Module):
+    """A lookup table: ``weight[indices]``, weight (num_embeddings, embedding_dim) ~ N(0, 1).
+
+    The gradient of a row used several times in a batch is the sum of its uses.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int,
+                 dtype: Any = numpy.float32) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.weight = empty_parameter(num_embeddings, embedding_dim, dtype=dtype)
+        init.normal_(self.weight)
+
+    def forward(self, indices: Any) -> Tensor:
+        idx = indices.data if isinstance(indices, Tensor) else indices
+        idx = backend.get_array_module(self.weight.data).asarray(idx)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.num_embeddings):
+            raise IndexError(error("Embedding", f"index {int(idx.max())} or {int(idx.min())} is "
+                                   f"outside [0, {self.num_embeddings}). Check the vocabulary "
+                                   "size."))
+        return self.weight[idx]
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class ModuleList(Module):
+    """A list of modules, registered as children "0", "1", ... (no forward of its own)."""
+
+    def __init__(self, modules: Iterable[Module] | None = None) -> None:
+        super().__init__()
+        for m in modules or ():
+            self.append(m)
+
+    def append(self, module: Module) -> ModuleList:
+        if not isinstance(module, Module):
+            raise TypeError(error("ModuleList", f"can only hold Modules, got "
+                                  f"{type(module).__name__}."))
+        setattr(self, str(len(self._modules)), module)
+        return self
+
+    def extend(self, modules: Iterable[Module]) -> ModuleList:
+        for m in modules:
+            self.append(m)
+        return self
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def __getitem__(self, index: int | slice) -> Any:
+        layers = list(self._modules.values())
+        if isinstance(index, slice):
+            return ModuleList(layers[index])
+        if not -len(layers) <= index < len(layers):
+            raise IndexError(error("ModuleList", f"index {index} is out of range for "
+                                   f"{len(layers)} modules."))
+        return layers[index]
+
+
+class ModuleDict(Module):
+    """A dict of modules, registered as children under their keys (insertion order)."""
+
+    def __init__(self, modules: Mapping[str, Module] | None = None) -> None:
+        super().__init__()
+        for name, m in (modules or {}).items():
+            self[name] = m
+
+    def __setitem__(self, name: str, module: Module) -> None:
+        if not isinstance(module, Module):
+            raise TypeError(error("ModuleDict", f"value for {name!r} is a "
+                                  f"{type(module).__name__}, not a Module."))
+        setattr(self, name, module)
+
+    def __getitem__(self, name: str) -> Module:
+        return self._modules[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._modules
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def keys(self) -> Any:
+        return self._modules.keys()
+
+    def values(self) -> Any:
+        return self._modules.values()
+
+    def items(self) -> Any:
+        return self._modules.items()

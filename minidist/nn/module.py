@@ -20,9 +20,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Iterator, NamedTuple
 
+import numpy
+
 from minidist import xp as backend
 from minidist.tensor import Tensor
-from minidist.tensor.core import error
+from minidist.tensor.core import error, is_floating, parse_to_args
+
+
+def as_input(value: Any) -> Any:
+    """A NumPy or CuPy array as a Tensor (outside the tape); anything else unchanged."""
+    if isinstance(value, numpy.ndarray) or backend.is_device_array(value):
+        return Tensor(value)
+    return value
 
 
 class Parameter(Tensor):
@@ -141,6 +150,16 @@ class Module:
         """Total number of parameter elements."""
         return sum(p.size for p in self.parameters())
 
+    def apply(self, fn: Any) -> Module:
+        """Call ``fn(m)`` on every sub-module (children first) and then on self; returns self.
+
+        torch's idiom for custom init: ``model.apply(init_weights)``.
+        """
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
     # ---- modes and grads -----------------------------------------------------------------
 
     def train(self, mode: bool = True) -> Module:
@@ -160,6 +179,63 @@ class Module:
                 p.grad = None
             elif p.grad is not None:
                 p.grad[...] = 0
+
+    # ---- devices and dtypes ----------------------------------------------------------------
+
+    def to(self, *args: Any, **kwargs: Any) -> Module:
+        """Move and/or cast every parameter and buffer IN PLACE; returns self (torch's ``to``).
+
+            model.to("cuda:0"); model.to(numpy.float64); model.to(device, dtype); model.to(t)
+
+        The Parameter objects stay the same objects (only their ``.data``, and ``.grad`` if set,
+        are replaced), so an optimizer built before ``.to()`` still updates them. As in torch, a
+        dtype applies to floating-point parameters and buffers only (integer buffers keep theirs).
+        Call it before wrapping the model in DistributedDataParallel, whose buckets hold views
+        of the gradients.
+
+        Raises:
+            DeviceUnavailableError: a CUDA device was asked for on a machine without one.
+        """
+        where, dtype = parse_to_args("Module.to", args, kwargs)
+        return self._apply_to_tensors(where, dtype)
+
+    def _apply_to_tensors(self, where: Any, dtype: Any) -> Module:
+        def convert(array: Any) -> Any:
+            if where is not None:
+                array = backend.move(array, where)
+            if dtype is not None and is_floating(array.dtype):
+                array = array.astype(dtype, copy=False)
+            return array
+
+        for mod in self.modules():
+            for registry in (mod._parameters, mod._buffers):
+                for t in registry.values():
+                    if t is not None:
+                        t.data = convert(t.data)
+                        if t.grad is not None:
+                            t.grad = convert(t.grad)
+        return self
+
+    def cpu(self) -> Module:
+        """Move every parameter and buffer to the CPU, in place; returns self."""
+        return self._apply_to_tensors(backend.device("cpu"), None)
+
+    def cuda(self, device: Any = None) -> Module:
+        """Move every parameter and buffer to GPU ``device`` (default: current), in place."""
+        return self._apply_to_tensors(backend.device("cuda", device) if isinstance(
+            device, (int, type(None))) else backend.device(device), None)
+
+    def float(self) -> Module:
+        """Cast floating-point parameters and buffers to float32, in place; returns self."""
+        return self._apply_to_tensors(None, numpy.dtype(numpy.float32))
+
+    def half(self) -> Module:
+        """Cast floating-point parameters and buffers to float16, in place; returns self."""
+        return self._apply_to_tensors(None, numpy.dtype(numpy.float16))
+
+    def double(self) -> Module:
+        """Cast floating-point parameters and buffers to float64, in place; returns self."""
+        return self._apply_to_tensors(None, numpy.dtype(numpy.float64))
 
     # ---- state ---------------------------------------------------------------------------
 
@@ -225,6 +301,10 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must define forward().")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``forward(*args, **kwargs)``; NumPy/CuPy array arguments are wrapped as Tensors
+        (so ``model(x)`` works on the arrays a DataLoader yields)."""
+        args = tuple(as_input(a) for a in args)
+        kwargs = {k: as_input(v) for k, v in kwargs.items()}
         return self.forward(*args, **kwargs)
 
     def extra_repr(self) -> str:

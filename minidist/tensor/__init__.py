@@ -9,18 +9,28 @@ Modules, bottom up: ``grad_mode`` (no_grad), ``core`` (Tensor), ``autograd`` (th
 walk, in-place accumulation, post-accumulate-grad hooks, end-of-backward callbacks
 ``queue_callback``), then the ops, each with its backward beside its forward: ``elementwise``,
 ``reduce``, ``shape``, ``linalg``, ``functional`` (softmax, losses, dropout, layer_norm),
-``conv`` (conv2d, max_pool2d); ``random`` (manual_seed).
+``conv`` (conv2d, max_pool2d); ``random`` (manual_seed); ``creation`` (tensor, zeros, randn,
+arange... with torch's default dtypes).
 See docs/tensor.md for how the tape works and the two contracts DDP relies on.
 """
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import Any
+
+import numpy
+
 from minidist.tensor.autograd import RemovableHandle, queue_callback
 from minidist.tensor.conv import conv2d, max_pool2d
 from minidist.tensor.core import Tensor
+from minidist.tensor.creation import (arange, as_tensor, empty, empty_like, from_numpy, full,
+                                      full_like, ones, ones_like, rand, rand_like, randint, randn,
+                                      randn_like, tensor, zeros, zeros_like)
 from minidist.tensor.elementwise import erf, exp, gelu, log, relu, sigmoid, tanh
 from minidist.tensor.functional import (cross_entropy, dropout, layer_norm, log_softmax,
-                                        mse_loss, softmax)
+                                        mse_loss, nll_loss, softmax)
 from minidist.tensor.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from minidist.tensor.linalg import linear, matmul
 from minidist.tensor.random import default_generator, manual_seed
@@ -32,6 +42,34 @@ __all__ = [
     "set_grad_enabled",
     "manual_seed", "default_generator", "matmul", "linear", "exp", "log", "tanh", "sigmoid",
     "relu", "gelu", "erf", "sum", "mean", "max", "min", "cat", "concatenate", "stack",
-    "softmax", "log_softmax", "cross_entropy", "mse_loss", "dropout", "layer_norm", "conv2d",
-    "max_pool2d",
+    "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "layer_norm",
+    "conv2d",
+    "max_pool2d", "tensor", "from_numpy", "as_tensor", "zeros", "ones", "empty", "full", "rand",
+    "randn", "randint", "arange", "zeros_like", "ones_like", "empty_like", "full_like",
+    "rand_like", "randn_like", "float16", "float32", "float64", "int32", "int64",
 ]
+
+# torch's dtype names, as NumPy dtypes (minidist.float32 == numpy.float32). The aliases that
+# shadow builtins (float, double, half, long) are attributes only, not star-exported.
+float16 = half = numpy.dtype(numpy.float16)
+float32 = float = numpy.dtype(numpy.float32)  # noqa: A001 - torch's name
+float64 = double = numpy.dtype(numpy.float64)
+int32 = numpy.dtype(numpy.int32)
+int64 = long = numpy.dtype(numpy.int64)
+
+
+
+class _CallablePackage(types.ModuleType):
+    """``minidist.tensor`` is this package AND torch's ``tensor(data)`` factory.
+
+    torch spells the factory ``torch.tensor``; here that name is already the package, so the
+    package itself is made callable: ``minidist.tensor([1.0])`` calls ``creation.tensor`` while
+    ``minidist.tensor.linear`` and ``from minidist.tensor import Tensor`` keep working.
+    """
+
+    def __call__(self, data: Any, dtype: Any = None, device: Any = None,
+                 requires_grad: bool = False) -> Tensor:
+        return tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

@@ -38,6 +38,57 @@ def is_floating(dtype: Any) -> bool:
     return bool(numpy.issubdtype(dtype, numpy.floating))
 
 
+def parse_to_args(op: str, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """``(device or None, dtype or None)`` from torch's ``.to(...)`` spellings.
+
+    Accepted: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(tensor)`` (its device
+    and dtype), and the keywords ``device=``, ``dtype=``, ``non_blocking=`` (ignored: copies are
+    synchronous), ``copy=`` (ignored).
+    """
+    kwargs = dict(kwargs)
+    kwargs.pop("non_blocking", None)
+    kwargs.pop("copy", None)
+    where, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+    if kwargs:
+        raise TypeError(error(op, f"unexpected keyword argument(s) {sorted(kwargs)}; use "
+                              "device=, dtype=, non_blocking= or copy=."))
+    for arg in args:
+        if isinstance(arg, Tensor):
+            where, dtype = backend.device_of(arg.data), arg.data.dtype
+        elif isinstance(arg, (backend.device, int)) and not isinstance(arg, bool):
+            where = arg
+        elif isinstance(arg, str) and arg.split(":")[0].strip().lower() in ("cpu", "cuda"):
+            where = arg
+        elif arg is not None:
+            try:
+                dtype = numpy.dtype(arg)
+            except TypeError:
+                raise TypeError(error(op, f"cannot read {arg!r} as a device or a dtype. Pass "
+                                      "'cpu', 'cuda:N', minidist.device(...) or a dtype such "
+                                      "as numpy.float32.")) from None
+    return (None if where is None else backend.device(where),
+            None if dtype is None else numpy.dtype(dtype))
+
+
+class ElementCount(int):
+    """``Tensor.size``: an int (the element count) that torch code can call: ``x.size(1)``."""
+
+    def __new__(cls, numel: int, shape: tuple[int, ...]) -> ElementCount:
+        obj = super().__new__(cls, numel)
+        obj.shape = shape
+        return obj
+
+    def __call__(self, dim: int | None = None) -> Any:
+        return self.shape if dim is None else self.shape[dim]
+
+
+def _axis(axis: Any, dim: Any) -> Any:
+    """NumPy's ``axis`` or torch's ``dim`` (at most one of them)."""
+    if axis is not None and dim is not None:
+        raise TypeError(error("reduce", f"got both axis={axis!r} and dim={dim!r}; pass one."))
+    return dim if dim is not None else axis
+
+
 def as_array(data: Any, dtype: Any = None) -> Any:
     """An xp array for ``data``: arrays are kept (no copy), Python floats/lists become float32."""
     if isinstance(data, Tensor):
@@ -158,9 +209,17 @@ class Tensor:
         return int(self.data.ndim)
 
     @property
-    def size(self) -> int:
-        """Number of elements (NumPy's meaning; torch's ``numel()``)."""
-        return int(self.data.size)
+    def size(self) -> ElementCount:
+        """Number of elements (NumPy's ``x.size``), also callable as torch's ``x.size(dim)``.
+
+        ``x.size`` is an int (the element count); ``x.size()`` is the shape tuple and
+        ``x.size(1)`` the length of dim 1, as in torch.
+        """
+        return ElementCount(int(self.data.size), tuple(self.data.shape))
+
+    def dim(self) -> int:
+        """Number of dims (torch's name for ``ndim``)."""
+        return int(self.data.ndim)
 
     def numel(self) -> int:
         return int(self.data.size)
@@ -190,11 +249,50 @@ class Tensor:
     def astype(self, dtype: Any) -> Tensor:
         return elementwise.astype(self, dtype)
 
+    @property
+    def device(self) -> backend.device:
+        """Where the data lives: ``device(type='cpu')`` or ``device(type='cuda', index=N)``."""
+        return backend.device_of(self.data)
+
+    @property
+    def is_cuda(self) -> bool:
+        return backend.is_device_array(self.data)
+
+    def to(self, *args: Any, **kwargs: Any) -> Tensor:
+        """torch's ``Tensor.to``: a copy on another device and/or with another dtype.
+
+            t.to("cuda:0"); t.to(numpy.float16); t.to("cpu", numpy.float64); t.to(other)
+
+        Returns self when nothing changes. Differentiable (the gradient flows back to this
+        tensor's device and dtype). See ``parse_to_args`` for the accepted spellings.
+        """
+        where, dtype = parse_to_args("Tensor.to", args, kwargs)
+        out = self if where is None else elementwise.to_device(self, where)
+        return out if dtype is None else elementwise.astype(out, dtype)
+
+    def cpu(self) -> Tensor:
+        """This tensor on the CPU (self if it is already there)."""
+        return elementwise.to_device(self, "cpu")
+
+    def cuda(self, device: Any = None) -> Tensor:
+        """This tensor on GPU ``device`` (default: the current GPU)."""
+        return elementwise.to_device(self, backend.device("cuda", device)
+                                     if isinstance(device, (int, type(None))) else device)
+
     def float(self) -> Tensor:
         return elementwise.astype(self, numpy.float32)
 
     def half(self) -> Tensor:
         return elementwise.astype(self, numpy.float16)
+
+    def long(self) -> Tensor:
+        return elementwise.astype(self, numpy.int64)
+
+    def int(self) -> Tensor:
+        return elementwise.astype(self, numpy.int32)
+
+    def bool(self) -> Tensor:
+        return elementwise.astype(self, numpy.bool_)
 
     def double(self) -> Tensor:
         return elementwise.astype(self, numpy.float64)
@@ -254,27 +352,125 @@ class Tensor:
     def gelu(self, approximate: str = "none") -> Tensor:
         return elementwise.gelu(self, approximate)
 
-    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return reduce.sum(self, axis, keepdims)
+    # Reductions take NumPy's ``axis=``/``keepdims=`` and torch's ``dim=``/``keepdim=``; the
+    # first positional argument means the same in both.
 
-    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return reduce.mean(self, axis, keepdims)
+    def sum(self, axis: Any = None, keepdims: bool = False, *, dim: Any = None,
+            keepdim: bool = False) -> Tensor:
+        return reduce.sum(self, _axis(axis, dim), keepdims or keepdim)
 
-    def max(self, axis: int | None = None, keepdims: bool = False) -> Tensor:
-        return reduce.max(self, axis, keepdims)
+    def mean(self, axis: Any = None, keepdims: bool = False, *, dim: Any = None,
+             keepdim: bool = False) -> Tensor:
+        return reduce.mean(self, _axis(axis, dim), keepdims or keepdim)
 
-    def min(self, axis: int | None = None, keepdims: bool = False) -> Tensor:
-        return reduce.min(self, axis, keepdims)
+    def max(self, dim: int | None = None, keepdim: bool = False, *, axis: int | None = None,
+            keepdims: bool = False) -> Any:
+        """torch's spelling ``x.max(dim)`` returns ``(values, indices)``; NumPy's
+        ``x.max(axis=1)`` and ``x.max()`` return the values only (a Tensor)."""
+        if dim is not None:
+            return reduce.max_dim(self, dim, keepdim or keepdims)
+        return reduce.max(self, axis, keepdims or keepdim)
 
-    def argmax(self, axis: int | None = None) -> Tensor:
-        """Indices of the maxima (an int tensor, outside the tape)."""
-        return Tensor(self.data.argmax(axis=axis))
+    def min(self, dim: int | None = None, keepdim: bool = False, *, axis: int | None = None,
+            keepdims: bool = False) -> Any:
+        """Like ``max``: ``x.min(dim)`` gives ``(values, indices)``, ``x.min(axis=1)`` values."""
+        if dim is not None:
+            return reduce.min_dim(self, dim, keepdim or keepdims)
+        return reduce.min(self, axis, keepdims or keepdim)
+
+    def argmax(self, dim: int | None = None, keepdim: bool = False, *,
+               axis: int | None = None) -> Tensor:
+        """Indices of the maxima (an int64 tensor, outside the tape)."""
+        return reduce.argmax(self, _axis(axis, dim), keepdim)
+
+    def argmin(self, dim: int | None = None, keepdim: bool = False, *,
+               axis: int | None = None) -> Tensor:
+        """Indices of the minima (an int64 tensor, outside the tape)."""
+        return reduce.argmin(self, _axis(axis, dim), keepdim)
 
     def reshape(self, *shape: Any) -> Tensor:
         return shape_ops.reshape(self, *shape)
 
-    def flatten(self, start_dim: int = 0) -> Tensor:
-        return shape_ops.flatten(self, start_dim)
+    def view(self, *shape: Any) -> Tensor:
+        """torch's ``view``: ``reshape`` (NumPy returns a view whenever the layout allows)."""
+        return shape_ops.reshape(self, *shape)
+
+    def view_as(self, other: Tensor) -> Tensor:
+        return shape_ops.reshape(self, other.shape)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        return shape_ops.flatten(self, start_dim, end_dim)
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        return shape_ops.unsqueeze(self, dim)
+
+    def squeeze(self, dim: Any = None) -> Tensor:
+        return shape_ops.squeeze(self, dim)
+
+    def clone(self) -> Tensor:
+        """A copy of the data that stays on the tape (torch's ``clone``)."""
+        return elementwise.clone(self)
+
+    # ---- comparisons: bool tensors, outside the tape (``pred.eq(y).sum().item()``) ------------
+
+    def eq(self, other: Any) -> Tensor:
+        return elementwise.compare("eq", self, other)
+
+    def ne(self, other: Any) -> Tensor:
+        return elementwise.compare("ne", self, other)
+
+    # ``==``/``!=`` stay identity (NOT elementwise, unlike torch): tensors are keys of weak
+    # dictionaries (amp's owner_of), whose lookups call ``==`` and need a plain bool.
+
+    def __lt__(self, other: Any) -> Tensor:
+        return elementwise.compare("lt", self, other)
+
+    def __le__(self, other: Any) -> Tensor:
+        return elementwise.compare("le", self, other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return elementwise.compare("gt", self, other)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return elementwise.compare("ge", self, other)
+
+    def __bool__(self) -> bool:
+        if self.data.size != 1:
+            raise RuntimeError(error("bool", f"the truth value of a tensor with {self.data.size}"
+                                     " elements is ambiguous. Use .any() / .all() on .data, or "
+                                     "compare one element."))
+        return bool(self.data.reshape(()).item())
+
+    # ---- in-place fills, torch's initialisers (outside the tape, like nn.init) --------------
+
+    def zero_(self) -> Tensor:
+        self.data[...] = 0
+        return self
+
+    def fill_(self, value: Any) -> Tensor:
+        self.data[...] = value.item() if isinstance(value, Tensor) else value
+        return self
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
+        """Fill with N(mean, std^2) draws from the ``manual_seed`` generator; returns self."""
+        host = random.default_generator().normal(mean, std, size=self.shape)
+        return self._fill_host(host)
+
+    def uniform_(self, a: float = 0.0, b: float = 1.0) -> Tensor:
+        """Fill with U(a, b) draws from the ``manual_seed`` generator; returns self."""
+        return self._fill_host(random.default_generator().uniform(a, b, size=self.shape))
+
+    def copy_(self, src: Any) -> Tensor:
+        """Copy ``src``'s values into this tensor's array (cast, broadcast); returns self."""
+        value = src.data if isinstance(src, Tensor) else src
+        xp = backend.get_array_module(self.data)
+        self.data[...] = xp.asarray(backend.move(value, self.device)).astype(self.data.dtype)
+        return self
+
+    def _fill_host(self, host: numpy.ndarray) -> Tensor:
+        xp = backend.get_array_module(self.data)
+        self.data[...] = xp.asarray(host.astype(self.data.dtype))
+        return self
 
     def transpose(self, *axes: Any) -> Tensor:
         return shape_ops.transpose(self, *axes)
@@ -296,5 +492,5 @@ class Tensor:
 
 
 # The op modules import Tensor from here, so they are imported after it is defined.
-from minidist.tensor import autograd, elementwise, functional, linalg, reduce  # noqa: E402
+from minidist.tensor import autograd, elementwise, functional, linalg, random, reduce  # noqa: E402
 from minidist.tensor import shape as shape_ops  # noqa: E402

@@ -277,3 +277,34 @@ def astype(a: Tensor, dtype: Any) -> Tensor:
             return (g.astype(src),)
 
     return Tensor._make(out, (a,), backward, "astype")
+
+
+def to_device(a: Tensor, device: Any) -> Tensor:
+    """Copy to ``device`` (differentiable: the gradient goes back to ``a``'s device).
+
+    Returns ``a`` itself when it already lives there, as torch's ``Tensor.to`` does.
+    """
+    src = backend.device_of(a.data)
+    out = backend.move(a.data, device)
+    if out is a.data:
+        return a
+
+    def backward(g: Any) -> tuple:
+        return (backend.move(g, src),)
+
+    return Tensor._make(out, (a,), backward, "to")
+
+
+def compare(op: str, a: Tensor, b: Any) -> Tensor:
+    """Elementwise comparison (``eq``, ``ne``, ``lt``, ``le``, ``gt``, ``ge``): a bool tensor,
+    outside the tape (comparisons have no gradient)."""
+    other = b.data if isinstance(b, Tensor) else b
+    fn = {"eq": "__eq__", "ne": "__ne__", "lt": "__lt__", "le": "__le__", "gt": "__gt__",
+          "ge": "__ge__"}[op]
+    xp = backend.get_array_module(a.data, other)
+    return Tensor(getattr(a.data, fn)(xp.asarray(other)))
+
+
+def clone(a: Tensor) -> Tensor:
+    """A copy of ``a``'s data that stays on the tape (the gradient passes through unchanged)."""
+    return Tensor._make(a.data.copy(), (a,), lambda g: (g,), "clone")

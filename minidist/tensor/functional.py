@@ -104,6 +104,28 @@ def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean") -> Tenso
     return Tensor._make(out, (logits,), backward, "cross_entropy")
 
 
+def nll_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # noqa: A002
+    """Negative log-likelihood: ``-input[i, target[i]]`` for log-probabilities ``input (N, C)``.
+
+    ``nll_loss(log_softmax(x), t) == cross_entropy(x, t)`` (the pair torch models often use).
+    """
+    _check_reduction("nll_loss", reduction)
+    if input.ndim != 2:
+        raise ValueError(error("nll_loss", f"input must be (N, C) log-probabilities, got shape "
+                               f"{input.shape}. Flatten extra dims into N first."))
+    n, c = input.shape
+    t = backend.to_host(as_array(target))
+    if t.shape != (n,) or not numpy.issubdtype(t.dtype, numpy.integer):
+        raise ValueError(error("nll_loss", f"target must be ({n},) integer class indices, got "
+                               f"shape {t.shape} dtype {t.dtype}."))
+    if n and (int(t.min()) < 0 or int(t.max()) >= c):
+        raise ValueError(error("nll_loss", f"target holds a class outside [0, {c}). Check the "
+                               "labels or the output size."))
+    losses = -input[numpy.arange(n), t]
+    return losses.mean() if reduction == "mean" else (losses.sum() if reduction == "sum"
+                                                      else losses)
+
+
 def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # noqa: A002
     """Mean squared error ``(input - target)^2``, reduced by mean (default), sum or none."""
     _check_reduction("mse_loss", reduction)

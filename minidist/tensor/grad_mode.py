@@ -24,9 +24,29 @@ def is_grad_enabled() -> bool:
     return getattr(_state, "enabled", True)
 
 
-def set_grad_enabled(enabled: bool) -> None:
-    """Turn tape recording on or off for this thread (prefer the ``no_grad`` context manager)."""
+def _set(enabled: bool) -> None:
     _state.enabled = bool(enabled)
+
+
+class set_grad_enabled:  # noqa: N801 - torch's name
+    """Turn tape recording on or off for this thread: as a call, or as a context manager.
+
+        set_grad_enabled(False)              # off from here on (a plain call, as torch)
+        with set_grad_enabled(is_train):     # on or off inside the block, restored after
+            out = model(x)
+
+    The mode changes when the object is created; ``__exit__`` restores the mode from before.
+    """
+
+    def __init__(self, mode: bool) -> None:
+        self._prev = is_grad_enabled()
+        _set(mode)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        _set(self._prev)
 
 
 class no_grad:  # noqa: N801 - torch's name
@@ -39,10 +59,10 @@ class no_grad:  # noqa: N801 - torch's name
 
     def __enter__(self) -> None:
         self._prev = is_grad_enabled()
-        set_grad_enabled(False)
+        _set(False)
 
     def __exit__(self, *exc: object) -> None:
-        set_grad_enabled(self._prev)
+        _set(self._prev)
 
     def __call__(self, fn: F) -> F:
         @functools.wraps(fn)
@@ -58,4 +78,4 @@ class enable_grad(no_grad):  # noqa: N801 - torch's name
 
     def __enter__(self) -> None:
         self._prev = is_grad_enabled()
-        set_grad_enabled(True)
+        _set(True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import builtins
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
@@ -97,3 +97,38 @@ def max(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:  
 def min(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Minimum (as ``-max(-x)``); the gradient goes to the argmin."""
     return -max(-x, axis, keepdims)
+
+
+class ValuesIndices(NamedTuple):
+    """torch's ``max(dim)``/``min(dim)`` result: ``values, indices = x.max(1)``."""
+
+    values: Tensor
+    indices: Tensor
+
+
+def argmax(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
+    """Index of the maximum (flattened when ``axis`` is None), int64, outside the tape."""
+    xp = backend.get_array_module(x.data)
+    out = x.data.argmax(axis=axis)
+    if keepdims:
+        out = out.reshape((1,) * x.ndim) if axis is None else xp.expand_dims(out, axis)
+    return Tensor(out.astype("int64", copy=False))
+
+
+def argmin(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
+    """Index of the minimum (flattened when ``axis`` is None), int64, outside the tape."""
+    xp = backend.get_array_module(x.data)
+    out = x.data.argmin(axis=axis)
+    if keepdims:
+        out = out.reshape((1,) * x.ndim) if axis is None else xp.expand_dims(out, axis)
+    return Tensor(out.astype("int64", copy=False))
+
+
+def max_dim(x: Tensor, dim: int, keepdim: bool = False) -> ValuesIndices:
+    """torch's ``x.max(dim)``: the maxima along ``dim`` (on the tape) and where they are."""
+    return ValuesIndices(max(x, dim, keepdim), argmax(x, dim, keepdim))
+
+
+def min_dim(x: Tensor, dim: int, keepdim: bool = False) -> ValuesIndices:
+    """torch's ``x.min(dim)``: the minima along ``dim`` (on the tape) and where they are."""
+    return ValuesIndices(min(x, dim, keepdim), argmin(x, dim, keepdim))

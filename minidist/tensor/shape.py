@@ -28,10 +28,31 @@ def reshape(x: Tensor, *shape: Any) -> Tensor:
     return Tensor._make(out, (x,), lambda g: (g.reshape(src),), "reshape")
 
 
-def flatten(x: Tensor, start_dim: int = 0) -> Tensor:
-    """Merge dims ``start_dim..`` into one (``flatten(1)``: (N, C, H, W) -> (N, C*H*W))."""
-    start = start_dim % x.ndim if x.ndim else 0
-    return reshape(x, *x.shape[:start], -1)
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """Merge dims ``start_dim..end_dim`` into one (``flatten(1)``: (N, C, H, W) -> (N, C*H*W))."""
+    if x.ndim == 0:
+        return reshape(x, 1)
+    start, end = start_dim % x.ndim, end_dim % x.ndim
+    return reshape(x, *x.shape[:start], -1, *x.shape[end + 1:])
+
+
+def unsqueeze(x: Tensor, dim: int) -> Tensor:
+    """Insert a size-1 dim at ``dim`` (negative counts from the end of the RESULT, as torch)."""
+    if not -x.ndim - 1 <= dim <= x.ndim:
+        raise ValueError(error("unsqueeze", f"dim {dim} is out of range for a tensor with "
+                               f"{x.ndim} dims (valid: {-x.ndim - 1}..{x.ndim})."))
+    dim = dim % (x.ndim + 1)
+    return reshape(x, *x.shape[:dim], 1, *x.shape[dim:])
+
+
+def squeeze(x: Tensor, dim: Any = None) -> Tensor:
+    """Drop size-1 dims (all, or only ``dim`` if it has size 1; torch leaves others alone)."""
+    if dim is None:
+        dims = {i for i, n in enumerate(x.shape) if n == 1}
+    else:
+        dims = {d % x.ndim for d in ((dim,) if isinstance(dim, int) else dim)
+                if x.ndim and x.shape[d % x.ndim] == 1}
+    return reshape(x, *[n for i, n in enumerate(x.shape) if i not in dims])
 
 
 def transpose(x: Tensor, *axes: Any) -> Tensor:

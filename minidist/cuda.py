@@ -1,0 +1,57 @@
+"""``minidist.cuda``: torch.cuda's device queries, answered through CuPy.
+
+    import minidist
+    dev = minidist.device("cuda" if minidist.cuda.is_available() else "cpu")
+    model.to(dev)
+
+On a machine without CuPy or a GPU, ``is_available()`` is False and ``device_count()`` is 0;
+``set_device``/``current_device`` raise the one-line ``DeviceUnavailableError`` that says how to
+get a working GPU path (minidist.xp.require_cuda).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minidist import xp as backend
+
+DeviceUnavailableError = backend.DeviceUnavailableError
+
+
+def is_available() -> bool:
+    """True when CuPy is installed and at least one CUDA device can be used."""
+    return backend.gpu_available()
+
+
+def device_count() -> int:
+    """The number of usable CUDA devices (0 without CuPy or a GPU)."""
+    if not backend.gpu_available():
+        return 0
+    return int(backend.require_cuda().cuda.runtime.getDeviceCount())
+
+
+def set_device(device: Any) -> None:
+    """Make GPU ``device`` (an int, ``"cuda:N"`` or ``minidist.device``) the current one.
+
+    Typical use, one GPU per rank: ``minidist.cuda.set_device(minidist.get_local_rank())``.
+    """
+    dev = backend.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"set_device: expected a CUDA device, got {str(dev)!r}. Pass a GPU "
+                         "number or 'cuda:N'.")
+    cupy = backend.require_cuda()
+    index = 0 if dev.index is None else dev.index
+    if not 0 <= index < device_count():
+        raise ValueError(f"set_device: GPU {index} does not exist; this machine has "
+                         f"{device_count()} (valid: 0..{device_count() - 1}).")
+    cupy.cuda.Device(index).use()
+
+
+def current_device() -> int:
+    """The index of the current GPU."""
+    return int(backend.require_cuda().cuda.Device().id)
+
+
+def synchronize() -> None:
+    """Wait for all queued work on the current GPU (a no-op without one)."""
+    backend.synchronize()

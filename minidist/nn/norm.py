@@ -1,0 +1,104 @@
+"""Batch normalization (torch's ``BatchNorm1d``/``BatchNorm2d``): batch statistics in training,
+running statistics in evaluation.
+
+    bn = nn.BatchNorm2d(16)          # keys: weight, bias, running_mean, running_var,
+    y = bn(x)                        #       num_batches_tracked (torch's, in torch's order)
+
+Per channel c, over the batch (and length/height/width) axes::
+
+    training:  y = (x - mean_B) / sqrt(var_B + eps) * weight + bias      var_B: biased (/n)
+               running_mean <- (1 - momentum) running_mean + momentum mean_B
+               running_var  <- (1 - momentum) running_var  + momentum var_B * n / (n - 1)
+               num_batches_tracked += 1
+    eval:      y = (x - running_mean) / sqrt(running_var + eps) * weight + bias
+
+Under DistributedDataParallel each rank normalizes with its own batch (torch's BatchNorm, not
+SyncBatchNorm); the running statistics are broadcast from rank 0 once, at construction.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy
+
+from minidist import xp as backend
+from minidist.nn import init
+from minidist.nn.layers import empty_parameter
+from minidist.nn.module import Module
+from minidist.tensor import Tensor, no_grad
+from minidist.tensor.core import error
+
+
+class _BatchNorm(Module):
+    """Shared by BatchNorm1d/2d; ``_dims`` lists the accepted input ranks."""
+
+    _dims: tuple[int, ...] = ()
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True) -> None:
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        xp = backend.default_array_module()
+        if affine:
+            self.weight = init.ones_(empty_parameter(num_features))
+            self.bias = empty_parameter(num_features)
+        else:
+            self.weight = self.bias = None
+        if track_running_stats:
+            self.register_buffer("running_mean", xp.zeros(num_features, numpy.float32))
+            self.register_buffer("running_var", xp.ones(num_features, numpy.float32))
+            self.register_buffer("num_batches_tracked", xp.zeros((), numpy.int64))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim not in self._dims or x.shape[1] != self.num_features:
+            raise ValueError(error(type(self).__name__, f"expected input of rank {self._dims} "
+                                   f"with {self.num_features} channels in dim 1, got shape "
+                                   f"{x.shape}."))
+        axes = (0,) + tuple(range(2, x.ndim))
+        shape = (1, self.num_features) + (1,) * (x.ndim - 2)
+        use_batch = self.training or not self.track_running_stats
+        if use_batch:
+            n = math.prod(x.shape[i] for i in axes)
+            if self.training and n <= 1:
+                raise ValueError(error(type(self).__name__, f"expected more than 1 value per "
+                                       f"channel when training, got input shape {x.shape}."))
+            mean = x.mean(axis=axes, keepdims=True)
+            centered = x - mean
+            var = (centered * centered).mean(axis=axes, keepdims=True)
+            if self.training and self.track_running_stats:
+                self._update_running(mean.data.reshape(-1), var.data.reshape(-1), n)
+        else:
+            centered = x - Tensor(self.running_mean.data.reshape(shape).astype(x.dtype))
+            var = Tensor(self.running_var.data.reshape(shape).astype(x.dtype))
+        out = centered / (var + self.eps) ** 0.5
+        if self.affine:
+            out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
+        return out
+
+    def _update_running(self, mean: Any, var: Any, n: int) -> None:
+        with no_grad():
+            self.num_batches_tracked.data[...] += 1
+            m = (1.0 / int(self.num_batches_tracked.data) if self.momentum is None
+                 else self.momentum)  # momentum=None: a cumulative average, as torch
+            rm, rv = self.running_mean.data, self.running_var.data
+            rm[...] = (1 - m) * rm + m * mean.astype(rm.dtype)
+            rv[...] = (1 - m) * rv + m * (var * n / (n - 1)).astype(rv.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch norm over (N, C) or (N, C, L) inputs, per channel C."""
+
+    _dims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch norm over (N, C, H, W) inputs, per channel C."""
+
+    _dims = (4,)

@@ -1,0 +1,179 @@
+"""Tensor factories with torch's names and defaults: tensor, from_numpy, zeros, randn, arange...
+
+    import minidist
+    x = minidist.tensor([[1.0, 2.0]])              # float32: Python floats -> the default dtype
+    w = minidist.randn(3, 4, requires_grad=True)    # float32, from the manual_seed generator
+    i = minidist.arange(5)                          # int64 (all-int arguments), as torch
+    a = minidist.from_numpy(np.ones(3))             # float64 kept, memory shared, as torch
+
+Dtype rule (torch's): factories with no ``dtype`` make float32 (``arange`` with only ints:
+int64); ``tensor(data)`` makes float32 from Python floats but keeps a NumPy array's dtype and
+copies it; ``from_numpy``/``as_tensor`` keep dtype and share memory. ``Tensor(array)`` is the
+sharing wrapper too (minidist's historical constructor, see docs/porting.md).
+Random draws come from ``default_generator()`` on the host (so one seed gives the same values
+on CPU and GPU), then move to ``device``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy
+
+from minidist import xp as backend
+from minidist.tensor.core import Tensor, as_array, error
+from minidist.tensor.random import default_generator
+
+FLOAT = numpy.dtype(numpy.float32)  # torch's default dtype
+
+
+def _shape(op: str, size: tuple) -> tuple[int, ...]:
+    """``zeros(2, 3)`` and ``zeros((2, 3))`` both mean shape (2, 3)."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    if not all(isinstance(s, (int, numpy.integer)) and s >= 0 for s in size):
+        raise ValueError(error(op, f"size {size!r} must be non-negative ints, e.g. {op}(2, 3)."))
+    return tuple(int(s) for s in size)
+
+
+def _make(host: Any, dtype: Any, device: Any, requires_grad: bool) -> Tensor:
+    """A leaf Tensor from a host array: cast to ``dtype``, moved to ``device``."""
+    array = host.astype(dtype, copy=False) if dtype is not None else host
+    if device is not None:
+        array = backend.move(array, device)
+    elif backend.default_device() == "cuda":
+        array = backend.move(array, "cuda")
+    return Tensor(array, requires_grad=requires_grad)
+
+
+def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+           ) -> Tensor:
+    """A new leaf Tensor holding a COPY of ``data`` (torch.tensor).
+
+    Python floats become float32 and ints int64; NumPy arrays keep their dtype (as torch keeps
+    a float64 array float64); pass ``dtype=`` to choose.
+    """
+    if isinstance(data, Tensor):
+        data = data.data
+    array = as_array(data, dtype).copy()  # never shares memory with data, as torch.tensor
+    return _make(array, None, device, requires_grad)
+
+
+def from_numpy(array: numpy.ndarray) -> Tensor:
+    """A Tensor SHARING ``array``'s memory and dtype (torch.from_numpy: float64 stays float64)."""
+    if not isinstance(array, numpy.ndarray):
+        raise TypeError(error("from_numpy", f"expected a numpy.ndarray, got "
+                              f"{type(array).__name__}. Use minidist.tensor(data) for lists."))
+    return Tensor(array)
+
+
+def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
+    """A Tensor sharing ``data``'s memory when dtype and device allow (torch.as_tensor)."""
+    if isinstance(data, Tensor) and dtype is None and device is None:
+        return data
+    return _make(as_array(data, dtype), None, device, False)
+
+
+def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+          ) -> Tensor:
+    """A tensor of zeros, float32 unless ``dtype`` says otherwise."""
+    return _make(numpy.zeros(_shape("zeros", size), dtype or FLOAT), None, device, requires_grad)
+
+
+def ones(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+         ) -> Tensor:
+    """A tensor of ones, float32 unless ``dtype`` says otherwise."""
+    return _make(numpy.ones(_shape("ones", size), dtype or FLOAT), None, device, requires_grad)
+
+
+def empty(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+          ) -> Tensor:
+    """An uninitialised tensor (here: zeros, so nothing depends on garbage)."""
+    return _make(numpy.zeros(_shape("empty", size), dtype or FLOAT), None, device, requires_grad)
+
+
+def full(size: Any, fill_value: Any, dtype: Any = None, device: Any = None,
+         requires_grad: bool = False) -> Tensor:
+    """A tensor filled with ``fill_value`` (float32 for a float, int64 for an int, as torch)."""
+    if dtype is None:
+        dtype = numpy.int64 if isinstance(fill_value, (int, numpy.integer)) and not isinstance(
+            fill_value, bool) else (numpy.bool_ if isinstance(fill_value, bool) else FLOAT)
+    return _make(numpy.full(_shape("full", (size,)), fill_value, dtype), None, device,
+                 requires_grad)
+
+
+def rand(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+         ) -> Tensor:
+    """Uniform draws in [0, 1) from the ``manual_seed`` generator (float32)."""
+    host = default_generator().random(_shape("rand", size))
+    return _make(host, dtype or FLOAT, device, requires_grad)
+
+
+def randn(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+          ) -> Tensor:
+    """Standard normal draws from the ``manual_seed`` generator (float32)."""
+    host = default_generator().standard_normal(_shape("randn", size))
+    return _make(host, dtype or FLOAT, device, requires_grad)
+
+
+def randint(low: int, high: int | None = None, size: Any = (), dtype: Any = None,
+            device: Any = None) -> Tensor:
+    """Integers in [low, high) (``randint(high, size)`` means low=0), int64 as torch."""
+    if isinstance(high, (tuple, list)):  # randint(high, size), torch's short form
+        low, high, size = 0, low, high
+    elif high is None:
+        low, high = 0, low
+    host = default_generator().integers(low, high, _shape("randint", (size,)))
+    return _make(host, dtype or numpy.int64, device, False)
+
+
+def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device: Any = None,
+           requires_grad: bool = False) -> Tensor:
+    """``start, start+step, ...`` below ``end``: int64 when all arguments are ints, else float32."""
+    if end is None:
+        start, end = 0, start
+    if dtype is None:
+        ints = all(isinstance(v, (int, numpy.integer)) for v in (start, end, step))
+        dtype = numpy.int64 if ints else FLOAT
+    return _make(numpy.arange(start, end, step), dtype, device, requires_grad)
+
+
+def _like(op: str, t: Any, dtype: Any, device: Any) -> tuple[tuple[int, ...], Any, Any]:
+    data = t.data if isinstance(t, Tensor) else as_array(t)
+    return tuple(data.shape), dtype or data.dtype, device or backend.device_of(data)
+
+
+def zeros_like(t: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+               ) -> Tensor:
+    shape, dtype, device = _like("zeros_like", t, dtype, device)
+    return zeros(shape, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def ones_like(t: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+              ) -> Tensor:
+    shape, dtype, device = _like("ones_like", t, dtype, device)
+    return ones(shape, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def empty_like(t: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+               ) -> Tensor:
+    shape, dtype, device = _like("empty_like", t, dtype, device)
+    return empty(shape, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def full_like(t: Any, fill_value: Any, dtype: Any = None, device: Any = None,
+              requires_grad: bool = False) -> Tensor:
+    shape, dtype, device = _like("full_like", t, dtype, device)
+    return full(shape, fill_value, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def rand_like(t: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+              ) -> Tensor:
+    shape, dtype, device = _like("rand_like", t, dtype, device)
+    return rand(shape, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def randn_like(t: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+               ) -> Tensor:
+    shape, dtype, device = _like("randn_like", t, dtype, device)
+    return randn(shape, dtype=dtype, device=device, requires_grad=requires_grad)
