@@ -58,33 +58,69 @@ from minidist.trainer import Trainer, TrainerConfig
 
 @dataclass
 class Config:
+    """Every flag of train.py: ``--batch-size`` sets ``batch_size``; the help text is in HELP."""
     epochs: int = 50
-    batch_size: int = 16        # per rank; effective batch = batch_size x world size
-    lr: float = 3e-3            # for one rank's batch, scaled by --lr-scaling (sgd: ~0.05)
-    lr_scaling: str = "linear"  # none | linear | sqrt (with the world size)
-    model: str = "mlp"          # mlp | cnn
-    hidden: str = "512,256"     # MLP only: hidden layer widths, comma-separated
-    dropout: float = 0.3        # MLP only: dropout after each hidden layer
-    optimizer: str = "adamw"    # adamw | sgd (momentum 0.9; use --lr 0.05 --weight-decay 5e-4)
+    batch_size: int = 16
+    lr: float = 3e-3
+    lr_scaling: str = "linear"
+    model: str = "mlp"
+    hidden: str = "512,256"
+    dropout: float = 0.3
+    optimizer: str = "adamw"
     weight_decay: float = 0.05
-    warmup_epochs: float = 2.0  # linear warm-up, then cosine decay over the rest
-    grad_accum_steps: int = 1   # micro-batches per step (the first ones under no_sync)
+    warmup_epochs: float = 2.0
+    grad_accum_steps: int = 1
     seed: int = 0
-    dataset: str = "digits"     # digits | mnist | fashion-mnist | synthetic
+    dataset: str = "digits"
     data_root: str | None = None
-    algorithm: str = "auto"     # all-reduce: auto | ring | tree | rd | direct | mpi
+    algorithm: str = "auto"
     bucket_cap_mb: float = 25.0
-    checkpoint_dir: str | None = None   # checkpoints + history.json
-    checkpoint_every: int = 5   # epochs between checkpoints (and after the last)
-    resume: bool = False        # continue from the newest checkpoint in --checkpoint-dir
-    stop_after_epochs: int = 0  # end early (a time-limited job); the schedule still spans --epochs
-    save_model: str | None = None       # final weights as .npz with torch's state_dict keys
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 5
+    resume: bool = False
+    stop_after_epochs: int = 0
+    save_model: str | None = None
     progress_bar: bool = False
-    amp: bool = False           # float16 autocast + loss scaling (emulated on the CPU)
-    master_weights: bool = False        # float16 model weights, fp32 masters (implies --amp)
-    device: str | None = None   # cpu | cuda (default: MINIDIST_DEVICE, else cpu)
-    zero: bool = False          # ZeRO-1: each rank keeps 1/n of the optimizer state (docs/memory.md)
+    amp: bool = False
+    master_weights: bool = False
+    device: str | None = None
+    zero: bool = False
 
+
+# One help line per Config field (`--help` appends the default); test_examples checks that
+# every flag has one.
+HELP = {
+    "epochs": "epochs to train (the warm-up + cosine schedule spans all of them)",
+    "batch_size": "samples per step PER RANK; the effective batch is batch-size x world size",
+    "lr": "learning rate for ONE rank's batch; the optimizer runs at lr x the --lr-scaling "
+          "factor of the world size (sgd: try 0.05)",
+    "lr_scaling": "how lr grows with the world size n: linear (lr x n, Goyal et al. 2017), "
+                  "sqrt (lr x sqrt(n)) or none (lr as given)",
+    "model": "mlp on flat features, or cnn on (C, H, W) images",
+    "hidden": "MLP only: hidden layer widths, comma-separated",
+    "dropout": "MLP only: dropout probability after each hidden layer",
+    "optimizer": "adamw, or sgd with momentum 0.9 (then use --lr 0.05 --weight-decay 5e-4)",
+    "weight_decay": "weight decay of the optimizer",
+    "warmup_epochs": "epochs of linear warm-up, then cosine decay over the rest",
+    "grad_accum_steps": "micro-batches per optimizer step (all but the last under no_sync)",
+    "seed": "seed of the weights, dropout and shuffling: the same seed gives the same numbers",
+    "dataset": "digits (bundled), mnist / fashion-mnist (IDX files in --data-root) or synthetic",
+    "data_root": "folder holding the MNIST / Fashion-MNIST IDX files (docs/data.md says where "
+                 "to get them)",
+    "algorithm": "all-reduce algorithm of the gradient buckets (auto picks by size)",
+    "bucket_cap_mb": "gradient bucket size in MiB (as torch's bucket_cap_mb)",
+    "checkpoint_dir": "folder for checkpoints and history.json (none: no checkpoints)",
+    "checkpoint_every": "epochs between checkpoints (one is also written after the last epoch)",
+    "resume": "continue from the newest checkpoint in --checkpoint-dir, at the same world size",
+    "stop_after_epochs": "end after this many epochs (a time-limited job; 0: run all "
+                         "--epochs); the schedule still spans --epochs",
+    "save_model": "write the final weights to this .npz (torch's state_dict keys)",
+    "progress_bar": "rank 0 draws a progress bar per epoch",
+    "amp": "float16 autocast + dynamic loss scaling (real on a GPU, emulated on the CPU)",
+    "master_weights": "float16 model weights with float32 master copies (implies --amp)",
+    "device": "cpu (NumPy) or cuda (CuPy, GPU LOCAL_RANK); none: MINIDIST_DEVICE, else cpu",
+    "zero": "ZeRO-1: each rank keeps 1/world-size of the optimizer state (docs/memory.md)",
+}
 
 CHOICES = {"model": ["mlp", "cnn"], "optimizer": ["sgd", "adamw"],
            "lr_scaling": ["none", "linear", "sqrt"],
@@ -97,11 +133,13 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for f in fields(Config):
         flag, value = "--" + f.name.replace("_", "-"), f.default
+        help_text = f"{HELP[f.name]} (default: %(default)s)"
         if isinstance(value, bool):
-            parser.add_argument(flag, action="store_true", default=value)
+            parser.add_argument(flag, action="store_true", default=value, help=help_text)
         else:
             kind = type(value) if value is not None else str
-            parser.add_argument(flag, type=kind, default=value, choices=CHOICES.get(f.name))
+            parser.add_argument(flag, type=kind, default=value, choices=CHOICES.get(f.name),
+                                help=help_text)
     cfg = Config(**vars(parser.parse_args(argv)))
     if cfg.resume and not cfg.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir DIR")
