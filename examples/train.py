@@ -42,6 +42,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import math
+import sys
 import time
 from dataclasses import dataclass, fields
 
@@ -50,7 +51,8 @@ import numpy as np
 from minidist import amp, comm, nn, optim
 from minidist import xp as backend
 from minidist.checkpoint import CheckpointError
-from minidist.data import load_dataset
+from minidist.data import find_idx_files, load_dataset
+from minidist.data.datasets import DOWNLOAD_FROM
 from minidist.ddp import DistributedDataParallel, ZeroRedundancyOptimizer
 from minidist.tensor import Tensor, no_grad
 from minidist.trainer import Trainer, TrainerConfig
@@ -129,8 +131,42 @@ CHOICES = {"model": ["mlp", "cnn"], "optimizer": ["sgd", "adamw"],
            "device": ["cpu", "cuda"]}
 
 
+class UsageError(Exception):
+    """A mistake in the command line or in the files it names: rank 0 says it in one line."""
+
+
+def job_rank() -> int:
+    """This process's rank: from the process group once there is one, else from the launcher."""
+    if comm.is_initialized():
+        return comm.get_rank()
+    try:
+        return comm.detect_launch().rank
+    except ValueError:  # a malformed launcher variable: init_process_group will say which
+        return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's usage block, once per rank: too much
+        raise UsageError(f"{message} (see --help)")
+
+
+# Flags whose value must pass a check, and the rule in words (checked before any process group).
+LIMITS = {"epochs": (lambda v: v >= 1, ">= 1"), "batch_size": (lambda v: v >= 1, ">= 1"),
+          "lr": (lambda v: v > 0, "> 0"), "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+          "weight_decay": (lambda v: v >= 0, ">= 0"),
+          "warmup_epochs": (lambda v: v >= 0, ">= 0"),
+          "grad_accum_steps": (lambda v: v >= 1, ">= 1"),
+          "bucket_cap_mb": (lambda v: v > 0, "> 0"),
+          "checkpoint_every": (lambda v: v >= 1, ">= 1"),
+          "stop_after_epochs": (lambda v: v >= 0, ">= 0 (0: run all --epochs)")}
+
+
 def parse_args(argv: list[str] | None = None) -> Config:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    """Parse and check the command line (values, data files); raise UsageError if wrong.
+
+    Everything here runs before ``init_process_group``: a mistake costs no rank a hang.
+    """
+    parser = _Parser(description=__doc__.split("\n")[0])
     for f in fields(Config):
         flag, value = "--" + f.name.replace("_", "-"), f.default
         help_text = f"{HELP[f.name]} (default: %(default)s)"
@@ -141,6 +177,20 @@ def parse_args(argv: list[str] | None = None) -> Config:
             parser.add_argument(flag, type=kind, default=value, choices=CHOICES.get(f.name),
                                 help=help_text)
     cfg = Config(**vars(parser.parse_args(argv)))
+    for name, (ok, rule) in LIMITS.items():
+        if not ok(getattr(cfg, name)):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} {getattr(cfg, name)} is out of range; it must be {rule}")
+    parse_widths(cfg.hidden)
+    if cfg.dataset in DOWNLOAD_FROM:
+        if cfg.data_root is None:
+            raise UsageError(f"--dataset {cfg.dataset} needs --data-root DIR, a folder with its "
+                             f"four IDX files (get them from {DOWNLOAD_FROM[cfg.dataset]}); or "
+                             "use --dataset digits, which needs no download")
+        try:
+            find_idx_files(cfg.dataset, cfg.data_root)
+        except FileNotFoundError as e:
+            raise UsageError(f"--data-root {cfg.data_root}: {str(e).split(': ', 1)[1]}") from None
     if cfg.resume and not cfg.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir DIR")
     if cfg.dataset == "synthetic" and cfg.model == "cnn":
@@ -195,20 +245,20 @@ def parse_widths(text: str) -> tuple[int, ...]:
     except ValueError:
         widths = ()
     if not widths or min(widths) < 1:
-        raise SystemExit(f"train.py: --hidden {text!r} must be positive layer widths separated "
-                         "by commas, e.g. --hidden 256,128")
+        raise UsageError(f"--hidden {text!r} must be positive layer widths separated by "
+                         "commas, e.g. --hidden 256,128")
     return widths
 
 
 def check_float16_path(model: nn.Module, sample: np.ndarray, device_type: str, kind: str) -> None:
-    """--amp on a model that autocast would not change: one clear line (every rank), exit 1."""
+    """--amp on a model that autocast would not change: UsageError (one line from rank 0)."""
     model.eval()  # no dropout: this look-ahead draws no random numbers
     with no_grad(), amp.autocast(device_type) as ac:
         model(Tensor(backend.to_device(sample)))
     model.train()
     if ac.lower_precision_ops == 0:
-        raise SystemExit(f"train.py: --amp: model {kind!r} runs no op in float16 under autocast "
-                         "(only matmul, linear and conv2d on float32 inputs do); drop --amp.")
+        raise UsageError(f"--amp: model {kind!r} runs no op in float16 under autocast "
+                         "(only matmul, linear and conv2d on float32 inputs do); drop --amp")
 
 
 def build_optimizer(cfg: Config, model: nn.Module, ddp: DistributedDataParallel | None = None
@@ -238,7 +288,7 @@ def main(argv: list[str] | None = None) -> float:
     try:
         use_device(cfg.device)  # a missing GPU stack: one clear line, not a traceback
     except (backend.DeviceUnavailableError, ValueError) as e:
-        raise SystemExit(f"train.py: {e}") from None
+        raise UsageError(str(e)) from None
     comm.init_process_group()
     rank, world = comm.get_rank(), comm.get_world_size()
     nn.manual_seed(cfg.seed)                   # the same initial weights on every rank
@@ -298,7 +348,12 @@ def main(argv: list[str] | None = None) -> float:
 
 
 if __name__ == "__main__":
+    # A user's mistake ends the job with one line (rank 0's), not a traceback per rank. Both
+    # errors are raised alike on every rank: usage errors before any process group exists,
+    # checkpoint errors after rank 0 decided for all.
     try:
         main()
-    except CheckpointError as e:  # raised alike on every rank (rank 0 decides): say it once
-        raise SystemExit(f"train.py: {e}" if comm.get_rank() == 0 else 1) from None
+    except (UsageError, CheckpointError) as e:
+        if job_rank() == 0:
+            print(f"train.py: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2 if isinstance(e, UsageError) else 1) from None

@@ -263,6 +263,12 @@ class Trainer:
         self._build_schedule(steps_per_epoch * cfg.epochs, steps_per_epoch)
         if cfg.resume:
             self._resume()
+        if self.start_epoch >= cfg.epochs:  # resumed a finished run: say so, train nothing
+            self._log(f"resume: the run in {cfg.checkpoint_dir} is complete ({self.start_epoch} "
+                      f"epochs done, epochs={cfg.epochs}); nothing to train. To train longer, "
+                      f"raise epochs above {self.start_epoch} (examples/train.py: --epochs N); "
+                      "the learning-rate schedule then spans the new total.")
+            return self.history
         self.history.effective_batch_size = cfg.batch_size * self.world_size * cfg.grad_accum_steps
         self._log(f"training on {self.world_size} rank(s): {len(train_dataset)} samples, "
                   f"{steps_per_epoch} steps/epoch, effective batch "

@@ -14,6 +14,7 @@ file format), ``sampler`` (DistributedSampler), ``loader`` (DataLoader). See doc
 
 from minidist.data.datasets import (
     ArrayDataset,
+    find_idx_files,
     load_digits,
     load_dataset,
     load_mnist,
@@ -25,6 +26,6 @@ from minidist.data.idx import read_idx, write_idx
 from minidist.data.loader import DataLoader
 from minidist.data.sampler import DistributedSampler
 
-__all__ = ["ArrayDataset", "DataLoader", "DistributedSampler", "load_dataset", "load_digits",
-           "load_mnist", "make_classification", "random_split", "read_idx", "standardize",
-           "write_idx"]
+__all__ = ["ArrayDataset", "DataLoader", "DistributedSampler", "find_idx_files", "load_dataset",
+           "load_digits", "load_mnist", "make_classification", "random_split", "read_idx",
+           "standardize", "write_idx"]

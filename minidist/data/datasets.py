@@ -168,6 +168,9 @@ def load_digits(split: str = "train", normalize: bool = True, flatten: bool = Tr
 IDX_NAMES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
              "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 TORCHVISION_DIRS = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
+# Where the four IDX files of each set can be downloaded (the .gz files work as they are).
+DOWNLOAD_FROM = {"mnist": "https://ossci-datasets.s3.amazonaws.com/mnist/ (torchvision's mirror)",
+                 "fashion-mnist": "https://github.com/zalandoresearch/fashion-mnist (data/fashion)"}
 
 
 def _find_idx(name: str, root: Path, stem: str) -> Path:
@@ -178,7 +181,28 @@ def _find_idx(name: str, root: Path, stem: str) -> Path:
                 return candidate
     raise FileNotFoundError(f"load_dataset({name!r}): no {stem} or {stem}.gz in {root} (also looked "
                             f"in {[str(f) for f in folders[1:]]}). Download the four IDX files of "
-                            f"{name} into that folder, or pass root= the folder that has them.")
+                            f"{name} from {DOWNLOAD_FROM[name]} into that folder, or point at "
+                            "the folder that has them.")
+
+
+def find_idx_files(name: str, root: str | os.PathLike, split: str = "all") -> list[Path]:
+    """The IDX files ``load_dataset(name, root, split)`` would read, without reading them.
+
+    For checking a data folder before starting a job (examples/train.py does, before
+    init_process_group). ``name`` is "mnist" or "fashion-mnist".
+
+    Raises:
+        ValueError: unknown name or split.
+        FileNotFoundError: a file is missing (the message says where to download it).
+    """
+    key = name.lower().replace("_", "-")
+    if key not in TORCHVISION_DIRS:
+        raise ValueError(f"find_idx_files: {name!r} is not an IDX dataset; use one of "
+                         f"{sorted(TORCHVISION_DIRS)}.")
+    _check_split(name, split)
+    root = Path(root).expanduser()
+    parts = ("train", "test") if split == "all" else (split,)
+    return [_find_idx(key, root, stem) for part in parts for stem in IDX_NAMES[part]]
 
 
 def load_mnist(root: str | os.PathLike, split: str = "train", name: str = "mnist",
@@ -248,7 +272,8 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, split: str = 
         if root is None:
             raise ValueError(f"load_dataset({name!r}): needs root=, a folder with the IDX files "
                              f"({', '.join(IDX_NAMES['train'] + IDX_NAMES['test'])}, optionally "
-                             ".gz). Or use the embedded 'digits', which needs no download.")
+                             f".gz; get them from {DOWNLOAD_FROM[key]}). Or use the embedded "
+                             "'digits', which needs no download.")
         return load_mnist(root, split=split, name=key, **kwargs)
     if key == "synthetic":
         blobs = make_classification(**kwargs)
