@@ -1,14 +1,14 @@
 """DDP scaling benchmark: step time and samples/s at n = 1, 2, 4; overlap on/off; bucket sizes.
 
-    python benchmarks/ddp_scaling.py                    # driver: launches n = 1, 2, 4 itself
+    .venv/bin/python benchmarks/ddp_scaling.py                 # driver: launches n = 1, 2, 4 itself
     ./mpirun.sh -n 2 python benchmarks/ddp_scaling.py   # one world size, table for that n
-    python benchmarks/ddp_scaling.py --sizes 1 2 --steps 10 --quick    # a faster look
-    python benchmarks/ddp_scaling.py --out benchmarks/results   # the published results
+    .venv/bin/python benchmarks/ddp_scaling.py --sizes 1 2 --steps 10 --quick    # a faster look
+    .venv/bin/python benchmarks/ddp_scaling.py --out benchmarks/results   # the published results
                                                         # (default: runs/bench/, git-ignored)
-    python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
+    .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
         # + a step timeline per rank (minidist/trace.py): /tmp/tr/n2/trace.json, drawn by
         # benchmarks/plot_trace.py (tracing adds a little time to every step: not for the table)
-    python benchmarks/ddp_scaling.py --amp --quick    # + AMP rows: the cost of loss scaling
+    .venv/bin/python benchmarks/ddp_scaling.py --amp --quick  # + AMP rows: the cost of loss scaling
 
 Models (float32, SGD lr 0.01, synthetic data, batch 64 PER RANK):
     small   MLP 64-256-10          (19k parameters: latency-bound all-reduce)
@@ -39,8 +39,9 @@ process's ``ru_maxrss`` (MPI, interpreter, every configuration) is printed at th
 
 Output: tables on stdout (rank 0); the driver writes ddp_scaling.json and ddp_scaling.txt (the
 table) into ``--out`` (default runs/bench/, git-ignored; the published results in
-benchmarks/results/ come from ``--out benchmarks/results``), a single launch under mpirun.sh ddp_scaling_nN.json (with --amp:
-ddp_scaling_amp.json, ddp_scaling_amp.txt, ddp_scaling_amp_nN.json).
+benchmarks/results/ come from ``--out benchmarks/results``), a single launch under mpirun.sh
+ddp_scaling_nN.json (with --amp: ddp_scaling_amp.json, ddp_scaling_amp.txt,
+ddp_scaling_amp_nN.json).
 """
 
 from __future__ import annotations

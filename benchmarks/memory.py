@@ -1,8 +1,8 @@
 """Memory per rank: plain DDP vs activation checkpointing vs ZeRO-1 vs both, at n = 1, 2, 4.
 
-    python benchmarks/memory.py                     # driver: launches n = 1, 2, 4 itself
+    .venv/bin/python benchmarks/memory.py                     # driver: launches n = 1, 2, 4 itself
     ./mpirun.sh -n 2 python benchmarks/memory.py    # one world size, table for that n
-    python benchmarks/memory.py --sizes 2 --steps 3 --rounds 1     # a faster look
+    .venv/bin/python benchmarks/memory.py --sizes 2 --steps 3 --rounds 1     # a faster look
 
 Models (float32, AdamW, synthetic data, batch 256 PER RANK), each a stem, 6 residual-free
 transformer-style MLP blocks (width -> 4 x width -> GELU -> width) and a head:

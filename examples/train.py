@@ -4,10 +4,10 @@ Run (from the repository root):
 
     ./mpirun.sh -n 4 python examples/train.py                   # 4 ranks, MLP on the digits
     ./mpirun.sh -n 4 python examples/train.py --model cnn       # small CNN on 1x8x8 images
-    python examples/train.py                                    # one process, no mpiexec
+    .venv/bin/python examples/train.py                          # one process, no mpiexec
     ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/a --save-model runs/a/model.npz
     ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/a --resume   # after a crash
-    python examples/train.py --dataset mnist --data-root ~/data/mnist --epochs 3
+    .venv/bin/python examples/train.py --dataset mnist --data-root ~/data/mnist --epochs 3
     ./mpirun.sh -n 4 python examples/train.py --amp              # mixed precision (docs/amp.md)
     ./mpirun.sh -n 4 python examples/train.py --amp --master-weights   # float16 weights too
     ./mpirun.sh -n 2 python examples/train.py --device cuda --amp  # GPU LOCAL_RANK, real float16
