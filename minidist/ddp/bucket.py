@@ -11,7 +11,8 @@ the last layer first::
                                                                                 small (1 MiB):
                                                                                 ready soonest
 
-    bucket.buffer   |fc3.weight.grad ........|fc3.bias.grad|     one flat array
+    bucket.buffer   |fc3.bias.grad|fc3.weight.grad ........|     one flat array, filled in
+                                                                  reverse order too
     p.grad          = bucket.buffer[offset:offset + numel].reshape(p.shape)   (a view, no copy)
 
 The first bucket is small (1 MiB) so the first all-reduce starts as early as possible; the

@@ -2,8 +2,10 @@
 
     reducer = Reducer(params, names, buckets, all_reduce_fn, world_size, overlap=True)
     reducer.prepare_for_forward()        # DDP.forward calls this: new step (None grads stay None)
-    reducer.prepare_for_backward(out)    # after forward: with find_unused_parameters, mark the
-                                         # parameters the output does not depend on as ready
+    out = module(x)
+    reducer.watch_output(out)            # keep a reference, checked only if a NaN/inf shows up
+    reducer.mark_unused(unused_param_indices(out, params, parents))  # find_unused_parameters:
+                                         # parameters the output does not reach are ready now
     loss.backward()                      # hooks fire; returns with every bucket averaged
 
 How one synced backward runs (overlap=True; 3 buckets, bucket 0 holds the last layer)::
