@@ -94,6 +94,7 @@ def test_train_ddp_resume_and_seed_are_bit_exact(tmp_path):
     assert "epoch 1/4" not in resumed.stdout
     straight = run_mpi(2, [*common, "--save-model", b / "model.npz"], timeout_s=120)
     assert straight.returncode == 0, straight.report()
+    assert "lr scaled x2 (linear, world size 2): 0.003 -> 0.006" in straight.stdout
     with np.load(a / "model.npz", allow_pickle=False) as x, \
             np.load(b / "model.npz", allow_pickle=False) as y:
         assert x.files == ["0.weight", "0.bias", "3.weight", "3.bias", "6.weight", "6.bias"]
