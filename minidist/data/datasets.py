@@ -72,7 +72,8 @@ def _split_lengths(n: int, sizes: Sequence[float]) -> list[int]:
         lengths = [int(s) for s in sizes]
         if sum(lengths) != n or min(lengths) < 0:
             raise ValueError(f"random_split: lengths {lengths} sum to {sum(lengths)}, but the "
-                             f"dataset has {n} samples. Give lengths that sum to {n}, or fractions.")
+                             f"dataset has {n} samples. Give lengths that sum to {n}, or "
+                             "fractions.")
         return lengths
     if min(sizes) < 0 or abs(sum(sizes) - 1.0) > 1e-6:
         raise ValueError(f"random_split: fractions {list(sizes)} sum to {sum(sizes)}; they must be "
@@ -83,7 +84,8 @@ def _split_lengths(n: int, sizes: Sequence[float]) -> list[int]:
     return lengths
 
 
-def random_split(dataset: ArrayDataset, sizes: Sequence[float], seed: int = 0) -> list[ArrayDataset]:
+def random_split(dataset: ArrayDataset, sizes: Sequence[float],
+                 seed: int = 0) -> list[ArrayDataset]:
     """Split an ArrayDataset at random into parts of the given lengths or fractions.
 
     Args:
@@ -125,7 +127,8 @@ def _check_split(name: str, split: str) -> None:
 
 
 def _stratified_test_mask(labels: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
-    """A boolean mask choosing round(test_fraction * n_c) samples of every class c for the test set."""
+    """A boolean mask choosing round(test_fraction * n_c) samples of every class c for the test
+    set."""
     rng = np.random.default_rng(seed)
     mask = np.zeros(len(labels), dtype=bool)
     for c in np.unique(labels):
@@ -179,8 +182,9 @@ def _find_idx(name: str, root: Path, stem: str) -> Path:
         for candidate in (folder / stem, folder / (stem + ".gz")):
             if candidate.exists():
                 return candidate
-    raise FileNotFoundError(f"load_dataset({name!r}): no {stem} or {stem}.gz in {root} (also looked "
-                            f"in {[str(f) for f in folders[1:]]}). Download the four IDX files of "
+    raise FileNotFoundError(f"load_dataset({name!r}): no {stem} or {stem}.gz in {root} (also "
+                            f"looked in {[str(f) for f in folders[1:]]}). Download the four IDX "
+                            "files of "
                             f"{name} from {DOWNLOAD_FROM[name]} into that folder, or point at "
                             "the folder that has them.")
 

@@ -129,7 +129,8 @@ class DistributedSampler:
         return max(self.total_size - self.length, 0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the permutation of ``epoch`` (call before each epoch, with the same value on all ranks)."""
+        """Select the permutation of ``epoch`` (call before each epoch, the same value on every
+        rank)."""
         self.epoch = int(epoch)
 
     def global_indices(self) -> np.ndarray:
