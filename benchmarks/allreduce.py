@@ -3,6 +3,8 @@
     ./mpirun.sh -n 2 python benchmarks/allreduce.py                      # 8 B .. 64 MiB, x2 steps
     ./mpirun.sh -n 4 python benchmarks/allreduce.py --quick              # x4 steps, fewer iters
     ./mpirun.sh -n 2 python benchmarks/allreduce.py --algorithms ring,mpi,shm --min-bytes 1M
+    ./mpirun.sh -n 2 python benchmarks/allreduce.py --algorithms auto,ring --ledger-compare \
+        --max-bytes 1M --name ledger_n2      # the ledger's cost: each X beside X-off
     python benchmarks/allreduce.py --fit benchmarks/results/allreduce_n2.json \\
         benchmarks/results/allreduce_n4.json          # alpha-beta constants for select.py
 
@@ -18,6 +20,10 @@ Algorithms: ``ring tree rd direct mpi auto`` (the registry), ``shm`` (shared-mem
 plain NumPy buffer) and ``shm_zc`` (the same with the buffer allocated in the shared window by
 ``shm_alloc_buffer``, so the copy-in disappears). Rank 0 prints the table, the ring/tree
 crossover, and writes ``results/allreduce_n{N}.json`` (+ ``.png`` when matplotlib is there).
+
+``X-off`` runs X with the collective ledger and fingerprints turned off for that call (what
+``MINIDIST_LEDGER=0`` does for a whole job); ``--ledger-compare`` adds ``X-off`` beside every
+X and prints the on/off ratio of the medians per size (both measured interleaved, one run).
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ class Args:
     name: str | None
     backend: str
     plot: bool
+    ledger_compare: bool = False
+    burst: int = 1
 
 
 def parse_args(argv: list[str] | None = None) -> Args | tuple:
@@ -72,6 +80,11 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
     p.add_argument("--backend", default="mpi", help="mpi (under mpiexec) or tcp (torchrun env)")
     p.add_argument("--quick", action="store_true", help="x4 steps, <= 20 iters, 1 warm-up")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--ledger-compare", action="store_true",
+                   help="add X-off (ledger and fingerprints off) beside every algorithm X")
+    p.add_argument("--burst", type=int, default=1,
+                   help="calls per timed sample, back to back (no barrier or input restore "
+                        "between them: warm caches, as in a training loop); time is per call")
     p.add_argument("--fit", nargs="+", metavar="JSON", help="fit select.py constants and exit")
     p.add_argument("--fit-out", default=str(RESULTS / "allreduce_fit.json"))
     p.add_argument("--markdown", nargs="+", metavar="JSON", help="print result tables and exit")
@@ -88,10 +101,15 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
     iters = a.iters if a.iters is not None else (20 if a.quick else None)
     warmup = a.warmup if a.warmup is not None else (1 if a.quick else 3)
     algos = [x.strip() for x in a.algorithms.split(",") if x.strip()]
+    if a.ledger_compare:
+        algos += [x + "-off" for x in algos if not x.endswith("-off")]
     if step < 2:
         raise SystemExit(f"--step must be >= 2, got {step}")
+    if a.burst < 1:
+        raise SystemExit(f"--burst must be >= 1, got {a.burst}")
     return Args(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes), step, iters, warmup, algos,
-                a.dtype, a.op, Path(a.out), a.name, a.backend, not a.no_plot)
+                a.dtype, a.op, Path(a.out), a.name, a.backend, not a.no_plot, a.ledger_compare,
+                a.burst)
 
 
 # ---------------------------------------------------------------- running one point
@@ -100,9 +118,25 @@ def default_iters(nbytes: int) -> int:
     return max(10, min(200, (256 << 20) // max(nbytes, 1)))
 
 
+def base_algorithm(name: str) -> str:
+    """``auto_zc-off`` -> ``auto``: the registered algorithm a row name runs."""
+    return name.removesuffix("-off").removesuffix("_zc")
+
+
 def make_runner(group: Any, name: str) -> Callable:
-    """run(buf, op) for an algorithm name; ``X_zc`` runs X (``shm_zc``: shm) on a shared buffer."""
-    algo = name.removesuffix("_zc")
+    """run(buf, op) for an algorithm name; ``X_zc`` runs X (``shm_zc``: shm) on a shared buffer,
+    ``X-off`` runs X with the ledger and fingerprints off for that call (MINIDIST_LEDGER=0)."""
+    algo = base_algorithm(name)
+    if name.endswith("-off"):
+        ledger = group.ledger
+
+        def run_off(buf: Any, op: str) -> None:
+            ledger.enabled = False  # every rank toggles alike: same interleaving everywhere
+            try:
+                group.all_reduce(buf, op=op, algorithm=algo)
+            finally:
+                ledger.enabled = True
+        return run_off
 
     def run(buf: Any, op: str) -> None:
         group.all_reduce(buf, op=op, algorithm=algo)
@@ -130,14 +164,15 @@ def identical_everywhere(group: Any, buf: np.ndarray) -> bool:
 
 
 def time_interleaved(group: Any, runs: list[tuple[Callable, np.ndarray]], base: np.ndarray,
-                     op: str, iters: int, warmup: int) -> list[list[float]]:
+                     op: str, iters: int, warmup: int, burst: int = 1) -> list[list[float]]:
     """Per-call seconds (slowest rank) of every ``(run, buf)``, ``iters`` calls each, INTERLEAVED:
     iteration i runs every algorithm once, in a random order (seeded by i: the same on every
     rank), each after restoring its input and a barrier. Load from other jobs then hits all
     algorithms alike, so the ratios between them (auto vs the best, X vs MPI) hold even when
     absolute times drift by 30 %; the shuffle keeps one algorithm from always running after the
     same other one (a warm cache left by the predecessor made e.g. shm look 15 % faster than
-    auto running the very same shm code)."""
+    auto running the very same shm code). ``burst`` > 1: each sample is that many calls back to
+    back (the buffer keeps accumulating), divided by ``burst``."""
     barrier = barrier_fn(group)
     k = len(runs)
     local = np.empty((k, iters))
@@ -151,8 +186,9 @@ def time_interleaved(group: Any, runs: list[tuple[Callable, np.ndarray]], base: 
             buf[...] = base
             barrier()
             t0 = time.perf_counter()
-            run(buf, op)
-            local[j, i] = time.perf_counter() - t0
+            for _ in range(burst):
+                run(buf, op)
+            local[j, i] = (time.perf_counter() - t0) / burst
     return group.all_gather(local.reshape(-1)).max(axis=0).reshape(k, iters).tolist()
 
 
@@ -177,7 +213,7 @@ def sweep(args: Args, group: Any) -> dict:
     max_count = max(points) // dtype.itemsize
     runners = {a: make_runner(group, a) for a in ["direct", *args.algorithms]}
     shared = None
-    if any(a.endswith("_zc") for a in args.algorithms):
+    if any(a.removesuffix("-off").endswith("_zc") for a in args.algorithms):
         from minidist.comm.algorithms.shm import shm_alloc_buffer
         shared = shm_alloc_buffer(group.transport, max_count, dtype)
     rng = np.random.default_rng(1234 + rank)
@@ -203,7 +239,7 @@ def sweep(args: Args, group: Any) -> dict:
         point, runs = [], []
         for name in args.algorithms:
             run = runners[name]
-            buf = shared[:count] if name.endswith("_zc") else plain[:count]
+            buf = shared[:count] if name.removesuffix("-off").endswith("_zc") else plain[:count]
             buf[...] = base
             run(buf, args.op)
             wrong = count_wrong(buf, ref, n)
@@ -211,12 +247,12 @@ def sweep(args: Args, group: Any) -> dict:
             wrong = int(group.all_gather(np.array([wrong])).max()) + (0 if same else 1)
             row = {"nbytes": nbytes, "count": count, "algorithm": name, "wrong": wrong,
                    "identical": same}
-            if name.removesuffix("_zc") == "auto":
+            if base_algorithm(name) == "auto":
                 row["chose"] = resolve("auto", group.transport, buf)[0]
             point.append(row)
             runs.append((run, buf))
         for row, samples in zip(point, time_interleaved(group, runs, base, args.op, iters,
-                                                         args.warmup)):
+                                                         args.warmup, args.burst)):
             st = stats(samples)
             algbw = nbytes / st["median_us"] / 1e3
             row.update(st, algbw_GBps=algbw,
@@ -224,8 +260,8 @@ def sweep(args: Args, group: Any) -> dict:
         mpi = next((r for r in point if r["algorithm"] == "mpi"), None)
         for r in point:
             r["ratio_to_mpi"] = r["median_us"] / mpi["median_us"] if mpi else None
-            best = (best_of_ours(point, r["algorithm"].endswith("_zc"))
-                    if r["algorithm"].removesuffix("_zc") == "auto" else None)
+            best = (best_of_ours(point, r["algorithm"].removesuffix("-off").endswith("_zc"))
+                    if base_algorithm(r["algorithm"]) == "auto" else None)
             r["ratio_to_best_ours"] = r["median_us"] / best["median_us"] if best else None
             r["best_ours"] = best["algorithm"] if best else None
             if rank == 0:
@@ -234,8 +270,41 @@ def sweep(args: Args, group: Any) -> dict:
                                 r["ratio_to_mpi"], r["ratio_to_best_ours"], r["wrong"]),
                       flush=True)
         rows += point
-    return {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
-            "rows": rows, "crossover_ring_tree": crossover(rows, "ring", "tree")}
+    out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
+           "burst": args.burst, "rows": rows,
+           "crossover_ring_tree": crossover(rows, "ring", "tree")}
+    if args.ledger_compare:
+        out["ledger_overhead"] = ledger_overhead(rows)
+        if rank == 0:
+            print(ledger_table(out["ledger_overhead"]), flush=True)
+    return out
+
+
+def ledger_overhead(rows: list[dict]) -> list[dict]:
+    """Per size and algorithm X: median with the ledger on (X) and off (X-off), and on/off."""
+    by = {(r["nbytes"], r["algorithm"]): r for r in rows}
+    out = []
+    for (nbytes, name), r in sorted(by.items()):
+        off = by.get((nbytes, name + "-off"))
+        if off is not None and not name.endswith("-off"):
+            out.append({"nbytes": nbytes, "algorithm": name, "on_us": r["median_us"],
+                        "off_us": off["median_us"], "ratio": r["median_us"] / off["median_us"]})
+    return out
+
+
+def ledger_table(overhead: list[dict]) -> str:
+    """The on/off comparison as printed lines (one row per size, one column per algorithm)."""
+    algos = list(dict.fromkeys(o["algorithm"] for o in overhead))
+    lines = ["# ledger + fingerprints: median on / median off (same run, interleaved)",
+             "# size(B)   " + "".join(f"{a + ' on/off (us)':>28s}" for a in algos)]
+    for nbytes in sorted({o["nbytes"] for o in overhead}):
+        cells = []
+        for a in algos:
+            o = next((x for x in overhead if x["nbytes"] == nbytes and x["algorithm"] == a), None)
+            cells.append(f"{o['on_us']:9.1f} / {o['off_us']:9.1f} = {o['ratio']:5.3f}" if o
+                         else f"{'-':>28s}")
+        lines.append(f"{nbytes:10d} " + "".join(f"{c:>28s}" for c in cells))
+    return "\n".join(lines)
 
 
 def crossover(rows: list[dict], fast_big: str, fast_small: str) -> int | None:
@@ -488,7 +557,8 @@ def known_algorithms() -> list[str]:
     from minidist.comm.algorithms import ALGORITHMS
 
     plain = [*ALGORITHMS, "auto"]
-    return plain + [a + "_zc" for a in plain]
+    names = plain + [a + "_zc" for a in plain]
+    return names + [a + "-off" for a in names]
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
 
 Layers inside (each imports only the ones above it in this list):
 ``env`` (launcher detection) -> ``ops`` (ReduceOp) -> ``transports`` (local, threads, mpi, tcp)
--> ``algorithms`` (direct, ring, tree, rd, mpi, auto) -> ``group`` (ProcessGroup) -> ``api``.
-See docs/algorithms.md and docs/env_vars.md.
+-> ``algorithms`` (direct, ring, tree, rd, mpi, auto) -> ``ledger`` (record, fingerprints),
+``diagnose`` (compare ledgers), ``failure`` (exchange them) -> ``group`` (ProcessGroup) -> ``api``.
+See docs/algorithms.md, docs/env_vars.md and docs/troubleshooting.md.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from minidist.comm.api import (
     all_gather_into,
     all_gather_object,
     all_reduce,
+    auto_table,
     barrier,
     broadcast,
     broadcast_object,
     destroy_process_group,
     get_default_group,
+    get_ledger,
     get_local_rank,
     get_rank,
     get_world_size,
@@ -32,8 +35,10 @@ from minidist.comm.api import (
     reduce_scatter,
 )
 from minidist.comm.env import LaunchInfo, detect_launch
-from minidist.comm.errors import CommError, CommTimeout
+from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
+                                  CommTimeout, PeerFailed)
 from minidist.comm.group import ProcessGroup, new_group_from_transport
+from minidist.comm.ledger import CallStatus, Ledger, LedgerEntry, ledger_label
 from minidist.comm.ops import ReduceOp
 
 __all__ = [
@@ -41,5 +46,7 @@ __all__ = [
     "broadcast_object", "destroy_process_group", "get_default_group", "get_local_rank",
     "get_rank", "get_world_size", "init_process_group", "is_initialized", "is_main_process",
     "reduce", "reduce_scatter", "LaunchInfo", "detect_launch", "CommError", "CommTimeout",
-    "ProcessGroup", "new_group_from_transport", "ReduceOp",
+    "CollectiveMismatch", "CollectiveMismatchTimeout", "PeerFailed", "ProcessGroup",
+    "new_group_from_transport", "ReduceOp", "auto_table", "get_ledger", "ledger_label",
+    "CallStatus", "Ledger", "LedgerEntry",
 ]

@@ -10,6 +10,9 @@
 Run with ``./mpirun.sh -n 4 python script.py``. Before ``init_process_group`` the rank queries
 answer for a single process (rank 0 of 1) so logging code works anywhere; collectives raise.
 
+Every collective is recorded in the group's ledger (``get_ledger()``, ``ledger_label``; see
+``minidist.comm.ledger``), and ``auto_table()`` shows what ``algorithm="auto"`` will pick.
+
 ``init_process_group`` also installs a ``sys.excepthook`` and ``threading.excepthook``: an
 uncaught exception on one rank prints its traceback prefixed with ``[rank r/N]`` and then, under
 MPI, calls ``MPI.COMM_WORLD.Abort(1)``, so the whole job ends at once instead of the other ranks
@@ -30,6 +33,7 @@ from typing import Any
 from minidist import log as mdlog
 from minidist.comm.env import LaunchInfo, default_backend, detect_launch, warn_if_single
 from minidist.comm.group import ProcessGroup
+from minidist.comm.ledger import LedgerEntry
 from minidist.comm.ops import ReduceOp
 from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Transport
 
@@ -277,8 +281,16 @@ def init_process_group(backend: str = "auto", timeout: float | datetime.timedelt
 
 
 def destroy_process_group() -> None:
-    """Close the default group's transport and restore the exception hooks. Idempotent."""
+    """Close the default group's transport and restore the exception hooks. Idempotent.
+
+    First every rank compares how many collectives it made with the others (the ledger's
+    farewell, waiting at most the timeout for late ranks): a rank that skipped or added a
+    collective raises CollectiveMismatch here, with the group left open (call again to close).
+    With ``MINIDIST_LEDGER_DUMP=dir`` each rank then writes its ledger to ``dir``.
+    """
     global _group, _info, _saved_hooks, _restore_signals
+    if _group is not None:
+        _group.farewell()  # may raise: the exception hooks are still installed
     if _saved_hooks is not None:
         sys.excepthook, threading.excepthook = _saved_hooks
         _saved_hooks = None
@@ -333,9 +345,12 @@ def barrier(group: ProcessGroup | None = None) -> None:
 
 
 def all_reduce(array: Any, op: str | ReduceOp = "sum", algorithm: str | None = None,
-               group: ProcessGroup | None = None) -> Any:
-    """Reduce ``array`` in place across ranks and return it; see ``ProcessGroup.all_reduce``."""
-    return _g(group).all_reduce(array, op, algorithm)
+               group: ProcessGroup | None = None, label: str | None = None) -> Any:
+    """Reduce ``array`` in place across ranks and return it; see ``ProcessGroup.all_reduce``.
+
+    ``label`` (e.g. ``"bucket=3"``) is kept in this call's ledger entry.
+    """
+    return _g(group).all_reduce(array, op, algorithm, label=label)
 
 
 def broadcast(array: Any, src: int = 0, group: ProcessGroup | None = None) -> Any:
@@ -373,3 +388,22 @@ def broadcast_object(obj: Any = None, src: int = 0, group: ProcessGroup | None =
 def all_gather_object(obj: Any, group: ProcessGroup | None = None) -> list:
     """Every rank's JSON-able ``obj``, as a list indexed by rank."""
     return _g(group).all_gather_object(obj)
+
+
+def get_ledger(group: ProcessGroup | None = None, last: int | None = None) -> list[LedgerEntry]:
+    """The group's recorded collectives, oldest first (at most the last ``last``).
+
+        for e in minidist.comm.get_ledger(last=3):
+            print(e.seq, e.describe(), e.algorithm, e.reason, e.where, e.status)
+    """
+    return _g(group).ledger.entries(last=last)
+
+
+def auto_table(group: ProcessGroup | None = None) -> dict:
+    """What ``algorithm="auto"`` picks on the group at every power-of-two size (JSON-able).
+
+    Not collective. Keys: ``backend``, ``transport``, ``world_size``, ``has_native``,
+    ``has_shm``, ``candidates``, ``rules``, ``model``, ``sizes`` (per size: the algorithm, its
+    reason and predicted microseconds, for a plain buffer and for a shared-window buffer).
+    """
+    return _g(group).auto_table()

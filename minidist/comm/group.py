@@ -1,4 +1,4 @@
-"""ProcessGroup: a Transport plus the collectives, validated and dispatched to an algorithm.
+"""ProcessGroup: a Transport plus the collectives, validated, recorded and dispatched.
 
     group = ProcessGroup(transport)                 # any Transport: mpi, tcp, threads, local
     group.all_reduce(grad, op="sum")                # in place; algorithm="auto" by default
@@ -6,50 +6,61 @@
     out = group.all_gather(x)                       # shape (world_size, *x.shape)
     group.reduce_scatter(out_chunk, full, op="avg") # rank r gets chunk r of the reduction
     names = group.all_gather_object({"host": h})    # small JSON-able values, no pickle
+    group.ledger.entries()[-1]                      # what this rank called last (ledger.py)
 
 The module-level functions in ``minidist.comm.api`` (``all_reduce``, ``get_rank``, ...) call the
 default group that ``init_process_group`` creates; tests build groups over the threads transport.
 
-Every call validates its arguments on this rank BEFORE any message is sent: a non-contiguous
-or read-only array, an unknown op/algorithm/dtype, or a src/dst out of range is a ValueError
-``[rank r/N] all_reduce(algorithm="ring"): <what>. <fix>.``. Arrays that differ across ranks
-can only be seen by talking: with ``check_consistency=True`` (default: ``MINIDIST_DEBUG>=1``)
-each collective first all-gathers (numel, dtype, op, algorithm) and raises CommError naming
-the rank that differs. Without it a size mismatch is still caught by the receive byte count
-(CommError) or, in the worst case, ends in CommTimeout.
+Every collective takes the same path, the one choke point of the ledger::
+
+    validate on this rank (ValueError before any message: bad array, op, algorithm, root, tag)
+    -> resolve the algorithm (auto: select.py, with its reason)
+    -> ledger.begin: call number on the stream, fingerprint -> message tag (wire_tag)
+    -> run it; a CommError (timeout, peer failure, fingerprint mismatch) goes to
+       failure.on_failure: the ranks exchange ledgers and every rank raises the same finding
+    -> ledger row marked ok
+
+Streams: ``tag`` (0 <= tag < MAX_STREAMS = 1024) names an independent stream with its own call
+numbers, for collectives that run concurrently from different threads; one stream must be used
+by one thread at a time. ``barrier`` and the ``*_object`` collectives use stream 0.
+
+Arrays that differ across ranks are caught by the fingerprints (a different count, dtype, op,
+root or collective never matches); with ``check_consistency=True`` (default:
+``MINIDIST_DEBUG>=1``) each collective also all-gathers (numel, dtype, op, algorithm, root)
+first and raises CollectiveMismatch naming the rank that differs, before any data moves.
 """
 
 from __future__ import annotations
 
 import json
-import zlib
+import time
 from typing import Any
 
 import numpy as np
 
 from minidist import xp as backend
-from minidist.comm.algorithms import ALGORITHMS, resolve
-from minidist.comm.algorithms.mpi_native import supports_native
+from minidist.comm.algorithms import ALGORITHMS
+from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.algorithms.ring import ring_all_gather, ring_reduce_scatter
 from minidist.comm.algorithms.scratch import clear as clear_scratch
 from minidist.comm.algorithms.scratch import scratch
-from minidist.comm.algorithms.shm import shm_alloc_buffer, shm_available
+from minidist.comm.algorithms.select import Explainer, choose_with_reason
+from minidist.comm.algorithms.select import table as select_table
+from minidist.comm.algorithms.shm import _owners, shm_alloc_buffer, shm_available, shm_node
 from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
-from minidist.comm.errors import CommError
+from minidist.comm.errors import CollectiveMismatch, CommError
+from minidist.comm.failure import farewell, on_failure, poll
+from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
+                                  ledger_enabled)
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
-from minidist.comm.transports.base import Transport
+from minidist.comm.transports.base import MAX_STREAMS, Transport, wire_tag
+from minidist.comm.transports.shm_window import shm_free_buffer
 from minidist.log import debug_level, get_logger
 
 log = get_logger(__name__)
 
-META_TAG_OFFSET = 16384  # metadata checks run on tag + offset, apart from the data messages
-BARRIER_TAG = 32000
-OBJECT_TAG = 32001
 _OPS = list(ReduceOp)
-
-
-def _algo_code(name: str) -> int:
-    return zlib.crc32(name.encode())  # any registered name, stable across ranks
+_FAST_OPS: dict = {**{o.value: o for o in ReduceOp}, **{o: o for o in ReduceOp}}
 
 
 class ProcessGroup:
@@ -61,6 +72,9 @@ class ProcessGroup:
         check_consistency: all-gather shapes/dtypes before each collective (debug mode);
             default ``MINIDIST_DEBUG >= 1``.
         backend: name for logs ("mpi", "tcp", "threads", "local").
+
+    On the MPI transport with every rank on one node, construction is collective (it sets up
+    the shared-memory node: the "shm" algorithm and the fingerprint guard of MPI's Allreduce).
     """
 
     def __init__(self, transport: Transport, algorithm: str = "auto",
@@ -72,15 +86,34 @@ class ProcessGroup:
         self.check_consistency = (debug_level() >= 1 if check_consistency is None
                                   else check_consistency)
         self._debug = debug_level()
+        self._max_tag = int(getattr(transport, "max_tag", (1 << 62) - 1))
+        self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled(),
+                             self._max_tag)
+        self._native = supports_native(transport)
+        self._shm = shm_node(transport) if shm_available(transport) else None  # collective
+        self._explainer = Explainer(self.size)  # MINIDIST_DEBUG: auto, once per size class
+        self._byes: dict[int, dict[int, int]] = {}  # peer -> its final counts (SIDE_BYE)
         self._token = np.zeros(1, np.uint8)
         self._token_in = np.zeros(1, np.uint8)
+        transport.poll_hook = self._poll
 
     # -- helpers -----------------------------------------------------------------------------
     def _where(self, call: str) -> str:
         return f"[rank {self.rank}/{self.size}] {call}"
 
-    def _flat(self, array: Any, call: str, writable: bool = True) -> Any:
-        """Validate ``array`` and return a flat view of it (never a copy)."""
+    def _flat(self, array: Any, call: str, writable: bool = True, algorithm: str | None = None
+              ) -> Any:
+        """Validate ``array`` and return a flat view of it (never a copy).
+
+        ``algorithm``: for all_reduce, whose call is spelled out only in an error message.
+        """
+        if type(array) is np.ndarray:  # the hot path: one flags object, no reshape if 1-D
+            flags = array.flags
+            if array.dtype in SUPPORTED and flags.c_contiguous and (flags.writeable
+                                                                    or not writable):
+                return array if array.ndim == 1 else array.reshape(-1)
+        if algorithm is not None:
+            call = f'{call}(algorithm="{algorithm}")'
         if not hasattr(array, "dtype") or not hasattr(array, "flags"):
             raise ValueError(f"{self._where(call)}: expected a numpy or cupy array, got "
                              f"{type(array).__name__}. Wrap the data with np.asarray(...) first.")
@@ -107,70 +140,137 @@ class ProcessGroup:
 
     def _op(self, op: Any, call: str) -> ReduceOp:
         try:
+            return _FAST_OPS[op]
+        except (KeyError, TypeError):
+            pass
+        try:
             return parse_op(op)
         except ValueError as e:
             raise ValueError(f"{self._where(call)}: {e}.") from None
 
-    def _agree(self, call: str, flat: Any, op: ReduceOp | None, algo: str, root: int, tag: int
-               ) -> None:
+    def _stream(self, tag: Any, call: str) -> int:
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or \
+                not 0 <= tag < MAX_STREAMS:
+            raise ValueError(f"{self._where(call)}: tag={tag!r} is out of range; a stream tag "
+                             f"must be an integer in [0, {MAX_STREAMS}).")
+        return int(tag)
+
+    def _begin(self, collective: str, stream: int, flat: Any, shape: Any, op: ReduceOp | None,
+               root: int, algorithm: str, reason: str | None) -> tuple:
+        """``(row, message tag)`` of a call that is not all_reduce (the ledger's slower path)."""
+        if not self.ledger.enabled:
+            return None, stream
+        count, dtype = (0, None) if flat is None else (flat.size, flat.dtype)
+        row = self.ledger.begin(collective, stream, count, dtype, shape, op, root, algorithm,
+                                reason)
+        return row, row[TAG]
+
+    def _agree(self, call: str, flat: Any, op: ReduceOp | None, algo: str, root: int,
+               row: list | None, stream: int) -> None:
         """Debug mode: all-gather (numel, dtype, op, algorithm, root) and compare with rank 0."""
         if not self.check_consistency or self.size == 1:
             return
         fields = ("numel", "dtype", "op", "algorithm", "root")
+        algos = tuple(dict.fromkeys(("auto", *ALGORITHMS, "dissemination")))
         mine = [flat.size, SUPPORTED_DTYPES.index(flat.dtype.name),
-                -1 if op is None else _OPS.index(op), _algo_code(algo), root]
+                -1 if op is None else _OPS.index(op),
+                algos.index(algo) if algo in algos else len(algos), root]
         table = np.zeros(self.size * len(mine), np.int64)
         table[self.rank * len(mine):(self.rank + 1) * len(mine)] = mine
-        ring_all_gather(self.transport, table, tag + META_TAG_OFFSET)
+        check = (fingerprint(row[SEQ], "consistency_check", None, None, 0, -1, None)
+                 if row is not None else 1)
+        ring_all_gather(self.transport, table, wire_tag(stream, check, self._max_tag))
         rows = table.reshape(self.size, len(mine))
-        algos = {_algo_code(a): a for a in ("auto", *ALGORITHMS)}
         for r in range(1, self.size):
             diff = [i for i in range(len(mine)) if rows[r, i] != rows[0, i]]
             if diff:
                 i = diff[0]
                 show = {0: lambda v: f"{v} elements", 1: lambda v: SUPPORTED_DTYPES[v],
                         2: lambda v: _OPS[v].value if v >= 0 else "-",
-                        3: lambda v: algos.get(v, str(v)), 4: str}[i]
-                raise CommError(
+                        3: lambda v: algos[v] if v < len(algos) else "?", 4: str}[i]
+                err = CollectiveMismatch(
                     f"{self._where(call)}: rank {r} passed {fields[i]}={show(int(rows[r, i]))} "
                     f"but rank 0 passed {fields[i]}={show(int(rows[0, i]))}. Every rank must pass "
                     "the same shape, dtype, op and algorithm; check that all ranks build the same "
                     "model and call the same collectives in the same order.")
+                err.diagnosis = {"kind": "mismatch", "rank": r, "field": fields[i]}
+                raise err
+
+    def _failed(self, row: list | None, error: CommError, call: str) -> CommError:
+        return on_failure(self, row, error, call)
+
+    def _poll(self, src: int | None, tag: int) -> CommError | None:
+        """The transport's poll hook: why a slow wait cannot succeed (failure.poll)."""
+        return poll(self, src, tag)
 
     # -- collectives on arrays ---------------------------------------------------------------
     def all_reduce(self, array: Any, op: str | ReduceOp = "sum", algorithm: str | None = None,
-                   tag: int = 0) -> Any:
+                   tag: int = 0, label: str | None = None) -> Any:
         """Reduce ``array`` across ranks, in place; every rank gets identical bits.
 
         Args:
             array: C-contiguous, writable numpy/cupy array (float16/32/64, int32/64).
             op: "sum", "avg", "max", "min", "prod" or a ReduceOp. Integer AVG floors.
-            algorithm: "auto" (cost model), "ring", "tree", "rd", "direct" or "mpi";
+            algorithm: "auto" (cost model), "ring", "tree", "rd", "direct", "mpi" or "shm";
                 default the group's.
-            tag: message stream; concurrent collectives (threads) need distinct tags.
+            tag: stream, ``0 <= tag < 1024``; concurrent collectives (threads) need distinct
+                tags.
+            label: a caller's note kept in this call's ledger entry (e.g. "bucket=3");
+                default the enclosing ``ledger_label``.
 
         Returns:
             ``array`` itself (torch returns None; returning the buffer allows chaining).
 
         Raises:
             ValueError: bad argument on this rank (nothing was sent).
-            CommError: ranks disagree (debug mode) or a peer failed; CommTimeout on a deadline.
+            CollectiveMismatch: ranks called different collectives here (found by fingerprints
+                or the ledger comparison; the message names the call and the ranks).
+            CommTimeout: a deadline passed (the message says which rank differed, if any);
+                CommError: a peer failed.
         """
         algorithm = self.algorithm if algorithm is None else algorithm
-        call = f'all_reduce(algorithm="{algorithm}")'
-        op = self._op(op, call)
-        flat = self._flat(array, call)
         try:
-            name, fn = resolve(algorithm, self.transport, flat)
-        except ValueError as e:
-            raise ValueError(f"{self._where(call)}: {e}.") from None
-        if name == "mpi" and not supports_native(self.transport):
-            fn(self.transport, flat, op, tag)  # raises the clear "no MPI here" before any message
-        self._agree(call, flat, op, algorithm, 0, tag)
+            op = _FAST_OPS[op]
+        except (KeyError, TypeError):
+            op = self._op(op, f'all_reduce(algorithm="{algorithm}")')
+        flat = self._flat(array, "all_reduce", algorithm=algorithm)  # no formatting unless bad
+        if tag:
+            tag = self._stream(tag, f'all_reduce(algorithm="{algorithm}")')
+        if algorithm == "auto":
+            shm = self._shm if type(flat) is np.ndarray else None
+            shared = shm is not None and bool(shm.user_windows) and id(flat.base) in _owners(shm)
+            name, reason = choose_with_reason(self.size, flat.nbytes, self._native,
+                                              shm is not None, shared)
+            fn = ALGORITHMS[name]
+        else:
+            name, reason, fn = algorithm, "explicit", ALGORITHMS.get(algorithm)
+            if fn is None:
+                raise ValueError(f'{self._where(f"all_reduce(algorithm={algorithm!r})")}: '
+                                 f"unknown algorithm {algorithm!r}; use one of "
+                                 f"{', '.join(repr(k) for k in [*ALGORITHMS, 'auto'])}.")
+            if name == "mpi" and not self._native:
+                mpi_all_reduce(self.transport, flat, op, tag)  # the clear "no MPI here" error
+        ledger = self.ledger
+        if ledger.enabled:
+            row = ledger.begin("all_reduce", tag, flat.size, flat.dtype, array.shape, op, -1,
+                               name, reason, label)
+            wire = row[TAG]
+        else:
+            row, wire = None, tag
         if self._debug >= 1:
-            log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm, name,
-                      flat.size, flat.dtype.name, flat.nbytes, op.value, self.size)
-        fn(self.transport, flat, op, tag)
+            log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
+                      name, flat.size, flat.dtype.name, flat.nbytes, op.value, self.size)
+        try:
+            if self.check_consistency:
+                self._agree(f'all_reduce(algorithm="{algorithm}")', flat, op, algorithm, 0, row,
+                            tag)
+            fn(self.transport, flat, op, wire)
+        except CommError as e:
+            raise self._failed(row, e, f'all_reduce(algorithm="{algorithm}")') from e
+        if row is not None:
+            row[T1] = time.perf_counter()
+            if self._debug and algorithm == "auto":
+                self._explainer.add(name, reason, flat.nbytes, shared, row[T1] - row[T0])
         return array
 
     def broadcast(self, array: Any, src: int = 0, tag: int = 0) -> Any:
@@ -178,9 +278,16 @@ class ProcessGroup:
         call = f"broadcast(src={src})"
         src = self._root(src, "src", call)
         flat = self._flat(array, call)
-        self._agree(call, flat, None, "auto", src, tag)
-        if self.size > 1 and flat.size > 0:
-            tree_broadcast(self.transport, flat, src, tag)
+        tag = self._stream(tag, call) if tag else 0
+        row, wire = self._begin("broadcast", tag, flat, array.shape, None, src, "tree", None)
+        try:
+            self._agree(call, flat, None, "tree", src, row, tag)
+            if self.size > 1 and flat.size > 0:
+                tree_broadcast(self.transport, flat, src, wire)
+        except CommError as e:
+            raise self._failed(row, e, call) from e
+        if row is not None:
+            Ledger.end(row)
         return array
 
     def reduce(self, array: Any, dst: int = 0, op: str | ReduceOp = "sum", tag: int = 0) -> Any:
@@ -189,15 +296,22 @@ class ProcessGroup:
         op = self._op(op, call)
         dst = self._root(dst, "dst", call)
         flat = self._flat(array, call)
-        self._agree(call, flat, op, "auto", dst, tag)
-        if self.size > 1 and flat.size > 0:
-            work = flat
-            if self.rank != dst:  # the tree leaves partial sums behind; keep the caller's data
-                work = scratch(self.transport, flat, flat.size, tag, slot=1)
-                work[...] = flat
-            tree_reduce(self.transport, work, op, dst, tag)
+        tag = self._stream(tag, call) if tag else 0
+        row, wire = self._begin("reduce", tag, flat, array.shape, op, dst, "tree", None)
+        try:
+            self._agree(call, flat, op, "tree", dst, row, tag)
+            if self.size > 1 and flat.size > 0:
+                work = flat
+                if self.rank != dst:  # the tree leaves partial sums behind; keep the caller's
+                    work = scratch(self.transport, flat, flat.size, wire, slot=1)
+                    work[...] = flat
+                tree_reduce(self.transport, work, op, dst, wire)
+        except CommError as e:
+            raise self._failed(row, e, call) from e
         if self.rank == dst:
             finalize(flat, op, self.size)
+        if row is not None:
+            Ledger.end(row)
         return array
 
     def all_gather_into(self, output: Any, array: Any, tag: int = 0) -> Any:
@@ -205,14 +319,21 @@ class ProcessGroup:
         call = "all_gather_into"
         flat = self._flat(array, call, writable=False)
         out = self._flat(output, call)
+        tag = self._stream(tag, call) if tag else 0
         if out.size != self.size * flat.size or out.dtype != flat.dtype:
             raise ValueError(f"{self._where(call)}: output has {out.size} x {out.dtype.name} but "
                              f"needs world_size * input = {self.size} * {flat.size} x "
                              f"{flat.dtype.name}. Allocate it with size {self.size * flat.size}.")
-        self._agree(call, flat, None, "auto", 0, tag)
-        out[self.rank * flat.size:(self.rank + 1) * flat.size] = flat
-        if self.size > 1 and flat.size > 0:
-            ring_all_gather(self.transport, out, tag)
+        row, wire = self._begin("all_gather", tag, flat, array.shape, None, -1, "ring", None)
+        try:
+            self._agree(call, flat, None, "ring", 0, row, tag)
+            out[self.rank * flat.size:(self.rank + 1) * flat.size] = flat
+            if self.size > 1 and flat.size > 0:
+                ring_all_gather(self.transport, out, wire)
+        except CommError as e:
+            raise self._failed(row, e, call) from e
+        if row is not None:
+            Ledger.end(row)
         return output
 
     def all_gather(self, array: Any, tag: int = 0) -> Any:
@@ -232,25 +353,38 @@ class ProcessGroup:
         op = self._op(op, call)
         src = self._flat(input, call, writable=False)
         out = self._flat(output, call)
+        tag = self._stream(tag, call) if tag else 0
         if src.size != self.size * out.size or out.dtype != src.dtype:
             raise ValueError(f"{self._where(call)}: input has {src.size} x {src.dtype.name} but "
                              f"must be world_size * output = {self.size} * {out.size} x "
                              f"{out.dtype.name}.")
-        self._agree(call, src, op, "ring", 0, tag)
-        work = scratch(self.transport, src, src.size, tag, slot=1)
-        work[...] = src
-        b = ring_reduce_scatter(self.transport, work, op, tag)
+        row, wire = self._begin("reduce_scatter", tag, src, input.shape, op, -1, "ring", None)
+        try:
+            self._agree(call, src, op, "ring", 0, row, tag)
+            work = scratch(self.transport, src, src.size, wire, slot=1)
+            work[...] = src
+            b = ring_reduce_scatter(self.transport, work, op, wire)
+        except CommError as e:
+            raise self._failed(row, e, call) from e
         out[...] = work[b[self.rank]:b[self.rank + 1]]
         finalize(out, op, self.size)
+        if row is not None:
+            Ledger.end(row)
         return output
 
     def barrier(self) -> None:
         """Return once every rank has entered (dissemination: ceil(log2 N) rounds of 1 byte)."""
-        dist = 1
-        while dist < self.size:
-            self.transport.sendrecv(self._token, (self.rank + dist) % self.size, self._token_in,
-                                    (self.rank - dist) % self.size, BARRIER_TAG)
-            dist <<= 1
+        row, wire = self._begin("barrier", 0, None, None, None, -1, "dissemination", None)
+        try:
+            dist = 1
+            while dist < self.size:
+                self.transport.sendrecv(self._token, (self.rank + dist) % self.size,
+                                        self._token_in, (self.rank - dist) % self.size, wire)
+                dist <<= 1
+        except CommError as e:
+            raise self._failed(row, e, "barrier") from e
+        if row is not None:
+            Ledger.end(row)
 
     # -- small Python values (JSON, never pickle) --------------------------------------------
     def _encode(self, obj: Any, call: str) -> np.ndarray:
@@ -271,33 +405,57 @@ class ProcessGroup:
                 data = self._encode(obj, call)
             except ValueError as e:
                 error = e
-        # A length of -1 tells the other ranks that src failed, so they raise instead of hanging.
-        length = np.array([-1 if error else (0 if data is None else data.size)], np.int64)
-        if self.size > 1:
-            tree_broadcast(self.transport, length, src, OBJECT_TAG)
+        row, wire = self._begin("broadcast_object", 0, None, None, None, src, "tree", None)
+        buf = None
+        try:
+            # A length of -1 tells the other ranks that src failed, so they raise, not hang.
+            length = np.array([-1 if error else (0 if data is None else data.size)], np.int64)
+            if self.size > 1:
+                tree_broadcast(self.transport, length, src, wire)
+            if length[0] >= 0:
+                buf = data.copy() if data is not None else np.empty(int(length[0]), np.uint8)
+                if self.size > 1 and buf.size:
+                    tree_broadcast(self.transport, buf, src, wire)
+        except CommError as e:
+            raise self._failed(row, e, call) from e
+        if row is not None:
+            Ledger.end(row)  # a failed encode too: every rank raises alike, still in step
         if error is not None:
             raise error
-        if length[0] < 0:
+        if buf is None:
             raise CommError(f"{self._where(call)}: rank {src} could not encode its object (its "
                             "own error says why); nothing was broadcast.")
-        buf = data.copy() if data is not None else np.empty(int(length[0]), np.uint8)
-        if self.size > 1 and buf.size:
-            tree_broadcast(self.transport, buf, src, OBJECT_TAG)
         return json.loads(buf.tobytes().decode("utf-8"))
 
     def all_gather_object(self, obj: Any) -> list:
         """``[obj of rank 0, obj of rank 1, ...]`` on every rank (JSON: lengths, then bytes)."""
         data = self._encode(obj, "all_gather_object")
-        lengths = np.zeros(self.size, np.int64)
-        lengths[self.rank] = data.size
-        ring_all_gather(self.transport, lengths, OBJECT_TAG)
-        width = int(lengths.max())
-        table = np.zeros(self.size * width, np.uint8)
-        table[self.rank * width:self.rank * width + data.size] = data
-        if width:
-            ring_all_gather(self.transport, table, OBJECT_TAG)
+        row, wire = self._begin("all_gather_object", 0, None, None, None, -1, "ring", None)
+        try:
+            lengths = np.zeros(self.size, np.int64)
+            lengths[self.rank] = data.size
+            ring_all_gather(self.transport, lengths, wire)
+            width = int(lengths.max())
+            table = np.zeros(self.size * width, np.uint8)
+            table[self.rank * width:self.rank * width + data.size] = data
+            if width:
+                ring_all_gather(self.transport, table, wire)
+        except CommError as e:
+            raise self._failed(row, e, "all_gather_object") from e
+        if row is not None:
+            Ledger.end(row)
         return [json.loads(table[r * width:r * width + int(lengths[r])].tobytes().decode("utf-8"))
                 for r in range(self.size)]
+
+    # -- auto, explained ---------------------------------------------------------------------
+    def auto_table(self) -> dict:
+        """What ``algorithm="auto"`` will pick on this group at every power-of-two size.
+
+        JSON-able (see ``select.table``), plus the group's backend and world size; not
+        collective (the shared-memory facts were settled when the group was made).
+        """
+        t = select_table(self.size, self._native, self._shm is not None)
+        return {"backend": self.backend, "transport": self.transport.name, **t}
 
     # -- memory and lifecycle ----------------------------------------------------------------
     def alloc_buffer(self, numel: int, dtype: Any, xp: Any = None) -> Any:
@@ -308,12 +466,46 @@ class ProcessGroup:
         window, so ``all_reduce`` on them can take the zero-copy "shm" path (algorithms/shm.py).
         """
         xp = xp or backend.default_array_module()
-        if xp is np and shm_available(self.transport):  # collective the first time
-            return shm_alloc_buffer(self.transport, numel, dtype)
+        if xp is np and self._shm is not None:
+            dt = np.dtype(dtype)
+            row = (self.ledger.begin("alloc_buffer", 0, int(numel), dt, (int(numel),), None, -1,
+                                     "shm", None) if self.ledger.enabled else None)
+            try:
+                buf = shm_alloc_buffer(self.transport, numel, dtype)
+            except CommError as e:
+                raise self._failed(row, e, "alloc_buffer") from e
+            if row is not None:
+                Ledger.end(row)
+            return buf
         return self.transport.alloc_buffer(numel, dtype, xp)
 
+    def free_buffer(self, buf: Any) -> bool:
+        """Release a buffer from ``alloc_buffer`` now instead of at exit (shared windows).
+
+        Collective when ``buf`` lives in a shared-memory window: every rank calls it alike.
+        Every array that views ``buf`` must be dropped first (its memory is unmapped).
+        Returns True if a window was freed, False for an ordinary array (nothing to do).
+        """
+        return shm_free_buffer(self.transport, buf)
+
+    def farewell(self) -> None:
+        """Compare collective counts with every rank before shutting down (failure.farewell).
+
+        Called by ``destroy_process_group``; raises CollectiveMismatch when a rank made fewer or
+        more collectives than the others.
+        """
+        self._explainer.flush()
+        farewell(self)
+
     def close(self) -> None:
-        """Release the transport and the cached scratch buffers. Idempotent."""
+        """Write the ledger (``MINIDIST_LEDGER_DUMP``), release the transport and the cached
+        scratch buffers. Idempotent."""
+        d = dump_dir()
+        if d and self.ledger.enabled:
+            try:
+                self.ledger.dump(d)
+            except OSError as e:
+                log.warning("could not write the ledger to %s: %s", d, e)
         clear_scratch(self.transport)
         self.transport.close()
 
@@ -326,3 +518,5 @@ def new_group_from_transport(transport: Transport, **kwargs: Any) -> ProcessGrou
     """A ProcessGroup over ``transport`` (tests: one per thread of the threads transport)."""
     return ProcessGroup(transport, **kwargs)
 
+
+__all__ = ["ProcessGroup", "new_group_from_transport"]

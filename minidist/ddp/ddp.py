@@ -40,7 +40,6 @@ from minidist import comm, trace
 from minidist import xp as backend
 from minidist.amp import owner_of
 from minidist.comm.algorithms import resolve
-from minidist.comm.transports.shm_window import shm_free_buffer
 from minidist.ddp.bucket import Bucket, BucketSpec, ParamMeta, plan_buckets
 from minidist.ddp.preflight import allreduce_table, check_manifest, library_manifest
 from minidist.ddp.reducer import Reducer, unused_param_indices
@@ -180,7 +179,7 @@ class DistributedDataParallel:
         return {**library_manifest(self.world_size),
                 "parameter": [[m.name, list(m.shape), m.dtype] for m in metas],
                 "bucket": [[s.dtype, list(s.param_indices), s.numel] for s in specs],
-                "all-reduce": allreduce_table(self.algorithm, group.algorithm)}
+                "all-reduce": allreduce_table(self.algorithm, group)}
 
     def _bucket_algorithms(self, group: Any) -> list[str]:
         """The algorithm each bucket's all-reduce runs (what "auto" resolves to), for traces."""
@@ -316,7 +315,7 @@ class DistributedDataParallel:
                 if p.grad is view:
                     p.grad = view.copy()
             buf, b.buffer, b.views = b.buffer, None, []
-            shm_free_buffer(group.transport, buf)
+            group.free_buffer(buf)
         self.buckets = []
 
     def __repr__(self) -> str:

@@ -39,7 +39,6 @@ from typing import Any, Callable
 import numpy as np
 
 from minidist import comm
-from minidist.comm.algorithms import select
 from minidist.log import rank_prefix
 from minidist.version import __version__
 
@@ -76,17 +75,16 @@ def library_manifest(world_size: int) -> dict[str, Any]:
             "world size": int(world_size)}
 
 
-def allreduce_table(algorithm: str, group_algorithm: str) -> dict[str, Any]:
+def allreduce_table(algorithm: str, group: Any) -> dict[str, Any]:
     """What decides which all-reduce algorithm runs: the names asked for and the "auto" table.
 
-    ``auto`` picks per message size from ``select.RULES`` (fitted size rules), else the
-    alpha-beta model ``select.MODEL`` over ``select.CANDIDATES``: if two ranks hold different
-    tables they may pick different algorithms for the same all-reduce, which hangs or mixes
-    bytes. A plain dict, so the comm layer may later hand over its own description instead.
+    ``auto`` picks per message size from fitted size rules, else an alpha-beta model
+    (``minidist.comm.auto_table`` lists its choice, reason and predicted time per size): if two
+    ranks hold different tables they may pick different algorithms for the same all-reduce,
+    which hangs or mixes bytes.
     """
-    return {"algorithm": algorithm, "group default": group_algorithm,
-            "candidates": list(select.CANDIDATES), "rules": select.RULES,
-            "model": select.MODEL}
+    return {"algorithm": algorithm, "group default": group.algorithm,
+            "auto": comm.auto_table(group)}
 
 
 def check_manifest(manifest: dict[str, Any], operation: str, group: Any = None) -> None:

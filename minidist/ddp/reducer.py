@@ -67,7 +67,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from minidist import trace
+from minidist import comm, trace
 from minidist import xp as backend
 from minidist.amp import active_scaler
 from minidist.ddp.bucket import Bucket, BucketState
@@ -372,12 +372,15 @@ class Reducer:
     def _reduce_bucket(self, bucket: Bucket) -> None:
         t0 = time.perf_counter()
         backend.synchronize(bucket.buffer)  # GPU: kernels writing the grads must be done
-        if bucket.prescaled:  # grads were divided by n in _grad_ready: the sum is the average
-            self.all_reduce(bucket.buffer, "sum")
-        else:
-            grad_bucket = GradBucket(bucket, self.all_reduce, self.world_size,
-                                     is_last=bucket.index == len(self.buckets) - 1)
-            self.comm_hook(self.hook_state, grad_bucket)
+        # The ledger names this bucket in every collective it runs (a diagnosis then says
+        # "bucket=2" beside the call site).
+        with comm.ledger_label(f"bucket={bucket.index}"):
+            if bucket.prescaled:  # grads were divided by n in _grad_ready: sum = average
+                self.all_reduce(bucket.buffer, "sum")
+            else:
+                grad_bucket = GradBucket(bucket, self.all_reduce, self.world_size,
+                                         is_last=bucket.index == len(self.buckets) - 1)
+                self.comm_hook(self.hook_state, grad_bucket)
         if bucket.scaler is not None and bucket.scaler.unscale_bucket_(
                 bucket.buffer, bucket.params, bucket.names):
             bucket.finite = True  # unscaled + checked in one pass; the scaler reports inf/NaN

@@ -25,6 +25,11 @@ NumPy's own float16 arithmetic is slow (it converts element by element in softwa
 Each loop is compiled twice from one source: with ``prange`` (Numba's thread pool, up to
 ``numba.get_num_threads()`` threads) for arrays of ``PARALLEL_MIN_NUMEL`` elements and more,
 and as a plain loop for shorter ones, where waking the pool would cost more than the work.
+The pool is used only when ``NUMBA_NUM_THREADS`` is set in the environment (the user chose a
+thread count): the loops are memory-bound, so a second thread gained ~15 % on an idle 2-core
+machine (docs/benchmarks.md), while Numba's default of one thread per core, in processes that
+already share the cores (MPI ranks, other jobs), made a 1.86M-float unscale take 8-13 ms
+instead of 0.13 ms.
 
 Numba has no float16 on the CPU (any float16 array raises ``NotImplementedError``), so fp16
 arrays come in as ``.view(np.uint16)`` and are converted with integer code here, branch-free so
@@ -42,6 +47,7 @@ here with ``njit(inline="always")``: one definition for NumPy, CPU and CUDA.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, NamedTuple
 
@@ -185,8 +191,12 @@ what waking the other threads costs on a busy machine (a 1000-element call: 0.3 
 20-70 us through the thread pool under load)."""
 
 
+THREADS_REQUESTED = "NUMBA_NUM_THREADS" in os.environ
+"""Whether the user chose Numba's thread count; without it every kernel runs on one thread."""
+
+
 def _loops(numel: int) -> _Loops:
-    if numel >= PARALLEL_MIN_NUMEL and numba.get_num_threads() > 1:
+    if THREADS_REQUESTED and numel >= PARALLEL_MIN_NUMEL and numba.get_num_threads() > 1:
         return PARALLEL_LOOPS
     return SERIAL_LOOPS
 

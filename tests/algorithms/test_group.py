@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from minidist.comm import CommError, ProcessGroup, ReduceOp, new_group_from_transport
+from minidist.comm import (CollectiveMismatch, CommError, ProcessGroup, ReduceOp,
+                           new_group_from_transport)
 from minidist.comm.transports.local import LocalTransport
 from minidist.comm.transports.threads import run_threads
 
@@ -108,11 +109,16 @@ def test_mismatched_dtype_in_debug_mode():
 
 
 def test_mismatched_sizes_without_debug_mode_still_error():
+    # The counts differ, so the fingerprints (message tags) differ: rank 0 sees rank 1's message
+    # of "another call" and both ranks raise the ledger's diagnosis, long before any timeout.
     def body(g):
         g.all_reduce(np.ones(8 if g.rank == 0 else 9, np.float32), algorithm="tree")
 
-    with pytest.raises(RuntimeError, match="expected .* bytes|same shape"):
+    with pytest.raises(RuntimeError, match=r"rank 1 called all_reduce\(9 x float32, sum\) as its "
+                                           r"collective #1 at test_group.py:\d+; rank 0 called "
+                                           r"all_reduce\(8 x float32, sum\)") as info:
         on_threads(2, body, check_consistency=False)
+    assert isinstance(info.value.__cause__, CollectiveMismatch)
 
 
 def test_broadcast_object_failure_on_src_reaches_every_rank():

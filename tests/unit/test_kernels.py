@@ -317,6 +317,24 @@ def test_threads_and_chunk_tails_in_a_fresh_process():
     assert res.returncode == 0 and "threads ok" in res.stdout, res.stdout + res.stderr
 
 
+def test_one_thread_unless_numba_threads_are_requested():
+    """Without NUMBA_NUM_THREADS the kernels never wake Numba's pool (one thread per core by
+    default, which ranks sharing the cores turn into a 30-60x slowdown); with it they do."""
+    code = ("import numpy as np\n"
+            "from minidist.kernels import cpu\n"
+            "big = cpu.PARALLEL_MIN_NUMEL * 2\n"
+            "print(cpu.THREADS_REQUESTED, cpu._loops(big) is cpu.PARALLEL_LOOPS)\n")
+    env = job_env()
+    env.pop("NUMBA_NUM_THREADS", None)
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert res.returncode == 0 and res.stdout.split() == ["False", "False"], res.stderr
+    env["NUMBA_NUM_THREADS"] = "2"
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert res.returncode == 0 and res.stdout.split() == ["True", "True"], res.stderr
+
+
 # ----------------------------------------------------------------- argument checks
 
 def f32(n=4):

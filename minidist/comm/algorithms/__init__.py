@@ -1,7 +1,7 @@
 """All-reduce algorithms, one per module, each seeing only a Transport.
 
     from minidist.comm.algorithms import ALGORITHMS, resolve
-    fn = resolve("auto", transport, buf)      # -> ring_all_reduce, tree_all_reduce, ...
+    name, fn, why = resolve("auto", transport, buf)   # -> "ring", ring_all_reduce, the reason
     fn(transport, buf, ReduceOp.SUM)          # in place on a 1-D contiguous array
 
 ``ALGORITHMS`` is the registry (name -> function); another algorithm joins by adding one entry
@@ -16,7 +16,7 @@ from minidist.comm.algorithms.direct import direct_all_reduce
 from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.algorithms.recursive_doubling import rd_all_reduce
 from minidist.comm.algorithms.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from minidist.comm.algorithms.select import choose
+from minidist.comm.algorithms.select import choose_with_reason
 from minidist.comm.algorithms.shm import shm_all_reduce, shm_available, shm_is_shared
 from minidist.comm.algorithms.tree import tree_all_reduce, tree_broadcast, tree_reduce
 from minidist.comm.transports.base import Transport
@@ -32,20 +32,21 @@ ALGORITHMS: dict[str, Callable[..., None]] = {
 
 
 def resolve(name: str, transport: Transport, buf: Any) -> tuple:
-    """``(name, function)`` for ``name`` ("auto" is resolved by the cost model in select.py).
+    """``(name, function, reason)`` for ``name`` ("auto": the rules and model of select.py).
 
     Raises:
         ValueError: for an unknown name (the caller adds the rank prefix).
     """
+    reason = "explicit"
     if name == "auto":
         has_shm = shm_available(transport, buf)  # collective the first time (all ranks resolve)
-        name = choose(transport.size, buf.nbytes, supports_native(transport), has_shm,
-                      has_shm and shm_is_shared(transport, buf))
+        name, reason = choose_with_reason(transport.size, buf.nbytes, supports_native(transport),
+                                          has_shm, has_shm and shm_is_shared(transport, buf))
     fn = ALGORITHMS.get(name)
     if fn is None:
         raise ValueError(f"unknown algorithm {name!r}; use one of "
                          f"{', '.join(repr(k) for k in [*ALGORITHMS, 'auto'])}")
-    return name, fn
+    return name, fn, reason
 
 
 __all__ = ["ALGORITHMS", "resolve", "direct_all_reduce", "ring_all_reduce", "tree_all_reduce",

@@ -28,7 +28,8 @@ step (5) of this one: 2 barriers per call. Three special cases:
 - ``buf`` lies in a shared window (``shm_alloc_buffer``) at the same offset on every rank: steps
   (1) and (5) disappear, (3) reads and pushes into the peers' buffers themselves, and a final
   barrier says every peer's slice has landed in mine - the zero-copy path;
-- ranks disagree on numel/dtype/op: CommError on every rank (all read the same headers).
+- ranks disagree on numel/dtype/op, or on the call's fingerprint (``tag``: another collective,
+  another call number): CollectiveMismatch on every rank (all read the same headers).
 
 Measured here (docs/benchmarks.md, n=2, 64 MiB): zero-copy ~6 ms (busbw ~9-11 GB/s; the
 earlier pull design - reduce, barrier, copy the peer's slice back - took ~10 ms), MPI ~40 ms;
@@ -48,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist.comm.errors import CommError
+from minidist.comm.errors import CollectiveMismatch, CommError
 from minidist.comm.ops import _UFUNCS, ReduceOp, combine, finalize
 from minidist.comm.transports.base import Transport
 from minidist.comm.transports.shm_window import (SharedWindow, ShmNode, shm_alloc_buffer,
@@ -129,17 +130,21 @@ def _check_headers(node: ShmNode, op: ReduceOp) -> tuple[bool, bool]:
         (all buffers are shared at the same place, every rank did step (1) of chunk 0 early).
     """
     row = node.calls & 1
-    h = [hd[row, :6].tolist() for hd in node.headers]  # Python ints: numpy .any() costs ~4 us
+    h = [hd[row, :7].tolist() for hd in node.headers]  # Python ints: numpy .any() costs ~4 us
     mine = h[node.rank]
     for j, other in enumerate(h):
         if other[:3] != mine[:3]:
             def desc(x: list) -> str:
                 dt = _DTYPES[x[1]] if x[1] < len(_DTYPES) else f"dtype#{x[1] - 100}"
                 return f"numel={x[0]}, dtype={dt}, op={_OPS[x[2]].value}"
-            raise CommError(
+            raise CollectiveMismatch(
                 f"{node.prefix} all_reduce(algorithm=\"shm\"): rank {j} passed {desc(other)} "
                 f"but rank {node.rank} passed {desc(mine)}. Every rank must pass the same "
                 f"shape, dtype and op.")
+        if other[6] != mine[6]:
+            raise CollectiveMismatch(
+                f"{node.prefix} all_reduce(algorithm=\"shm\"): rank {j} called a different "
+                "collective here (its call fingerprint differs).")
     shared = all(x[3] >= 0 and x[3:5] == mine[3:5] for x in h)
     return shared, all(x[5] for x in h)
 
@@ -149,7 +154,7 @@ class _Scratch:
 
     def __init__(self, node: ShmNode, half_bytes: int) -> None:
         self.half_bytes = half_bytes
-        self.win = SharedWindow(node.comm, 2 * half_bytes)
+        self.win = SharedWindow(node.comm, 2 * half_bytes, node.arrive)
 
     def free(self) -> None:
         self.win.free()
@@ -262,8 +267,8 @@ def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
         transport: the MPI transport (all ranks on one node).
         buf: the array to reduce; identical shape and dtype on every rank.
         op: the reduction.
-        tag: unused (the window is private to this algorithm; one collective at a time per
-            transport, like every algorithm sharing a tag).
+        tag: the call's message tag from the process group; compared across ranks in the
+            header (its fingerprint), never used for matching (no messages).
 
     Raises:
         CommError: not the MPI transport, ranks on several nodes, or ranks disagree on
@@ -293,8 +298,8 @@ def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
             b = _bounds(first.size, n, flat.itemsize)
             _copy_in(slot, first, b[node.rank], b[node.rank + 1])
     node.calls += 1
-    node.headers[node.rank][node.calls & 1, :6] = (
-        flat.size, _dtype_code(flat.dtype), _OPS.index(op), *where, early)
+    node.headers[node.rank][node.calls & 1, :7] = (
+        flat.size, _dtype_code(flat.dtype), _OPS.index(op), *where, early, tag)
     node.barrier("all_reduce(shm) start")
     shared, all_early = _check_headers(node, op)
     if flat.size:

@@ -14,21 +14,106 @@ Rules every implementation keeps:
 - buffers are C-contiguous arrays (numpy, or cupy where the transport supports device memory);
   a transport never pickles them;
 - messages between one (src, dst, tag) pair arrive in the order they were sent;
-- ``tag`` separates independent streams (for example a DDP communication thread and the main
-  thread's barrier); algorithms pass the tag they were given through unchanged;
+- ``tag`` separates independent streams; algorithms pass the tag they were given through
+  unchanged. The process group builds each collective's tag from its stream (the caller's
+  ``tag`` argument, ``0 <= tag < MAX_STREAMS``) in the low bits and the call's fingerprint in
+  the high bits (see ``wire_tag``), so calls that differ across ranks never match each other's
+  messages; ``stream_of(tag)`` recovers the stream (scratch buffers are cached per stream);
 - every blocking call honours ``timeout_s`` (default ``MINIDIST_TIMEOUT_S``, 300 s) and raises
   ``CommTimeout`` with the rank, the operation and the peer instead of hanging forever.
+
+Side channel (used only when a collective fails, and at ``destroy_process_group``): small byte
+messages of a few kinds (``SIDE_FAIL``, ``SIDE_BYE``, ``SIDE_DONE``) that travel apart from the
+data messages, so they get through while a collective is stuck::
+
+    t.side_send(dst, SIDE_FAIL, payload)     # never blocks; a lost peer is ignored
+    t.side_try_recv(src, SIDE_FAIL)          # bytes, or None when nothing arrived yet
+    t.side_pending(SIDE_FAIL)                # a peer with such a message unread, or None
+    t.peer_lost(src)                         # why ``src`` is unreachable, or None
+    t.stray_tag(src, tag)                    # a message from src on tag's stream, other tag
+
+Polling: waits that outlast their spin phase call ``t.poll_hook(src, tag)`` every ``POLL_S``
+(the process group installs it; ``src`` None for collective waits). It returns an exception
+when the wait cannot succeed - a peer reported a failure, a peer sent a message of ANOTHER call
+on this stream (a mismatch: per-pair order means the awaited one would have come first), a
+peer already finished all its collectives - and the wait raises it unless one more test shows
+the message arrived after all (which makes the check race-free).
 """
 
 from __future__ import annotations
 
 import abc
 import os
-from typing import Any
+import time
+from typing import Any, Callable
 
 import numpy as np
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("MINIDIST_TIMEOUT_S", "300"))
+
+# Tag layout: stream in the low STREAM_BITS, the call's fingerprint (never 0) above them.
+STREAM_BITS = 10
+MAX_STREAMS = 1 << STREAM_BITS
+_STREAM_MASK = MAX_STREAMS - 1
+
+# Side-channel message kinds.
+SIDE_FAIL = 1  # "my collective failed; here is my ledger"
+SIDE_BYE = 2   # destroy_process_group: "I am done; here are my collective counts"
+SIDE_DONE = 3  # "I have read every ledger" (lets every rank print before the job ends)
+SIDE_KINDS = (SIDE_FAIL, SIDE_BYE, SIDE_DONE)
+
+
+def stream_of(tag: int) -> int:
+    """The stream (the caller's ``tag``) of a message tag built by ``wire_tag``."""
+    return tag & _STREAM_MASK
+
+
+def has_fingerprint(tag: int) -> bool:
+    """True when ``tag`` carries a call fingerprint (the ledger is on)."""
+    return tag > _STREAM_MASK
+
+
+def fingerprint_mask(max_tag: int) -> int:
+    """The bits of a fingerprint that fit above the stream bits of a tag <= ``max_tag``."""
+    return (1 << ((max_tag + 1).bit_length() - 1 - STREAM_BITS)) - 1
+
+
+def wire_tag(stream: int, fingerprint: int, max_tag: int) -> int:
+    """The message tag of one collective: ``stream`` low, ``fingerprint`` folded in above it.
+
+    ``max_tag`` is the transport's largest tag (MPI: the ``MPI_TAG_UB`` attribute, 2**29 - 1
+    with MPICH: 19 fingerprint bits); the folded fingerprint is never 0, so ``has_fingerprint``
+    holds for every fingerprinted call.
+    """
+    return stream | ((fingerprint & fingerprint_mask(max_tag)) or 1) << STREAM_BITS
+
+
+POLL_S = 0.002  # how often a waiting rank runs the poll hook (slow phase only)
+PollHook = Callable[[Any, int], Any]  # (src or None, tag) -> exception to raise, or None
+
+
+def wait_until(test: Callable[[], bool], timeout_s: float, timed_out: Callable[[], Exception],
+               poll: Callable[[], Exception | None] | None = None) -> None:
+    """The slow phase of a wait: ``test()`` until it is true, yielding the core in between.
+
+    Raises ``timed_out()`` after ``timeout_s``. Every ``POLL_S`` (never within the first
+    ``POLL_S``, so short waits pay nothing) it calls ``poll()``; an exception it returns is
+    raised unless ``test()`` succeeds right after (see "Polling" in the module docstring).
+    """
+    now = time.monotonic()
+    deadline, next_poll = now + timeout_s, now + POLL_S
+    while not test():
+        now = time.monotonic()
+        if now > deadline:
+            raise timed_out()
+        if poll is not None and now > next_poll:
+            next_poll = now + POLL_S
+            error = poll()
+            if error is not None:
+                if test():  # it arrived after all: the suspicion was a race, not a mismatch
+                    return
+                raise error
+        os.sched_yield()  # releases the GIL and the core (time.sleep(0) costs ~55 us here)
 
 
 class Request(abc.ABC):
@@ -49,6 +134,13 @@ class Transport(abc.ABC):
     rank: int
     size: int
     name: str = "transport"
+    max_tag: int = (1 << 62) - 1  # the largest message tag (MPI: its TAG_UB attribute)
+    poll_hook: PollHook | None = None  # installed by the process group (see "Polling")
+
+    def poller(self, src: int | None, tag: int) -> Callable[[], Any] | None:
+        """The ``poll`` argument of ``wait_until`` for a wait on ``(src, tag)``."""
+        hook = self.poll_hook
+        return None if hook is None else (lambda: hook(src, tag))
 
     @abc.abstractmethod
     def isend(self, buf: Any, dst: int, tag: int = 0) -> Request:
@@ -81,6 +173,29 @@ class Transport(abc.ABC):
         buffers in shared memory or pinned memory. The default is a plain array.
         """
         return xp.empty(int(numel), dtype=dtype)
+
+    # -- side channel (see the module docstring); a one-rank transport has no peers ---------
+    def side_send(self, dst: int, kind: int, payload: bytes) -> None:
+        """Queue ``payload`` for rank ``dst`` on the side channel; never blocks, never raises
+        for a lost peer."""
+        raise NotImplementedError(f"the {self.name!r} transport has no side channel")
+
+    def side_try_recv(self, src: int, kind: int) -> bytes | None:
+        """The next side message of ``kind`` from ``src``, or None if none arrived yet."""
+        return None
+
+    def side_pending(self, kind: int) -> int | None:
+        """A peer whose side message of ``kind`` waits unread, or None (cheap; polled)."""
+        return None
+
+    def stray_tag(self, src: int, tag: int) -> int | None:
+        """The tag of a message from ``src`` waiting unmatched on ``tag``'s stream with another
+        tag (another call's fingerprint), or None."""
+        return None
+
+    def peer_lost(self, src: int) -> str | None:
+        """Why rank ``src`` can no longer be reached (connection closed), or None."""
+        return None
 
     def close(self) -> None:
         """Release sockets, windows, threads. Idempotent."""

@@ -2,7 +2,7 @@
 
     t = MPITransport()                  # dups COMM_WORLD, so user MPI traffic never collides
     t.sendrecv(a, right, b, left)       # Isend/Irecv([buf, MPI.BYTE]) on the raw bytes
-    t.native_all_reduce(buf, ReduceOp.SUM)   # MPI_Allreduce(IN_PLACE): the baseline ("mpi")
+    t.native_all_reduce(buf, ReduceOp.SUM)   # MPI_Iallreduce(IN_PLACE): the baseline ("mpi")
 
 Design notes:
 - Buffers go to MPI as raw bytes (``[buf, MPI.BYTE]``), never as pickled objects; the receiver
@@ -10,7 +10,17 @@ Design notes:
 - Every wait is bounded: it spins on ``Test()`` a few hundred times (the fast path, a few
   microseconds; only twice when ranks outnumber cores), then keeps testing with
   ``os.sched_yield()`` between tests (releases the GIL and the core; ``time.sleep(0)`` costs
-  ~55 us here) until ``timeout_s``, then raises CommTimeout naming rank, op, peer.
+  ~55 us here) until ``timeout_s``, then raises CommTimeout naming rank, op, peer. MPI's own
+  collectives are waited the same way (``Iallreduce``, ``Ibarrier``, ``Idup``): no call blocks
+  without a deadline. In the slow phase a wait runs the ``poll_hook`` every ``POLL_S``
+  (base.py), which reads the side channel: a second duplicate of the communicator (``side``)
+  that only failure notices and farewells use, so it is never blocked behind a stuck call.
+- MPI's Allreduce cannot carry a tag, so the fingerprint of the call (``tag`` from the process
+  group) is guarded beside it: on one node each rank writes ``(call number, fingerprint)`` into
+  its line of the shared control window before posting, and compares the peers' lines after
+  (or while) waiting, a few loads and stores; across nodes a 2-word ``Iallreduce(MAX)`` of
+  ``[fp, -fp]`` runs alongside the data. A difference is ``CollectiveMismatch`` on every rank,
+  never a silently wrong sum (MPICH itself sums mismatched dtypes and even counts silently).
 - mpi4py is imported lazily: ``import minidist`` works on a machine without libmpi; only asking
   for MPI raises, with what to install.
 - GPU buffers (CuPy): the current stream is synchronized before MPI sees the buffer (MPI cannot
@@ -23,13 +33,15 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
 from typing import Any
 
+import numpy as np
+
 from minidist import xp as backend
-from minidist.comm.errors import CommError, CommTimeout
+from minidist.comm.errors import CollectiveMismatch, CommError, CommTimeout
 from minidist.comm.ops import ReduceOp, finalize, parse_op
-from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Request, Transport
+from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, MAX_STREAMS, Request, Transport,
+                                           stream_of, wait_until)
 from minidist.log import get_logger
 
 log = get_logger(__name__)
@@ -105,12 +117,12 @@ def mpi_cuda_aware() -> bool | None:
 class _MPIRequest(Request):
     """A pending Isend/Irecv; ``wait`` polls ``Test()`` against a deadline."""
 
-    __slots__ = ("t", "req", "op", "peer", "nbytes", "status", "after", "keep")
+    __slots__ = ("t", "req", "op", "peer", "nbytes", "status", "after", "keep", "tag")
 
     def __init__(self, t: "MPITransport", req: Any, op: str, peer: int, nbytes: int,
-                 status: Any = None, after: Any = None, keep: Any = None) -> None:
+                 status: Any = None, after: Any = None, keep: Any = None, tag: int = 0) -> None:
         self.t, self.req, self.op, self.peer, self.nbytes = t, req, op, peer, nbytes
-        self.status, self.after, self.keep = status, after, keep
+        self.status, self.after, self.keep, self.tag = status, after, keep, tag
 
     def _test(self) -> bool:
         try:
@@ -144,19 +156,28 @@ class _MPIRequest(Request):
             if self._test():
                 return
         timeout_s = self.t.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
-        while not self._test():
-            if time.monotonic() > deadline:
-                raise CommTimeout(
-                    f"[rank {self.t.rank}/{self.t.size}] {self.op}(peer={self.peer}, "
-                    f"{self.nbytes} bytes): not complete after {timeout_s:.1f} s. Rank {self.peer} "
-                    "is late, stuck or dead; check every rank calls the same collectives in the "
-                    "same order (raise MINIDIST_TIMEOUT_S for slow steps).")
-            os.sched_yield()
+
+        def timed_out() -> CommTimeout:
+            return CommTimeout(
+                f"[rank {self.t.rank}/{self.t.size}] {self.op}(peer={self.peer}, "
+                f"{self.nbytes} bytes): not complete after {timeout_s:.1f} s. Nothing arrived "
+                f"from rank {self.peer}; check every rank calls the same collectives in the "
+                "same order (raise MINIDIST_TIMEOUT_S for slow steps).")
+        wait_until(self.test, timeout_s, timed_out, self.t.poller(self.peer, self.tag))
 
 
+_STREAM_MASK = MAX_STREAMS - 1
 _MPI_OPS = {ReduceOp.SUM: "SUM", ReduceOp.AVG: "SUM", ReduceOp.MAX: "MAX", ReduceOp.MIN: "MIN",
             ReduceOp.PROD: "PROD"}
+
+
+def _wait_local(req: Any, timeout_s: float, what: str) -> None:
+    """Wait for an MPI request with a deadline but no side channel (it does not exist yet)."""
+    def timed_out() -> CommTimeout:
+        return CommTimeout(f"{what}: not every rank of the MPI job arrived within {timeout_s:g} "
+                           "s. Start every rank with the same program, or raise "
+                           "MINIDIST_TIMEOUT_S.")
+    wait_until(req.Test, timeout_s, timed_out)
 
 
 class MPITransport(Transport):
@@ -165,11 +186,22 @@ class MPITransport(Transport):
     name = "mpi"
 
     def __init__(self, comm: Any = None, timeout_s: float | None = None) -> None:
-        self.MPI = load_mpi()
-        self.comm = (comm or self.MPI.COMM_WORLD).Dup()
-        self.rank = self.comm.Get_rank()
-        self.size = self.comm.Get_size()
+        self.MPI = MPI = load_mpi()
+        base = comm or MPI.COMM_WORLD
+        self.rank, self.size = base.Get_rank(), base.Get_size()
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
+        what = f"[rank {self.rank}/{self.size}] MPITransport"
+        self.comm, req = base.Idup()  # data messages and MPI's own collectives
+        _wait_local(req, self.timeout_s, what)
+        self.side, req = base.Idup()  # failure notices: never blocked behind a stuck call
+        _wait_local(req, self.timeout_s, what)
+        self.max_tag = int(base.Get_attr(MPI.TAG_UB))
+        self._status = MPI.Status()
+        self.guard_node: Any = None  # the ShmNode when every rank shares one node (shm_window)
+        self._guard = np.zeros(2, np.int64)  # across nodes: [fp, -fp] reduced with MAX
+        self._in_place = MPI.IN_PLACE
+        self._mpi_ops = [None] + [getattr(MPI, _MPI_OPS[op]) for op in ReduceOp]  # by op.code
+        self._side_sends: list = []  # (request, buffer) of side messages in flight
         self._cuda_aware: bool | None = None  # decided on the first device buffer
         self.spin_tests = (OVERSUBSCRIBED_SPIN_TESTS if self.size > (os.cpu_count() or 1)
                            else SPIN_TESTS)
@@ -206,13 +238,13 @@ class MPITransport(Transport):
     def isend(self, buf: Any, dst: int, tag: int = 0) -> Request:
         view, _ = self._host_view(buf, for_recv=False)
         req = self.comm.Isend([view, self.MPI.BYTE], dst, tag)
-        return _MPIRequest(self, req, "send", dst, view.nbytes, keep=view)
+        return _MPIRequest(self, req, "send", dst, view.nbytes, keep=view, tag=tag)
 
     def irecv(self, buf: Any, src: int, tag: int = 0) -> Request:
         view, after = self._host_view(buf, for_recv=True)
         req = self.comm.Irecv([view, self.MPI.BYTE], src, tag)
         return _MPIRequest(self, req, "recv", src, view.nbytes, status=self.MPI.Status(),
-                           after=after, keep=view)
+                           after=after, keep=view, tag=tag)
 
     def sendrecv(self, sendbuf: Any, dst: int, recvbuf: Any, src: int, tag: int = 0,
                  timeout_s: float | None = None) -> None:
@@ -235,30 +267,156 @@ class MPITransport(Transport):
             raise CommError(f"[rank {self.rank}/{self.size}] sendrecv(dst={dst}, src={src}): MPI "
                             f"error {e}. Every rank must pass the same shape and dtype.") from e
         if not sdone:
-            _MPIRequest(self, sreq, "send", dst, sendbuf.nbytes).wait(timeout_s)
+            _MPIRequest(self, sreq, "send", dst, sendbuf.nbytes, tag=tag).wait(timeout_s)
         if not rdone:
-            _MPIRequest(self, rreq, "recv", src, recvbuf.nbytes, status=status).wait(timeout_s)
+            _MPIRequest(self, rreq, "recv", src, recvbuf.nbytes, status=status,
+                        tag=tag).wait(timeout_s)
         elif status.Get_count(byte) != recvbuf.nbytes:
             _MPIRequest(self, None, "recv", src, recvbuf.nbytes, status=status)._complete()
 
     # -- MPI's own collective (the baseline) -------------------------------------------------
-    def native_all_reduce(self, buf: Any, op: str | ReduceOp = ReduceOp.SUM) -> None:
-        """``MPI_Allreduce(MPI_IN_PLACE, buf)``: MPI's own algorithm; AVG = SUM then divide.
+    def native_all_reduce(self, buf: Any, op: str | ReduceOp = ReduceOp.SUM, tag: int = 0,
+                          timeout_s: float | None = None) -> None:
+        """``MPI_Iallreduce(MPI_IN_PLACE, buf)`` waited with a deadline; AVG = SUM then divide.
 
-        A blocking MPI call: it has no minidist deadline (it is the baseline being measured).
+        ``tag``: the process group's message tag of this call; when it carries a fingerprint
+        (``has_fingerprint``), the ranks check they all passed the same one (module docstring).
+        Same as ``native_wait(native_post(buf, op, tag), timeout_s)``.
+
+        Raises:
+            CollectiveMismatch: a rank passed a different fingerprint (another collective, or
+                another count, dtype or op); raised on every rank that sees it.
+            CommTimeout: not complete within ``timeout_s``; a poll-hook error (a peer gave up).
         """
+        self.native_wait(self.native_post(buf, op, tag), timeout_s)
+
+    def native_post(self, buf: Any, op: str | ReduceOp = ReduceOp.SUM, tag: int = 0) -> tuple:
+        """Publish the fingerprint guard and post the ``Iallreduce``; returns what
+        ``native_wait`` needs. Nothing else may run on this communicator in between."""
         op = parse_op(op)
         view, after = self._host_view(buf, for_recv=True)
-        self.comm.Allreduce(self.MPI.IN_PLACE, view, op=getattr(self.MPI, _MPI_OPS[op]))
+        node, k, greq = self.guard_node, 0, None
+        if tag > _STREAM_MASK:  # has_fingerprint(tag), inlined: this is the 8-byte hot path
+            if node is not None:  # publish (k, fp) in my guard line (shm_window.py)
+                node.ncoll = k = node.ncoll + 1
+                mine, i = node.my_guard, (k & 3) << 1
+                mine[i + 1] = tag
+                mine[i] = k
+            else:
+                self._guard[0], self._guard[1] = tag, -tag
+                greq = self.comm.Iallreduce(self._in_place, self._guard, op=self.MPI.MAX)
+        req = self.comm.Iallreduce(self._in_place, view, op=self._mpi_ops[op.code])
+        # MPICH advances a non-blocking collective only inside MPI calls (no progress thread):
+        # one Test() now sends this rank's data, so the caller's work until native_wait
+        # overlaps the transfer instead of delaying it.
+        done = req.Test()
+        return req, greq, buf, view, after, op, node, k, tag, done
+
+    def native_wait(self, pending: tuple, timeout_s: float | None = None) -> None:
+        """Finish a ``native_post``: wait with the deadline, check the guard, finalize AVG."""
+        req, greq, buf, view, after, op, node, k, tag, done = pending
+        try:
+            if not done:
+                for _ in range(self.spin_tests):
+                    if req.Test():
+                        break
+                else:
+                    self._wait_native(req, view.nbytes, timeout_s, node, k, tag)
+            if greq is not None:
+                self._wait_native(greq, 16, timeout_s, None, 0, tag)
+        except self.MPI.Exception as e:
+            self._check_guard(node, k, tag, complete=True)
+            raise CommError(f"[rank {self.rank}/{self.size}] all_reduce(algorithm=\"mpi\", "
+                            f"{view.nbytes} bytes): MPI error {e}. Every rank must pass the same "
+                            "shape and dtype.") from e
+        if k:
+            i = (k & 3) << 1
+            for g in node.peer_guards:  # node.guard_mismatch(k, tag, True), inlined
+                if g[i] != k or g[i + 1] != tag:
+                    self._check_guard(node, k, tag, complete=True)
+        elif greq is not None and (self._guard[0] != tag or self._guard[1] != -tag):
+            raise CollectiveMismatch(
+                f"[rank {self.rank}/{self.size}] all_reduce(algorithm=\"mpi\"): another rank "
+                "called a different collective here (its call fingerprint differs).")
         if after is not None:
             after()
         finalize(buf, op, self.size)
+
+    def _wait_native(self, req: Any, nbytes: int, timeout_s: float | None, node: Any, k: int,
+                     tag: int) -> None:
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+
+        def timed_out() -> CommTimeout:
+            return CommTimeout(
+                f"[rank {self.rank}/{self.size}] all_reduce(algorithm=\"mpi\", {nbytes} bytes): "
+                f"not complete after {timeout_s:.1f} s. Some rank did not join this MPI "
+                "Allreduce; check every rank calls the same collectives in the same order (raise "
+                "MINIDIST_TIMEOUT_S for slow steps).")
+
+        hook = self.poll_hook
+
+        def poll() -> Exception | None:
+            if k:  # a peer that posted this call number with another fingerprint: fail now
+                try:
+                    self._check_guard(node, k, tag, complete=False)
+                except CollectiveMismatch as e:
+                    return e
+            return None if hook is None else hook(None, tag)
+        wait_until(req.Test, timeout_s, timed_out, poll)
+
+    def _check_guard(self, node: Any, k: int, tag: int, complete: bool) -> None:
+        if not k:
+            return
+        bad = node.guard_mismatch(k, tag, complete)
+        if bad:
+            raise CollectiveMismatch(
+                f"[rank {self.rank}/{self.size}] all_reduce(algorithm=\"mpi\"): rank"
+                f"{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} called a different "
+                "collective as this MPI call (its call fingerprint differs).")
+
+    # -- side channel ------------------------------------------------------------------------
+    def side_send(self, dst: int, kind: int, payload: bytes) -> None:
+        if self.side is None or dst == self.rank:
+            return
+        buf = np.frombuffer(bytes(payload), np.uint8)
+        self._side_sends = [(r, b) for r, b in self._side_sends if not r.Test()]
+        self._side_sends.append((self.side.Isend([buf, self.MPI.BYTE], dst, kind), buf))
+
+    def side_try_recv(self, src: int, kind: int) -> bytes | None:
+        if self.side is None:
+            return None
+        status = self.MPI.Status()
+        msg = self.side.Improbe(src, kind, status)
+        if msg is None:
+            return None
+        buf = np.empty(status.Get_count(self.MPI.BYTE), np.uint8)
+        req = msg.Irecv([buf, self.MPI.BYTE])
+
+        def timed_out() -> CommTimeout:
+            return CommTimeout(f"[rank {self.rank}/{self.size}] side channel: a message from "
+                               f"rank {src} did not complete.")
+        wait_until(req.Test, min(self.timeout_s, 5.0), timed_out)
+        return buf.tobytes()
+
+    def side_pending(self, kind: int) -> int | None:
+        if self.side is not None and self.side.Iprobe(self.MPI.ANY_SOURCE, kind, self._status):
+            return self._status.Get_source()
+        return None
+
+    def stray_tag(self, src: int, tag: int) -> int | None:
+        if self.comm is not None and self.comm.Iprobe(src, self.MPI.ANY_TAG, self._status):
+            other = self._status.Get_tag()
+            if other != tag and stream_of(other) == stream_of(tag):
+                return other
+        return None
 
     def abort(self, code: int = 1) -> None:
         """End the whole job now (every rank), e.g. after an uncaught exception on this rank."""
         self.MPI.COMM_WORLD.Abort(code)
 
     def close(self) -> None:
-        if self.comm is not None and not self.MPI.Is_finalized():
-            self.comm.Free()
-        self.comm = None
+        if not self.MPI.Is_finalized():
+            for c in (self.comm, self.side):
+                if c is not None:
+                    c.Free()
+        self.comm = self.side = None

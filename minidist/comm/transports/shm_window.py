@@ -18,6 +18,22 @@ n=4 oversubscribed (MPI_Barrier: ~40 us), because a waiting rank gives its core 
 atomics are needed; ``MPI_Win_sync`` before the flag store and after the wait orders the data
 stores and loads around it (a no-op on x86, a fence elsewhere). The wait has a deadline and
 names the ranks that did not arrive.
+
+MPI's own set-up calls here are blocking collectives (``Split_type``, ``Win_allocate_shared``,
+``Win_free``), so each is preceded by an ``Ibarrier`` with the transport's deadline: they only
+start once every rank has arrived, and a rank that never comes is a CommTimeout, not a hang.
+
+Per-rank control window layout (one cache line each)::
+
+    line 0: the barrier flag    line 1: fingerprint guard of MPI's Allreduce (4 x (call, fp))
+    lines 2-3: two header rows of the shm all-reduce (algorithms/shm.py)
+
+The guard: before each ``MPI_Iallreduce`` a rank writes the call's fingerprint and then its
+call number ``k`` into slot ``k % 4`` of its line; after completion it reads slot ``k % 4`` of
+every peer. A peer can be at most one call ahead (call k+1 cannot complete without this rank),
+so 4 slots never wrap onto a slot still being read. The data MPI moved for call k was sent
+after the peer's stores, so x86's store order (elsewhere: MPI's own release/acquire on its
+queues) makes them visible.
 """
 
 from __future__ import annotations
@@ -30,11 +46,12 @@ from typing import Any
 import numpy as np
 
 from minidist.comm.errors import CommError, CommTimeout
-from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Transport
+from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Transport, wait_until
 
 LINE = 64                # bytes: one cache line per flag (pollers never share a writer's line)
 HEADER_INTS = 8          # per-rank int64 header words beside the flag (see algorithms/shm.py)
 SPINS_BEFORE_YIELD = 2000  # busy polls before sched_yield; 0 when ranks outnumber cores
+GUARD_SLOTS = 4          # (call number, fingerprint) pairs per rank in control line 1
 
 
 class SharedWindow:
@@ -45,10 +62,13 @@ class SharedWindow:
         nbytes: bytes in this rank's slot (all ranks pass the same value).
     """
 
-    def __init__(self, node_comm: Any, nbytes: int) -> None:
+    def __init__(self, node_comm: Any, nbytes: int, arrive: Any = None) -> None:
         from mpi4py import MPI
 
         self.nbytes = int(nbytes)
+        self.arrive = arrive  # every rank reached this point (Ibarrier with a deadline)
+        if arrive is not None:
+            arrive("shared window allocation")
         self.win = MPI.Win.Allocate_shared(max(self.nbytes, LINE), 1, comm=node_comm)
         self.win.Lock_all(MPI.MODE_NOCHECK)  # passive epoch for the window's lifetime (Sync)
         self.slots = [np.frombuffer(self.win.Shared_query(j)[0], dtype=np.uint8)[: self.nbytes]
@@ -65,6 +85,8 @@ class SharedWindow:
         if self.win is not None:
             self.slots, self.base = [], []
             self.win.Unlock_all()
+            if self.arrive is not None:
+                self.arrive("shared window release")
             self.win.Free()
             self.win = None
 
@@ -86,6 +108,15 @@ class ShmNode:
                 f"backend='mpi' under mpiexec, or algorithm='ring'/'auto'.")
         from mpi4py import MPI
 
+        self.prefix = prefix
+        if timeout_s is None:
+            timeout_s = getattr(transport, "timeout_s", None) or DEFAULT_TIMEOUT_S
+        self.timeout_s = float(timeout_s)
+        # The side communicator and (weakly) the transport, whose poll hook the waits here run:
+        # this object is cached per transport in a weak dictionary, so it must not keep it alive.
+        self.side = getattr(transport, "side", None)
+        self._transport = weakref.ref(transport)
+        self.arrive("shared-memory set-up")
         self.comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         if self.size != comm.Get_size():
@@ -95,15 +126,17 @@ class ShmNode:
                 f"{prefix} all_reduce(algorithm=\"shm\"): the ranks span several nodes (this "
                 f"node holds {sizes} of {comm.Get_size()} ranks); shared memory reaches only one "
                 f"node. Use algorithm='ring' or 'auto'.")
-        self.prefix = prefix
-        if timeout_s is None:
-            timeout_s = getattr(transport, "timeout_s", None) or DEFAULT_TIMEOUT_S
-        self.timeout_s = float(timeout_s)
         self.spins = 0 if self.size > (os.cpu_count() or 1) else SPINS_BEFORE_YIELD
         # Per rank: a flag line, then two header rows used alternately by successive calls, so
         # a fast rank writing the next call's header never overwrites one a slow rank still reads.
-        self.control = SharedWindow(self.comm, 2 * LINE + 2 * HEADER_INTS * 8)
+        self.control = SharedWindow(self.comm, 2 * LINE + 2 * HEADER_INTS * 8, self.arrive)
         self.flags = [s[:8].view(np.int64) for s in self.control.slots]
+        self.guards = [memoryview(s[LINE:2 * LINE]).cast("q") for s in self.control.slots]
+        for i in range(2 * GUARD_SLOTS):  # zero my line before any peer can read it
+            self.guards[self.rank][i] = 0
+        self.my_guard = self.guards[self.rank]
+        self.peer_guards = [g for j, g in enumerate(self.guards) if j != self.rank]
+        self.ncoll = 0  # MPI collectives guarded so far
         self.headers = [s[2 * LINE: 2 * LINE + 2 * HEADER_INTS * 8].view(np.int64)
                         .reshape(2, HEADER_INTS) for s in self.control.slots]
         self.calls = 0  # collectives started on this node (same count on every rank)
@@ -111,6 +144,59 @@ class ShmNode:
         self.seq = int(self.flags[self.rank][0])
         self.user_windows: list[SharedWindow] = []
         self.extra: dict[str, Any] = {}  # per-algorithm persistent state (scratch windows)
+
+    def arrive(self, what: str) -> None:
+        """Every rank of the transport reached ``what`` (``Ibarrier``, deadline, failure watch).
+
+        Without a side communicator (a transport other than MPITransport) it returns at once.
+        """
+        if self.side is None:
+            return
+        req = self.side.Ibarrier()
+
+        def timed_out() -> CommTimeout:
+            return CommTimeout(f"{self.prefix} {what}: not every rank arrived within "
+                               f"{self.timeout_s:g} s. Some rank is in another collective, "
+                               "stuck or dead.")
+        wait_until(req.Test, self.timeout_s, timed_out, self._poll)
+
+    def _poll(self) -> Exception | None:
+        t = self._transport()
+        hook = None if t is None else t.poll_hook
+        return None if hook is None else hook(None, 0)
+
+    def guard_post(self, fp: int) -> int:
+        """Publish the fingerprint of my next MPI collective; return its call number."""
+        self.ncoll = k = self.ncoll + 1
+        g, i = self.guards[self.rank], (k & 3) << 1
+        g[i + 1] = fp  # fingerprint first, then the call number that makes it valid
+        g[i] = k
+        return k
+
+    def guard_mismatch(self, k: int, fp: int, complete: bool) -> list[int]:
+        """Ranks whose slot for call ``k`` holds another fingerprint.
+
+        ``complete``: the MPI call finished, so every peer has posted call ``k``; a peer whose
+        slot holds another call number then counted its MPI calls differently, a mismatch too.
+        """
+        i, bad = (k & 3) << 1, []
+        for j, g in enumerate(self.guards):
+            if g[i] == k:
+                if g[i + 1] != fp:
+                    bad.append(j)
+            elif complete:
+                bad.append(j)
+        return bad
+
+    def native_ahead(self, peer: int) -> int:
+        """The call number ``peer`` has posted beyond this rank's guarded MPI calls, else 0.
+
+        A peer that posted MPI call ``ncoll + 1`` has finished every collective before it; if
+        this rank still waits for that peer's message in one of those, the ranks diverged.
+        """
+        g = self.guards[peer]
+        k = max(g[0], g[2], g[4], g[6])
+        return k if k > self.ncoll else 0
 
     def barrier(self, what: str = "shm barrier") -> None:
         """Wait until every rank of the node reached its matching ``barrier`` call."""
@@ -127,6 +213,9 @@ class ShmNode:
                     os.sched_yield()
                     if k % 1024 == 0:
                         deadline = deadline or time.monotonic() + self.timeout_s
+                        error = self._poll()  # e.g. a peer reported a failure
+                        if error is not None and flag[0] < seq:
+                            raise error
                         if time.monotonic() > deadline:
                             late = [i for i, f in enumerate(self.flags) if f[0] < seq]
                             raise CommTimeout(
@@ -137,7 +226,7 @@ class ShmNode:
 
     def alloc(self, nbytes: int) -> SharedWindow:
         """A new shared window of ``nbytes`` per rank (collective), kept until ``free``."""
-        w = SharedWindow(self.comm, nbytes)
+        w = SharedWindow(self.comm, nbytes, self.arrive)
         self.user_windows.append(w)
         return w
 
@@ -158,6 +247,8 @@ def shm_node(transport: Transport) -> ShmNode:
     node = _NODES.get(transport)
     if node is None:
         node = _NODES[transport] = ShmNode(transport)
+        if hasattr(transport, "guard_node"):  # MPI's Allreduce guards fingerprints through it
+            transport.guard_node = node
     return node
 
 
@@ -201,4 +292,6 @@ def shm_close(transport: Transport) -> None:
     """Free the transport's shared windows (collective); call before closing the transport."""
     node = _NODES.pop(transport, None)
     if node is not None:
+        if getattr(transport, "guard_node", None) is node:
+            transport.guard_node = None
         node.free()

@@ -26,6 +26,10 @@ receiver to post its recv (a ring of large ``sendrecv`` cannot deadlock)::
 Messages of one (peer, tag) stay in order: one socket per peer, one reader per socket.
 Sending happens in the caller's thread under a per-peer lock (header and payload never interleave
 between threads); ``isend`` therefore completes before it returns.
+
+Side channel: the same sockets with negative tags (``-kind``); the reader thread queues side
+messages apart from the data. A receive waiting longer than ``POLL_S`` runs the transport's
+``poll_hook`` every ``POLL_S`` (base.py). A lost connection is ``peer_lost(src)``.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from minidist.comm.errors import CommError, CommTimeout
-from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Request, Transport
+from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, POLL_S, Request, Transport, stream_of
 from minidist.log import get_logger
 
 log = get_logger(__name__)
@@ -141,7 +145,7 @@ class _RecvRequest(Request):
     def wait(self, timeout_s: float | None = None) -> None:
         timeout = self.t.timeout_s if timeout_s is None else timeout_s
         event = self.inbox.done if self.inbox is not None else self.done
-        if not event.wait(timeout):
+        if not event.wait(min(POLL_S, timeout)) and not self._wait_polling(event, timeout):
             raise CommTimeout(
                 f"{self.t.prefix} recv(src={self.src}, tag={self.tag}, nbytes={len(self.view)}): "
                 f"no message from rank {self.src} after {timeout:g}s. Rank {self.src} is slow, "
@@ -158,6 +162,21 @@ class _RecvRequest(Request):
                 self.done.set()
         if self.error is not None:
             raise self.error
+
+    def _wait_polling(self, event: threading.Event, timeout: float) -> bool:
+        """Wait for ``event`` up to ``timeout`` s, running the poll hook every POLL_S."""
+        deadline = time.monotonic() + timeout
+        while True:
+            hook = self.t.poll_hook
+            if hook is not None:
+                error = hook(self.src, self.tag)
+                if error is not None and not event.is_set():
+                    raise error
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if event.wait(min(POLL_S, left)):
+                return True
 
 
 # ---------------------------------------------------------------- the transport
@@ -198,6 +217,8 @@ class TCPTransport(Transport):
         self._unexpected: dict[tuple[int, int], collections.deque] = collections.defaultdict(
             collections.deque)
         self._peer_error: dict[int, Exception] = {}
+        self._side: dict[tuple[int, int], collections.deque] = collections.defaultdict(
+            collections.deque)  # (peer, kind) -> payloads, under _lock
         self._threads: list[threading.Thread] = []
         try:
             table = self._rendezvous()
@@ -371,9 +392,16 @@ class TCPTransport(Transport):
                 req = None
                 _recv_exact(sock, hview, idle_ok=True)
                 tag, nbytes = _HEADER.unpack(header)
+                if tag < 0:
+                    payload = bytearray(nbytes)
+                    _recv_exact(sock, memoryview(payload), idle_ok=True)
+                    self._side_arrived(peer, -tag, bytes(payload))
+                    continue
                 with self._lock:
                     posted = self._posted.get((peer, tag))
                     req = posted.popleft() if posted else None
+                    if posted is not None and not posted:  # every call has its own tag
+                        del self._posted[(peer, tag)]
                     if req is None:
                         inbox = _Inbox(nbytes)
                         self._unexpected[(peer, tag)].append(inbox)
@@ -418,13 +446,53 @@ class TCPTransport(Transport):
         with self._lock:
             queue = self._unexpected.get((src, tag))
             if queue:
-                return _RecvRequest(self, view, src, tag, inbox=queue.popleft())
+                inbox = queue.popleft()
+                if not queue:  # every call has its own tag: drop empty queues
+                    del self._unexpected[(src, tag)]
+                return _RecvRequest(self, view, src, tag, inbox=inbox)
             req = _RecvRequest(self, view, src, tag)
             if src in self._peer_error:
                 req.fail(self._peer_error[src])
             else:
                 self._posted[(src, tag)].append(req)
             return req
+
+    # ------------------------------------------------------------ side channel
+
+    def _side_arrived(self, peer: int, kind: int, payload: bytes) -> None:
+        with self._lock:
+            self._side[(peer, kind)].append(payload)
+
+    def side_send(self, dst: int, kind: int, payload: bytes) -> None:
+        if dst == self.rank or self._closed or dst in self._peer_error:
+            return
+        try:
+            with self._send_locks[dst]:
+                self._socks[dst].sendall(_HEADER.pack(-kind, len(payload)) + payload)
+        except OSError:  # the peer is gone: peer_lost() will say so
+            pass
+
+    def side_try_recv(self, src: int, kind: int) -> bytes | None:
+        with self._lock:
+            q = self._side.get((src, kind))
+            return q.popleft() if q else None
+
+    def side_pending(self, kind: int) -> int | None:
+        with self._lock:
+            return next((p for (p, k), q in self._side.items() if k == kind and q), None)
+
+    def stray_tag(self, src: int, tag: int) -> int | None:
+        stream = stream_of(tag)
+        with self._lock:
+            for (p, t), q in self._unexpected.items():
+                if p == src and q and t != tag and stream_of(t) == stream:
+                    return t
+        return None
+
+    def peer_lost(self, src: int) -> str | None:
+        with self._lock:
+            err = self._peer_error.get(src)
+        return None if err is None else str(err)
 
     # ------------------------------------------------------------ sending
 

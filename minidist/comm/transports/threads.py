@@ -15,6 +15,9 @@ must match exactly (a mismatch raises CommError naming both ranks).
 
 Counting hook for structural tests: every transport counts ``messages_sent`` and ``bytes_sent``,
 and ``world.log`` records ``(src, dst, tag, nbytes)`` of every message in send order.
+
+Side channel: ``side_send`` drops bytes into a mailbox keyed ``(src, dst, ("side", kind))``
+(never counted or logged) and wakes every waiter, which then runs the ``poll_hook``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from minidist.comm.errors import CommError, CommTimeout
-from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Request, Transport
+from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Request, Transport, stream_of
 
 
 class ThreadWorld:
@@ -69,10 +72,13 @@ class _RecvRequest(Request):
 
     def _take(self) -> bool:
         # Caller holds the condition lock.
-        box = self.t.world.mailboxes.get((self.src, self.t.rank, self.tag))
+        key = (self.src, self.t.rank, self.tag)
+        box = self.t.world.mailboxes.get(key)
         if not box:
             return False
         data = box.popleft()
+        if not box:  # every call has its own tag: drop empty mailboxes, or they pile up
+            del self.t.world.mailboxes[key]
         view = self.buf.reshape(-1).view("u1")
         if len(data) != view.nbytes:
             raise CommError(
@@ -96,8 +102,10 @@ class _RecvRequest(Request):
         timeout_s = self.t.world.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         world = self.t.world
-        with world.cond:
-            while not self._take():
+        while True:
+            with world.cond:
+                if self._take():
+                    return
                 if world.aborted is not None:
                     raise CommError(f"[rank {self.t.rank}/{self.t.size}] recv(src={self.src}): "
                                     f"the job was aborted: {world.aborted}")
@@ -107,7 +115,16 @@ class _RecvRequest(Request):
                         f"[rank {self.t.rank}/{self.t.size}] recv(src={self.src}, tag={self.tag}): "
                         f"no message after {timeout_s:.1f} s. Rank {self.src} is late or stuck; "
                         "check that every rank calls the same collectives in the same order.")
-                world.cond.wait(min(left, 0.5))
+                world.cond.wait(min(left, 0.5))  # every send and side message notifies
+                if self._take():
+                    return
+            hook = self.t.poll_hook  # outside the lock: it reads side messages
+            if hook is not None:
+                error = hook(self.src, self.tag)
+                if error is not None:
+                    if self.test():  # it arrived after all: a race, not a mismatch
+                        return
+                    raise error
 
 
 class ThreadTransport(Transport):
@@ -141,6 +158,39 @@ class ThreadTransport(Transport):
     def irecv(self, buf: Any, src: int, tag: int = 0) -> Request:
         self._check_peer("irecv", src)
         return _RecvRequest(self, buf, src, tag)
+
+    # -- side channel ------------------------------------------------------------------------
+    def side_send(self, dst: int, kind: int, payload: bytes) -> None:
+        self._check_peer("side_send", dst)
+        with self.world.cond:
+            self.world.mailboxes[(self.rank, dst, ("side", kind))].append(bytes(payload))
+            self.world.cond.notify_all()
+
+    def side_try_recv(self, src: int, kind: int) -> bytes | None:
+        with self.world.cond:
+            key = (src, self.rank, ("side", kind))
+            box = self.world.mailboxes.get(key)
+            if not box:
+                return None
+            data = box.popleft()
+            if not box:
+                del self.world.mailboxes[key]
+            return data
+
+    def side_pending(self, kind: int) -> int | None:
+        with self.world.cond:
+            boxes = self.world.mailboxes
+            return next((src for src in range(self.size)
+                         if boxes.get((src, self.rank, ("side", kind)))), None)
+
+    def stray_tag(self, src: int, tag: int) -> int | None:
+        stream = stream_of(tag)
+        with self.world.cond:
+            for (s, d, t), box in self.world.mailboxes.items():
+                if (s == src and d == self.rank and box and type(t) is int and t != tag
+                        and stream_of(t) == stream):
+                    return t
+        return None
 
     def reset_counts(self) -> None:
         """Zero ``messages_sent``/``bytes_sent`` (structural tests count one collective)."""
