@@ -20,7 +20,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parent.parent
+# The published results (quoted in docs/): regenerate them with ``--out benchmarks/results``.
+RESULTS = REPO / "benchmarks" / "results"
+# Where a benchmark writes by default: your own runs, kept apart (``runs/`` is git-ignored).
+LOCAL_RESULTS = REPO / "runs" / "bench"
+
+
+def shown(path: str | os.PathLike) -> str:
+    """``path`` relative to the repository when inside it (no machine paths in the output)."""
+    resolved = Path(path).resolve()
+    try:
+        return str(resolved.relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def parse_bytes(text: str) -> int:

@@ -40,6 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 from _common import RESULTS, Table, human, machine_info, parse_bytes, sizes, stats, write_json
+from _common import LOCAL_RESULTS
 
 DEFAULT_ALGOS = "ring,tree,rd,direct,mpi,auto,shm,shm_zc,mpi_zc,auto_zc"
 TUNING_MODULE = Path(__file__).resolve().parent.parent / "minidist/comm/algorithms/tuning.py"
@@ -74,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
     p.add_argument("--algorithms", default=DEFAULT_ALGOS, help=f"default {DEFAULT_ALGOS}")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--op", default="sum")
-    p.add_argument("--out", default=str(RESULTS), help="directory for JSON/PNG")
+    p.add_argument("--out", default=str(LOCAL_RESULTS), help="directory for JSON/PNG")
     p.add_argument("--name", default=None, help="file stem (default allreduce_n{N})")
     p.add_argument("--backend", default="mpi", help="mpi (under mpiexec) or tcp (torchrun env)")
     p.add_argument("--quick", action="store_true", help="x4 steps, <= 20 iters, 1 warm-up")

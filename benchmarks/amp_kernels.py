@@ -30,8 +30,9 @@ in the JSON). Then ``--repeats`` rounds; in each round every implementation runs
 random order (seeded by the round), so load drift on a shared machine hits all of them alike.
 In-place rows alternate inv = 1/2 and 2 (exact, so the data never drifts into subnormals).
 Reported: the median time, GB/s = bytes / median, and ratios to numpy and torch at the same
-thread count. Output: a table on stdout, results/amp_kernels.json, and a PNG when matplotlib
-is importable.
+thread count. Output: a table on stdout, amp_kernels.json and a PNG (when matplotlib is
+importable) in ``--out`` (default runs/bench/, git-ignored; the published results in
+benchmarks/results/ come from ``--out benchmarks/results``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import RESULTS, Table, machine_info, parse_bytes, stats, write_json  # noqa: E402
+from _common import LOCAL_RESULTS, Table, machine_info, parse_bytes, shown, stats, write_json  # noqa: E402
 
 from minidist import kernels  # noqa: E402
 from minidist import xp as backend  # noqa: E402
@@ -78,7 +79,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     p.add_argument("--threads", default="1,2", help="CPU thread counts to time (default 1,2)")
     p.add_argument("--repeats", type=int, default=15, help="timed rounds (median reported)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first (compiles)")
-    p.add_argument("--out", default=str(RESULTS), help="directory for JSON/PNG")
+    p.add_argument("--out", default=str(LOCAL_RESULTS),
+                   help="directory for JSON/PNG (the published ones: --out benchmarks/results)")
     p.add_argument("--name", default="amp_kernels", help="file stem")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU rows")
@@ -314,10 +316,10 @@ def main(argv: list[str] | None = None) -> dict:
                                        "numba": _numba_version()}),
               "rows": rows}
     out = write_json(args.out / f"{args.name}.json", result)
-    print(f"# wrote {out}")
+    print(f"# wrote {shown(out)}")
     if args.plot:
         png = plot(result, args.out / f"{args.name}.png")
-        print(f"# wrote {png}" if png else "# matplotlib is not importable: no plot "
+        print(f"# wrote {shown(png)}" if png else "# matplotlib is not importable: no plot "
               "(pip install matplotlib)")
     return result
 

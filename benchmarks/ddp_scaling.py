@@ -1,13 +1,14 @@
 """DDP scaling benchmark: step time and samples/s at n = 1, 2, 4; overlap on/off; bucket sizes.
 
-    python benchmarks/ddp_scaling.py                    # driver: launches n = 1, 2, 4 itself
+    .venv/bin/python benchmarks/ddp_scaling.py                 # driver: launches n = 1, 2, 4 itself
     ./mpirun.sh -n 2 python benchmarks/ddp_scaling.py   # one world size, table for that n
-    python benchmarks/ddp_scaling.py --sizes 1 2 --steps 10 --quick    # a faster look
-    python benchmarks/ddp_scaling.py --out /tmp/ddp   # results elsewhere (default results/)
-    python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
+    .venv/bin/python benchmarks/ddp_scaling.py --sizes 1 2 --steps 10 --quick    # a faster look
+    .venv/bin/python benchmarks/ddp_scaling.py --out benchmarks/results   # the published results
+                                                        # (default: runs/bench/, git-ignored)
+    .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
         # + a step timeline per rank (minidist/trace.py): /tmp/tr/n2/trace.json, drawn by
         # benchmarks/plot_trace.py (tracing adds a little time to every step: not for the table)
-    python benchmarks/ddp_scaling.py --amp --quick    # + AMP rows: the cost of loss scaling
+    .venv/bin/python benchmarks/ddp_scaling.py --amp --quick  # + AMP rows: the cost of loss scaling
 
 Models (float32, SGD lr 0.01, synthetic data, batch 64 PER RANK):
     small   MLP 64-256-10          (19k parameters: latency-bound all-reduce)
@@ -36,9 +37,11 @@ them). "peak mem" is that peak in MiB per rank (max over ranks); DDP minus plain
 costs on top of a single process (target: at most one more copy of the gradients). The whole
 process's ``ru_maxrss`` (MPI, interpreter, every configuration) is printed at the bottom.
 
-Output: tables on stdout (rank 0); the driver writes benchmarks/results/ddp_scaling.json and
-ddp_scaling.txt (the table), a single launch under mpirun.sh ddp_scaling_nN.json (with --amp:
-ddp_scaling_amp.json, ddp_scaling_amp.txt, ddp_scaling_amp_nN.json).
+Output: tables on stdout (rank 0); the driver writes ddp_scaling.json and ddp_scaling.txt (the
+table) into ``--out`` (default runs/bench/, git-ignored; the published results in
+benchmarks/results/ come from ``--out benchmarks/results``), a single launch under mpirun.sh
+ddp_scaling_nN.json (with --amp: ddp_scaling_amp.json, ddp_scaling_amp.txt,
+ddp_scaling_amp_nN.json).
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ from minidist.ddp import DistributedDataParallel, auto_overlap  # noqa: E402
 from minidist.ddp.reducer import all_finite_fast  # noqa: E402
 from minidist.tensor import Tensor  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results"
+sys.path.insert(0, str(REPO / "benchmarks"))
+from _common import LOCAL_RESULTS, shown  # noqa: E402
 MODELS = {"small": (64, [256], 10), "large": (784, [1024, 1024], 10)}
 BATCH = 64
 
@@ -298,7 +302,7 @@ def driver(args: argparse.Namespace) -> None:
     (res_dir / f"{stem}.json").write_text(json.dumps(meta, indent=2))
     (res_dir / f"{stem}.txt").write_text(f"# {meta['command']}  ({meta['machine']})\n"
                                          + text + "\n")
-    print(f"# wrote {res_dir / (stem + '.json')} and {stem}.txt")
+    print(f"# wrote {shown(res_dir / (stem + '.json'))} and {stem}.txt")
 
 
 def result_stem(args: argparse.Namespace) -> str:
@@ -315,7 +319,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="skip the bucket-size sweep")
     p.add_argument("--amp", action="store_true",
                    help="add AMP rows (GradScaler alone; autocast + GradScaler)")
-    p.add_argument("--out", default=str(RESULTS), help="folder for the JSON/text results")
+    p.add_argument("--out", default=str(LOCAL_RESULTS), help="folder for the JSON/text "
+                   "results (the published ones: --out benchmarks/results)")
     p.add_argument("--trace", metavar="DIR", help="write a step timeline per world size "
                    "into DIR/n<N>/ (Chrome trace / Perfetto JSON; see minidist/trace.py)")
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -331,7 +336,7 @@ def main() -> None:
                 print(table([res]))
                 path = Path(args.out) / f"{result_stem(args)}_n{res['world_size']}.json"
                 path.write_text(json.dumps(res, indent=2))
-                print(f"# wrote {path}")
+                print(f"# wrote {shown(path)}")
     else:
         driver(args)
 

@@ -1,8 +1,8 @@
 """Memory per rank: plain DDP vs activation checkpointing vs ZeRO-1 vs both, at n = 1, 2, 4.
 
-    python benchmarks/memory.py                     # driver: launches n = 1, 2, 4 itself
+    .venv/bin/python benchmarks/memory.py                     # driver: launches n = 1, 2, 4 itself
     ./mpirun.sh -n 2 python benchmarks/memory.py    # one world size, table for that n
-    python benchmarks/memory.py --sizes 2 --steps 3 --rounds 1     # a faster look
+    .venv/bin/python benchmarks/memory.py --sizes 2 --steps 3 --rounds 1     # a faster look
 
 Models (float32, AdamW, synthetic data, batch 256 PER RANK), each a stem, 6 residual-free
 transformer-style MLP blocks (width -> 4 x width -> GELU -> width) and a head:
@@ -21,8 +21,9 @@ reductions), optimizer step, zero_grad; the median over ``--rounds`` rounds in w
 modes take turns (so machine noise hits them alike), each round the median of ``--steps``
 steps after warm-up.
 
-Output: the table on stdout (rank 0); the driver writes benchmarks/results/memory.json and
-memory.txt; a single launch under mpirun.sh writes memory_nN.json.
+Output: the table on stdout (rank 0); the driver writes memory.json and memory.txt into
+``--out`` (default runs/bench/, git-ignored; the published results in benchmarks/results/ come
+from ``--out benchmarks/results``); a single launch under mpirun.sh writes memory_nN.json.
 """
 
 from __future__ import annotations
@@ -43,13 +44,12 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import minidist  # noqa: E402
-from _common import Table, machine_info, write_json  # noqa: E402
+from _common import LOCAL_RESULTS, Table, machine_info, shown, write_json  # noqa: E402
 from minidist import comm, nn, optim  # noqa: E402
 from minidist.ddp import DistributedDataParallel, ZeroRedundancyOptimizer  # noqa: E402
 from minidist.tensor import Tensor  # noqa: E402
 from minidist.utils import checkpoint_sequential, memory_report  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results"
 MODELS = {"mlp": 64, "mlp10x": 200}
 MODES = ["ddp", "ckpt", "zero", "zero+ckpt"]
 D_IN, D_OUT, BLOCKS, BATCH = 64, 10, 6, 256
@@ -190,7 +190,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--out", default=str(LOCAL_RESULTS), help="folder for the JSON/text "
+                   "results (the published ones: --out benchmarks/results)")
     args = p.parse_args()
     under_mpi = any(v in os.environ for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "RANK"))
     if not under_mpi:

@@ -1,7 +1,7 @@
 """Draw one DDP step from a real step timeline: compute and communication lanes per rank.
 
-    python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
-    python benchmarks/plot_trace.py /tmp/tr/n2/trace.json --out docs/img/ddp_step_trace.png
+    .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
+    .venv/bin/python benchmarks/plot_trace.py /tmp/tr/n2/trace.json --out docs/img/ddp_step_trace.png
 
 The trace is the merged Chrome-trace JSON that ``--trace`` writes (minidist/trace.py). For
 overlap on and overlap off (one panel each) this picks, among the timed steps of the "large"

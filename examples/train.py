@@ -4,10 +4,10 @@ Run (from the repository root):
 
     ./mpirun.sh -n 4 python examples/train.py                   # 4 ranks, MLP on the digits
     ./mpirun.sh -n 4 python examples/train.py --model cnn       # small CNN on 1x8x8 images
-    python examples/train.py                                    # one process, no mpiexec
+    .venv/bin/python examples/train.py                          # one process, no mpiexec
     ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/a --save-model runs/a/model.npz
     ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/a --resume   # after a crash
-    python examples/train.py --dataset mnist --data-root ~/data/mnist --epochs 3
+    .venv/bin/python examples/train.py --dataset mnist --data-root ~/data/mnist --epochs 3
     ./mpirun.sh -n 4 python examples/train.py --amp              # mixed precision (docs/amp.md)
     ./mpirun.sh -n 4 python examples/train.py --amp --master-weights   # float16 weights too
     ./mpirun.sh -n 2 python examples/train.py --device cuda --amp  # GPU LOCAL_RANK, real float16
@@ -42,6 +42,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import math
+import sys
 import time
 from dataclasses import dataclass, fields
 
@@ -50,7 +51,8 @@ import numpy as np
 from minidist import amp, comm, nn, optim
 from minidist import xp as backend
 from minidist.checkpoint import CheckpointError
-from minidist.data import load_dataset
+from minidist.data import find_idx_files, load_dataset
+from minidist.data.datasets import DOWNLOAD_FROM
 from minidist.ddp import DistributedDataParallel, ZeroRedundancyOptimizer
 from minidist.tensor import Tensor, no_grad
 from minidist.trainer import Trainer, TrainerConfig
@@ -58,33 +60,69 @@ from minidist.trainer import Trainer, TrainerConfig
 
 @dataclass
 class Config:
+    """Every flag of train.py: ``--batch-size`` sets ``batch_size``; the help text is in HELP."""
     epochs: int = 50
-    batch_size: int = 16        # per rank; effective batch = batch_size x world size
-    lr: float = 3e-3            # for one rank's batch, scaled by --lr-scaling (sgd: ~0.05)
-    lr_scaling: str = "linear"  # none | linear | sqrt (with the world size)
-    model: str = "mlp"          # mlp | cnn
-    hidden: str = "512,256"     # MLP only: hidden layer widths, comma-separated
-    dropout: float = 0.3        # MLP only: dropout after each hidden layer
-    optimizer: str = "adamw"    # adamw | sgd (momentum 0.9; use --lr 0.05 --weight-decay 5e-4)
+    batch_size: int = 16
+    lr: float = 3e-3
+    lr_scaling: str = "linear"
+    model: str = "mlp"
+    hidden: str = "512,256"
+    dropout: float = 0.3
+    optimizer: str = "adamw"
     weight_decay: float = 0.05
-    warmup_epochs: float = 2.0  # linear warm-up, then cosine decay over the rest
-    grad_accum_steps: int = 1   # micro-batches per step (the first ones under no_sync)
+    warmup_epochs: float = 2.0
+    grad_accum_steps: int = 1
     seed: int = 0
-    dataset: str = "digits"     # digits | mnist | fashion-mnist | synthetic
+    dataset: str = "digits"
     data_root: str | None = None
-    algorithm: str = "auto"     # all-reduce: auto | ring | tree | rd | direct | mpi
+    algorithm: str = "auto"
     bucket_cap_mb: float = 25.0
-    checkpoint_dir: str | None = None   # checkpoints + history.json
-    checkpoint_every: int = 5   # epochs between checkpoints (and after the last)
-    resume: bool = False        # continue from the newest checkpoint in --checkpoint-dir
-    stop_after_epochs: int = 0  # end early (a time-limited job); the schedule still spans --epochs
-    save_model: str | None = None       # final weights as .npz with torch's state_dict keys
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 5
+    resume: bool = False
+    stop_after_epochs: int = 0
+    save_model: str | None = None
     progress_bar: bool = False
-    amp: bool = False           # float16 autocast + loss scaling (emulated on the CPU)
-    master_weights: bool = False        # float16 model weights, fp32 masters (implies --amp)
-    device: str | None = None   # cpu | cuda (default: MINIDIST_DEVICE, else cpu)
-    zero: bool = False          # ZeRO-1: each rank keeps 1/n of the optimizer state (docs/memory.md)
+    amp: bool = False
+    master_weights: bool = False
+    device: str | None = None
+    zero: bool = False
 
+
+# One help line per Config field (`--help` appends the default); test_examples checks that
+# every flag has one.
+HELP = {
+    "epochs": "epochs to train (the warm-up + cosine schedule spans all of them)",
+    "batch_size": "samples per step PER RANK; the effective batch is batch-size x world size",
+    "lr": "learning rate for ONE rank's batch; the optimizer runs at lr x the --lr-scaling "
+          "factor of the world size (sgd: try 0.05)",
+    "lr_scaling": "how lr grows with the world size n: linear (lr x n, Goyal et al. 2017), "
+                  "sqrt (lr x sqrt(n)) or none (lr as given)",
+    "model": "mlp on flat features, or cnn on (C, H, W) images",
+    "hidden": "MLP only: hidden layer widths, comma-separated",
+    "dropout": "MLP only: dropout probability after each hidden layer",
+    "optimizer": "adamw, or sgd with momentum 0.9 (then use --lr 0.05 --weight-decay 5e-4)",
+    "weight_decay": "weight decay of the optimizer",
+    "warmup_epochs": "epochs of linear warm-up, then cosine decay over the rest",
+    "grad_accum_steps": "micro-batches per optimizer step (all but the last under no_sync)",
+    "seed": "seed of the weights, dropout and shuffling: the same seed gives the same numbers",
+    "dataset": "digits (bundled), mnist / fashion-mnist (IDX files in --data-root) or synthetic",
+    "data_root": "folder holding the MNIST / Fashion-MNIST IDX files (docs/data.md says where "
+                 "to get them)",
+    "algorithm": "all-reduce algorithm of the gradient buckets (auto picks by size)",
+    "bucket_cap_mb": "gradient bucket size in MiB (as torch's bucket_cap_mb)",
+    "checkpoint_dir": "folder for checkpoints and history.json (none: no checkpoints)",
+    "checkpoint_every": "epochs between checkpoints (one is also written after the last epoch)",
+    "resume": "continue from the newest checkpoint in --checkpoint-dir, at the same world size",
+    "stop_after_epochs": "end after this many epochs (a time-limited job; 0: run all "
+                         "--epochs); the schedule still spans --epochs",
+    "save_model": "write the final weights to this .npz (torch's state_dict keys)",
+    "progress_bar": "rank 0 draws a progress bar per epoch",
+    "amp": "float16 autocast + dynamic loss scaling (real on a GPU, emulated on the CPU)",
+    "master_weights": "float16 model weights with float32 master copies (implies --amp)",
+    "device": "cpu (NumPy) or cuda (CuPy, GPU LOCAL_RANK); none: MINIDIST_DEVICE, else cpu",
+    "zero": "ZeRO-1: each rank keeps 1/world-size of the optimizer state (docs/memory.md)",
+}
 
 CHOICES = {"model": ["mlp", "cnn"], "optimizer": ["sgd", "adamw"],
            "lr_scaling": ["none", "linear", "sqrt"],
@@ -93,16 +131,66 @@ CHOICES = {"model": ["mlp", "cnn"], "optimizer": ["sgd", "adamw"],
            "device": ["cpu", "cuda"]}
 
 
+class UsageError(Exception):
+    """A mistake in the command line or in the files it names: rank 0 says it in one line."""
+
+
+def job_rank() -> int:
+    """This process's rank: from the process group once there is one, else from the launcher."""
+    if comm.is_initialized():
+        return comm.get_rank()
+    try:
+        return comm.detect_launch().rank
+    except ValueError:  # a malformed launcher variable: init_process_group will say which
+        return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's usage block, once per rank: too much
+        raise UsageError(f"{message} (see --help)")
+
+
+# Flags whose value must pass a check, and the rule in words (checked before any process group).
+LIMITS = {"epochs": (lambda v: v >= 1, ">= 1"), "batch_size": (lambda v: v >= 1, ">= 1"),
+          "lr": (lambda v: v > 0, "> 0"), "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+          "weight_decay": (lambda v: v >= 0, ">= 0"),
+          "warmup_epochs": (lambda v: v >= 0, ">= 0"),
+          "grad_accum_steps": (lambda v: v >= 1, ">= 1"),
+          "bucket_cap_mb": (lambda v: v > 0, "> 0"),
+          "checkpoint_every": (lambda v: v >= 1, ">= 1"),
+          "stop_after_epochs": (lambda v: v >= 0, ">= 0 (0: run all --epochs)")}
+
+
 def parse_args(argv: list[str] | None = None) -> Config:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    """Parse and check the command line (values, data files); raise UsageError if wrong.
+
+    Everything here runs before ``init_process_group``: a mistake costs no rank a hang.
+    """
+    parser = _Parser(description=__doc__.split("\n")[0])
     for f in fields(Config):
         flag, value = "--" + f.name.replace("_", "-"), f.default
+        help_text = f"{HELP[f.name]} (default: %(default)s)"
         if isinstance(value, bool):
-            parser.add_argument(flag, action="store_true", default=value)
+            parser.add_argument(flag, action="store_true", default=value, help=help_text)
         else:
             kind = type(value) if value is not None else str
-            parser.add_argument(flag, type=kind, default=value, choices=CHOICES.get(f.name))
+            parser.add_argument(flag, type=kind, default=value, choices=CHOICES.get(f.name),
+                                help=help_text)
     cfg = Config(**vars(parser.parse_args(argv)))
+    for name, (ok, rule) in LIMITS.items():
+        if not ok(getattr(cfg, name)):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} {getattr(cfg, name)} is out of range; it must be {rule}")
+    parse_widths(cfg.hidden)
+    if cfg.dataset in DOWNLOAD_FROM:
+        if cfg.data_root is None:
+            raise UsageError(f"--dataset {cfg.dataset} needs --data-root DIR, a folder with its "
+                             f"four IDX files (get them from {DOWNLOAD_FROM[cfg.dataset]}); or "
+                             "use --dataset digits, which needs no download")
+        try:
+            find_idx_files(cfg.dataset, cfg.data_root)
+        except FileNotFoundError as e:
+            raise UsageError(f"--data-root {cfg.data_root}: {str(e).split(': ', 1)[1]}") from None
     if cfg.resume and not cfg.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir DIR")
     if cfg.dataset == "synthetic" and cfg.model == "cnn":
@@ -157,20 +245,20 @@ def parse_widths(text: str) -> tuple[int, ...]:
     except ValueError:
         widths = ()
     if not widths or min(widths) < 1:
-        raise SystemExit(f"train.py: --hidden {text!r} must be positive layer widths separated "
-                         "by commas, e.g. --hidden 256,128")
+        raise UsageError(f"--hidden {text!r} must be positive layer widths separated by "
+                         "commas, e.g. --hidden 256,128")
     return widths
 
 
 def check_float16_path(model: nn.Module, sample: np.ndarray, device_type: str, kind: str) -> None:
-    """--amp on a model that autocast would not change: one clear line (every rank), exit 1."""
+    """--amp on a model that autocast would not change: UsageError (one line from rank 0)."""
     model.eval()  # no dropout: this look-ahead draws no random numbers
     with no_grad(), amp.autocast(device_type) as ac:
         model(Tensor(backend.to_device(sample)))
     model.train()
     if ac.lower_precision_ops == 0:
-        raise SystemExit(f"train.py: --amp: model {kind!r} runs no op in float16 under autocast "
-                         "(only matmul, linear and conv2d on float32 inputs do); drop --amp.")
+        raise UsageError(f"--amp: model {kind!r} runs no op in float16 under autocast "
+                         "(only matmul, linear and conv2d on float32 inputs do); drop --amp")
 
 
 def build_optimizer(cfg: Config, model: nn.Module, ddp: DistributedDataParallel | None = None
@@ -200,7 +288,7 @@ def main(argv: list[str] | None = None) -> float:
     try:
         use_device(cfg.device)  # a missing GPU stack: one clear line, not a traceback
     except (backend.DeviceUnavailableError, ValueError) as e:
-        raise SystemExit(f"train.py: {e}") from None
+        raise UsageError(str(e)) from None
     comm.init_process_group()
     rank, world = comm.get_rank(), comm.get_world_size()
     nn.manual_seed(cfg.seed)                   # the same initial weights on every rank
@@ -260,7 +348,12 @@ def main(argv: list[str] | None = None) -> float:
 
 
 if __name__ == "__main__":
+    # A user's mistake ends the job with one line (rank 0's), not a traceback per rank. Both
+    # errors are raised alike on every rank: usage errors before any process group exists,
+    # checkpoint errors after rank 0 decided for all.
     try:
         main()
-    except CheckpointError as e:  # raised alike on every rank (rank 0 decides): say it once
-        raise SystemExit(f"train.py: {e}" if comm.get_rank() == 0 else 1) from None
+    except (UsageError, CheckpointError) as e:
+        if job_rank() == 0:
+            print(f"train.py: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2 if isinstance(e, UsageError) else 1) from None

@@ -3,7 +3,7 @@
     MINIDIST_TRACE=runs/trace ./mpirun.sh -n 2 python examples/train.py
     # runs/trace/trace-rank0.json, trace-rank1.json: one per rank, written at exit
     # runs/trace/trace.json: all ranks merged (Trainer.fit writes it at its end; otherwise
-    #                        python -c "import minidist; minidist.trace.merge('runs/trace')")
+    #    .venv/bin/python -c "import minidist; minidist.trace.merge('runs/trace')")
     # open either in https://ui.perfetto.dev or chrome://tracing
 
 Each rank is a process (pid = rank) with two lanes (tid)::

@@ -79,7 +79,10 @@ class TrainerConfig:
         seed: seed of the shuffle and of the validation split.
         grad_accum_steps: micro-batches per optimizer step (the first k-1 under no_sync).
         lr_scaling: multiply the optimizer's rates by the world size ("linear", Goyal et al.
-            2017), its square root ("sqrt"), or leave them ("none").
+            2017), its square root ("sqrt"), or leave them ("none"). The Trainer does this once,
+            IN PLACE, in ``Trainer.__init__``: every ``optimizer.param_groups[i]["lr"]`` becomes
+            ``lr x Trainer.lr_scale``, and rank 0 says so ("lr scaled x4 (linear, world size
+            4): 0.003 -> 0.012"). Pass the rate for ONE rank's batch.
         warmup_steps: optimizer steps of linear warm-up (added to warmup_epochs' steps).
         warmup_epochs: epochs of linear warm-up (may be fractional).
         schedule: "cosine" decay to min_lr over the run after warm-up, or "constant".
@@ -132,7 +135,8 @@ class TrainerConfig:
             (self.epochs >= 1, "epochs", self.epochs, ">= 1"),
             (self.batch_size >= 1, "batch_size", self.batch_size, ">= 1"),
             (self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, ">= 1"),
-            (self.lr_scaling in LR_SCALINGS, "lr_scaling", self.lr_scaling, f"one of {LR_SCALINGS}"),
+            (self.lr_scaling in LR_SCALINGS, "lr_scaling", self.lr_scaling,
+             f"one of {LR_SCALINGS}"),
             (self.schedule in SCHEDULES, "schedule", self.schedule, f"one of {SCHEDULES}"),
             (self.warmup_steps >= 0 and self.warmup_epochs >= 0, "warmup_steps/warmup_epochs",
              (self.warmup_steps, self.warmup_epochs), ">= 0"),
@@ -230,13 +234,18 @@ class Trainer:
         # Extra run-manifest fields that every rank must agree on, checked before step 0 of
         # fit (preflight.py), e.g. {"amp": {"enabled": True, "init_scale": 65536.0}}.
         self.preflight_fields: dict[str, Any] = {"amp": self._amp_manifest()}
-        factor = {"none": 1.0, "linear": float(self.world_size),
-                  "sqrt": math.sqrt(self.world_size)}[self.config.lr_scaling]
+        # lr_scaling: the optimizer's rates are multiplied here, once, in place (see
+        # TrainerConfig.lr_scaling); the factor stays readable as ``lr_scale``.
+        self.lr_scale = {"none": 1.0, "linear": float(self.world_size),
+                         "sqrt": math.sqrt(self.world_size)}[self.config.lr_scaling]
+        before = [group["lr"] for group in optimizer.param_groups]
         for group in optimizer.param_groups:
-            group["lr"] = group["lr"] * factor
-        if factor != 1.0:
-            self._log(f"lr scaled x{factor:g} ({self.config.lr_scaling}, world size "
-                      f"{self.world_size})")
+            group["lr"] = group["lr"] * self.lr_scale
+        if self.lr_scale != 1.0:
+            after = [group["lr"] for group in optimizer.param_groups]
+            self._log(f"lr scaled x{self.lr_scale:g} ({self.config.lr_scaling}, world size "
+                      f"{self.world_size}): {', '.join(f'{b:g}' for b in before)} -> "
+                      f"{', '.join(f'{a:g}' for a in after)}")
 
     # ------------------------------------------------------------------ public API
 
@@ -263,6 +272,12 @@ class Trainer:
         self._build_schedule(steps_per_epoch * cfg.epochs, steps_per_epoch)
         if cfg.resume:
             self._resume()
+        if self.start_epoch >= cfg.epochs:  # resumed a finished run: say so, train nothing
+            self._log(f"resume: the run in {cfg.checkpoint_dir} is complete ({self.start_epoch} "
+                      f"epochs done, epochs={cfg.epochs}); nothing to train. To train longer, "
+                      f"raise epochs above {self.start_epoch} (examples/train.py: --epochs N); "
+                      "the learning-rate schedule then spans the new total.")
+            return self.history
         self.history.effective_batch_size = cfg.batch_size * self.world_size * cfg.grad_accum_steps
         self._log(f"training on {self.world_size} rank(s): {len(train_dataset)} samples, "
                   f"{steps_per_epoch} steps/epoch, effective batch "

@@ -2,6 +2,7 @@
 
 import json
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -29,6 +30,37 @@ def test_train_single_process_reaches_accuracy(args, bar):
     epochs = int(args[args.index("--epochs") + 1])
     assert len(re.findall(r"^epoch +\d+/", result.stdout, flags=re.M)) == epochs, result.report()
     assert final_accuracy(result.stdout) >= bar, result.report()
+
+
+def test_train_help_gives_every_flag_a_line_and_its_default():
+    """`train.py --help` is the first thing a new user reads: no flag without text or default."""
+    import dataclasses
+    import importlib.util
+
+    result = run_env_ranks(1, [TRAIN, "--help"], timeout_s=60)
+    assert result.returncode == 0, result.report()
+    options = result.stdout.split("options:", 1)[1]
+    entries = {}  # flag -> its help text, unwrapped
+    for entry in re.split(r"\n  (?=-)", options):
+        head, _, rest = entry.strip().partition(" ")
+        entries[head.rstrip(",")] = " ".join(rest.split())
+    spec = importlib.util.spec_from_file_location("train_example", TRAIN)
+    train = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = train  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(train)
+    finally:
+        del sys.modules[spec.name]
+    for f in dataclasses.fields(train.Config):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag in entries, f"{flag} missing from --help:\n{result.stdout}"
+        match = re.fullmatch(r"(?:[A-Z_]+ |\{[^}]*\} )?(.+) \(default: (.*)\)", entries[flag])
+        assert match, f"{flag}: no help text with its default: {entries[flag]!r}"
+        assert len(match.group(1).split()) >= 3, f"{flag}: help text too thin: {match.group(1)!r}"
+        assert match.group(2) == str(f.default), (flag, match.group(2), f.default)
+    text = " ".join(result.stdout.split())
+    for fact in ("PER RANK", "ONE rank's batch", "none (lr as given)"):
+        assert fact in text, fact
 
 
 def test_train_rejects_bad_flags():
@@ -62,6 +94,7 @@ def test_train_ddp_resume_and_seed_are_bit_exact(tmp_path):
     assert "epoch 1/4" not in resumed.stdout
     straight = run_mpi(2, [*common, "--save-model", b / "model.npz"], timeout_s=120)
     assert straight.returncode == 0, straight.report()
+    assert "lr scaled x2 (linear, world size 2): 0.003 -> 0.006" in straight.stdout
     with np.load(a / "model.npz", allow_pickle=False) as x, \
             np.load(b / "model.npz", allow_pickle=False) as y:
         assert x.files == ["0.weight", "0.bias", "3.weight", "3.bias", "6.weight", "6.bias"]

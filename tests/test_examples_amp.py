@@ -62,6 +62,6 @@ def test_amp_on_a_model_without_a_float16_path_is_one_clear_line():
         def forward(self, x):
             return x * self.w
 
-    with pytest.raises(SystemExit, match="model 'scale' runs no op in float16.*drop --amp"):
+    with pytest.raises(train.UsageError, match="model 'scale' runs no op in float16.*drop --amp"):
         train.check_float16_path(Scale(), np.ones((2, 4), np.float32), "cpu", "scale")
     train.check_float16_path(nn.Linear(4, 2), np.ones((2, 4), np.float32), "cpu", "mlp")

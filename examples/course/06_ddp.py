@@ -1,7 +1,7 @@
 """Step 6: the library's DistributedDataParallel: steps 3 to 5 in one line.
 
     ./mpirun.sh -n 2 python examples/course/06_ddp.py
-    python examples/course/06_ddp.py --threads 3      # 3 ranks as threads of ONE process, no MPI
+    .venv/bin/python examples/course/06_ddp.py --threads 3  # 3 thread ranks in ONE process, no MPI
 
     model = DistributedDataParallel(build())            # that line; the loop is unchanged
 

@@ -1,7 +1,7 @@
 """Step 5 again, over a slow link: here overlap visibly pays.
 
-    python examples/course/overlap_slow_link.py                  # 2 thread ranks, 4 ms per message
-    python examples/course/overlap_slow_link.py --latency-ms 0   # no injected latency
+    .venv/bin/python examples/course/overlap_slow_link.py         # 2 thread ranks, 4 ms per message
+    .venv/bin/python examples/course/overlap_slow_link.py --latency-ms 0   # no injected latency
 
 On the 2-core machine step 5 ran on, overlap did not pay: the communication needed the same
 cores as backward. Here the ranks are threads of one process (the threads transport) and every

@@ -17,6 +17,7 @@ from minidist.data.datasets import (
     ArrayDataset,
     Dataset,
     TensorDataset,
+    find_idx_files,
     load_digits,
     load_dataset,
     load_mnist,
@@ -29,6 +30,5 @@ from minidist.data.loader import DataLoader
 from minidist.data.sampler import DistributedSampler
 
 __all__ = ["ArrayDataset", "Dataset", "TensorDataset", "DataLoader", "DistributedSampler",
-           "load_dataset", "load_digits",
-           "load_mnist", "make_classification", "random_split", "read_idx", "standardize",
-           "write_idx"]
+           "find_idx_files", "load_dataset", "load_digits", "load_mnist", "make_classification",
+           "random_split", "read_idx", "standardize", "write_idx"]

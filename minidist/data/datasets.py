@@ -63,7 +63,7 @@ class TensorDataset(Dataset):
     """
 
     def __init__(self, *tensors: Any) -> None:
-        arrays = tuple(np.asarray(getattr(t, "numpy", lambda: t)()) for t in tensors)
+        arrays = tuple(np.asarray(t.numpy() if hasattr(t, "numpy") else t) for t in tensors)
         if not arrays or any(a.ndim == 0 for a in arrays) or len({len(a) for a in arrays}) > 1:
             raise ValueError(f"TensorDataset: got shapes {[a.shape for a in arrays]}; pass at "
                              "least one array, all with the same first dimension (one row per "
@@ -114,7 +114,8 @@ def _split_lengths(n: int, sizes: Sequence[float]) -> list[int]:
         lengths = [int(s) for s in sizes]
         if sum(lengths) != n or min(lengths) < 0:
             raise ValueError(f"random_split: lengths {lengths} sum to {sum(lengths)}, but the "
-                             f"dataset has {n} samples. Give lengths that sum to {n}, or fractions.")
+                             f"dataset has {n} samples. Give lengths that sum to {n}, or "
+                             "fractions.")
         return lengths
     if min(sizes) < 0 or abs(sum(sizes) - 1.0) > 1e-6:
         raise ValueError(f"random_split: fractions {list(sizes)} sum to {sum(sizes)}; they must be "
@@ -125,7 +126,8 @@ def _split_lengths(n: int, sizes: Sequence[float]) -> list[int]:
     return lengths
 
 
-def random_split(dataset: ArrayDataset, sizes: Sequence[float], seed: int = 0) -> list[ArrayDataset]:
+def random_split(dataset: ArrayDataset, sizes: Sequence[float],
+                 seed: int = 0) -> list[ArrayDataset]:
     """Split an ArrayDataset at random into parts of the given lengths or fractions.
 
     Args:
@@ -167,7 +169,8 @@ def _check_split(name: str, split: str) -> None:
 
 
 def _stratified_test_mask(labels: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
-    """A boolean mask choosing round(test_fraction * n_c) samples of every class c for the test set."""
+    """A boolean mask choosing round(test_fraction * n_c) samples of every class c for the test
+    set."""
     rng = np.random.default_rng(seed)
     mask = np.zeros(len(labels), dtype=bool)
     for c in np.unique(labels):
@@ -210,6 +213,9 @@ def load_digits(split: str = "train", normalize: bool = True, flatten: bool = Tr
 IDX_NAMES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
              "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 TORCHVISION_DIRS = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
+# Where the four IDX files of each set can be downloaded (the .gz files work as they are).
+DOWNLOAD_FROM = {"mnist": "https://ossci-datasets.s3.amazonaws.com/mnist/ (torchvision's mirror)",
+                 "fashion-mnist": "https://github.com/zalandoresearch/fashion-mnist (data/fashion)"}
 
 
 def _find_idx(name: str, root: Path, stem: str) -> Path:
@@ -218,9 +224,31 @@ def _find_idx(name: str, root: Path, stem: str) -> Path:
         for candidate in (folder / stem, folder / (stem + ".gz")):
             if candidate.exists():
                 return candidate
-    raise FileNotFoundError(f"load_dataset({name!r}): no {stem} or {stem}.gz in {root} (also looked "
-                            f"in {[str(f) for f in folders[1:]]}). Download the four IDX files of "
-                            f"{name} into that folder, or pass root= the folder that has them.")
+    raise FileNotFoundError(f"load_dataset({name!r}): no {stem} or {stem}.gz in {root} (also "
+                            f"looked in {[str(f) for f in folders[1:]]}). Download the four IDX "
+                            "files of "
+                            f"{name} from {DOWNLOAD_FROM[name]} into that folder, or point at "
+                            "the folder that has them.")
+
+
+def find_idx_files(name: str, root: str | os.PathLike, split: str = "all") -> list[Path]:
+    """The IDX files ``load_dataset(name, root, split)`` would read, without reading them.
+
+    For checking a data folder before starting a job (examples/train.py does, before
+    init_process_group). ``name`` is "mnist" or "fashion-mnist".
+
+    Raises:
+        ValueError: unknown name or split.
+        FileNotFoundError: a file is missing (the message says where to download it).
+    """
+    key = name.lower().replace("_", "-")
+    if key not in TORCHVISION_DIRS:
+        raise ValueError(f"find_idx_files: {name!r} is not an IDX dataset; use one of "
+                         f"{sorted(TORCHVISION_DIRS)}.")
+    _check_split(name, split)
+    root = Path(root).expanduser()
+    parts = ("train", "test") if split == "all" else (split,)
+    return [_find_idx(key, root, stem) for part in parts for stem in IDX_NAMES[part]]
 
 
 def load_mnist(root: str | os.PathLike, split: str = "train", name: str = "mnist",
@@ -290,7 +318,8 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, split: str = 
         if root is None:
             raise ValueError(f"load_dataset({name!r}): needs root=, a folder with the IDX files "
                              f"({', '.join(IDX_NAMES['train'] + IDX_NAMES['test'])}, optionally "
-                             ".gz). Or use the embedded 'digits', which needs no download.")
+                             f".gz; get them from {DOWNLOAD_FROM[key]}). Or use the embedded "
+                             "'digits', which needs no download.")
         return load_mnist(root, split=split, name=key, **kwargs)
     if key == "synthetic":
         blobs = make_classification(**kwargs)

@@ -45,18 +45,30 @@ log = get_logger(__name__)
 
 
 def world_defaults() -> tuple[int, int]:
-    """(world_size, rank) from ``minidist.comm`` when a process group is up, else (1, 0)."""
+    """(world_size, rank) from ``minidist.comm`` when a process group is up, else (1, 0).
+
+    Raises:
+        RuntimeError: no process group, but a launcher (mpiexec, torchrun, ...) started this
+            process as one of several ranks: with (1, 0) every rank would read every sample.
+            torch raises here too ("Default process group has not been initialized").
+    """
     try:
         from minidist import comm  # lazy: data must import without a process group
     except ImportError:
         return 1, 0
-    is_initialized = getattr(comm, "is_initialized", None)
-    if is_initialized is not None and not is_initialized():
-        return 1, 0
-    try:
+    if comm.is_initialized():
         return int(comm.get_world_size()), int(comm.get_rank())
-    except Exception:  # comm present but not set up: a single process
+    try:
+        launch = comm.detect_launch()
+    except ValueError:  # malformed launcher variables: init_process_group reports them
         return 1, 0
+    if launch.world_size is not None and launch.world_size > 1:
+        raise RuntimeError(
+            f"[rank {launch.rank}/{launch.world_size}] DistributedSampler: this process was "
+            f"launched as rank {launch.rank} of {launch.world_size} ({launch.launcher}), but no "
+            "process group is initialized, so every rank would read the whole dataset. Call "
+            "minidist.comm.init_process_group() first, or pass num_replicas= and rank=.")
+    return 1, 0
 
 
 class DistributedSampler:
@@ -64,7 +76,8 @@ class DistributedSampler:
 
     Args:
         dataset_or_length: a dataset (anything with ``len()``) or the number of samples.
-        num_replicas: world size; default from ``minidist.comm`` (1 without a process group).
+        num_replicas: world size; default from ``minidist.comm`` (1 in a single process
+            without a process group; an error in a multi-rank launch without one).
         rank: this process's rank; default from ``minidist.comm`` (0 without one).
         shuffle: permute with seed + epoch (else keep 0..N-1 order).
         seed: base seed; must be the same on every rank.
@@ -72,6 +85,8 @@ class DistributedSampler:
 
     Raises:
         ValueError: num_replicas < 1 or rank outside [0, num_replicas - 1].
+        RuntimeError: num_replicas or rank left to the default under a multi-rank launcher
+            (mpiexec, torchrun, SLURM) before ``init_process_group`` (see ``world_defaults``).
     """
 
     def __init__(self, dataset_or_length: Any, num_replicas: int | None = None,
@@ -114,7 +129,8 @@ class DistributedSampler:
         return max(self.total_size - self.length, 0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the permutation of ``epoch`` (call before each epoch, with the same value on all ranks)."""
+        """Select the permutation of ``epoch`` (call before each epoch, the same value on every
+        rank)."""
         self.epoch = int(epoch)
 
     def global_indices(self) -> np.ndarray:

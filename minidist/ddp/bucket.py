@@ -11,7 +11,8 @@ the last layer first::
                                                                                 small (1 MiB):
                                                                                 ready soonest
 
-    bucket.buffer   |fc3.weight.grad ........|fc3.bias.grad|     one flat array
+    bucket.buffer   |fc3.bias.grad|fc3.weight.grad ........|     one flat array, filled in
+                                                                  reverse order too
     p.grad          = bucket.buffer[offset:offset + numel].reshape(p.shape)   (a view, no copy)
 
 The first bucket is small (1 MiB) so the first all-reduce starts as early as possible; the
@@ -202,12 +203,16 @@ class Bucket:
         """Names of parameters whose gradient has not been reported this step (for errors)."""
         return [n for n, done in zip(self.names, self._done) if not done]
 
-    def is_ready(self, k: int) -> bool:
-        """Whether gradient ``k`` was already reported this step."""
+    def is_slot_done(self, k: int) -> bool:
+        """Whether gradient ``k`` (slot k) was already reported this step.
+
+        Not the bucket's READY state: that is ``state is BucketState.READY`` (every slot done).
+        """
         return self._done[k]
 
-    def mark_ready(self, k: int) -> bool:
-        """Record that gradient ``k`` of this bucket is complete; True if it was the last one."""
+    def mark_slot_done(self, k: int) -> bool:
+        """Record that gradient ``k`` of this bucket is complete; True if it was the last one
+        (the bucket is then READY; a second report of the same slot changes nothing)."""
         if self._done[k]:
             return False
         self._done[k] = True

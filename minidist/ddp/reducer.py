@@ -2,8 +2,10 @@
 
     reducer = Reducer(params, names, buckets, all_reduce_fn, world_size, overlap=True)
     reducer.prepare_for_forward()        # DDP.forward calls this: new step (None grads stay None)
-    reducer.prepare_for_backward(out)    # after forward: with find_unused_parameters, mark the
-                                         # parameters the output does not depend on as ready
+    out = module(x)
+    reducer.watch_output(out)            # keep a reference, checked only if a NaN/inf shows up
+    reducer.mark_unused(unused_param_indices(out, params, parents))  # find_unused_parameters:
+                                         # parameters the output does not reach are ready now
     loss.backward()                      # hooks fire; returns with every bucket averaged
 
 How one synced backward runs (overlap=True; 3 buckets, bucket 0 holds the last layer)::
@@ -57,6 +59,7 @@ path), so the message can name the rank(s) where the NaN/inf started.
 from __future__ import annotations
 
 import collections
+import enum
 import queue
 import threading
 import time
@@ -76,6 +79,23 @@ log = get_logger(__name__)
 
 NONFINITE_POLICIES = ("warn", "raise", "ignore")
 _MAX_WATCHED_OUTPUTS = 64  # forward outputs kept between syncs (no_sync micro-batches)
+
+
+class StepState(enum.Enum):
+    """Where the Reducer is in a synced step (one explicit state, as BucketState for a bucket)::
+
+        IDLE --prepare_for_forward (sync)--> PREPARED --first gradient hook--> BACKWARD
+          ^   (queues the end-of-backward check)                                  |
+          '--- last bucket reduced (_finalize), or the check/an error ends it ----'
+
+    Under ``no_sync`` (and after forward under ``no_grad``) the Reducer stays IDLE: hooks do
+    nothing. The end-of-backward check raises if it finds the step not IDLE (a gradient never
+    came, so a bucket was never reduced).
+    """
+
+    IDLE = "idle"              # no synced step in progress
+    PREPARED = "prepared"      # forward prepared a synced step; no gradient has arrived yet
+    BACKWARD = "backward"      # gradients are arriving; the end-of-backward check is queued
 
 
 class _CommThread:
@@ -165,8 +185,7 @@ class Reducer:
         self._outputs: collections.deque = collections.deque(maxlen=_MAX_WATCHED_OUTPUTS)
         self.stats = {"wait_s": 0.0, "comm_s": 0.0}  # last step: exposed wait, comm thread busy
         self._next_launch = 0
-        self._in_step = False  # a synced step is prepared and not yet finalized
-        self._check_queued = False  # this backward's end-of-backward check is queued
+        self.step_state = StepState.IDLE
         self._comm_busy_s = 0.0
         # parameter position -> (bucket, slot in bucket)
         self._slot: dict[int, tuple[Bucket, int]] = {}
@@ -195,7 +214,7 @@ class Reducer:
             if b.attach_grads(zero_missing=False):
                 log.debug("bucket %d: user-assigned grads copied into the bucket", b.index)
         if not self.require_sync:
-            self._in_step = False
+            self.step_state = StepState.IDLE
             return
         # The default hook's average is folded into the copy into the bucket (grad / n on the
         # way in, then an all-reduce SUM): no separate pass over the bucket to divide it.
@@ -204,8 +223,7 @@ class Reducer:
             b.reset()
             b.prescaled = prescale and np.dtype(b.spec.dtype).kind == "f"
         self._next_launch = 0
-        self._in_step = True
-        self._check_queued = False
+        self.step_state = StepState.PREPARED
         self._comm_busy_s = 0.0
         self.stats = {"wait_s": 0.0, "comm_s": 0.0}
 
@@ -215,7 +233,7 @@ class Reducer:
         Their bucket slots keep what they hold: zeros after ``zero_grad``, or the gradient
         accumulated under ``no_sync``. Called right after forward, before backward starts.
         """
-        if not self._in_step:
+        if self.step_state is StepState.IDLE:
             return
         for i in unused:
             self._grad_ready(i)
@@ -234,9 +252,9 @@ class Reducer:
 
     def _make_hook(self, i: int) -> Callable[[Any], None]:
         def hook(_tensor: Any) -> None:
-            if self.require_sync and self._in_step:
-                if not self._check_queued:  # first gradient of this synced backward
-                    self._check_queued = True
+            if self.require_sync and self.step_state is not StepState.IDLE:
+                if self.step_state is StepState.PREPARED:  # first gradient of this backward
+                    self.step_state = StepState.BACKWARD
                     queue_callback(self._end_of_backward)
                 self._grad_ready(i)
         return hook
@@ -250,8 +268,7 @@ class Reducer:
         optimizer step can use them: uncaught, the exception ends the whole job through the
         excepthook that ``init_process_group`` installs (MPI Abort), so no rank hangs.
         """
-        self._check_queued = False
-        if not self._in_step:  # finalized by the hook that completed the last bucket
+        if self.step_state is StepState.IDLE:  # finalized by the hook of the last bucket
             return
         if self._thread is not None:
             # Finish the buckets that were launched: the peers launched them too (same order).
@@ -260,7 +277,7 @@ class Reducer:
                 log.warning("bucket %d also failed: %r", self._thread.error[0].index,
                             self._thread.error[1])
                 self._thread.error = None
-        self._in_step = False
+        self.step_state = StepState.IDLE
         missing = [n for b in self.buckets for n in b.missing_names()]
         unreduced = [b.index for b in self.buckets[self._next_launch:]]
         why = ("They are in the autograd graph of the output but received no gradient"
@@ -277,7 +294,7 @@ class Reducer:
 
     def _grad_ready(self, i: int) -> None:
         bucket, k = self._slot[i]
-        if bucket.is_ready(k):  # a second report is ignored
+        if bucket.is_slot_done(k):  # a second report is ignored
             return
         p, view = self.params[i], bucket.views[k]
         g = p.grad
@@ -294,7 +311,7 @@ class Reducer:
         elif bucket.prescaled:  # accumulated in place (no_sync, or zero_grad(set_to_none=False))
             view /= view.dtype.type(self.world_size)
         p.grad = view
-        if not bucket.mark_ready(k):
+        if not bucket.mark_slot_done(k):
             return
         tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
         if tr is not None:
@@ -334,7 +351,7 @@ class Reducer:
             tr.complete("wait for all-reduce", t0, t0 + self.stats["wait_s"], cat="exposed",
                         args={"step": self.num_syncs})
             tr.counter("exposed comm [ms]", {"ms": self.stats["wait_s"] * 1e3})
-        self._in_step = False
+        self.step_state = StepState.IDLE
         self.num_syncs += 1
         try:
             self._check_finite()
@@ -342,7 +359,7 @@ class Reducer:
             self._outputs.clear()
 
     def _raise_bucket_error(self, bucket: Bucket, err: BaseException) -> None:
-        self._in_step = False
+        self.step_state = StepState.IDLE
         raise RuntimeError(
             f"{rank_prefix()} DistributedDataParallel: all-reduce of bucket {bucket.index} "
             f"({bucket.spec.numel} x {bucket.spec.dtype}, parameters {bucket.names[:4]}"

@@ -50,7 +50,6 @@ Invariants and limits:
 from __future__ import annotations
 
 import enum
-import math
 from typing import Any
 
 from minidist import comm

@@ -1,4 +1,5 @@
-"""Loss modules: ``CrossEntropyLoss`` (fused, stable log-softmax + NLL), ``NLLLoss``, ``MSELoss``."""
+"""Loss modules: ``CrossEntropyLoss`` (fused, stable log-softmax + NLL), ``NLLLoss``,
+``MSELoss``."""
 
 from __future__ import annotations
 

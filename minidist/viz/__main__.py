@@ -1,4 +1,4 @@
-"""``python -m minidist.viz [OUT_DIR]``: regenerate the pictures of docs/algorithms.md."""
+"""``.venv/bin/python -m minidist.viz [OUT_DIR]``: regenerate the pictures of docs/algorithms.md."""
 
 from __future__ import annotations
 

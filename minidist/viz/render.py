@@ -1,6 +1,6 @@
 """Draw what a real run of each all-reduce algorithm sent, one panel per logical step.
 
-    python -m minidist.viz docs/img            # ring/tree/rd/direct at N=4 (+ N=3) and the
+    .venv/bin/python -m minidist.viz docs/img           # ring/tree/rd/direct at N=4 (+ N=3) and the
                                                # cost-model plot; needs matplotlib
     rec = record("ring", n=4, numel=8)         # run it on 4 thread ranks, recorded
     draw_steps(rec, "ring, N=4", "ring.png")   # ranks on a circle, one arrow per message

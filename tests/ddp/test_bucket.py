@@ -68,6 +68,6 @@ def test_grads_are_views_and_reattach_keeps_values():
     assert b.attach_grads() == 2
     assert (b.buffer[:3] == 0).all() and (b.buffer[3:] == 2).all()
     b.reset()
-    assert b.state is BucketState.EMPTY and not b.mark_ready(1) and b.state is BucketState.FILLING
-    assert b.missing_names() == ["b"] and not b.mark_ready(1)   # a second report is ignored
-    assert b.mark_ready(0) and b.state is BucketState.READY
+    assert b.state is BucketState.EMPTY and not b.mark_slot_done(1) and b.state is BucketState.FILLING
+    assert b.missing_names() == ["b"] and not b.mark_slot_done(1)   # a second report is ignored
+    assert b.mark_slot_done(0) and b.state is BucketState.READY

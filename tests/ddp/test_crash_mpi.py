@@ -12,15 +12,16 @@ SCRIPT = REPO / "tests" / "ddp" / "crash_rank_script.py"
 def test_crash_on_one_rank_ends_the_job_and_the_last_checkpoint_survives(tmp_path):
     # Rank 0 would wait 600 s in its next collective; the job must end through MPI Abort long
     # before, or run_mpi's 120 s timeout fails the test.
-    crashed = run_mpi(2, [SCRIPT, tmp_path, "--crash-at-call", "28"], timeout_s=120,
+    crashed = run_mpi(2, [SCRIPT, tmp_path, "--crash-in-epoch", "3"], timeout_s=120,
                       env={"MINIDIST_TIMEOUT_S": "600"})
     # The whole job ended (rank 0 was not left waiting in a collective), non-zero, rank named.
     assert crashed.returncode != 0, crashed.report()
-    assert "[rank 1/2]" in crashed.stderr and "injected failure on rank 1" in crashed.stderr, \
-        crashed.report()
+    assert "[rank 1/2]" in crashed.stderr and "injected failure on rank 1 in epoch 3" in \
+        crashed.stderr, crashed.report()
     # The checkpoints written before the crash are complete and loadable; no temp files remain.
     last = latest_checkpoint(tmp_path)
-    assert last is not None, sorted(p.name for p in tmp_path.iterdir())
+    assert last is not None and last.name == "checkpoint-000002.npz", \
+        sorted(p.name for p in tmp_path.iterdir())
     load_checkpoint(last)
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
     # And the run can be finished from there.

@@ -7,6 +7,7 @@ import pytest
 
 from minidist import nn
 from minidist.ddp import DistributedDataParallel
+from minidist.ddp.reducer import StepState
 from minidist.tensor import Tensor, no_grad
 
 
@@ -61,7 +62,7 @@ def test_forward_under_no_grad_does_not_start_a_step(group):
     ddp = DistributedDataParallel(model())
     with no_grad():
         ddp(Tensor(np.zeros((2, 4), np.float32)))
-    assert ddp.reducer._in_step is False
+    assert ddp.reducer.step_state is StepState.IDLE
     ddp.close()
 
 

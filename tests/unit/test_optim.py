@@ -13,18 +13,12 @@ from minidist import optim
 
 
 def make_param(values):
-    data = np.array(values, dtype=np.float64)
-    try:
-        from minidist.nn import Parameter
-        p = Parameter(data)
-        if p.data.dtype != np.float64:  # a Parameter that casts keeps our arithmetic exact enough
-            p.data = p.data.astype(np.float64)
-        return p
-    except ImportError:
-        class Stand:
-            def __init__(self, d):
-                self.data, self.grad = d, None
-        return Stand(data)
+    from minidist.nn import Parameter
+
+    p = Parameter(np.array(values, dtype=np.float64))
+    if p.data.dtype != np.float64:  # a Parameter that casts keeps our arithmetic exact enough
+        p.data = p.data.astype(np.float64)
+    return p
 
 
 def run(opt, params, grads):

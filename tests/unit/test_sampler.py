@@ -96,3 +96,48 @@ def test_defaults_without_a_process_group_are_one_process():
     s = DistributedSampler(10)
     assert (s.num_replicas, s.rank) == (1, 0)
     assert sorted(s) == list(range(10))
+
+
+# A process started by a launcher as one of several ranks, with no init_process_group: the
+# sampler must not quietly assume it is alone (every rank would train on everything).
+SAMPLER_ALONE = ("from minidist.data import DistributedSampler\n"
+                 "s = DistributedSampler(10)\n"
+                 "print('num_replicas', s.num_replicas, 'rank', s.rank)\n")
+
+
+@pytest.mark.parametrize("env,launcher", [
+    ({"RANK": "1", "WORLD_SIZE": "2"}, "torchrun"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "4"}, "hydra"),
+    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3"}, "openmpi"),
+])
+def test_default_world_under_a_multi_rank_launcher_without_a_group_raises(env, launcher):
+    import subprocess
+    import sys
+
+    from procs import job_env
+
+    result = subprocess.run([sys.executable, "-c", SAMPLER_ALONE], env=job_env(env),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0, result.stdout
+    assert "RuntimeError" in result.stderr and "no process group is initialized" in result.stderr
+    assert f"({launcher})" in result.stderr and "init_process_group()" in result.stderr
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({}, "num_replicas 1 rank 0"),                              # a plain single process
+    ({"RANK": "0", "WORLD_SIZE": "1"}, "num_replicas 1 rank 0"),  # a launcher with one rank
+])
+def test_default_world_of_a_single_process_is_one(env, expected):
+    import subprocess
+    import sys
+
+    from procs import job_env
+
+    result = subprocess.run([sys.executable, "-c", SAMPLER_ALONE], env=job_env(env),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and expected in result.stdout, result.stderr
+
+
+def test_explicit_world_needs_no_process_group():
+    s = DistributedSampler(10, num_replicas=2, rank=1)
+    assert (s.num_replicas, s.rank) == (2, 1)

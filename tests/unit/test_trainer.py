@@ -155,3 +155,18 @@ def test_checkpoint_keep_last_bounds_the_folder(group, tmp_path):
         "checkpoint-000003.npz", "checkpoint-000004.npz", "history.json"]
     with pytest.raises(ValueError, match="checkpoint_keep_last=0"):
         TrainerConfig(checkpoint_keep_last=0).validate()
+
+
+def test_lr_scaling_is_visible_as_lr_scale_and_in_the_optimizer(group):
+    """The Trainer rescales the optimizer's rates in place, once; the factor is public (the
+    2-rank value and its log line: tests/test_examples.py, the resume test)."""
+    from minidist import comm, nn, optim
+    from minidist.trainer import Trainer, TrainerConfig
+
+    model = nn.Linear(2, 2)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(model, nn.CrossEntropyLoss(), opt,
+                      TrainerConfig(lr_scaling="linear", verbose=False))
+    assert trainer.lr_scale == comm.get_world_size() == 1
+    assert opt.param_groups[0]["lr"] == 0.1 * trainer.lr_scale
+    trainer.ddp.close()
