@@ -39,8 +39,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from _common import RESULTS, Table, human, machine_info, parse_bytes, sizes, stats, write_json
-from _common import LOCAL_RESULTS
+from _common import (LOCAL_RESULTS, RESULTS, Table, human, machine_info, parse_bytes, shown, sizes,
+                     stats, write_json)
 
 DEFAULT_ALGOS = "ring,tree,rd,direct,mpi,auto,shm,shm_zc,mpi_zc,auto_zc"
 TUNING_MODULE = Path(__file__).resolve().parent.parent / "minidist/comm/algorithms/tuning.py"
@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
                    help="calls per timed sample, back to back (no barrier or input restore "
                         "between them: warm caches, as in a training loop); time is per call")
     p.add_argument("--fit", nargs="+", metavar="JSON", help="fit select.py constants and exit")
-    p.add_argument("--fit-out", default=str(RESULTS / "allreduce_fit.json"))
+    p.add_argument("--fit-out", default=str(LOCAL_RESULTS / "allreduce_fit.json"))
     p.add_argument("--markdown", nargs="+", metavar="JSON", help="print result tables and exit")
     p.add_argument("--emit-module", action="store_true",
                    help="with --fit: also write minidist/comm/algorithms/tuning.py")
@@ -486,8 +486,8 @@ def fit(paths: list[str], out: Path, module: Path | None = None) -> dict:
     write_json(out, data)
     if module is not None:
         write_module(module, data)
-        print(f"# wrote {module} (select.py loads it at import)")
-    print(f"# fitted constants (gamma = {gamma:.3e} us/B from a NumPy add) -> {out}")
+        print(f"# wrote {shown(module)} (select.py loads it at import)")
+    print(f"# fitted constants (gamma = {gamma:.3e} us/B from a NumPy add) -> {shown(out)}")
     print("# algorithm   alpha(us)   beta(us/B)   median |rel err|")
     for name, a, b, e in report:
         print(f"  {name:9s} {a:11.2f} {b:12.3e} {e:14.1%}")
@@ -544,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
             cross = result["crossover_ring_tree"]
             print(f"# ring faster than tree from {human(cross)} up" if cross else
                   "# ring never faster than tree at the largest sizes measured")
-            print(f"# wrote {path}" + (f" and {png}" if png else ""), flush=True)
+            print(f"# wrote {shown(path)}" + (f" and {shown(png)}" if png else ""), flush=True)
     finally:
         if group.backend == "mpi":
             from minidist.comm.algorithms.shm import shm_close

@@ -25,7 +25,6 @@ def test_point_to_point(n):
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_all_reduce_algorithms_over_tcp(n):
-    pytest.importorskip("minidist.comm.algorithms.ring", reason="algorithms not written yet")
     res = run_env_ranks(n, [BODY, "allreduce"], timeout_s=80, env=ENV)
     assert res.returncode == 0, res.report()
     assert res.stdout.count("OK allreduce") == n, res.report()

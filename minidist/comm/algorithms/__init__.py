@@ -1,7 +1,7 @@
 """All-reduce algorithms, one per module, each seeing only a Transport.
 
     from minidist.comm.algorithms import ALGORITHMS, resolve
-    name, fn, why = resolve("auto", transport, buf)   # -> "ring", ring_all_reduce, the reason
+    name, fn, why = resolve("auto", transport, buf)   # e.g. "ring", ring_all_reduce, its reason
     fn(transport, buf, ReduceOp.SUM)          # in place on a 1-D contiguous array
 
 ``ALGORITHMS`` is the registry (name -> function); another algorithm joins by adding one entry

@@ -1,6 +1,6 @@
 """The "auto" rule: pick the all-reduce algorithm with the lowest modelled time, from DATA.
 
-    name = choose(world_size=4, nbytes=1 << 20)            # -> "ring"
+    name = choose(world_size=4, nbytes=1 << 20)            # e.g. "rd" (fitted rules, then model)
     name, why = choose_with_reason(4, 1 << 20)             # ... and the reason, for the ledger
     table(world_size=2, has_native=True, has_shm=True)     # what auto picks at every size
     load_model("benchmarks/results/allreduce_fit.json")    # refit constants from a benchmark

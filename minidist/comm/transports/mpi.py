@@ -90,7 +90,7 @@ def mpi_cuda_aware() -> bool | None:
 
     Returns True/False when the library answers (MPI 4.1 ``mpi_memory_alloc_kinds`` info key, or
     Open MPI's / MPICH's ``MPIX_Query_cuda_support``), None when it cannot tell. The PyPI MPI
-    wheels answer False. See docs/env_vars.md and /work/shared/gpu-notes.md section 3.
+    wheels answer False. See docs/env_vars.md (MINIDIST_CUDA_AWARE_MPI).
     """
     MPI = load_mpi()
     try:
