@@ -119,3 +119,28 @@ def test_help_names_both_spellings(flag):
     job = _launch(["--help"])
     out, _ = _finish(job, timeout_s=30)
     assert job.returncode == 0 and flag in out, out
+
+
+def test_ranks_die_with_a_killed_launcher():
+    job = _launch(["--standalone", "--nproc-per-node", "2", BODY, "wait"])
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline and job.poll() is None:
+            m = re.search(r"READY (\d+)", job.stdout.readline())
+            if m:
+                pids.append(int(m.group(1)))
+        assert len(pids) == 2, f"ranks did not start: {job.poll()}"
+        job.kill()  # SIGKILL: the launcher cannot clean up; the ranks must still end
+        job.communicate(timeout=30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert not _gone(pids), f"ranks outlived the launcher: {pids}"
+
+
+def test_slurm_job_script_is_valid_bash():
+    """examples/slurm_job.sh cannot run without SLURM; at least its syntax is checked."""
+    result = subprocess.run(["bash", "-n", str(REPO / "examples" / "slurm_job.sh")],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
