@@ -71,7 +71,18 @@ _LEN = struct.Struct("<I")      # length prefix of the JSON rendezvous messages
 # Bounds on every length read from the wire, checked before anything is allocated.
 MAX_JSON_BYTES = 1 << 20        # a rendezvous message (the address table of ~10^4 ranks)
 MAX_SIDE_BYTES = 64 << 20       # a side-channel message (a rank's ledger)
-MAX_MESSAGE_BYTES = int(os.environ.get("MINIDIST_TCP_MAX_MESSAGE_BYTES", 1 << 34))  # 16 GiB
+
+
+def _env_bytes(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number of bytes; unset it (default "
+                         f"{default}) or set one, e.g. {name}={default}.") from None
+
+
+MAX_MESSAGE_BYTES = _env_bytes("MINIDIST_TCP_MAX_MESSAGE_BYTES", 1 << 34)  # 16 GiB
 DRAIN_CHUNK = 1 << 20           # a mis-sized message is drained in chunks of this size
 # Handshake on every connection (rendezvous and data), before anything else is read::
 #   client -> server   MAGIC, nonce_c
