@@ -31,7 +31,8 @@ import traceback
 from typing import Any
 
 from minidist import log as mdlog
-from minidist.comm.env import LaunchInfo, default_backend, detect_launch, warn_if_single
+from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
+                               detect_launch, warn_if_single)
 from minidist.comm.group import ProcessGroup
 from minidist.comm.ledger import LedgerEntry
 from minidist.comm.ops import ReduceOp
@@ -43,7 +44,10 @@ _group: ProcessGroup | None = None
 _info: LaunchInfo | None = None
 _saved_hooks: tuple | None = None
 _restore_signals: Any = None  # undoes _watch_sigint (SIGINT handler, wakeup fd, watcher)
-BACKENDS = ("auto", "mpi", "tcp", "local")
+BACKENDS = ("auto", "mpi", "tcp", "local", "gloo", "nccl")
+# torch's backend names, as minidist runs them: gloo is TCP; nccl is the GPU path (CuPy arrays)
+# over whatever transport the launcher implies, since minidist has no NCCL of its own.
+TORCH_BACKENDS = {"gloo": "tcp", "nccl": "auto"}
 
 
 def _timeout_s(timeout: float | datetime.timedelta | None) -> float:
@@ -75,9 +79,11 @@ def _make_transport(backend: str, info: LaunchInfo, timeout_s: float) -> Transpo
     except ImportError as e:
         raise RuntimeError(f"init_process_group(backend='tcp'): the TCP transport is not "
                            f"available ({e}). Use backend='mpi' under mpiexec.") from e
-    if info.launcher != "torchrun" or info.master_port is None:
+    if info.world_size is None or info.master_port is None:
         raise ValueError("init_process_group(backend='tcp'): needs RANK, WORLD_SIZE, MASTER_ADDR "
-                         "and MASTER_PORT in the environment (as torchrun sets them); "
+                         "and MASTER_PORT in the environment (as torchrun and python -m "
+                         "minidist.launch set them), or rank=, world_size= and "
+                         "init_method='tcp://host:port'; "
                          f"detected launcher={info.launcher!r}, MASTER_PORT={info.master_port}.")
     return TCPTransport(info.rank, info.world_size, info.master_addr, info.master_port, timeout_s)
 
@@ -236,33 +242,83 @@ def _watch_sigint(python_saw: threading.Event, end: Any) -> Any:
     return restore
 
 
-def init_process_group(backend: str = "auto", timeout: float | datetime.timedelta | None = None,
+def _torch_backend(backend: str, chosen: str) -> None:
+    """Say in one line what a torch backend name runs as (see TORCH_BACKENDS)."""
+    if backend == "gloo":
+        log.info("backend='gloo': running minidist's TCP transport")
+        return
+    from minidist.xp import gpu_available
+    if gpu_available():
+        log.info("backend='nccl': minidist has no NCCL; GPU (CuPy) arrays are reduced over "
+                 "the %s transport", chosen)
+    else:
+        log.warning("backend='nccl' on a machine without a usable GPU (no CuPy/CUDA): running "
+                    "on the CPU over the %s transport; pass backend='gloo' or None to silence "
+                    "this", chosen)
+
+
+def _export_rank_env(group: ProcessGroup, info: LaunchInfo) -> None:
+    """Under mpiexec/srun, set RANK, LOCAL_RANK, WORLD_SIZE (if unset) for torch-style scripts."""
+    if info.launcher in MPI_LAUNCHERS:
+        os.environ.setdefault("RANK", str(group.rank))
+        os.environ.setdefault("LOCAL_RANK", str(info.local_rank))
+        os.environ.setdefault("WORLD_SIZE", str(group.size))
+
+
+def init_process_group(backend: str | None = None, init_method: str | None = None,
+                       timeout: float | datetime.timedelta | None = None, world_size: int = -1,
+                       rank: int = -1, store: Any = None, group_name: str = "",
+                       pg_options: Any = None, device_id: Any = None, *,
                        algorithm: str = "auto") -> ProcessGroup:
-    """Create the default process group from the launcher's environment.
+    """Create the default process group from the launcher's environment (torch's signature).
+
+        md.init_process_group()                          # whatever the launcher implies
+        md.init_process_group("gloo", init_method="tcp://127.0.0.1:29500", rank=r, world_size=n)
 
     Args:
-        backend: "auto" (mpi under mpiexec/srun, tcp under torchrun-style env, else local),
-            "mpi", "tcp" or "local".
+        backend: None or "auto" (mpi under mpiexec/srun, tcp under torchrun-style env or an
+            explicit rank/world_size, else local), "mpi", "tcp", "local"; torch's "gloo" runs
+            the TCP transport, "nccl" the default transport with GPU arrays (one log line says
+            what was chosen; without a GPU it runs on the CPU, with a warning).
+        init_method: "env://" (the default: ``MASTER_ADDR``/``MASTER_PORT``) or
+            "tcp://host:port", the rendezvous address of the TCP transport.
         timeout: deadline of every blocking wait, in seconds or a timedelta
             (default ``MINIDIST_TIMEOUT_S``, 300 s).
+        world_size: number of ranks; -1 reads it from the launcher's environment.
+        rank: this process's rank; -1 reads it from the environment. Pass both or neither.
+        store: torch's Store; not supported (must be None).
+        group_name: accepted for torch compatibility; unused.
+        pg_options: torch's backend options; not supported (must be None).
+        device_id: accepted for torch compatibility; place arrays with ``minidist.device``.
         algorithm: default all-reduce algorithm of the group ("auto" picks by cost model).
 
     Returns:
         The default ProcessGroup (also used by the module-level collectives).
 
     Raises:
-        ValueError: unknown backend, malformed launcher variables, or already initialized.
+        ValueError: unknown backend, malformed launcher variables or init_method, rank and
+            world_size that disagree with the launcher, or already initialized.
         CommError: MPI requested but mpi4py or the MPI library is missing.
+
+    Under mpiexec or srun, ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` are then set in
+    ``os.environ`` (where unset), so scripts that read ``os.environ["LOCAL_RANK"]`` run as is.
     """
     global _group, _info
+    backend = "auto" if backend is None else str(backend).lower()
     if backend not in BACKENDS:
         raise ValueError(f"init_process_group: unknown backend {backend!r}; use one of {BACKENDS}.")
+    if store is not None or pg_options is not None:
+        raise ValueError("init_process_group: store= and pg_options= are not supported; pass "
+                         "init_method='env://' or 'tcp://host:port' instead.")
     if _group is not None:
         raise ValueError(f"init_process_group: already initialized ({_group!r}). Call "
                          "destroy_process_group() first.")
     timeout_s = _timeout_s(timeout)
-    info = detect_launch()
-    chosen = default_backend(info) if backend == "auto" else backend
+    info = apply_init_args(detect_launch(), init_method, world_size, rank)
+    requested = TORCH_BACKENDS.get(backend, backend)
+    chosen = default_backend(info) if requested == "auto" else requested
+    if backend in TORCH_BACKENDS:
+        _torch_backend(backend, chosen)
     if chosen == "local":
         warn_if_single(info)
         if info.world_size not in (None, 1):
@@ -274,6 +330,7 @@ def init_process_group(backend: str = "auto", timeout: float | datetime.timedelt
     _group, _info = group, info
     mdlog.set_rank(group.rank, group.size)
     _install_excepthooks(group)
+    _export_rank_env(group, info)
     log.info("process group ready: backend=%s launcher=%s rank=%d world_size=%d local_rank=%d "
              "timeout=%.0fs", chosen, info.launcher, group.rank, group.size, info.local_rank,
              timeout_s)

@@ -13,6 +13,11 @@ Checked in this order (the first that matches wins):
   torchrun   RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT                    tcp
   slurm      SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID  (srun; mpi4py works under it)  mpi
   single     nothing set: one process, with a logged warning                           local
+  explicit   a single process given rank= and world_size= by init_process_group       tcp
+
+``init_process_group(init_method=..., rank=..., world_size=...)`` refines what was detected
+(``apply_init_args``): ``"env://"`` reads ``MASTER_ADDR``/``MASTER_PORT``, ``"tcp://host:port"``
+names the rendezvous address.
 
 A wrong value raises ValueError naming the variable and the fix (``WORLD_SIZE='four'``,
 ``RANK=4`` with ``WORLD_SIZE=4``, a ``WORLD_SIZE`` that disagrees with ``mpiexec -n``).
@@ -33,7 +38,7 @@ log = get_logger(__name__)
 class LaunchInfo:
     """What the launcher told this process. ``world_size`` is None when only MPI knows it."""
 
-    launcher: str  # "openmpi" | "hydra" | "pmix" | "torchrun" | "slurm" | "single"
+    launcher: str  # "openmpi" | "hydra" | "pmix" | "torchrun" | "slurm" | "single" | "explicit"
     rank: int
     world_size: int | None
     local_rank: int
@@ -122,13 +127,84 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     return LaunchInfo("single", 0, 1, 0)
 
 
+MPI_LAUNCHERS = ("openmpi", "hydra", "pmix", "slurm")
+
+
 def default_backend(info: LaunchInfo) -> str:
     """What ``backend="auto"`` picks for this launch: "mpi", "tcp" or "local"."""
-    if info.launcher in ("openmpi", "hydra", "pmix", "slurm"):
+    if info.launcher in MPI_LAUNCHERS:
         return "mpi"
-    if info.launcher == "torchrun":
+    if info.launcher == "torchrun" or (info.launcher == "explicit" and info.world_size != 1):
         return "tcp"
     return "local"
+
+
+def parse_init_method(init_method: str | None,
+                      env: Mapping[str, str] | None = None) -> tuple[str | None, int | None]:
+    """The rendezvous address of torch's ``init_method``: ``"env://"`` (or None) reads
+    ``MASTER_ADDR``/``MASTER_PORT``; ``"tcp://host:port"`` names it. Returns (addr, port),
+    each None where unknown.
+
+        >>> parse_init_method("tcp://127.0.0.1:29500")
+        ('127.0.0.1', 29500)
+
+    Raises:
+        ValueError: another scheme (``file://``), or a malformed address or port.
+    """
+    env = os.environ if env is None else env
+    if init_method is None or init_method == "env://":
+        port = _int(env, "MASTER_PORT", None, minimum=1)
+        addr = env.get("MASTER_ADDR") or ("127.0.0.1" if port is not None else None)
+    elif init_method.startswith("tcp://"):
+        host, sep, raw_port = init_method[len("tcp://"):].rstrip("/").rpartition(":")
+        if not sep or not host or not raw_port.isdigit():
+            raise ValueError(f"init_method={init_method!r}: expected 'tcp://host:port', e.g. "
+                             "'tcp://127.0.0.1:29500'.")
+        addr, port = host.strip("[]"), int(raw_port)
+    else:
+        raise ValueError(f"init_method={init_method!r} is not supported: use 'env://' "
+                         "(MASTER_ADDR/MASTER_PORT) or 'tcp://host:port'.")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"init_method={init_method!r}: port {port} is not a TCP port; use "
+                         "1..65535.")
+    return addr, port
+
+
+def apply_init_args(info: LaunchInfo, init_method: str | None = None, world_size: int = -1,
+                    rank: int = -1, env: Mapping[str, str] | None = None) -> LaunchInfo:
+    """Combine the launcher's ``info`` with ``init_process_group``'s explicit arguments.
+
+    An explicit ``rank``/``world_size`` (torch's default -1 means "from the environment")
+    makes a single process a rank of an "explicit" launch; under a launcher it must agree with
+    what the launcher says. ``init_method`` supplies the rendezvous address.
+
+    Raises:
+        ValueError: only one of rank/world_size given, values out of range, or disagreeing
+            with the launcher (the message names both values).
+    """
+    addr, port = parse_init_method(init_method, env)
+    if (rank < 0) != (world_size < 0):
+        raise ValueError(f"init_process_group: rank={rank} and world_size={world_size}: pass "
+                         "both (as torch's mp.spawn scripts do) or neither (read from the "
+                         "launcher's environment).")
+    launcher = info.launcher
+    if rank >= 0:
+        if world_size < 1 or rank >= world_size:
+            raise ValueError(f"init_process_group: rank={rank} must be in [0, {world_size}) "
+                             f"(world_size={world_size}).")
+        if launcher != "single" and ((info.rank, info.world_size or world_size)
+                                     != (rank, world_size)):
+            raise ValueError(
+                f"init_process_group: rank={rank}, world_size={world_size} but the launcher "
+                f"({launcher}) says rank={info.rank}, world_size={info.world_size}. Pass the "
+                "launcher's values, or neither (they are read from the environment).")
+        if launcher == "single":
+            launcher = "explicit"
+    return dataclasses.replace(
+        info, launcher=launcher, rank=info.rank if rank < 0 else rank,
+        world_size=info.world_size if world_size < 0 else world_size,
+        master_addr=addr if addr is not None else info.master_addr,
+        master_port=port if port is not None else info.master_port)
 
 
 def warn_if_single(info: LaunchInfo) -> None:

@@ -79,7 +79,7 @@ def test_init_single_process(clean_env):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"backend": "nccl"}, "unknown backend 'nccl'"),
+    ({"backend": "bogus"}, "unknown backend 'bogus'"),
     ({"timeout": -1}, "timeout=-1 must be a positive"),
     ({"backend": "tcp"}, "needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT|TCP transport"),
 ])

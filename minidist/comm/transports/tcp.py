@@ -27,6 +27,18 @@ Messages of one (peer, tag) stay in order: one socket per peer, one reader per s
 Sending happens in the caller's thread under a per-peer lock (header and payload never interleave
 between threads); ``isend`` therefore completes before it returns.
 
+Safety: strangers cannot join or crash a job. Every connection, to MASTER_PORT or a data port,
+opens with a handshake (MAGIC, then an HMAC challenge-response over nonces from both sides,
+keyed by ``MINIDIST_AUTH_TOKEN``, empty if unset); a connection that does not complete it within
+``HANDSHAKE_S`` (an HTTP request, random bytes, silence) is logged and dropped, and rank 0 goes
+on waiting for the real ranks. Ranks with different tokens both fail at once. Every length read
+from the wire is checked against a bound (``MAX_JSON_BYTES``, ``MAX_SIDE_BYTES``,
+``MINIDIST_TCP_MAX_MESSAGE_BYTES``) before anything is allocated. Rank 0 listens on
+``MASTER_ADDR`` only, every other rank on the interface that reaches rank 0
+(``MINIDIST_TCP_LISTEN_ADDR=0.0.0.0`` binds all interfaces on purpose); listeners set
+``SO_REUSEADDR``, so a job can reuse a port right after the previous one ended. Without a token
+the handshake only proves a peer speaks minidist's protocol: on a shared network, set one.
+
 Side channel: the same sockets with negative tags (``-kind``); the reader thread queues side
 messages apart from the data. A receive waiting longer than ``POLL_S`` runs the transport's
 ``poll_hook`` every ``POLL_S`` (base.py). A lost connection is ``peer_lost(src)``.
@@ -36,7 +48,10 @@ from __future__ import annotations
 
 import collections
 import errno
+import hmac
 import json
+import os
+import secrets
 import socket
 import struct
 import threading
@@ -53,6 +68,50 @@ log = get_logger(__name__)
 
 _HEADER = struct.Struct("<qQ")  # tag, nbytes
 _LEN = struct.Struct("<I")      # length prefix of the JSON rendezvous messages
+# Bounds on every length read from the wire, checked before anything is allocated.
+MAX_JSON_BYTES = 1 << 20        # a rendezvous message (the address table of ~10^4 ranks)
+MAX_SIDE_BYTES = 64 << 20       # a side-channel message (a rank's ledger)
+
+
+def _env_bytes(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number of bytes; unset it (default "
+                         f"{default}) or set one, e.g. {name}={default}.") from None
+
+
+MAX_MESSAGE_BYTES = _env_bytes("MINIDIST_TCP_MAX_MESSAGE_BYTES", 1 << 34)  # 16 GiB
+DRAIN_CHUNK = 1 << 20           # a mis-sized message is drained in chunks of this size
+# Handshake on every connection (rendezvous and data), before anything else is read::
+#   client -> server   MAGIC, nonce_c
+#   server -> client   MAGIC, nonce_s, HMAC(token, "server" nonce_c nonce_s)
+#   client -> server   HMAC(token, "client" nonce_s nonce_c)      (sent before checking)
+# token = MINIDIST_AUTH_TOKEN (empty if unset). A client that does not open with MAGIC within
+# HANDSHAKE_S is dropped with a logged reason; a wrong HMAC ends the rendezvous on both sides.
+MAGIC = b"MINIDIST"
+NONCE_BYTES = 16
+MAC_BYTES = 32                  # HMAC-SHA256
+HANDSHAKE_S = 5.0               # how long one connection may take to say who it is
+
+
+class _Stranger(Exception):
+    """A connection that does not speak minidist's protocol: drop it, keep serving."""
+
+
+def _auth_key() -> bytes:
+    return os.environ.get("MINIDIST_AUTH_TOKEN", "").encode()
+
+
+def _mac(key: bytes, role: bytes, a: bytes, b: bytes) -> bytes:
+    return hmac.new(key, role + a + b, "sha256").digest()
+
+
+def _recv_bytes(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    _recv_exact(sock, memoryview(buf))
+    return bytes(buf)
 
 
 # ---------------------------------------------------------------- small socket helpers
@@ -82,11 +141,13 @@ def _send_json(sock: socket.socket, obj: Any) -> None:
 
 
 def _recv_json(sock: socket.socket) -> Any:
-    head = bytearray(_LEN.size)
-    _recv_exact(sock, memoryview(head))
-    body = bytearray(_LEN.unpack(head)[0])
-    _recv_exact(sock, memoryview(body))
-    return json.loads(body)
+    nbytes = _LEN.unpack(_recv_bytes(sock, _LEN.size))[0]
+    if nbytes > MAX_JSON_BYTES:
+        raise _Stranger(f"announced a {nbytes}-byte rendezvous message (limit {MAX_JSON_BYTES})")
+    try:
+        return json.loads(_recv_bytes(sock, nbytes))
+    except ValueError as e:  # JSON or UTF-8 errors
+        raise _Stranger(f"sent a malformed rendezvous message ({e})") from None
 
 
 def _byte_view(buf: Any, what: str, prefix: str) -> memoryview:
@@ -237,6 +298,8 @@ class TCPTransport(Transport):
 
     def _listen(self, host: str, port: int) -> socket.socket:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # A port left in TIME_WAIT by the previous run on it can be bound again at once.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:
@@ -271,20 +334,79 @@ class TCPTransport(Transport):
             except (ConnectionRefusedError, socket.timeout, OSError):
                 time.sleep(min(0.05, max(left, 0)))
 
+    def _listen_host(self, default: str) -> str:
+        """Listen only where peers reach us, unless MINIDIST_TCP_LISTEN_ADDR says otherwise."""
+        return os.environ.get("MINIDIST_TCP_LISTEN_ADDR") or default
+
+    def _handshake_client(self, sock: socket.socket, who: str) -> None:
+        """Prove our token to the server and check its proof (see MAGIC above)."""
+        key = _auth_key()
+        nonce_c = secrets.token_bytes(NONCE_BYTES)
+        try:
+            sock.sendall(MAGIC + nonce_c)
+            reply = _recv_bytes(sock, len(MAGIC) + NONCE_BYTES + MAC_BYTES)
+        except ConnectionError:
+            raise CommError(f"{self.prefix} handshake with {who}: the connection was closed "
+                            f"before the handshake ended: {who} failed, or the port belongs to "
+                            f"another program. Check {who}'s log, or pick another "
+                            f"MASTER_PORT.") from None
+        if reply[:len(MAGIC)] != MAGIC:
+            raise CommError(f"{self.prefix} handshake with {who}: the answer is not minidist's "
+                            f"protocol (first bytes {reply[:len(MAGIC)]!r}): another program "
+                            f"owns that port. Pick another MASTER_PORT.")
+        nonce_s, mac_s = reply[len(MAGIC):-MAC_BYTES], reply[-MAC_BYTES:]
+        sock.sendall(_mac(key, b"client", nonce_s, nonce_c))  # before checking: both sides learn
+        if not hmac.compare_digest(mac_s, _mac(key, b"server", nonce_c, nonce_s)):
+            raise CommError(f"{self.prefix} handshake with {who}: authentication failed: "
+                            f"MINIDIST_AUTH_TOKEN differs between this rank and {who} (or is set "
+                            f"on only one of them). Set the same token on every rank.")
+
+    def _handshake_server(self, sock: socket.socket, deadline: float) -> None:
+        """Check a new connection's proof, within HANDSHAKE_S; raise _Stranger to drop it."""
+        sock.settimeout(min(HANDSHAKE_S, self._deadline_left(deadline, "the handshake")))
+        key = _auth_key()
+        try:
+            magic = _recv_bytes(sock, len(MAGIC))
+            if magic != MAGIC:
+                raise _Stranger(f"did not open with minidist's handshake (first bytes "
+                                f"{magic!r})")
+            nonce_c = _recv_bytes(sock, NONCE_BYTES)
+            nonce_s = secrets.token_bytes(NONCE_BYTES)
+            sock.sendall(MAGIC + nonce_s + _mac(key, b"server", nonce_c, nonce_s))
+            mac_c = _recv_bytes(sock, MAC_BYTES)
+        except socket.timeout:
+            raise _Stranger(f"did not complete the handshake within {sock.gettimeout():g}s"
+                            ) from None
+        except OSError as e:
+            raise _Stranger(f"closed the connection during the handshake ({e})") from None
+        if not hmac.compare_digest(mac_c, _mac(key, b"client", nonce_s, nonce_c)):
+            raise CommError(f"{self.prefix} rendezvous: a peer failed authentication: its "
+                            f"MINIDIST_AUTH_TOKEN differs from this rank's (or is set on only "
+                            f"one of them). Set the same token on every rank.")
+
+    def _drop(self, where: str, addr: Any, reason: Any) -> None:
+        log.warning("%s %s: dropped a connection from %s:%s that is not a rank of this job: %s",
+                    self.prefix, where, addr[0] if addr else "?", addr[1] if addr else "?", reason)
+
     def _rendezvous(self) -> dict[int, tuple[str, int]]:
         """Register with rank 0 and get every rank's (host, data port)."""
         deadline = time.monotonic() + self.timeout_s
-        master = self._listen(self.master_addr, self.master_port) if self.rank == 0 else None
-        self._listener = self._listen("", 0)
-        my_port = self._listener.getsockname()[1]
+        master = None
+        if self.rank == 0:
+            master = self._listen(self._listen_host(self.master_addr), self.master_port)
+            self._listener = self._listen(self._listen_host(self.master_addr), 0)
         try:
             if master is None:
                 s = self._connect(self.master_addr, self.master_port, deadline,
                                   "rank 0 did not accept a connection")
                 with s:
                     s.settimeout(self._deadline_left(deadline, "no answer from rank 0"))
+                    self._handshake_client(s, f"rank 0 at {self.master_addr}:{self.master_port}")
+                    # Listen on the interface that reaches rank 0: peers reach us there too.
+                    host = s.getsockname()[0]
+                    self._listener = self._listen(self._listen_host(host), 0)
                     _send_json(s, {"rank": self.rank, "world_size": self.size,
-                                   "host": s.getsockname()[0], "port": my_port})
+                                   "host": host, "port": self._listener.getsockname()[1]})
                     try:
                         reply = _recv_json(s)
                     except socket.timeout:
@@ -294,7 +416,7 @@ class TCPTransport(Transport):
                             f"not come within {self.timeout_s:g}s: not all {self.size} ranks "
                             f"started. Start every rank (same WORLD_SIZE/MASTER_PORT), or raise "
                             f"MINIDIST_TIMEOUT_S.") from None
-                    except ConnectionError:
+                    except (ConnectionError, _Stranger):
                         raise CommError(
                             f"{self.prefix} rendezvous: rank 0 at {self.master_addr}:"
                             f"{self.master_port} closed the connection before sending the address "
@@ -303,14 +425,37 @@ class TCPTransport(Transport):
                 if "error" in reply:
                     raise CommError(f"{self.prefix} rendezvous: {reply['error']}")
                 return {int(r): (h, int(p)) for r, (h, p) in reply["table"].items()}
-            return self._serve_rendezvous(master, my_port, deadline)
+            return self._serve_rendezvous(master, self._listener.getsockname()[1], deadline)
         finally:
             if master is not None:
                 master.close()
 
+    def _registration(self, conn: socket.socket, deadline: float) -> tuple[int, int, str, int]:
+        """Handshake, then read one rank's (rank, world_size, host, port); _Stranger if bad."""
+        self._handshake_server(conn, deadline)
+        try:
+            msg = _recv_json(conn)
+        except socket.timeout:
+            raise _Stranger(f"sent no registration within {conn.gettimeout():g}s") from None
+        except OSError as e:
+            raise _Stranger(f"closed the connection before registering ({e})") from None
+        try:
+            r, n, host, port = msg["rank"], msg["world_size"], msg["host"], msg["port"]
+            if not (isinstance(r, int) and isinstance(n, int) and isinstance(host, str)
+                    and isinstance(port, int)):
+                raise TypeError
+        except (TypeError, KeyError):
+            raise _Stranger(f"sent a registration that is not minidist's: {str(msg)[:80]!r}"
+                            ) from None
+        return r, n, host, port
+
     def _serve_rendezvous(self, master: socket.socket, my_port: int,
                           deadline: float) -> dict[int, tuple[str, int]]:
-        """Rank 0: collect size-1 registrations, check them, send everyone the table."""
+        """Rank 0: collect size-1 registrations, check them, send everyone the table.
+
+        One connection at a time, each with at most HANDSHAKE_S to prove it is a rank: a
+        connection that is not (an HTTP request, random bytes, silence) is logged and dropped.
+        """
         table: dict[int, tuple[str, int]] = {0: (self.master_addr, my_port)}
         conns: list[socket.socket] = []
         try:
@@ -319,13 +464,20 @@ class TCPTransport(Transport):
                 master.settimeout(self._deadline_left(
                     deadline, f"ranks {missing} did not register with rank 0"))
                 try:
-                    conn, _ = master.accept()
+                    conn, addr = master.accept()
                 except socket.timeout:
                     continue  # _deadline_left raises on the next turn
+                try:
+                    r, n, host, port = self._registration(conn, deadline)
+                except _Stranger as e:
+                    self._drop("rendezvous", addr, e)
+                    conn.close()
+                    continue
+                except BaseException:
+                    conn.close()
+                    raise
                 conns.append(conn)
                 conn.settimeout(self._deadline_left(deadline, "a rank did not register"))
-                msg = _recv_json(conn)
-                r, n = int(msg["rank"]), int(msg["world_size"])
                 error = None
                 if n != self.size:
                     error = (f"world size mismatch: rank {r} has WORLD_SIZE={n} but rank 0 has "
@@ -341,13 +493,27 @@ class TCPTransport(Transport):
                         except OSError:
                             pass
                     raise CommError(f"{self.prefix} rendezvous: {error}")
-                table[r] = (msg["host"], int(msg["port"]))
+                table[r] = (host, port)
             for c in conns:
                 _send_json(c, {"table": {str(r): list(hp) for r, hp in table.items()}})
             return table
         finally:
             for c in conns:
                 c.close()
+
+    def _hello(self, s: socket.socket, deadline: float) -> int:
+        """A data connection's handshake and rank; _Stranger unless a higher, new rank."""
+        self._handshake_server(s, deadline)
+        try:
+            peer = _LEN.unpack(_recv_bytes(s, _LEN.size))[0]
+        except socket.timeout:
+            raise _Stranger("sent no rank after the handshake") from None
+        except OSError as e:
+            raise _Stranger(f"closed the connection before saying its rank ({e})") from None
+        if not self.rank < peer < self.size or peer in self._socks:
+            raise _Stranger(f"says it is rank {peer}, but this rank waits for ranks "
+                            f"{sorted(set(range(self.rank + 1, self.size)) - set(self._socks))}")
+        return peer
 
     def _build_mesh(self, table: dict[int, tuple[str, int]]) -> None:
         """Connect to every lower rank, accept every higher rank (one socket per pair)."""
@@ -356,19 +522,31 @@ class TCPTransport(Transport):
             host, port = table[peer]
             s = self._connect(host, port, deadline, f"could not connect to rank {peer} "
                                                     f"at {host}:{port}")
-            s.sendall(_LEN.pack(self.rank))
+            try:
+                s.settimeout(self._deadline_left(deadline, f"rank {peer} did not answer"))
+                self._handshake_client(s, f"rank {peer} at {host}:{port}")
+                s.sendall(_LEN.pack(self.rank))
+            except BaseException:
+                s.close()
+                raise
             self._socks[peer] = s
         while len(self._socks) < self.size - 1:
             self._listener.settimeout(self._deadline_left(deadline, "higher ranks did not connect"))
             try:
-                s, _ = self._listener.accept()
+                s, addr = self._listener.accept()
             except socket.timeout:
                 continue
-            s.settimeout(self._deadline_left(deadline, "a peer did not say hello"))
-            head = bytearray(_LEN.size)
-            _recv_exact(s, memoryview(head))
+            try:
+                peer = self._hello(s, deadline)
+            except _Stranger as e:
+                self._drop("data port", addr, e)
+                s.close()
+                continue
+            except BaseException:
+                s.close()
+                raise
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._socks[_LEN.unpack(head)[0]] = s
+            self._socks[peer] = s
         self._listener.close()
         for s in self._socks.values():
             # Kernel buffer sizes stay at their (auto-tuned) defaults: 4 MiB SO_SNDBUF/RCVBUF
@@ -392,6 +570,12 @@ class TCPTransport(Transport):
                 req = None
                 _recv_exact(sock, hview, idle_ok=True)
                 tag, nbytes = _HEADER.unpack(header)
+                limit = MAX_SIDE_BYTES if tag < 0 else MAX_MESSAGE_BYTES
+                if nbytes > limit:  # checked before allocating: never trust a length
+                    raise ConnectionError(
+                        f"rank {peer} announced a {nbytes}-byte message (tag {tag}), above the "
+                        f"limit of {limit} bytes (MINIDIST_TCP_MAX_MESSAGE_BYTES): the stream "
+                        f"is corrupt")
                 if tag < 0:
                     payload = bytearray(nbytes)
                     _recv_exact(sock, memoryview(payload), idle_ok=True)
@@ -409,13 +593,21 @@ class TCPTransport(Transport):
                     _recv_exact(sock, memoryview(inbox.data), idle_ok=True)
                     inbox.done.set()
                 elif len(req.view) != nbytes:
-                    _recv_exact(sock, memoryview(bytearray(nbytes)), idle_ok=True)  # stay in sync
+                    self._drain(sock, nbytes)  # stay in sync, without allocating nbytes
                     req.fail(self._size_error(peer, tag, nbytes, len(req.view)))
                 else:
                     _recv_exact(sock, req.view, idle_ok=True)
                     req.done.set()
         except OSError as e:  # ConnectionError, EOF, or shutdown() by close()
             self._peer_gone(peer, e, in_flight=req)
+
+    @staticmethod
+    def _drain(sock: socket.socket, nbytes: int) -> None:
+        chunk = memoryview(bytearray(min(nbytes, DRAIN_CHUNK)))
+        while nbytes > 0:
+            k = min(nbytes, len(chunk))
+            _recv_exact(sock, chunk[:k], idle_ok=True)
+            nbytes -= k
 
     def _peer_gone(self, peer: int, cause: Exception, in_flight: _RecvRequest | None) -> None:
         """The socket to ``peer`` ended: fail every recv waiting for it, now and later."""

@@ -1,0 +1,229 @@
+"""A torchrun-style launcher: start N ranks of a script on this machine, watch them, end them.
+
+    python -m minidist.launch --nproc-per-node 4 examples/train.py --epochs 2
+    python -m minidist.launch --standalone --nproc-per-node 2 script.py    # free port, 127.0.0.1
+    python -m minidist.launch --nnodes 2 --node-rank 0 --nproc-per-node 4 \\
+        --master-addr 10.0.0.1 --master-port 29500 script.py    # node 1: the same, --node-rank 1
+
+Each rank is ``python script.py args`` with the variables torchrun sets (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``) plus one BLAS thread per rank (``OMP/OPENBLAS/MKL/NUMBA_NUM_THREADS=1`` unless
+already set), so ``init_process_group()`` picks the TCP transport. torchrun's underscore
+spellings (``--nproc_per_node``) are accepted too. What the launcher guarantees::
+
+    launcher --- Popen (own session, dies with the launcher) ---> rank 0 .. rank N-1
+       ^  every output line comes back as "[rank r] line" on the same stream (stdout/stderr)
+       |  SIGINT/SIGTERM to the launcher    -> forwarded to every rank's process group
+       |  a rank exits non-zero             -> the others get SIGTERM, then SIGKILL after
+       |                                       STOP_GRACE_S; the launcher exits with that
+       |                                       rank's code, naming it and its last line
+       '  the launcher exits for any reason -> SIGKILL to every rank's process group
+
+Exit code: 0 when every rank exits 0; the first failed rank's code (128 + signal if a signal
+killed it); 130 after SIGINT (Ctrl-C), 143 after SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Sequence
+
+STOP_GRACE_S = 5.0  # how long stopped ranks get to exit after SIGTERM/SIGINT before SIGKILL
+POLL_S = 0.05
+BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+# Variables of an outer launcher (mpiexec, srun) that would make a rank think MPI started it.
+FOREIGN_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the launcher's finally still kills ranks
+        pass
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m minidist.launch",
+        description="Start --nproc-per-node ranks of SCRIPT on this node with torchrun's "
+                    "environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
+                   help="ranks to start on this node (default 1)")
+    p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument("--node-rank", "--node_rank", type=int, default=0,
+                   help="this node's index in [0, nnodes) (default 0)")
+    p.add_argument("--master-addr", "--master_addr", default="127.0.0.1",
+                   help="address of the node running rank 0 (default 127.0.0.1)")
+    p.add_argument("--master-port", "--master_port", type=int, default=29500,
+                   help="rendezvous port on the master (default 29500)")
+    p.add_argument("--standalone", action="store_true",
+                   help="one node: rendezvous on 127.0.0.1 at a free port (ignores --master-*)")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="SCRIPT is a module name, run as `python -m SCRIPT`")
+    p.add_argument("script", help="the Python script (or module with -m) each rank runs")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    args = p.parse_args(argv)
+    if args.nproc_per_node < 1 or args.nnodes < 1:
+        p.error(f"--nproc-per-node={args.nproc_per_node} and --nnodes={args.nnodes} must be >= 1")
+    if not 0 <= args.node_rank < args.nnodes:
+        p.error(f"--node-rank={args.node_rank} must be in [0, {args.nnodes}) (--nnodes)")
+    if not 1 <= args.master_port <= 65535:
+        p.error(f"--master-port={args.master_port} is not a TCP port; use 1..65535")
+    if args.standalone:
+        if args.nnodes != 1:
+            p.error("--standalone is for one node; drop it or use --nnodes 1")
+        args.master_addr = "127.0.0.1"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            args.master_port = s.getsockname()[1]
+    return args
+
+
+def rank_env(args: argparse.Namespace, local_rank: int,
+             base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of one rank: ``base`` (default os.environ) plus torchrun's variables."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if not k.startswith(FOREIGN_PREFIXES)}
+    for var in BLAS_VARS:
+        env.setdefault(var, "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the launcher as they are printed
+    env.update(RANK=str(args.node_rank * args.nproc_per_node + local_rank),
+               LOCAL_RANK=str(local_rank), WORLD_SIZE=str(args.nnodes * args.nproc_per_node),
+               LOCAL_WORLD_SIZE=str(args.nproc_per_node), GROUP_RANK=str(args.node_rank),
+               MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port))
+    return env
+
+
+class Rank:
+    """One child process, its global rank, and the last line it printed."""
+
+    def __init__(self, rank: int, proc: subprocess.Popen) -> None:
+        self.rank, self.proc, self.last_line = rank, proc, ""
+        self.readers: list[threading.Thread] = []
+
+    def relay(self, src: IO[bytes], dst: IO[bytes]) -> None:
+        prefix = f"[rank {self.rank}] ".encode()
+        for line in iter(src.readline, b""):
+            if line.strip():
+                self.last_line = line.decode(errors="replace").rstrip()
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            try:
+                dst.write(prefix + line)
+                dst.flush()
+            except (OSError, ValueError):  # our own stdout closed: keep draining the pipe
+                pass
+        src.close()
+
+    def signal_group(self, sig: int) -> None:
+        if self.proc.poll() is None or sig == signal.SIGKILL:
+            try:
+                os.killpg(self.proc.pid, sig)  # the rank and anything it started
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Launcher:
+    """Start the ranks, relay their output, and end them all together (see the module doc)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.ranks: list[Rank] = []
+        self.signalled: int | None = None  # the signal the launcher received, if any
+
+    def _say(self, text: str) -> None:
+        sys.stderr.buffer.write(f"[minidist.launch] {text}\n".encode())
+        sys.stderr.flush()
+
+    def start(self) -> None:
+        a = self.args
+        cmd = [sys.executable, "-u", *(["-m"] if a.module else []), a.script, *a.script_args]
+        for local in range(a.nproc_per_node):
+            proc = subprocess.Popen(cmd, env=rank_env(a, local), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, preexec_fn=_die_with_parent)
+            self.ranks.append(Rank(a.node_rank * a.nproc_per_node + local, proc))
+        for r in self.ranks:
+            pipes = ((r.proc.stdout, sys.stdout.buffer), (r.proc.stderr, sys.stderr.buffer))
+            for src, dst in pipes:
+                t = threading.Thread(target=r.relay, args=(src, dst), daemon=True)
+                t.start()
+                r.readers.append(t)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self.signalled is None:
+            self.signalled = signum
+            for r in self.ranks:
+                r.signal_group(signum)
+
+    def stop_all(self, sig: int | None = signal.SIGTERM) -> None:
+        """Send ``sig`` (None: nothing) to every live rank, wait STOP_GRACE_S, then SIGKILL."""
+        for r in self.ranks:
+            if sig is not None:
+                r.signal_group(sig)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and any(r.proc.poll() is None for r in self.ranks):
+            time.sleep(POLL_S)
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        for r in self.ranks:
+            r.signal_group(signal.SIGKILL)  # also children of a rank that already exited
+        for r in self.ranks:
+            r.proc.wait()
+            for t in r.readers:
+                t.join(timeout=2.0)
+
+    def wait(self) -> int:
+        """Block until the job ends; return the launcher's exit code."""
+        while True:
+            if self.signalled is not None:
+                # _on_signal forwarded it; minidist ranks end themselves on SIGINT (exit 130).
+                self.stop_all(None)
+                self._say(f"received {signal.Signals(self.signalled).name}: stopped all "
+                          f"{len(self.ranks)} ranks of this node.")
+                return 128 + self.signalled
+            failed = next((r for r in self.ranks if r.proc.poll() not in (None, 0)), None)
+            if failed is not None:
+                code = _exit_code(failed.proc.returncode)
+                self.stop_all(signal.SIGTERM)
+                self._say(f"rank {failed.rank} exited with code {code}; stopped the other "
+                          f"ranks. Last line of rank {failed.rank}: {failed.last_line!r}")
+                return code
+            if all(r.proc.poll() == 0 for r in self.ranks):
+                self.kill_all()  # joins the relays, so every line is out before we exit
+                return 0
+            time.sleep(POLL_S)
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.start()
+            return self.wait()
+        finally:
+            for r in self.ranks:
+                r.signal_group(signal.SIGKILL)  # never leave a rank behind, whatever happened
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m minidist.launch``; returns the exit code."""
+    return Launcher(parse_args(argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""``python -m minidist.launch``: torchrun's variables, prefixed output, one failure ends all.
+
+Each test starts the launcher in a session of its own with a bounded wait, and SIGKILLs that
+session (and every rank's) if anything is left, so no test can leave a process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from procs import REPO, job_env
+
+BODY = REPO / "tests" / "launch" / "launch_body.py"
+TRAIN = REPO / "examples" / "train.py"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _launch(args: list, env: dict | None = None) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "minidist.launch", *map(str, args)]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=job_env({"MINIDIST_TIMEOUT_S": "30", **(env or {})}),
+                            cwd=str(REPO), start_new_session=True)
+
+
+def _finish(job: subprocess.Popen, timeout_s: float = 90) -> tuple[str, str]:
+    try:
+        return job.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        out, err = job.communicate()
+        raise AssertionError(f"launcher timed out:\n{out[-2000:]}\n{err[-2000:]}") from None
+
+
+def _gone(pids: list[int], timeout_s: float = 10) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(map(_alive, pids)):
+        time.sleep(0.05)
+    left = [p for p in pids if _alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    return left
+
+
+def test_ranks_get_torchrun_env_and_prefixed_output():
+    job = _launch(["--standalone", "--nproc_per_node", "2", BODY, "env"])
+    out, err = _finish(job)
+    assert job.returncode == 0, out + err
+    for r in range(2):
+        line = re.search(rf"^\[rank {r}\] ENV (.*)$", out, flags=re.M)
+        assert line, out
+        env = dict(kv.split("=", 1) for kv in line.group(1).split())
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == (str(r), str(r), "2")
+        assert env["LOCAL_WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == "127.0.0.1"
+        assert all(env[k] == "1" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                           "NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS"))
+        assert f"[rank {r}] SUM 1" in out, out
+
+
+def test_train_example_runs_under_the_launcher():
+    job = _launch(["--nproc-per-node", "2", "--standalone", TRAIN, "--epochs", "2"])
+    out, err = _finish(job, timeout_s=150)
+    assert job.returncode == 0, out[-2000:] + err[-2000:]
+    acc = re.findall(r"^\[rank 0\] final test_acc ([0-9.]+)", out, flags=re.M)
+    assert acc and float(acc[-1]) >= 0.8, out[-2000:]
+
+
+def test_a_failing_rank_ends_the_job_with_its_code():
+    job = _launch(["--standalone", "--nproc-per-node", "2", BODY, "fail"])
+    out, err = _finish(job)
+    assert job.returncode == 3, out + err
+    assert "rank 1 exited with code 3" in err, err
+    assert "rank one gives up now" in err.split("rank 1 exited", 1)[1], err
+    pids = [int(p) for p in re.findall(r"READY (\d+)", out)]
+    assert pids and not _gone(pids), f"ranks left alive: {pids}"
+
+
+def test_sigint_to_the_launcher_ends_every_rank_with_130():
+    job = _launch(["--standalone", "--nproc-per-node", "2", BODY, "wait"])
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline and job.poll() is None:
+            m = re.search(r"READY (\d+)", job.stdout.readline())
+            if m:
+                pids.append(int(m.group(1)))
+        assert len(pids) == 2, f"ranks did not start: {job.poll()}"
+        job.send_signal(signal.SIGINT)
+        out, err = _finish(job, timeout_s=30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 130, out + err
+    assert "received SIGINT" in err, err
+    assert not _gone(pids), f"ranks left alive: {pids}"
+
+
+def test_bad_flags_are_refused_before_any_rank_starts():
+    job = _launch(["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2", BODY, "env"])
+    out, err = _finish(job, timeout_s=30)
+    assert job.returncode == 2 and "--node-rank=2 must be in [0, 2)" in err, err
+
+
+@pytest.mark.parametrize("flag", ["--nproc-per-node", "--nproc_per_node"])
+def test_help_names_both_spellings(flag):
+    job = _launch(["--help"])
+    out, _ = _finish(job, timeout_s=30)
+    assert job.returncode == 0 and flag in out, out
+
+
+def test_ranks_die_with_a_killed_launcher():
+    job = _launch(["--standalone", "--nproc-per-node", "2", BODY, "wait"])
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline and job.poll() is None:
+            m = re.search(r"READY (\d+)", job.stdout.readline())
+            if m:
+                pids.append(int(m.group(1)))
+        assert len(pids) == 2, f"ranks did not start: {job.poll()}"
+        job.kill()  # SIGKILL: the launcher cannot clean up; the ranks must still end
+        job.communicate(timeout=30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert not _gone(pids), f"ranks outlived the launcher: {pids}"
+
+
+def test_slurm_job_script_is_valid_bash():
+    """examples/slurm_job.sh cannot run without SLURM; at least its syntax is checked."""
+    result = subprocess.run(["bash", "-n", str(REPO / "examples" / "slurm_job.sh")],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,151 @@
+"""The TCP transport cannot be joined or crashed by strangers (all on 127.0.0.1).
+
+A 2-rank job starts rank 0 alone; while it waits for rank 1, clients that are not ranks connect
+to its rendezvous port (MASTER_PORT) or its data port: an HTTP request, 64 random bytes, a
+client that sends nothing, a header announcing a huge message. Then rank 1 starts, and the job
+must finish correctly, rank 0 having logged why it dropped each stranger.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from minidist.comm.transports import tcp
+from procs import REPO, free_port, job_env, run_env_ranks
+
+BODY = REPO / "tests" / "multiproc" / "tcp_body.py"
+
+
+def _rank(r: int, port: int, extra: dict | None = None) -> subprocess.Popen:
+    env = job_env({"MINIDIST_TIMEOUT_S": "30", **(extra or {})})
+    env.update(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port))
+    return subprocess.Popen([sys.executable, str(BODY), "p2p"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO),
+                            start_new_session=True)
+
+
+def _finish(procs: list, timeout_s: float = 60) -> list[tuple[int, str, str]]:
+    try:
+        return [(p.communicate(timeout=timeout_s) and p.returncode, *p.communicate())
+                for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.communicate()
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """TCP ports the process listens on (from /proc: its socket inodes in state LISTEN)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:
+                ports.add(int(cols[1].split(":")[1], 16))
+    return ports
+
+
+def _wait_for_ports(pid: int, want: int, timeout_s: float = 30) -> set[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ports = _listening_ports(pid)
+        if len(ports) >= want:
+            return ports
+        time.sleep(0.05)
+    raise AssertionError(f"rank 0 (pid {pid}) did not listen on {want} ports")
+
+
+def _strangers(port: int) -> list[socket.socket]:
+    """Connect the four kinds of stranger to 127.0.0.1:port; return the open sockets."""
+    socks = []
+    for payload in (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",     # a web client
+                    bytes(range(64)),                                   # 64 bytes of noise
+                    b"",                                                # says nothing
+                    struct.pack("<qQ", 0, 1 << 62)):                    # a huge frame header
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(payload)
+        socks.append(s)
+    # One that speaks the handshake (no token set), then announces a 4 GiB message. Rank 0
+    # serves one connection at a time, so it answers after the silent one's deadline: wait
+    # for it in a thread while rank 1 starts.
+    s = socket.create_connection(("127.0.0.1", port), timeout=20)
+    socks.append(s)
+    threading.Thread(target=_huge_after_handshake, args=(s,), daemon=True).start()
+    return socks
+
+
+def _huge_after_handshake(s: socket.socket) -> None:
+    try:
+        nonce_c = os.urandom(tcp.NONCE_BYTES)
+        s.sendall(tcp.MAGIC + nonce_c)
+        reply = b""
+        while len(reply) < len(tcp.MAGIC) + tcp.NONCE_BYTES + tcp.MAC_BYTES:
+            got = s.recv(100)
+            if not got:
+                return
+            reply += got
+        nonce_s = reply[len(tcp.MAGIC):len(tcp.MAGIC) + tcp.NONCE_BYTES]
+        s.sendall(tcp._mac(b"", b"client", nonce_s, nonce_c) + struct.pack("<I", 0xFFFFFFFF))
+    except OSError:
+        pass
+
+
+@pytest.mark.parametrize("target", ["master", "data"])
+def test_strangers_are_dropped_and_the_job_completes(target):
+    port = free_port()
+    rank0 = _rank(0, port)
+    socks = []
+    try:
+        ports = _wait_for_ports(rank0.pid, 2)
+        victim = port if target == "master" else min(ports - {port})
+        socks = _strangers(victim)
+        rank1 = _rank(1, port)
+        (code0, out0, err0), (code1, out1, err1) = _finish([rank0, rank1])
+    finally:
+        for s in socks:
+            s.close()
+        if rank0.poll() is None:
+            os.killpg(rank0.pid, 9)
+    assert code0 == 0 and code1 == 0, err0 + err1
+    assert "OK p2p rank 0" in out0 and "OK p2p rank 1" in out1, out0 + out1
+    dropped = [line for line in err0.splitlines() if "dropped a connection" in line]
+    assert len(dropped) >= 5, err0
+    for reason in ("did not open with minidist's handshake", "within",
+                   "announced a 4294967295-byte" if target == "master" else "says it is rank"):
+        assert any(reason in line for line in dropped), (reason, err0)
+
+
+def test_ranks_with_different_tokens_both_fail_fast():
+    port = free_port()
+    procs = [_rank(0, port, {"MINIDIST_AUTH_TOKEN": "alpha"}),
+             _rank(1, port, {"MINIDIST_AUTH_TOKEN": "beta"})]
+    (code0, _, err0), (code1, _, err1) = _finish(procs, timeout_s=25)
+    assert code0 != 0 and "[rank 0/2] rendezvous: a peer failed authentication" in err0, err0
+    assert code1 != 0 and "[rank 1/2] handshake with rank 0" in err1, err1
+    assert "MINIDIST_AUTH_TOKEN differs" in err1, err1
+
+
+def test_same_token_joins_and_the_port_is_reusable_at_once():
+    port = free_port()
+    for _ in range(2):  # the second run binds MASTER_PORT right after the first one ended
+        result = run_env_ranks(2, [BODY, "p2p"], timeout_s=60, port=port,
+                               env={"MINIDIST_AUTH_TOKEN": "s3cret"})
+        assert result.returncode == 0, result.report()
