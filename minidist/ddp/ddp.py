@@ -24,7 +24,9 @@ What construction does (every rank, same order)::
     4. allocate one flat buffer per bucket (process group's alloc_buffer), make every p.grad
        a view into it, register a post-accumulate-grad hook per parameter (reducer.py)
 
-The rest of a step is the Reducer's: see reducer.py for the picture. docs/how_ddp_works.md
+Each synced forward in grad mode first broadcasts rank 0's buffers (``broadcast_buffers``,
+torch's default; one flat message per dtype, nothing for a model without buffers). The rest of
+a step is the Reducer's: see reducer.py for the picture. docs/how_ddp_works.md
 walks through it with the scaling numbers.
 """
 
@@ -96,8 +98,11 @@ class DistributedDataParallel:
             (``[local_rank]``, ``["cuda:1"]``). Anything else raises ValueError.
         output_device: None, or the same device as ``device_ids[0]``.
         dim: torch's scatter dimension for multi-device modules; unused (one device per rank).
-        broadcast_buffers: accepted for torch compatibility; buffers are broadcast from rank 0
-            once, at construction (with the parameters), not before every forward.
+        broadcast_buffers: broadcast rank 0's buffers (BatchNorm running statistics) to
+            every rank before each synced forward in grad mode, as torch does, so they
+            cannot drift apart (one flat message per dtype; nothing when the model has no
+            buffers). Forwards under ``no_grad`` or ``no_sync`` skip it. False: each rank
+            keeps its own buffers after the broadcast at construction.
         init_sync: torch's name for broadcasting rank 0's parameters and buffers at start.
         process_group: the group to reduce over (default: the world).
         bucket_cap_mb: size limit of each gradient bucket after the first (torch: 25; None
@@ -169,6 +174,8 @@ class DistributedDataParallel:
         algorithms = self._bucket_algorithms(group)
         if broadcast_parameters and self.world_size > 1:
             self._broadcast_state()
+        self._buffer_packs = self._pack_buffers() if broadcast_buffers and \
+            self.world_size > 1 else []
         for b in self.buckets:
             b.buffer[...] = 0
         if overlap == "auto":
@@ -272,14 +279,50 @@ class DistributedDataParallel:
                 comm.broadcast(tmp, src=0, group=self.process_group)
                 arr[...] = tmp
 
+    def _pack_buffers(self) -> list[tuple[Any, list[Any]]]:
+        """Group the module's buffers by dtype, each group with a cached flat array.
+
+        Returns ``[(flat, [buffer arrays])]``: ``_sync_buffers`` copies the buffers into
+        ``flat``, broadcasts it once, and copies back, so a BatchNorm model pays one message
+        per dtype per step (float32 statistics + int64 counters: two), not one per buffer.
+        """
+        arrays = [t.data for _, t in self.module.named_buffers()] \
+            if hasattr(self.module, "named_buffers") else []
+        by_dtype: dict[Any, list[Any]] = {}
+        for arr in arrays:
+            by_dtype.setdefault((arr.dtype, backend.get_array_module(arr)), []).append(arr)
+        return [(xp.empty(sum(a.size for a in group), dtype=dtype), group)
+                for (dtype, xp), group in by_dtype.items()]
+
+    def _sync_buffers(self) -> None:
+        """Rank 0's buffers to every rank: one broadcast per dtype (COLLECTIVE)."""
+        for flat, arrays in self._buffer_packs:
+            at = 0
+            for a in arrays:
+                flat[at:at + a.size] = a.reshape(-1)
+                at += a.size
+            comm.broadcast(flat, src=0, group=self.process_group)
+            at = 0
+            for a in arrays:
+                a[...] = flat[at:at + a.size].reshape(a.shape)
+                at += a.size
+
     # ------------------------------------------------------------------ the step
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the module; with grad mode on, also prepare the reducer for the coming backward."""
+        """Run the module; with grad mode on, also prepare the reducer for the coming backward.
+
+        A synced forward in grad mode (not under ``no_grad``/``no_sync``) first broadcasts rank
+        0's buffers when ``broadcast_buffers`` (torch's rule): every rank reaches that forward
+        in the same order, so the broadcast lines up, while an extra eval forward or the
+        accumulation micro-batches of one step send nothing.
+        """
         if not is_grad_enabled():
             return self.module(*args, **kwargs)
         tr = trace.tracer()
         t0 = tr.now() if tr is not None else 0.0
+        if self._buffer_packs and self.reducer.require_sync:
+            self._sync_buffers()
         self.reducer.prepare_for_forward()
         out = self.module(*args, **kwargs)
         self.reducer.watch_output(out)
