@@ -28,9 +28,10 @@ def _same(x: Any, result: Any) -> Any:
     return x if isinstance(x, Tensor) and not isinstance(result, comm.Work) else result
 
 
-def all_reduce(tensor: Any, op: Any = "sum", group: Any = None, async_op: bool = False,
-               algorithm: str | None = None, label: str | None = None) -> Any:
-    """``comm.all_reduce`` on a Tensor or array, torch's argument order (in place)."""
+def all_reduce(tensor: Any, op: Any = "sum", algorithm: str | None = None, group: Any = None,
+               label: str | None = None, async_op: bool = False) -> Any:
+    """``comm.all_reduce`` on a Tensor or array (in place), with comm's argument order:
+    ``algorithm`` comes third, so pass torch's ``group`` and ``async_op`` by keyword."""
     return _same(tensor, comm.all_reduce(_array(tensor), op, algorithm, group, label,
                                          async_op=async_op))
 
