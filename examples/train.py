@@ -4,6 +4,7 @@ Run (from the repository root):
 
     ./mpirun.sh -n 4 python examples/train.py                   # 4 ranks, MLP on the digits
     ./mpirun.sh -n 4 python examples/train.py --model cnn       # small CNN on 1x8x8 images
+    ./mpirun.sh -n 4 python examples/train.py --model cnn --bn  # ... with BatchNorm2d
     .venv/bin/python examples/train.py                          # one process, no mpiexec
     ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/a --save-model runs/a/model.npz
     ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/a --resume   # after a crash
@@ -66,6 +67,7 @@ class Config:
     lr: float = 3e-3
     lr_scaling: str = "linear"
     model: str = "mlp"
+    bn: bool = False
     hidden: str = "512,256"
     dropout: float = 0.3
     optimizer: str = "adamw"
@@ -99,6 +101,8 @@ HELP = {
     "lr_scaling": "how lr grows with the world size n: linear (lr x n, Goyal et al. 2017), "
                   "sqrt (lr x sqrt(n)) or none (lr as given)",
     "model": "mlp on flat features, or cnn on (C, H, W) images",
+    "bn": "CNN only: BatchNorm2d after each convolution (running statistics kept equal on "
+          "every rank by DDP's broadcast_buffers)",
     "hidden": "MLP only: hidden layer widths, comma-separated",
     "dropout": "MLP only: dropout probability after each hidden layer",
     "optimizer": "adamw, or sgd with momentum 0.9 (then use --lr 0.05 --weight-decay 5e-4)",
@@ -195,6 +199,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         parser.error("--resume needs --checkpoint-dir DIR")
     if cfg.dataset == "synthetic" and cfg.model == "cnn":
         parser.error("--model cnn needs image data; use --model mlp with --dataset synthetic")
+    if cfg.bn and cfg.model != "cnn":
+        parser.error("--bn adds BatchNorm2d to the CNN; use it with --model cnn")
     cfg.amp = cfg.amp or cfg.master_weights
     if cfg.zero and cfg.amp:
         parser.error("--zero does not combine with --amp (loss scaling needs the whole "
@@ -221,8 +227,10 @@ def use_device(device: str | None) -> None:
 
 # ------------------------------------------------------------------------------- model
 def build_model(kind: str, sample_shape: tuple[int, ...], n_classes: int,
-                dropout: float = 0.0, hidden: tuple[int, ...] = (512, 256)) -> nn.Module:
-    """An MLP on flat features (Linear-ReLU-Dropout per hidden width), or a CNN on (C, H, W)."""
+                dropout: float = 0.0, hidden: tuple[int, ...] = (512, 256), bn: bool = False
+                ) -> nn.Module:
+    """An MLP on flat features (Linear-ReLU-Dropout per hidden width), or a CNN on (C, H, W)
+    (Conv-ReLU twice, with ``bn`` Conv-BatchNorm2d-ReLU)."""
     if kind == "mlp":
         (width,) = sample_shape
         layers: list[nn.Module] = []
@@ -231,9 +239,12 @@ def build_model(kind: str, sample_shape: tuple[int, ...], n_classes: int,
             width = h
         return nn.Sequential(*layers, nn.Linear(width, n_classes))
     c, h, w = sample_shape
-    return nn.Sequential(nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(),
-                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-                         nn.MaxPool2d(2), nn.Flatten(),
+
+    def conv(c_in: int, c_out: int) -> list[nn.Module]:
+        norm = [nn.BatchNorm2d(c_out)] if bn else []
+        return [nn.Conv2d(c_in, c_out, 3, padding=1), *norm, nn.ReLU()]
+
+    return nn.Sequential(*conv(c, 16), *conv(16, 32), nn.MaxPool2d(2), nn.Flatten(),
                          nn.Linear(32 * (h // 2) * (w // 2), 64), nn.ReLU(),
                          nn.Linear(64, n_classes))
 
@@ -298,7 +309,7 @@ def main(argv: list[str] | None = None) -> float:
     n_classes = int(max(train_set.y.max(), test_set.y.max())) + 1
 
     model = build_model(cfg.model, train_set.x.shape[1:], n_classes, cfg.dropout,
-                        parse_widths(cfg.hidden))
+                        parse_widths(cfg.hidden), cfg.bn)
     optimizer = build_optimizer(cfg, model) if not cfg.zero else None
     if cfg.master_weights:  # converts the model to float16: before DDP builds its buckets
         optimizer = amp.MasterWeights(optimizer)

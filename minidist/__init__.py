@@ -28,12 +28,9 @@ from minidist.comm import (
     CommTimeout,
     ProcessGroup,
     ReduceOp,
-    all_gather,
-    all_gather_into,
+    Work,
     all_gather_object,
-    all_reduce,
     barrier,
-    broadcast,
     broadcast_object,
     destroy_process_group,
     get_local_rank,
@@ -42,9 +39,8 @@ from minidist.comm import (
     init_process_group,
     is_initialized,
     is_main_process,
+    new_group,
     new_group_from_transport,
-    reduce,
-    reduce_scatter,
 )
 
 # optim and data: optimizers, LR schedules, clipping; datasets, DistributedSampler, DataLoader
@@ -58,6 +54,9 @@ from minidist.amp import GradScaler, autocast, float16
 # ddp and trainer: DistributedDataParallel, comm hooks, Trainer, atomic checkpoints
 from minidist import ddp
 from minidist.ddp import DistributedDataParallel, ZeroRedundancyOptimizer
+# the array collectives, taking a Tensor too (torch's argument order; minidist/ddp/collectives.py)
+from minidist.ddp.collectives import (all_gather, all_gather_into, all_reduce, broadcast, reduce,
+                                      reduce_scatter)
 
 # utils: activation checkpointing and the memory report (docs/memory.md)
 from minidist import utils

@@ -63,7 +63,8 @@ SCHEDULES = ("cosine", "constant")
 # TrainerConfig fields that decide how many collectives run and which samples each rank sees:
 # the pre-flight check at fit compares them across ranks.
 _AGREED_CONFIG = ("epochs", "batch_size", "grad_accum_steps", "shuffle", "seed",
-                  "stop_after_epochs", "validation_split", "resume")
+                  "stop_after_epochs", "stop_after_steps", "checkpoint_every_n_steps",
+                  "validation_split", "resume")
 _RESUME_KEYS = ("model", "optimizer", "epoch", "global_step", "world_size", "rng")
 
 
@@ -92,12 +93,20 @@ class TrainerConfig:
             folder, merged into ``trace.json`` at the end of ``fit`` (minidist/trace.py; the
             ``MINIDIST_TRACE`` variable does the same). None: no tracing.
         checkpoint_every_n_epochs: write a checkpoint every n epochs and after the last (0: never).
+        checkpoint_every_n_steps: also write a checkpoint every n optimizer steps, mid-epoch
+            included, with the DataLoader's position (0: never). A resumed run continues at
+            the next batch and ends bit-identical to a straight one. In this mode every
+            checkpoint file is numbered by optimizer step (``checkpoint-000012.npz``: after
+            step 12), not by epoch.
         checkpoint_dir: where checkpoints and history.json go.
         checkpoint_keep_last: keep only this many newest checkpoints (None: keep all).
         resume: start from the newest checkpoint in checkpoint_dir that loads (damaged newer
             ones are skipped, one warning line each), if there is one.
         stop_after_epochs: end this run after this many epochs (counted from 0) although the
             schedule spans ``epochs``: for time-limited jobs that resume later (None: run all).
+        stop_after_steps: end this run after this many optimizer steps (counted from 0),
+            mid-epoch if need be, after writing a checkpoint when ``checkpoint_dir`` is set
+            (None: run all).
         validation_split: fraction of the training set held out when no val set is given.
         progress_bar: text bar on rank 0's stderr; None = only on a TTY and not under CI.
         verbose: rank 0 prints one line per epoch.
@@ -119,10 +128,12 @@ class TrainerConfig:
     log_every_n_batches: int = 0
     trace_dir: str | None = None
     checkpoint_every_n_epochs: int = 0
+    checkpoint_every_n_steps: int = 0
     checkpoint_dir: str | None = None
     checkpoint_keep_last: int | None = None
     resume: bool = False
     stop_after_epochs: int | None = None
+    stop_after_steps: int | None = None
     validation_split: float = 0.0
     progress_bar: bool | None = None
     verbose: bool = True
@@ -144,7 +155,12 @@ class TrainerConfig:
              "in [0, 1)"),
             (self.checkpoint_every_n_epochs >= 0, "checkpoint_every_n_epochs",
              self.checkpoint_every_n_epochs, ">= 0"),
-            (not ((self.checkpoint_every_n_epochs or self.resume) and not self.checkpoint_dir),
+            (self.checkpoint_every_n_steps >= 0, "checkpoint_every_n_steps",
+             self.checkpoint_every_n_steps, ">= 0"),
+            (self.stop_after_steps is None or self.stop_after_steps >= 1, "stop_after_steps",
+             self.stop_after_steps, "None or >= 1"),
+            (not ((self.checkpoint_every_n_epochs or self.checkpoint_every_n_steps
+                   or self.resume) and not self.checkpoint_dir),
              "checkpoint_dir", self.checkpoint_dir, "set when checkpointing or resuming"),
             (self.checkpoint_keep_last is None or (isinstance(self.checkpoint_keep_last, int)
                                                    and self.checkpoint_keep_last >= 1),
@@ -230,6 +246,8 @@ class Trainer:
         self.scheduler: Any = None
         self.global_step = 0
         self.start_epoch = 0
+        self._loader_state: dict | None = None  # a mid-epoch position from a resumed checkpoint
+        self._stopped = False  # stop_after_steps reached
         self.history = History(world_size=self.world_size)
         # Extra run-manifest fields that every rank must agree on, checked before step 0 of
         # fit (preflight.py), e.g. {"amp": {"enabled": True, "init_scale": 65536.0}}.
@@ -272,6 +290,8 @@ class Trainer:
         self._build_schedule(steps_per_epoch * cfg.epochs, steps_per_epoch)
         if cfg.resume:
             self._resume()
+        if self._loader_state is not None:  # a mid-epoch checkpoint: continue at its batch
+            loader.load_state_dict(self._loader_state)
         if self.start_epoch >= cfg.epochs:  # resumed a finished run: say so, train nothing
             self._log(f"resume: the run in {cfg.checkpoint_dir} is complete ({self.start_epoch} "
                       f"epochs done, epochs={cfg.epochs}); nothing to train. To train longer, "
@@ -289,6 +309,8 @@ class Trainer:
             t0 = time.perf_counter()
             loader.set_epoch(epoch)
             loss, acc, seen = self._train_epoch(loader, epoch)
+            if self._stopped:  # stop_after_steps, mid-epoch: the checkpoint is written
+                break
             elapsed = time.perf_counter() - t0
             h = self.history
             h.train_losses.append(loss)
@@ -342,8 +364,11 @@ class Trainer:
         count = max(sums[2], 1.0)
         return float(sums[0] / count), float(sums[1] / count)
 
-    def save_checkpoint(self, epoch: int) -> Path:
+    def save_checkpoint(self, epoch: int, loader: DataLoader | None = None) -> Path:
         """Write everything needed to resume after ``epoch`` epochs (rank 0 writes, all wait).
+
+        With ``loader`` mid-epoch (``checkpoint_every_n_steps``), ``epoch`` is the epoch in
+        progress and the loader's position is saved too, so resume continues at its next batch.
 
         Raises:
             CheckpointError: on every rank alike, if the model or optimizer state holds NaN
@@ -358,13 +383,15 @@ class Trainer:
             "global_step": int(self.global_step),
             "sampler": {"epoch": int(epoch), "seed": self.config.seed,
                         "shuffle": self.config.shuffle},
+            "loader": loader.state_dict() if loader is not None else None,
             "world_size": int(self.world_size),
             "rng": tensor_random.default_generator().bit_generator.state,
             "history": self.history.to_dict(),
             "config": {k: v for k, v in dataclasses.asdict(self.config).items()
                        if isinstance(v, (int, float, str, bool, type(None)))},
         }
-        path = save_checkpoint(checkpoint_path(self.config.checkpoint_dir, epoch), state,
+        number = self.global_step if self.config.checkpoint_every_n_steps else epoch
+        path = save_checkpoint(checkpoint_path(self.config.checkpoint_dir, number), state,
                                keep_last=self.config.checkpoint_keep_last)
         self._log(f"checkpoint: {path}")
         return path
@@ -398,7 +425,7 @@ class Trainer:
         cfg = self.config
         self.model.train()
         sums = np.zeros(3, dtype=np.float64)  # loss*count, correct, count (real samples only)
-        batches = list(range(len(loader)))
+        batches = list(range(loader.resume_at, len(loader)))  # a resumed epoch: the rest
         show_bar = self._progress_enabled()
         accum = cfg.grad_accum_steps
         it = loader.iter_with_mask()
@@ -408,7 +435,7 @@ class Trainer:
             if tr is not None and b % accum == 0:
                 t_step = tr.now()
             x, y, mask = next(it)
-            last_micro = (b + 1) % accum == 0 or b + 1 == len(batches)
+            last_micro = (b + 1) % accum == 0 or b + 1 == len(loader)
             with self._amp_errstate(), (contextlib.nullcontext() if last_micro
                                         else self.ddp.no_sync()):
                 with self._autocast() as ac:
@@ -428,12 +455,20 @@ class Trainer:
                 if cfg.log_every_n_batches and self.global_step % cfg.log_every_n_batches == 0:
                     self._log(f"epoch {epoch + 1} step {self.global_step} loss "
                               f"{float(loss.item()):.4f} (rank 0's batch)")
+                every = cfg.checkpoint_every_n_steps
+                stop = cfg.stop_after_steps is not None and self.global_step >= \
+                    cfg.stop_after_steps
+                if (every and self.global_step % every == 0) or (stop and cfg.checkpoint_dir):
+                    self.save_checkpoint(epoch, loader)
+                if stop:
+                    self._stopped = True
+                    break
             if tr is not None and last_micro:
                 t_end, args = tr.now(), {"step": self.global_step - 1, "epoch": epoch}
                 tr.complete("optimizer.step", t_opt, t_end, args=args)
                 tr.complete(f"step {self.global_step - 1}", t_step, t_end, args=args)
             if show_bar:
-                _progress(b + 1, len(batches), epoch, float(loss.item()))
+                _progress(b + 1, len(loader), epoch, float(loss.item()))
         if show_bar:
             sys.stderr.write("\n")
         comm.all_reduce(sums, op="sum")
@@ -485,6 +520,9 @@ class Trainer:
         tensor_random.default_generator().bit_generator.state = ckpt["rng"]
         self.start_epoch = int(ckpt["epoch"])
         self.global_step = int(ckpt["global_step"])
+        loader_state = ckpt.get("loader")
+        if loader_state and int(loader_state["batches_yielded"]) > 0:
+            self._loader_state = loader_state
         if ckpt.get("history"):
             self.history = History.from_dict(ckpt["history"])
         self._log(f"resumed from {path}: epoch {self.start_epoch}, step {self.global_step}")

@@ -105,6 +105,20 @@ def test_train_ddp_resume_and_seed_are_bit_exact(tmp_path):
     assert final_accuracy(resumed.stdout) == final_accuracy(straight.stdout)
 
 
+@pytest.mark.mpi
+def test_train_cnn_with_batchnorm_under_ddp(tmp_path):
+    """--bn: BatchNorm2d after each conv, 2 ranks; the saved running statistics are torch's keys."""
+    result = run_mpi(2, [TRAIN, "--model", "cnn", "--bn", "--epochs", "2",
+                         "--save-model", tmp_path / "model.npz"], timeout_s=120)
+    assert result.returncode == 0, result.report()
+    assert final_accuracy(result.stdout) >= 0.85, result.report()
+    with np.load(tmp_path / "model.npz", allow_pickle=False) as saved:
+        assert {"1.running_mean", "1.running_var", "1.num_batches_tracked",
+                "4.running_mean"} <= set(saved.files), saved.files
+    rejected = run_env_ranks(1, [TRAIN, "--bn"], timeout_s=60)
+    assert rejected.returncode != 0 and "--bn adds BatchNorm2d" in rejected.stderr
+
+
 def test_train_without_a_gpu_stack_says_so_in_one_line():
     from minidist import xp
 

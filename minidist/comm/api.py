@@ -401,18 +401,72 @@ def barrier(group: ProcessGroup | None = None) -> None:
     _g(group).barrier()
 
 
+class Work:
+    """The handle an ``async_op=True`` collective returns (torch's ``Work``).
+
+    minidist completes async collectives EAGERLY: the call runs the collective to the end and
+    returns a Work that is already completed. Why not a background thread: the transports'
+    fastest paths (MPI's own Allreduce, the shared-memory windows) must not run two
+    collectives of one communicator at once from two threads, and a thread per group would
+    have to give up those paths or serialize behind them anyway. Eager completion keeps every
+    rank's ledger in program order, which is what the fingerprints check. It is honest about
+    overlap: there is none; a script written for torch's ``work = all_reduce(..., async_op=True);
+    ...; work.wait()`` runs unchanged and gets the same numbers.
+
+        work = minidist.all_reduce(buf, async_op=True)
+        work.wait(timeout=5.0)          # True: done (a failure raised at the call already)
+        assert work.is_completed()
+    """
+
+    def __init__(self, result: Any, name: str) -> None:
+        self._result, self._name = result, name
+
+    def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
+        """Return True once the collective is done (always at once: it completed eagerly).
+
+        Raises:
+            ValueError: ``timeout`` is negative.
+        """
+        if timeout is not None:
+            seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) \
+                else float(timeout)
+            if seconds < 0:
+                raise ValueError(f"{mdlog.rank_prefix()} Work.wait({self._name}): timeout="
+                                 f"{timeout!r} is negative; pass seconds >= 0 or None.")
+        return True
+
+    def is_completed(self) -> bool:
+        """True: the collective has finished."""
+        return True
+
+    def result(self) -> list:
+        """The output arrays (torch's ``Work.result()``)."""
+        return [self._result]
+
+    def __repr__(self) -> str:
+        return f"Work({self._name}, completed)"
+
+
+def _done(result: Any, name: str, async_op: bool) -> Any:
+    return Work(result, name) if async_op else result
+
+
 def all_reduce(array: Any, op: str | ReduceOp = "sum", algorithm: str | None = None,
-               group: ProcessGroup | None = None, label: str | None = None) -> Any:
+               group: ProcessGroup | None = None, label: str | None = None,
+               async_op: bool = False) -> Any:
     """Reduce ``array`` in place across ranks and return it; see ``ProcessGroup.all_reduce``.
 
-    ``label`` (e.g. ``"bucket=3"``) is kept in this call's ledger entry.
+    ``label`` (e.g. ``"bucket=3"``) is kept in this call's ledger entry. ``async_op=True``
+    returns a completed :class:`Work` instead (see there: minidist completes it eagerly).
     """
-    return _g(group).all_reduce(array, op, algorithm, label=label)
+    return _done(_g(group).all_reduce(array, op, algorithm, label=label), "all_reduce", async_op)
 
 
-def broadcast(array: Any, src: int = 0, group: ProcessGroup | None = None) -> Any:
-    """Copy rank ``src``'s ``array`` into ``array`` on every rank (in place); returns it."""
-    return _g(group).broadcast(array, src)
+def broadcast(array: Any, src: int = 0, group: ProcessGroup | None = None,
+              async_op: bool = False) -> Any:
+    """Copy rank ``src``'s ``array`` into ``array`` on every rank (in place); returns it
+    (``async_op=True``: a completed :class:`Work`)."""
+    return _done(_g(group).broadcast(array, src), "broadcast", async_op)
 
 
 def reduce(array: Any, dst: int = 0, op: str | ReduceOp = "sum",
@@ -426,15 +480,69 @@ def all_gather(array: Any, group: ProcessGroup | None = None) -> Any:
     return _g(group).all_gather(array)
 
 
-def all_gather_into(output: Any, array: Any, group: ProcessGroup | None = None) -> Any:
-    """Fill ``output`` (world_size * array.size elements) with every rank's ``array``."""
-    return _g(group).all_gather_into(output, array)
+def all_gather_into(output: Any, array: Any, group: ProcessGroup | None = None,
+                    async_op: bool = False) -> Any:
+    """Fill ``output`` (world_size * array.size elements) with every rank's ``array``
+    (``async_op=True``: a completed :class:`Work`)."""
+    return _done(_g(group).all_gather_into(output, array), "all_gather_into", async_op)
 
 
 def reduce_scatter(output: Any, input: Any, op: str | ReduceOp = "sum",
-                   group: ProcessGroup | None = None) -> Any:
-    """Rank r gets chunk r of the reduction of ``input`` (world_size * output.size elements)."""
-    return _g(group).reduce_scatter(output, input, op)
+                   group: ProcessGroup | None = None, async_op: bool = False) -> Any:
+    """Rank r gets chunk r of the reduction of ``input`` (world_size * output.size elements)
+    (``async_op=True``: a completed :class:`Work`)."""
+    return _done(_g(group).reduce_scatter(output, input, op), "reduce_scatter", async_op)
+
+
+def new_group(ranks: list[int] | None = None, timeout: float | datetime.timedelta | None = None
+              ) -> ProcessGroup | None:
+    """A process group of some of the world's ranks, usable by every collective and by DDP.
+
+    COLLECTIVE over the world: every rank calls it with the same ``ranks``, in the same order
+    as its other ``new_group`` calls (torch's rule). Ranks keep their order: world rank
+    ``ranks[i]`` is rank ``i`` of the new group.
+
+        evens = minidist.new_group([0, 2])        # every rank calls this
+        if evens is not None:                     # None on ranks outside the group
+            minidist.all_reduce(x, group=evens)
+
+    Supported on the MPI transport (``MPI_Comm_split`` of the world's communicator) and for
+    the whole world or a one-rank world on any transport; TCP and threads raise.
+
+    Returns:
+        The new ProcessGroup on its member ranks; None on the others (torch returns a
+        non-member marker there).
+
+    Raises:
+        ValueError: ``ranks`` are not distinct ranks of the world.
+        NotImplementedError: a strict sub-group on a transport without sub-communicators.
+    """
+    world = get_default_group()
+    members = list(range(world.size)) if ranks is None else list(ranks)
+    if len(set(members)) != len(members) or not members or any(
+            isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world.size
+            for r in members):
+        raise ValueError(f"{mdlog.rank_prefix()} new_group(ranks={ranks!r}): ranks must be "
+                         f"distinct integers in [0, {world.size}), at least one.")
+    timeout_s = _timeout_s(timeout) if timeout is not None else \
+        getattr(world.transport, "timeout_s", DEFAULT_TIMEOUT_S)
+    base = getattr(world.transport, "comm", None)
+    if world.transport.name == "mpi" and base is not None:
+        from minidist.comm.transports.mpi import MPITransport
+        mpi = world.transport.MPI
+        color = 0 if world.rank in members else mpi.UNDEFINED
+        key = members.index(world.rank) if world.rank in members else 0
+        sub = base.Split(color, key)  # collective over the world's communicator
+        if world.rank not in members:
+            return None
+        return ProcessGroup(MPITransport(sub, timeout_s), algorithm=world.algorithm,
+                            backend="mpi")
+    if members == list(range(world.size)) and world.size == 1:
+        return world
+    raise NotImplementedError(
+        f"{mdlog.rank_prefix()} new_group(ranks={members}): the {world.backend!r} transport "
+        "does not support sub-groups yet. Run under mpiexec (backend 'mpi'), or use the "
+        "default group.")
 
 
 def broadcast_object(obj: Any = None, src: int = 0, group: ProcessGroup | None = None) -> Any:

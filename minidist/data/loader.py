@@ -99,12 +99,54 @@ class DataLoader:
         self.seed, self.device = int(seed), device
         self.epoch = 0
         self._pool: ThreadPoolExecutor | None = None
+        # mid-epoch position: the pass in progress and the batches it has yielded; a loaded
+        # state makes the next pass start at batch ``_resume_at`` (see state_dict)
+        self._pass_epoch, self._yielded, self._resume_at = 0, 0, 0
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the shuffle of ``epoch``; passed on to the sampler's ``set_epoch``."""
         self.epoch = int(epoch)
         if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where iteration stands: ``{"epoch", "batches_yielded", "seed", "sampler"}``.
+
+        ``epoch`` is the pass in progress and ``batches_yielded`` how many of its batches were
+        handed out (0 between passes). After ``load_state_dict`` the next pass is that epoch
+        again, starting at the next batch, so a run stopped mid-epoch resumes exactly:
+
+            state = loader.state_dict()                 # saved with the model, mid-epoch
+            loader.load_state_dict(state)               # later, in a fresh process
+            for batch in loader: ...                    # the rest of that epoch
+        """
+        epoch, done = self._pass_epoch, self._yielded
+        if done >= len(self):  # the last batch was handed out: the pass is over
+            epoch, done = epoch + 1, 0
+        return {"epoch": epoch, "batches_yielded": done, "seed": self.seed,
+                "sampler": self.sampler.state_dict() if hasattr(self.sampler, "state_dict")
+                else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state``: the next pass is epoch ``state["epoch"]`` from the next batch.
+
+        Raises:
+            ValueError: another seed, or a sampler state that does not fit (see
+                ``DistributedSampler.load_state_dict``).
+        """
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"DataLoader.load_state_dict: saved seed={state['seed']} but this "
+                             f"loader has seed={self.seed}. Build it with the saved seed.")
+        if state.get("sampler") is not None and hasattr(self.sampler, "load_state_dict"):
+            self.sampler.load_state_dict(state["sampler"])
+        self.set_epoch(int(state["epoch"]))
+        self._resume_at = int(state["batches_yielded"])
+        self._pass_epoch, self._yielded = self.epoch, self._resume_at
+
+    @property
+    def resume_at(self) -> int:
+        """The batch the next pass starts at (0 unless a mid-epoch state was loaded)."""
+        return self._resume_at
 
     def indices(self) -> np.ndarray:
         """The sample indices of the current pass, in order (before batching)."""
@@ -157,12 +199,19 @@ class DataLoader:
     def _batches(self) -> Iterator[tuple[Any, slice, int]]:
         """``(batch, its slice of this pass's indices, its size)`` in order (prefetched)."""
         order = self.indices()
+        self._pass_epoch = self.epoch
         if self.sampler is None:
             self.epoch += 1  # the next pass shuffles anew even without set_epoch
-        slices = [slice(b * self.batch_size, (b + 1) * self.batch_size) for b in range(len(self))]
+        start, self._resume_at = self._resume_at, 0  # a loaded mid-epoch state: skip ahead
+        self._yielded = start
+        slices = [slice(b * self.batch_size, (b + 1) * self.batch_size)
+                  for b in range(start, len(self))]
         if self.num_workers == 0:
             for sl in slices:
-                yield self._gather(order[sl]), sl, len(order[sl])
+                batch = self._gather(order[sl])
+                self._yielded += 1
+                yield batch, sl, len(order[sl])
+            self._pass_epoch, self._yielded = self._pass_epoch + 1, 0  # between passes
             return
         pool = self._start_workers()
         ahead = self.num_workers * self.prefetch_factor
@@ -171,7 +220,10 @@ class DataLoader:
             for b, sl in enumerate(slices):
                 while len(pending) < ahead and b + len(pending) < len(slices):
                     pending.append(pool.submit(self._gather, order[slices[b + len(pending)]]))
-                yield pending.pop(0).result(timeout=self.timeout or None), sl, len(order[sl])
+                batch = pending.pop(0).result(timeout=self.timeout or None)
+                self._yielded += 1
+                yield batch, sl, len(order[sl])
+            self._pass_epoch, self._yielded = self._pass_epoch + 1, 0  # between passes
         finally:
             for f in pending:  # a loop left early: drop the batches nobody will read
                 f.cancel()

@@ -157,6 +157,28 @@ class DistributedSampler:
         positions = np.arange(self.rank, self.total_size, self.num_replicas)
         return positions < self.length
 
+    def state_dict(self) -> dict[str, Any]:
+        """What fixes this rank's order: ``{"epoch", "seed", "shuffle", "num_replicas",
+        "length", "drop_last"}`` (the position inside an epoch is the DataLoader's)."""
+        return {"epoch": self.epoch, "seed": self.seed, "shuffle": self.shuffle,
+                "num_replicas": self.num_replicas, "length": self.length,
+                "drop_last": self.drop_last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at ``state["epoch"]``; the rest must match this sampler.
+
+        Raises:
+            ValueError: the state was saved by a sampler with another seed, shuffle, world
+                size, dataset length or drop_last (the order would differ).
+        """
+        mine = self.state_dict()
+        diff = [k for k in mine if k != "epoch" and k in state and state[k] != mine[k]]
+        if diff:
+            raise ValueError(f"DistributedSampler.load_state_dict: saved {diff[0]}="
+                             f"{state[diff[0]]!r} but this sampler has {mine[diff[0]]!r}. Build "
+                             "the sampler as in the saved run (same world size, dataset, seed).")
+        self.set_epoch(int(state["epoch"]))
+
     def __iter__(self) -> Iterator[int]:
         return iter(self.local_indices().tolist())
 

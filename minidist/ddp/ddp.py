@@ -13,6 +13,10 @@
         loss_fn(model(x1), y1).backward()             # grads add up locally
     loss_fn(model(x2), y2).backward()                 # this one reduces the sum of both
 
+    with model.join():                                # uneven inputs: ranks may run out of
+        for x, y in my_batches:                       # batches at different steps; see join()
+            ...
+
 What construction does (every rank, same order)::
 
     1. plan buckets over the parameters in REVERSE order (bucket.py: 1 MiB first, 25 MiB cap)
@@ -24,7 +28,9 @@ What construction does (every rank, same order)::
     4. allocate one flat buffer per bucket (process group's alloc_buffer), make every p.grad
        a view into it, register a post-accumulate-grad hook per parameter (reducer.py)
 
-The rest of a step is the Reducer's: see reducer.py for the picture. docs/how_ddp_works.md
+Each synced forward in grad mode first broadcasts rank 0's buffers (``broadcast_buffers``,
+torch's default; one flat message per dtype, nothing for a model without buffers). The rest of
+a step is the Reducer's: see reducer.py for the picture. docs/how_ddp_works.md
 walks through it with the scaling numbers.
 """
 
@@ -41,6 +47,7 @@ from minidist import xp as backend
 from minidist.amp import owner_of
 from minidist.comm.algorithms import resolve
 from minidist.ddp.bucket import Bucket, BucketSpec, ParamMeta, plan_buckets
+from minidist.ddp.hooks import allreduce_hook
 from minidist.ddp.preflight import allreduce_table, check_manifest, library_manifest
 from minidist.ddp.reducer import Reducer, unused_param_indices
 from minidist.log import get_logger, rank_prefix
@@ -96,8 +103,11 @@ class DistributedDataParallel:
             (``[local_rank]``, ``["cuda:1"]``). Anything else raises ValueError.
         output_device: None, or the same device as ``device_ids[0]``.
         dim: torch's scatter dimension for multi-device modules; unused (one device per rank).
-        broadcast_buffers: accepted for torch compatibility; buffers are broadcast from rank 0
-            once, at construction (with the parameters), not before every forward.
+        broadcast_buffers: broadcast rank 0's buffers (BatchNorm running statistics) to
+            every rank before each synced forward in grad mode, as torch does, so they
+            cannot drift apart (one flat message per dtype; nothing when the model has no
+            buffers). Forwards under ``no_grad`` or ``no_sync`` skip it. False: each rank
+            keeps its own buffers after the broadcast at construction.
         init_sync: torch's name for broadcasting rank 0's parameters and buffers at start.
         process_group: the group to reduce over (default: the world).
         bucket_cap_mb: size limit of each gradient bucket after the first (torch: 25; None
@@ -169,6 +179,9 @@ class DistributedDataParallel:
         algorithms = self._bucket_algorithms(group)
         if broadcast_parameters and self.world_size > 1:
             self._broadcast_state()
+        self._buffer_packs = self._pack_buffers() if broadcast_buffers and \
+            self.world_size > 1 else []
+        self._join: _Join | None = None  # set inside join(): uneven inputs
         for b in self.buckets:
             b.buffer[...] = 0
         if overlap == "auto":
@@ -248,38 +261,76 @@ class DistributedDataParallel:
         except ValueError as e:  # an unknown name: the same on every rank, before any message
             raise ValueError(f"{rank_prefix()} DistributedDataParallel: {e}.") from None
 
-    def _broadcast_state(self) -> None:
-        """Rank 0's parameters (packed per bucket) and buffers go to every rank."""
+    def _broadcast_state(self, src: int = 0) -> None:
+        """Rank ``src``'s parameters (packed per bucket) and buffers go to every rank."""
         for b in self.buckets:
             for p, view in zip(b.params, b.views):
                 view[...] = p.data
-            comm.broadcast(b.buffer, src=0, group=self.process_group)
+            comm.broadcast(b.buffer, src=src, group=self.process_group)
             for p, view in zip(b.params, b.views):
                 p.data[...] = view
         # float16 weights (amp.MasterWeights): the float32 masters the optimizer steps, too
         owners = {id(o): o for o in map(owner_of, self._params) if o is not None}
         for owner in owners.values():
-            comm.broadcast(owner.master_buffer, src=0, group=self.process_group)
+            comm.broadcast(owner.master_buffer, src=src, group=self.process_group)
         others = [p for _, p in self.module.named_parameters() if not p.requires_grad]
         if hasattr(self.module, "named_buffers"):
             others += [t for _, t in self.module.named_buffers()]
         for t in others:
             arr = t.data if hasattr(t, "data") else t
             if arr.flags.c_contiguous:
-                comm.broadcast(arr, src=0, group=self.process_group)
+                comm.broadcast(arr, src=src, group=self.process_group)
             else:
                 tmp = backend.get_array_module(arr).ascontiguousarray(arr)
-                comm.broadcast(tmp, src=0, group=self.process_group)
+                comm.broadcast(tmp, src=src, group=self.process_group)
                 arr[...] = tmp
+
+    def _pack_buffers(self) -> list[tuple[Any, list[Any]]]:
+        """Group the module's buffers by dtype, each group with a cached flat array.
+
+        Returns ``[(flat, [buffer arrays])]``: ``_sync_buffers`` copies the buffers into
+        ``flat``, broadcasts it once, and copies back, so a BatchNorm model pays one message
+        per dtype per step (float32 statistics + int64 counters: two), not one per buffer.
+        """
+        arrays = [t.data for _, t in self.module.named_buffers()] \
+            if hasattr(self.module, "named_buffers") else []
+        by_dtype: dict[Any, list[Any]] = {}
+        for arr in arrays:
+            by_dtype.setdefault((arr.dtype, backend.get_array_module(arr)), []).append(arr)
+        return [(xp.empty(sum(a.size for a in group), dtype=dtype), group)
+                for (dtype, xp), group in by_dtype.items()]
+
+    def _sync_buffers(self) -> None:
+        """Rank 0's buffers to every rank: one broadcast per dtype (COLLECTIVE)."""
+        for flat, arrays in self._buffer_packs:
+            at = 0
+            for a in arrays:
+                flat[at:at + a.size] = a.reshape(-1)
+                at += a.size
+            comm.broadcast(flat, src=0, group=self.process_group)
+            at = 0
+            for a in arrays:
+                a[...] = flat[at:at + a.size].reshape(a.shape)
+                at += a.size
 
     # ------------------------------------------------------------------ the step
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the module; with grad mode on, also prepare the reducer for the coming backward."""
+        """Run the module; with grad mode on, also prepare the reducer for the coming backward.
+
+        A synced forward in grad mode (not under ``no_grad``/``no_sync``) first broadcasts rank
+        0's buffers when ``broadcast_buffers`` (torch's rule): every rank reaches that forward
+        in the same order, so the broadcast lines up, while an extra eval forward or the
+        accumulation micro-batches of one step send nothing.
+        """
         if not is_grad_enabled():
             return self.module(*args, **kwargs)
         tr = trace.tracer()
         t0 = tr.now() if tr is not None else 0.0
+        if self._join is not None and self.reducer.require_sync:
+            self._join.count_active(self, 1)
+        if self._buffer_packs and self.reducer.require_sync:
+            self._sync_buffers()
         self.reducer.prepare_for_forward()
         out = self.module(*args, **kwargs)
         self.reducer.watch_output(out)
@@ -306,6 +357,72 @@ class DistributedDataParallel:
             yield
         finally:
             self.reducer.require_sync = old
+
+    @contextlib.contextmanager
+    def join(self, divide_by_initial_world_size: bool = False, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Iterator[None]:
+        """Train on uneven inputs: ranks may run out of batches at different steps.
+
+        Inside the block every synced forward first all-reduces a count of the ranks still
+        training (one 8-byte message; without ``join`` nothing is sent). A rank that leaves
+        the block keeps answering its peers' collectives with zeros until the count is 0::
+
+            step   rank 0 (3 batches)      rank 1 (4)          rank 2 (5)
+            0..2   count=3, train          count=3, train      count=3, train
+            3      [exit] count 0, shadow  count=2, train      count=2, train
+            4      count 0, shadow         [exit] shadow       count=1, train
+            5      count 0 -> done         count 0 -> done     [exit] count 0 -> done
+                   then rank 2 (the last to leave) broadcasts its parameters and buffers
+
+        Shadowing a step = the buffer broadcast (``broadcast_buffers``) and every bucket's
+        all-reduce with a zero bucket, in the order the training ranks run them, so nobody
+        hangs. The summed gradients are divided by the number of ranks that trained this step,
+        so each step's gradient is the exact average over the real batches.
+
+        Args:
+            divide_by_initial_world_size: divide by the world size instead (torch's default
+                is True; minidist's is False: the exact average over the real batches).
+            enable: False turns the block into a no-op (torch's flag).
+            throw_on_early_termination: not supported (ValueError if True).
+
+        Raises:
+            ValueError: ``throw_on_early_termination=True``, or a comm hook is registered
+                (the shadow step runs the plain all-reduce only).
+
+        The optimizer state (momentum, Adam moments) of a rank that left early is not
+        updated by the steps it shadowed; the parameters are (the final broadcast).
+        """
+        if throw_on_early_termination:
+            raise ValueError(f"{rank_prefix()} DistributedDataParallel.join: "
+                             "throw_on_early_termination=True is not supported; use the "
+                             "default (ranks that run out of batches shadow the others).")
+        if self.reducer.comm_hook is not allreduce_hook:
+            raise ValueError(f"{rank_prefix()} DistributedDataParallel.join: a comm hook "
+                             f"({getattr(self.reducer.comm_hook, '__name__', '?')}) is "
+                             "registered; join shadows the plain all-reduce only. Remove the "
+                             "hook for training on uneven inputs.")
+        if not enable or self.world_size == 1:
+            yield
+            return
+        self._join = _Join(divide_by_initial_world_size)
+        finished = False
+        try:
+            yield
+            finished = True
+        finally:
+            join, self._join = self._join, None
+            self.reducer.divisor = self.world_size
+        if finished:  # an exception ends the job through the excepthook: no shadowing then
+            join.shadow_until_all_joined(self)
+
+    def _shadow_step(self) -> None:
+        """The collectives of one synced step, contributing nothing (see ``join``)."""
+        if self._buffer_packs:
+            self._sync_buffers()
+        for b in self.buckets:
+            b.buffer[...] = 0
+            with comm.ledger_label(f"bucket={b.index}"):
+                self._all_reduce(b.buffer, "sum")
 
     def register_comm_hook(self, state: Any, hook: Callable) -> None:
         """Replace the averaging of each bucket by ``hook(state, bucket)`` (see hooks.py)."""
@@ -381,6 +498,39 @@ class DistributedDataParallel:
     def __repr__(self) -> str:
         return f"DistributedDataParallel(world_size={self.world_size}, buckets=" \
                f"{len(self.buckets)}, module={self.module!r})"
+
+
+class _Join:
+    """The bookkeeping of one ``DistributedDataParallel.join()`` block."""
+
+    def __init__(self, divide_by_initial_world_size: bool) -> None:
+        self.divide_by_initial_world_size = divide_by_initial_world_size
+        self.steps = 0  # synced forwards this rank trained inside the block
+        self.count = np.zeros(1, dtype=np.int64)
+
+    def count_active(self, ddp: DistributedDataParallel, mine: int) -> int:
+        """All-reduce how many ranks still train (``mine``: 1 training, 0 shadowing)."""
+        self.count[0] = mine
+        comm.all_reduce(self.count, op="sum", group=ddp.process_group)
+        active = int(self.count[0])
+        if mine:
+            self.steps += 1
+            ddp.reducer.divisor = ddp.world_size if self.divide_by_initial_world_size \
+                else active
+        return active
+
+    def shadow_until_all_joined(self, ddp: DistributedDataParallel) -> None:
+        """Shadow the others' steps until none trains; then the last to leave broadcasts."""
+        shadowed = 0
+        while self.count_active(ddp, 0) > 0:
+            ddp._shadow_step()
+            shadowed += 1
+        counts = comm.all_gather_object(self.steps, group=ddp.process_group)
+        src = counts.index(max(counts))  # a rank that trained every step holds the final model
+        ddp._broadcast_state(src)
+        if shadowed:
+            log.info("join: trained %d steps, shadowed %d; final model from rank %d",
+                     self.steps, shadowed, src)
 
 
 _LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")

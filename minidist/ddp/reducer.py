@@ -172,6 +172,9 @@ class Reducer:
         self.buckets = list(buckets)
         self.all_reduce = all_reduce
         self.world_size = world_size
+        # what the default hook divides the summed gradients by: the world size, or under
+        # DistributedDataParallel.join() the number of ranks that contribute this step
+        self.divisor = world_size
         self.rank = rank
         self.overlap = overlap
         self.find_unused_parameters = find_unused_parameters
@@ -304,12 +307,12 @@ class Reducer:
             view[...] = 0
         elif g is not view:  # backward allocated it (grad was None): copy it in
             if bucket.prescaled:
-                backend.get_array_module(view).divide(g, view.dtype.type(self.world_size),
+                backend.get_array_module(view).divide(g, view.dtype.type(self.divisor),
                                                       out=view)
             else:
                 view[...] = g
         elif bucket.prescaled:  # accumulated in place (no_sync, or zero_grad(set_to_none=False))
-            view /= view.dtype.type(self.world_size)
+            view /= view.dtype.type(self.divisor)
         p.grad = view
         if not bucket.mark_slot_done(k):
             return

@@ -13,7 +13,8 @@ Per channel c, over the batch (and length/height/width) axes::
     eval:      y = (x - running_mean) / sqrt(running_var + eps) * weight + bias
 
 Under DistributedDataParallel each rank normalizes with its own batch (torch's BatchNorm, not
-SyncBatchNorm); the running statistics are broadcast from rank 0 once, at construction.
+SyncBatchNorm); with ``broadcast_buffers=True`` (the default) DDP broadcasts rank 0's running
+statistics before every synced forward, so the ranks' statistics do not drift apart.
 """
 
 from __future__ import annotations

@@ -1,0 +1,64 @@
+"""ddp_spawn.py ported to minidist: imports and three lines changed (see README.md).
+
+    ./mpirun.sh -n 2 python examples/from_torch/ddp_spawn_minidist.py
+"""
+import os
+
+import minidist as torch
+import minidist as dist
+from minidist.comm import detect_launch
+import minidist.nn as nn
+import minidist.optim as optim
+from minidist import DistributedDataParallel as DDP
+
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+def setup(rank, world_size):
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = "12355"
+    dist.init_process_group()
+
+
+def cleanup():
+    dist.destroy_process_group()
+
+
+def demo_basic(rank, world_size):
+    setup(rank, world_size)
+    torch.manual_seed(0)
+    model = ToyModel()
+    ddp_model = DDP(model)
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.01)
+    inputs, labels = torch.randn(20, 10), torch.randn(20, 5)
+    for step in range(10):
+        optimizer.zero_grad()
+        loss = loss_fn(ddp_model(inputs + rank), labels)
+        loss.backward()
+        optimizer.step()
+    high = ddp_model.module.net2.weight.detach().sum().reshape(1)
+    low = high.clone()
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    same = high.item() == low.item()
+    if rank == 0:
+        print(f"rank {rank}: loss {loss.item():.4f}, weights equal on all ranks: {same}", flush=True)
+    cleanup()
+
+
+def run_demo(demo_fn, world_size):
+    demo_fn(detect_launch().rank, world_size)
+
+
+if __name__ == "__main__":
+    run_demo(demo_basic, 2)

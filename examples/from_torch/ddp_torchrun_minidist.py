@@ -1,0 +1,65 @@
+"""ddp_torchrun.py ported to minidist: the imports and one line changed (see README.md).
+
+    ./mpirun.sh -n 2 python examples/from_torch/ddp_torchrun_minidist.py
+"""
+import os
+
+import minidist as torch
+import minidist as dist
+import minidist.nn as nn
+import minidist.nn.functional as F
+import minidist.optim as optim
+from minidist import DistributedDataParallel as DDP
+from minidist.data import DataLoader, TensorDataset
+from minidist.data import DistributedSampler
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(10, 32)
+        self.bn = nn.BatchNorm1d(32)
+        self.fc2 = nn.Linear(32, 2)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.bn(self.fc1(x))))
+
+
+def main():
+    dist.init_process_group()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    x = torch.randn(512, 10)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    dataset = TensorDataset(x, y)
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+
+    model = DDP(Net())
+    optimizer = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for epoch in range(5):
+        sampler.set_epoch(epoch)
+        model.train()
+        total = torch.zeros(2)
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+            total += torch.tensor([loss.item() * len(yb), len(yb)])
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        if rank == 0:
+            print(f"epoch {epoch}: loss {total[0].item() / total[1].item():.4f}", flush=True)
+
+    model.eval()
+    with torch.no_grad():
+        correct = model(x).argmax(1).eq(y).sum().item()
+    if rank == 0:
+        print(f"accuracy {correct / len(y):.3f}", flush=True)
+        torch.save(model.module.state_dict(), os.environ.get("SAVE_TO", "model.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
