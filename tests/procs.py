@@ -98,6 +98,16 @@ def run_mpi(n: int, python_args: list, timeout_s: float = 90, env: dict | None =
     return _run_group([p], argv, timeout_s)
 
 
+def run_python(python_args: list, timeout_s: float = 90, env: dict | None = None,
+               cwd: str | Path | None = None) -> JobResult:
+    """Run ``python <python_args>`` (a launcher, a script that spawns its ranks), bounded in
+    time; on a timeout its whole process group is killed, children included."""
+    argv = [sys.executable, *map(str, python_args)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=job_env(env), cwd=str(cwd or REPO), start_new_session=True)
+    return _run_group([p], argv, timeout_s)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,5 +1,6 @@
-"""examples/from_torch: each port differs from its PyTorch original in import lines and the
-documented exceptions only (examples/from_torch/README.md), and runs under mpiexec n=2."""
+"""examples/from_torch: each port differs from its PyTorch original in import lines only, and
+runs as the original does: the torchrun-shaped one under ``python -m minidist.launch``, the
+mp.spawn-shaped one as a plain script that starts its own ranks."""
 
 import difflib
 import re
@@ -7,18 +8,12 @@ import re
 import numpy as np
 import pytest
 
-from procs import REPO, run_mpi
+from procs import REPO, run_python
 
 HERE = REPO / "examples" / "from_torch"
 PAIRS = [("ddp_torchrun.py", "ddp_torchrun_minidist.py"), ("ddp_spawn.py", "ddp_spawn_minidist.py")]
-# (torch line, minidist line): the non-import changes listed in examples/from_torch/README.md
-EXCEPTIONS = {
-    ('dist.init_process_group(backend="gloo")', "dist.init_process_group()"),
-    ('dist.init_process_group("gloo", rank=rank, world_size=world_size)',
-     "dist.init_process_group()"),
-    ("mp.spawn(demo_fn, args=(world_size,), nprocs=world_size, join=True)",
-     "demo_fn(detect_launch().rank, world_size)"),
-}
+# (torch line, minidist line) pairs allowed besides imports: none today.
+EXCEPTIONS: set = set()
 
 
 def code_lines(path):
@@ -48,15 +43,15 @@ def test_port_changes_imports_and_documented_lines_only(original, port):
         assert f"`{pair[0]}`" in readme and f"`{pair[1]}`" in readme, pair
 
 
-@pytest.mark.mpi
-def test_ports_run_under_mpiexec(tmp_path):
-    job = run_mpi(2, [HERE / "ddp_torchrun_minidist.py"], timeout_s=120,
-                  env={"SAVE_TO": str(tmp_path / "model.npz")})
+def test_ports_run_like_their_originals(tmp_path):
+    job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
+                      HERE / "ddp_torchrun_minidist.py"], timeout_s=180,
+                     env={"SAVE_TO": str(tmp_path / "model.npz")})
     assert job.returncode == 0, job.report()
     acc = float(re.findall(r"accuracy ([0-9.]+)", job.stdout)[-1])
     assert acc >= 0.9, job.report()
     with np.load(tmp_path / "model.npz") as saved:
         assert "bn.running_mean" in saved.files
-    job = run_mpi(2, [HERE / "ddp_spawn_minidist.py"], timeout_s=120)
+    job = run_python([HERE / "ddp_spawn_minidist.py"], timeout_s=180, cwd=tmp_path)
     assert job.returncode == 0, job.report()
     assert "weights equal on all ranks: True" in job.stdout, job.report()

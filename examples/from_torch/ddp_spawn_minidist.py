@@ -1,12 +1,12 @@
-"""ddp_spawn.py ported to minidist: imports and three lines changed (see README.md).
+"""ddp_spawn.py ported to minidist: only the imports changed (see README.md).
 
-    ./mpirun.sh -n 2 python examples/from_torch/ddp_spawn_minidist.py
+    .venv/bin/python examples/from_torch/ddp_spawn_minidist.py
 """
 import os
 
 import minidist as torch
 import minidist as dist
-from minidist.comm import detect_launch
+import minidist.multiprocessing as mp
 import minidist.nn as nn
 import minidist.optim as optim
 from minidist import DistributedDataParallel as DDP
@@ -26,7 +26,7 @@ class ToyModel(nn.Module):
 def setup(rank, world_size):
     os.environ["MASTER_ADDR"] = "localhost"
     os.environ["MASTER_PORT"] = "12355"
-    dist.init_process_group()
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
 
 def cleanup():
@@ -57,7 +57,7 @@ def demo_basic(rank, world_size):
 
 
 def run_demo(demo_fn, world_size):
-    demo_fn(detect_launch().rank, world_size)
+    mp.spawn(demo_fn, args=(world_size,), nprocs=world_size, join=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""ddp_torchrun.py ported to minidist: the imports and one line changed (see README.md).
+"""ddp_torchrun.py ported to minidist: only the imports changed (see README.md).
 
-    ./mpirun.sh -n 2 python examples/from_torch/ddp_torchrun_minidist.py
+    .venv/bin/python -m minidist.launch --standalone --nproc-per-node 2 examples/from_torch/ddp_torchrun_minidist.py
 """
 import os
 
@@ -26,7 +26,7 @@ class Net(nn.Module):
 
 
 def main():
-    dist.init_process_group()
+    dist.init_process_group(backend="gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     x = torch.randn(512, 10)

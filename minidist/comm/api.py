@@ -85,7 +85,32 @@ def _make_transport(backend: str, info: LaunchInfo, timeout_s: float) -> Transpo
                          "minidist.launch set them), or rank=, world_size= and "
                          "init_method='tcp://host:port'; "
                          f"detected launcher={info.launcher!r}, MASTER_PORT={info.master_port}.")
-    return TCPTransport(info.rank, info.world_size, info.master_addr, info.master_port, timeout_s)
+    return TCPTransport(info.rank, info.world_size, info.master_addr, rendezvous_port(info),
+                        timeout_s)
+
+
+def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
+    """The port of the TCP rendezvous: MASTER_PORT, or beside it under a real torchrun.
+
+    torchrun's agent already serves its own store on MASTER_PORT (``TORCHELASTIC_RUN_ID`` is set
+    in its ranks), so there minidist meets at MASTER_PORT + 1 on the same host instead;
+    ``MINIDIST_RENDEZVOUS_PORT`` chooses the port explicitly (every rank must set the same).
+    """
+    env = os.environ if env is None else env
+    explicit = env.get("MINIDIST_RENDEZVOUS_PORT")
+    if explicit:
+        if not explicit.isdigit() or not 0 < int(explicit) < 65536:
+            raise ValueError(f"init_process_group: MINIDIST_RENDEZVOUS_PORT={explicit!r} is not a "
+                             "port number; set it to the same free port (1-65535) on every rank.")
+        return int(explicit)
+    if env.get("TORCHELASTIC_RUN_ID") and info.master_port is not None:
+        port = info.master_port + 1
+        if info.rank == 0:
+            log.info("torchrun detected: its agent serves MASTER_PORT=%d, so the minidist "
+                     "rendezvous uses port %d (set MINIDIST_RENDEZVOUS_PORT to choose another)",
+                     info.master_port, port)
+        return port
+    return int(info.master_port)
 
 
 INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command

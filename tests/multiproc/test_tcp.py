@@ -84,3 +84,16 @@ def test_bad_rank_is_a_value_error():
 
     with pytest.raises(ValueError, match="rank 5 is not in"):
         TCPTransport(5, 2, "127.0.0.1", free_port(), timeout_s=1)
+
+
+def test_rendezvous_beside_torchruns_store():
+    """Under a real torchrun (TORCHELASTIC_RUN_ID set) the agent's own store holds MASTER_PORT:
+    the ranks must meet beside it instead of failing with "address already in use"."""
+    port = free_port()
+    with socket.socket() as agent_store:  # stands in for torchrun's TCPStore on MASTER_PORT
+        agent_store.bind(("127.0.0.1", port))
+        agent_store.listen()
+        res = run_env_ranks(2, [REPO / "tests" / "multiproc" / "torchrun_body.py"], timeout_s=60,
+                            env={**ENV, "TORCHELASTIC_RUN_ID": "test-run"}, port=port)
+    assert res.returncode == 0, res.report()
+    assert res.stdout.count("sum 3") == 2, res.report()

@@ -350,6 +350,13 @@ class TCPTransport(Transport):
                             f"before the handshake ended: {who} failed, or the port belongs to "
                             f"another program. Check {who}'s log, or pick another "
                             f"MASTER_PORT.") from None
+        except socket.timeout:
+            raise CommError(f"{self.prefix} handshake with {who}: it accepted the connection but "
+                            f"did not answer minidist's handshake within the socket timeout: "
+                            f"another program owns that port (under torchrun its agent's store "
+                            f"does; minidist then meets at MASTER_PORT + 1). Pick another "
+                            f"MASTER_PORT, or set MINIDIST_RENDEZVOUS_PORT to a free port on "
+                            f"every rank.") from None
         if reply[:len(MAGIC)] != MAGIC:
             raise CommError(f"{self.prefix} handshake with {who}: the answer is not minidist's "
                             f"protocol (first bytes {reply[:len(MAGIC)]!r}): another program "
