@@ -336,7 +336,7 @@ class DistributedDataParallel:
         self.reducer.watch_output(out)
         if self.find_unused_parameters and self.reducer.require_sync:
             self.reducer.mark_unused(unused_param_indices(out, self._params,
-                                                          lambda t: getattr(t, "_parents", ())))
+                                                          lambda t: getattr(t, "inputs", ())))
         if tr is not None:
             tr.complete("forward", t0, tr.now(), args={"step": self.reducer.num_syncs,
                                                        "sync": self.reducer.require_sync})

@@ -146,6 +146,12 @@ class Tensor:
         return out
 
     @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        """The tensors this one was computed from, as recorded on the tape (``()`` for a leaf,
+        or once backward has freed the graph). DDP walks them to find unused parameters."""
+        return self._parents
+
+    @property
     def is_leaf(self) -> bool:
         """True for tensors made by the user (not by an op recorded on the tape)."""
         return self._backward is None

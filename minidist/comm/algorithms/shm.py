@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from minidist.comm.errors import CollectiveMismatch, CommError
-from minidist.comm.ops import _UFUNCS, ReduceOp, combine, finalize
+from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.transports.base import Transport
 from minidist.comm.transports.shm_window import (SharedWindow, ShmNode, shm_alloc_buffer,
                                                   shm_close, shm_node)
@@ -73,7 +73,7 @@ def _bounds(numel: int, n: int, itemsize: int) -> list[int]:
 
 def _reduce_slice(srcs: list, out: np.ndarray, op: ReduceOp) -> None:
     """``out = srcs[0] (op) srcs[1] (op) ...`` in rank order; ``out`` may alias srcs[0] or [1]."""
-    _UFUNCS[op](srcs[0], srcs[1], out=out)
+    op.ufunc(srcs[0], srcs[1], out=out)
     for s in srcs[2:]:
         combine(out, s, op)
 
