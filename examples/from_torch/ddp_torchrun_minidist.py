@@ -56,7 +56,9 @@ def main():
         correct = model(x).argmax(1).eq(y).sum().item()
     if rank == 0:
         print(f"accuracy {correct / len(y):.3f}", flush=True)
-        torch.save(model.module.state_dict(), os.environ.get("SAVE_TO", "model.pt"))
+        path = os.environ.get("SAVE_TO", os.path.join("runs", "ddp_torchrun_model.pt"))
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        torch.save(model.module.state_dict(), path)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -122,7 +122,9 @@ INTERRUPT_GRACE_S = 1.0
 # them first, so a Ctrl-C prints one line, not one per rank. Longer than INTERRUPT_GRACE_S so
 # rank 0, even in a blocking call, gets there first.
 INTERRUPT_QUIET_S = 2.0
-INTERRUPT_FLUSH_S = 0.2  # for the launcher to relay the "interrupted" line before the abort
+# Before MPI Abort: time for the launcher to relay this rank's last lines (an "interrupted"
+# line, a traceback); Abort kills the job at once, and Hydra drops output still in flight.
+ABORT_FLUSH_S = 0.2
 
 
 def _install_excepthooks(group: ProcessGroup) -> None:
@@ -176,7 +178,7 @@ def _install_excepthooks(group: ProcessGroup) -> None:
             # tear that down before it has read the line above: give it a moment. MPI prints
             # its own "application called MPI_Abort" line; ours already says it, so stderr goes
             # quiet first.
-            time.sleep(INTERRUPT_FLUSH_S)
+            time.sleep(ABORT_FLUSH_S)
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
             abort(INTERRUPT_EXIT_CODE)
         os._exit(INTERRUPT_EXIT_CODE)  # TCP and others: peers see the closed connections
@@ -192,6 +194,7 @@ def _install_excepthooks(group: ProcessGroup) -> None:
         sys.stderr.flush()
         abort = getattr(group.transport, "abort", None)
         if callable(abort):
+            time.sleep(ABORT_FLUSH_S)  # let the launcher relay the traceback first
             abort(1)  # MPI: takes every rank down (does not return)
         group.transport.close()  # TCP and others: peers see the closed connection
 
