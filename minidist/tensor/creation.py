@@ -138,42 +138,42 @@ def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device
     return _make(numpy.arange(start, end, step), dtype, device, requires_grad)
 
 
-def _like(op: str, t: Any, dtype: Any, device: Any) -> tuple[tuple[int, ...], Any, Any]:
+def _like(t: Any, dtype: Any, device: Any) -> tuple[tuple[int, ...], Any, Any]:
     data = t.data if isinstance(t, Tensor) else as_array(t)
     return tuple(data.shape), dtype or data.dtype, device or backend.device_of(data)
 
 
 def zeros_like(t: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
                ) -> Tensor:
-    shape, dtype, device = _like("zeros_like", t, dtype, device)
+    shape, dtype, device = _like(t, dtype, device)
     return zeros(shape, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def ones_like(t: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
               ) -> Tensor:
-    shape, dtype, device = _like("ones_like", t, dtype, device)
+    shape, dtype, device = _like(t, dtype, device)
     return ones(shape, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def empty_like(t: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
                ) -> Tensor:
-    shape, dtype, device = _like("empty_like", t, dtype, device)
+    shape, dtype, device = _like(t, dtype, device)
     return empty(shape, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def full_like(t: Any, fill_value: Any, dtype: Any = None, device: Any = None,
               requires_grad: bool = False) -> Tensor:
-    shape, dtype, device = _like("full_like", t, dtype, device)
+    shape, dtype, device = _like(t, dtype, device)
     return full(shape, fill_value, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def rand_like(t: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
               ) -> Tensor:
-    shape, dtype, device = _like("rand_like", t, dtype, device)
+    shape, dtype, device = _like(t, dtype, device)
     return rand(shape, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def randn_like(t: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
                ) -> Tensor:
-    shape, dtype, device = _like("randn_like", t, dtype, device)
+    shape, dtype, device = _like(t, dtype, device)
     return randn(shape, dtype=dtype, device=device, requires_grad=requires_grad)
