@@ -18,7 +18,8 @@ the input (untimed), so every call reduces the same data. A call's time is the s
 
 Algorithms: ``ring tree rd direct mpi auto`` (the registry), ``shm`` (shared-memory window,
 plain NumPy buffer) and ``shm_zc`` (the same with the buffer allocated in the shared window by
-``shm_alloc_buffer``, so the copy-in disappears). Rank 0 prints the table, the ring/tree
+``shm_alloc_buffer``, so the copy-in disappears); ``mpi_raw`` is mpi4py's ``comm.Allreduce``
+called straight on the communicator (no minidist code: the floor for small messages). Rank 0 prints the table, the ring/tree
 crossover, and writes ``results/allreduce_n{N}.json`` (+ ``.png`` when matplotlib is there).
 
 ``X-off`` runs X with the collective ledger and fingerprints turned off for that call (what
@@ -102,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
     warmup = a.warmup if a.warmup is not None else (1 if a.quick else 3)
     algos = [x.strip() for x in a.algorithms.split(",") if x.strip()]
     if a.ledger_compare:
-        algos += [x + "-off" for x in algos if not x.endswith("-off")]
+        algos += [x + "-off" for x in algos if not x.endswith("-off") and x != RAW_MPI]
     if step < 2:
         raise SystemExit(f"--step must be >= 2, got {step}")
     if a.burst < 1:
@@ -118,6 +119,9 @@ def default_iters(nbytes: int) -> int:
     return max(10, min(200, (256 << 20) // max(nbytes, 1)))
 
 
+RAW_MPI = "mpi_raw"  # MPI's own Allreduce called directly (mpi4py), the floor of every path
+
+
 def base_algorithm(name: str) -> str:
     """``auto_zc-off`` -> ``auto``: the registered algorithm a row name runs."""
     return name.removesuffix("-off").removesuffix("_zc")
@@ -126,6 +130,13 @@ def base_algorithm(name: str) -> str:
 def make_runner(group: Any, name: str) -> Callable:
     """run(buf, op) for an algorithm name; ``X_zc`` runs X (``shm_zc``: shm) on a shared buffer,
     ``X-off`` runs X with the ledger and fingerprints off for that call (MINIDIST_LEDGER=0)."""
+    if name == RAW_MPI:  # mpi4py's Allreduce straight on the communicator: no minidist at all
+        comm, mpi = group.transport.comm, group.transport.MPI
+        ops = {"sum": mpi.SUM, "max": mpi.MAX, "min": mpi.MIN, "prod": mpi.PROD}
+
+        def run_raw(buf: Any, op: str) -> None:
+            comm.Allreduce(mpi.IN_PLACE, buf, op=ops[op])
+        return run_raw
     algo = base_algorithm(name)
     if name.endswith("-off"):
         ledger = group.ledger
@@ -222,11 +233,13 @@ def sweep(args: Args, group: Any) -> dict:
     table = Table([("size(B)", 10, "d"), ("count", 9, "d"), ("algorithm", 9, "s"),
                    ("median(us)", 11, ".1f"), ("min(us)", 10, ".1f"), ("max(us)", 10, ".1f"),
                    ("algbw(GB/s)", 11, ".3f"), ("busbw(GB/s)", 11, ".3f"),
-                   ("vs mpi", 7, ".2f"), ("vs best", 7, ".2f"), ("#wrong", 6, "d")])
+                   ("vs mpi", 7, ".2f"), ("vs raw", 7, ".2f"), ("vs best", 7, ".2f"),
+                   ("#wrong", 6, "d")])
     if rank == 0:
         print(f"# minidist all_reduce benchmark: n={n}, dtype={dtype.name}, op={args.op}, "
               f"backend={group.backend}; timings interleaved; 'vs best' = auto / fastest of "
-              f"{'/'.join(OURS)} (same buffer kind) at that size")
+              f"{'/'.join(OURS)} (same buffer kind) at that size; 'vs raw' = / {RAW_MPI} "
+              "(mpi4py's comm.Allreduce called directly)")
         print(table.header(), flush=True)
     rows = []
     plain = np.empty(max_count, dtype)
@@ -258,8 +271,10 @@ def sweep(args: Args, group: Any) -> dict:
             row.update(st, algbw_GBps=algbw,
                        busbw_GBps=algbw * 2 * (n - 1) / n if n > 1 else 0.0)
         mpi = next((r for r in point if r["algorithm"] == "mpi"), None)
+        raw = next((r for r in point if r["algorithm"] == RAW_MPI), None)
         for r in point:
             r["ratio_to_mpi"] = r["median_us"] / mpi["median_us"] if mpi else None
+            r["ratio_to_mpi_raw"] = r["median_us"] / raw["median_us"] if raw else None
             best = (best_of_ours(point, r["algorithm"].removesuffix("-off").endswith("_zc"))
                     if base_algorithm(r["algorithm"]) == "auto" else None)
             r["ratio_to_best_ours"] = r["median_us"] / best["median_us"] if best else None
@@ -267,7 +282,8 @@ def sweep(args: Args, group: Any) -> dict:
             if rank == 0:
                 print(table.row(nbytes, count, r["algorithm"], r["median_us"], r["min_us"],
                                 r["max_us"], r["algbw_GBps"], r["busbw_GBps"],
-                                r["ratio_to_mpi"], r["ratio_to_best_ours"], r["wrong"]),
+                                r["ratio_to_mpi"], r["ratio_to_mpi_raw"], r["ratio_to_best_ours"],
+                                r["wrong"]),
                       flush=True)
         rows += point
     out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
@@ -558,7 +574,7 @@ def known_algorithms() -> list[str]:
 
     plain = [*ALGORITHMS, "auto"]
     names = plain + [a + "_zc" for a in plain]
-    return names + [a + "-off" for a in names]
+    return names + [a + "-off" for a in names] + [RAW_MPI]
 
 
 if __name__ == "__main__":

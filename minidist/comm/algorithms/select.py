@@ -102,6 +102,7 @@ COST: dict[str, Callable[..., float]] = {
 RULES: dict = {}
 
 _memo: dict = {}
+EPOCH = 0  # bumped whenever MODEL/RULES/CANDIDATES change: callers' memoized choices expire
 
 
 def human_bytes(n: int) -> str:
@@ -240,6 +241,8 @@ def load_model(source: str | Path | dict) -> None:
             raise ValueError(f"load_model: unknown candidates {unknown}; known: {sorted(COST)}")
         CANDIDATES[:] = list(data["candidates"])
     _memo.clear()
+    global EPOCH
+    EPOCH += 1
 
 
 EXPLAIN_SAMPLES = 5  # calls per size class before the median is logged
