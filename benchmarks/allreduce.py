@@ -19,8 +19,8 @@ the input (untimed), so every call reduces the same data. A call's time is the s
 Algorithms: ``ring tree rd direct mpi auto`` (the registry), ``shm`` (shared-memory window,
 plain NumPy buffer) and ``shm_zc`` (the same with the buffer allocated in the shared window by
 ``shm_alloc_buffer``, so the copy-in disappears); ``mpi_raw`` is mpi4py's ``comm.Allreduce``
-called straight on the communicator (no minidist code: the floor for small messages). Rank 0 prints the table, the ring/tree
-crossover, and writes ``results/allreduce_n{N}.json`` (+ ``.png`` when matplotlib is there).
+called straight on the communicator (no minidist code: the floor for small messages). Rank 0
+prints the table, the ring/tree crossover, and writes ``results/allreduce_n{N}.json`` (+ ``.png`` when matplotlib is there).
 
 ``X-off`` runs X with the collective ledger and fingerprints turned off for that call (what
 ``MINIDIST_LEDGER=0`` does for a whole job); ``--ledger-compare`` adds ``X-off`` beside every
@@ -216,8 +216,6 @@ def best_of_ours(point: list[dict], zc: bool) -> dict | None:
 # ---------------------------------------------------------------- the sweep
 
 def sweep(args: Args, group: Any) -> dict:
-    from minidist.comm.algorithms import resolve
-
     n, rank = group.size, group.rank
     dtype = np.dtype(args.dtype)
     points = [s for s in sizes(max(args.min_bytes, dtype.itemsize), args.max_bytes, args.step)]
@@ -261,7 +259,7 @@ def sweep(args: Args, group: Any) -> dict:
             row = {"nbytes": nbytes, "count": count, "algorithm": name, "wrong": wrong,
                    "identical": same}
             if base_algorithm(name) == "auto":
-                row["chose"] = resolve("auto", group.transport, buf)[0]
+                row["chose"] = group.auto_choice(buf)[0]
             point.append(row)
             runs.append((run, buf))
         for row, samples in zip(point, time_interleaved(group, runs, base, args.op, iters,

@@ -41,6 +41,7 @@ import numpy as np
 from minidist import xp as backend
 from minidist.comm.algorithms import ALGORITHMS
 from minidist.comm.algorithms import select as _select
+from minidist.comm.algorithms.calibrate import agreed as agreed_calibration
 from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.algorithms.ring import ring_all_gather, ring_reduce_scatter
 from minidist.comm.algorithms.scratch import clear as clear_scratch
@@ -99,6 +100,11 @@ class ProcessGroup:
         self._token = np.zeros(1, np.uint8)
         self._token_in = np.zeros(1, np.uint8)
         transport.poll_hook = self._poll
+        # auto's table: a calibration every rank holds alike (collective), else the shipped one
+        self._calibration = self._explainer.calibration = agreed_calibration(self)
+        if self._debug >= 1:
+            log.debug("auto uses the %s (n=%d, transport %s)", _select.source(self._calibration),
+                      self.size, transport.name)
 
     # -- helpers -----------------------------------------------------------------------------
     def _where(self, call: str) -> str:
@@ -295,7 +301,7 @@ class ProcessGroup:
         if algorithm == "auto":
             shm = self._shm if type(flat) is np.ndarray else None
             name, reason = choose_with_reason(self.size, flat.nbytes, self._native,
-                                              shm is not None, shared)
+                                              shm is not None, shared, self._calibration)
             fn = ALGORITHMS[name]
         else:
             name, reason, fn = algorithm, "explicit", ALGORITHMS.get(algorithm)
@@ -490,11 +496,32 @@ class ProcessGroup:
     def auto_table(self) -> dict:
         """What ``algorithm="auto"`` will pick on this group at every power-of-two size.
 
-        JSON-able (see ``select.table``), plus the group's backend and world size; not
-        collective (the shared-memory facts were settled when the group was made).
+        JSON-able (see ``select.table``: its ``source`` says whether a calibration or the
+        shipped table decides), plus the group's backend and transport; not collective (the
+        shared-memory facts and the calibration were settled when the group was made).
         """
-        t = select_table(self.size, self._native, self._shm is not None)
+        t = select_table(self.size, self._native, self._shm is not None,
+                         calibration=self._calibration)
         return {"backend": self.backend, "transport": self.transport.name, **t}
+
+    def auto_source(self) -> str:
+        """Which table ``algorithm="auto"`` uses on this group: ``"calibration <file>"`` (a
+        ``python -m minidist.tune`` result every rank holds) or the shipped table."""
+        return _select.source(self._calibration)
+
+    def use_calibration(self, calibration: Any) -> None:
+        """Make "auto" on this group use ``calibration`` (a ``calibrate.Calibration``; None:
+        the shipped table). Every rank must pass the same one, as ``calibrate`` returns it."""
+        self._calibration = self._explainer.calibration = calibration
+        self._plans.clear()
+
+    def auto_choice(self, array: Any) -> tuple[str, str]:
+        """``(algorithm, reason)``: what ``all_reduce(array)`` with "auto" runs, and why; not
+        collective, sends nothing."""
+        flat = self._flat(array, "auto_choice", writable=False)
+        shm = self._shm if type(flat) is np.ndarray else None
+        shared = shm is not None and bool(shm.user_windows) and id(flat.base) in _owners(shm)
+        return self._plan("auto", flat, ReduceOp.SUM, shared)[:2]
 
     # -- memory and lifecycle ----------------------------------------------------------------
     def alloc_buffer(self, numel: int, dtype: Any, xp: Any = None) -> Any:
