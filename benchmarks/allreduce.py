@@ -20,7 +20,8 @@ Algorithms: ``ring tree rd direct mpi auto`` (the registry), ``shm`` (shared-mem
 plain NumPy buffer) and ``shm_zc`` (the same with the buffer allocated in the shared window by
 ``shm_alloc_buffer``, so the copy-in disappears); ``mpi_raw`` is mpi4py's ``comm.Allreduce``
 called straight on the communicator (no minidist code: the floor for small messages). Rank 0
-prints the table, the ring/tree crossover, and writes ``results/allreduce_n{N}.json`` (+ ``.png`` when matplotlib is there).
+prints the table, the ring/tree crossover, and writes ``results/allreduce_n{N}.json`` (+ ``.png``
+when matplotlib is there).
 
 ``X-off`` runs X with the collective ledger and fingerprints turned off for that call (what
 ``MINIDIST_LEDGER=0`` does for a whole job); ``--ledger-compare`` adds ``X-off`` beside every
@@ -287,11 +288,61 @@ def sweep(args: Args, group: Any) -> dict:
     out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
            "burst": args.burst, "rows": rows,
            "crossover_ring_tree": crossover(rows, "ring", "tree")}
+    out["auto_vs_best"] = auto_vs_best(rows)
+    if rank == 0 and out["auto_vs_best"]:
+        print(auto_table(out["auto_vs_best"]), flush=True)
     if args.ledger_compare:
         out["ledger_overhead"] = ledger_overhead(rows)
         if rank == 0:
             print(ledger_table(out["ledger_overhead"]), flush=True)
     return out
+
+
+AUTO_TOLERANCE = 0.05  # the goal: auto within 5 % of the best of our own algorithms
+
+
+def auto_vs_best(rows: list[dict]) -> list[dict]:
+    """Per size and auto row (``auto``, ``auto_zc``): auto / best of ours, and why it misses.
+
+    ``picked_vs_best``: the row of the algorithm auto ran (same buffer kind) / the best. When
+    auto misses the goal, that ratio tells the two causes apart: above the tolerance, the rule
+    picked the wrong algorithm ("rule"); within it, auto and the algorithm it ran measured
+    differently in one run ("noise": the same code, timed apart).
+    """
+    by = {(r["nbytes"], r["algorithm"]): r for r in rows}
+    out = []
+    for r in rows:
+        if base_algorithm(r["algorithm"]) != "auto" or r.get("ratio_to_best_ours") is None \
+                or r["algorithm"].endswith("-off"):
+            continue
+        zc = r["algorithm"].endswith("_zc")
+        picked = by.get((r["nbytes"], r["chose"] + ("_zc" if zc else "")))
+        best = by[(r["nbytes"], r["best_ours"])]
+        pvb = picked["median_us"] / best["median_us"] if picked else None
+        ratio = r["ratio_to_best_ours"]
+        cause = ("ok" if ratio <= 1 + AUTO_TOLERANCE else
+                 "rule" if pvb is None or pvb > 1 + AUTO_TOLERANCE else "noise")
+        out.append({"nbytes": r["nbytes"], "row": r["algorithm"], "chose": r["chose"],
+                    "best": r["best_ours"], "ratio": ratio, "picked_vs_best": pvb,
+                    "cause": cause})
+    return out
+
+
+def auto_table(summary: list[dict]) -> str:
+    """One line per auto row kind: within the tolerance at k of n sizes, then each miss."""
+    lines = []
+    for kind in dict.fromkeys(s["row"] for s in summary):
+        pts = [s for s in summary if s["row"] == kind]
+        ok = sum(s["cause"] == "ok" for s in pts)
+        lines.append(f"# {kind} <= {1 + AUTO_TOLERANCE:.2f}x the best of ours at {ok} of "
+                     f"{len(pts)} sizes (max {max(s['ratio'] for s in pts):.2f})")
+        for s in pts:
+            if s["cause"] != "ok":
+                pvb = "-" if s["picked_vs_best"] is None else f"{s['picked_vs_best']:.2f}"
+                lines.append(f"#   {human(s['nbytes']):>8s}: {s['ratio']:.2f} (ran {s['chose']}, "
+                             f"best {s['best']}; {s['chose']}'s own row / best = {pvb}: "
+                             f"{s['cause']})")
+    return "\n".join(lines)
 
 
 def ledger_overhead(rows: list[dict]) -> list[dict]:
@@ -406,35 +457,11 @@ def medians_over_runs(paths: list[str]) -> dict:
 
 
 def size_rules(times: dict[int, dict[str, float]], tol: float = TOLERANCE) -> list:
-    """A few clean thresholds ``[[upper_bytes or None, algorithm], ...]`` from per-size times.
+    """Thresholds from per-size times: ``calibrate.size_rules`` (``python -m minidist.tune``
+    fits its rules with the same function)."""
+    from minidist.comm.algorithms.calibrate import size_rules as fit_rules
 
-    Greedy from small to large: a segment keeps every algorithm that is within ``tol`` of the
-    fastest at each of its sizes; when no algorithm is left, a new segment starts. Each segment
-    takes its algorithm with the lowest mean time/fastest ratio; the threshold between two
-    segments is the geometric mean of the neighbouring sizes. Ties within noise therefore
-    extend the current choice instead of flipping back and forth (conservative, few cuts).
-    """
-    sizes_ = sorted(times)
-    segs: list = []  # [first index, last index, still-allowed set]
-    for i, s in enumerate(sizes_):
-        best = min(times[s].values())
-        ok = {a for a, t in times[s].items() if t <= best * (1 + tol)}
-        if segs and segs[-1][2] & ok:
-            segs[-1][1], segs[-1][2] = i, segs[-1][2] & ok
-        else:
-            segs.append([i, i, ok])
-    rules = []
-    for k, (i0, i1, ok) in enumerate(segs):
-        pts = sizes_[i0:i1 + 1]
-        algo = min(sorted(ok), key=lambda a: sum(times[s][a] / min(times[s].values())
-                                                 for s in pts))
-        upper = (None if k == len(segs) - 1
-                 else int(round((sizes_[i1] * sizes_[i1 + 1]) ** 0.5)))
-        if rules and rules[-1][1] == algo:
-            rules[-1][0] = upper
-        else:
-            rules.append([upper, algo])
-    return rules
+    return fit_rules(times, tol)
 
 
 def write_module(path: Path, data: dict) -> None:
@@ -478,22 +505,13 @@ def fit(paths: list[str], out: Path, module: Path | None = None) -> dict:
             complete = {s: v for s, v in times.items() if len(v) >= 2}
             if complete:
                 rules[f"{n}s" if zc else str(n)] = size_rules(complete)
+    from minidist.comm.algorithms.calibrate import fit_model
+
+    points: dict = {}
+    for (n, nbytes, name), t in med.items():
+        points.setdefault(name, []).append((n, nbytes, t))
     gamma = gamma_us_per_byte()
-    model, report = {}, []
-    for name in sorted({k[2] for k in med} & set(select.COST)):
-        pts = [(k[0], k[1], t) for k, t in med.items() if k[2] == name and k[0] > 1]
-        if len(pts) < 2:
-            continue
-        f = select.COST[name]
-        A = np.array([[f(n, b, 1, 0, 0), f(n, b, 0, 1, 0)] for n, b, _ in pts])
-        g = np.array([f(n, b, 0, 0, gamma) for n, b, _ in pts])
-        y = np.array([t for *_, t in pts])
-        w = 1.0 / y
-        (alpha, beta), *_ = np.linalg.lstsq(A * w[:, None], (y - g) * w, rcond=None)
-        alpha, beta = max(float(alpha), 0.1), max(float(beta), 1e-6)
-        model[name] = {"alpha_us": alpha, "beta_us_per_byte": beta, "gamma_us_per_byte": gamma}
-        pred = A @ np.array([alpha, beta]) + g
-        report.append((name, alpha, beta, float(np.median(np.abs(pred - y) / y))))
+    model, report = fit_model(points, gamma)
     data = {"model": model, "rules": rules, "tolerance": TOLERANCE,
             "source": [str(p) for p in paths],
             "note": "fitted by benchmarks/allreduce.py --fit; load with select.load_model()"}
