@@ -20,6 +20,13 @@ Every collective takes the same path, the one choke point of the ledger::
        failure.on_failure: the ranks exchange ledgers and every rank raises the same finding
     -> ledger row marked ok
 
+``all_reduce`` takes a faster form of the same path, for the small messages where Python is
+most of the time: its plan (algorithm, reason, function, the fingerprint's fixed part) is
+memoized per (algorithm, bytes, dtype, op, buffer kind), the ledger's ``begin`` is split into
+``claim`` (call number and message tag, before the first message) and ``record`` (the row),
+and on MPI's own Allreduce the row is written while the data is in flight (post, record,
+wait).
+
 Streams: ``tag`` (0 <= tag < MAX_STREAMS = 1024) names an independent stream with its own call
 numbers, for collectives that run concurrently from different threads; one stream must be used
 by one thread at a time. ``barrier`` and the ``*_object`` collectives use stream 0.

@@ -39,7 +39,10 @@ as JSON on a failure and at ``destroy_process_group``.
 
 Cost (the hot path of every collective, 8-byte all-reduces included): a few attribute stores
 into a preallocated list, two ``perf_counter`` calls and a short frame walk; see
-docs/benchmarks.md for the measured overhead.
+docs/benchmarks.md for the measured overhead. ``all_reduce`` calls ``claim`` (call number and
+message tag, from a memoized signature) before its first message and ``record`` (the row,
+its site recognised by the identity of the caller's memoized plan) after posting it, so on
+MPI's non-blocking Allreduce the row is written while the data moves.
 """
 
 from __future__ import annotations

@@ -107,3 +107,30 @@ def test_the_fit_gives_rules_per_buffer_kind_and_stops_extrapolating():
     assert calibrate.validate({"format": 1, "key": calibrate.cache_key("mpi", 2),
                                "model": model, "rules": rules},
                               calibrate.cache_key("mpi", 2)) is None
+
+
+def test_calibrate_on_threads_writes_a_file_that_new_groups_use(tmp_path, monkeypatch):
+    import numpy as np
+
+    from minidist.comm import new_group_from_transport
+    from minidist.comm.transports.threads import run_threads
+
+    monkeypatch.setenv("MINIDIST_CACHE_DIR", str(tmp_path))
+
+    def body(t):
+        g = new_group_from_transport(t)
+        assert g.auto_source().startswith("shipped")
+        cal = calibrate.calibrate(g, quick=True, max_bytes=2048)
+        again = new_group_from_transport(t)  # reads the file rank 0 wrote
+        x = np.full(8, t.rank + 1.0, np.float32)
+        again.all_reduce(x)
+        return (cal.digest, again.auto_source(), again.auto_choice(x), x[0],
+                len(again.ledger.entries()), len(g.ledger.entries()))
+
+    out = run_threads(2, body, timeout_s=60)
+    path = calibrate.cache_path("threads", 2)
+    assert out[0][0] == out[1][0] and path.exists()
+    for digest, source, (name, reason), value, n_new, n_old in out:
+        assert source == f"calibration {path}" and reason.startswith("calibrated")
+        assert name in ("ring", "tree", "rd") and value == 3.0
+        assert n_new == 1 and n_old == 0  # the measurement leaves the ledger alone

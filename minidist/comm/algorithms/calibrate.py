@@ -19,7 +19,7 @@ and writes them as JSON to the cache (``cache_path``)::
     $MINIDIST_CACHE_DIR (default $XDG_CACHE_HOME/minidist or ~/.cache/minidist)
       allreduce-<host>-<transport>-n<world size>.json
       {"format": 1, "key": {"host", "transport", "world_size", "version"}, "model", "rules",
-       "created", "quick", "times": {...}}
+       "created", "quick", "times_us": {...}}
 
 Every ``ProcessGroup`` looks for the file of its own key when it is made (``agreed``). On the
 MPI transport the ranks compare a digest of what they loaded (an MPI allreduce on the
@@ -423,6 +423,12 @@ def calibrate(group: Any, quick: bool = True, max_bytes: int | None = None,
         except OSError as e:
             log.warning("auto: could not write the calibration to %s (%s); it is used by this "
                         "job only. Set MINIDIST_CACHE_DIR to a writable directory.", path, e)
+    if write:  # the file exists before any rank goes on (a group made next reads it)
+        ledger.enabled = False
+        try:
+            group.barrier()
+        finally:
+            ledger.enabled = was
     data["key"] = cache_key(transport, n)  # this rank's own host (the file holds rank 0's)
     return Calibration(data["key"], data["model"], data["rules"], path if write else None,
                        digest(data["model"], data["rules"]))
