@@ -60,7 +60,7 @@ from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
 from minidist.comm.errors import CollectiveMismatch, CommError
 from minidist.comm.failure import farewell, on_failure, poll
 from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
-                                  ledger_enabled, signature)
+                                  call_plan, ledger_enabled)
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
 from minidist.comm.transports.base import MAX_STREAMS, Transport, wire_tag
 from minidist.comm.transports.shm_window import shm_free_buffer
@@ -257,18 +257,18 @@ class ProcessGroup:
             shm = self._shm if type(flat) is np.ndarray else None
             shared = shm is not None and bool(shm.user_windows) and id(flat.base) in _owners(shm)
         # The plan of this call shape (memoized: a training loop repeats a few shapes):
-        # (algorithm that runs, why, its function, ledger signature, MPI's own Allreduce?)
+        # (algorithm that runs, why, its function, the ledger's call plan, MPI's Allreduce?)
         if self._plan_epoch != _select.EPOCH:  # the model or rules changed (load_model, tune)
             self._plans.clear()
             self._plan_epoch = _select.EPOCH
         plan = self._plans.get((algorithm, flat.nbytes, flat.dtype, op.code, shared))
         if plan is None:
             plan = self._plan(algorithm, flat, op, shared)
-        name, reason, fn, sig, native = plan
+        name, reason, fn, call, native = plan
         ledger = self.ledger
         row = None
         if ledger.enabled:
-            seq, wire = ledger.claim(tag, sig)
+            seq, wire = ledger.claim(tag, call[0])
         else:
             wire = tag
         if self._debug >= 1:
@@ -280,21 +280,18 @@ class ProcessGroup:
                 # MPI's Allreduce: post it, write the ledger row while the data moves, wait.
                 pending = self.transport.native_post(flat, op, wire)
                 if ledger.enabled:
-                    row = ledger.record(seq, wire, t0, "all_reduce", tag, flat.size, flat.dtype,
-                                        array.shape, op, -1, name, reason, label, plan)
+                    row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
                 self.transport.native_wait(pending)
             else:
                 if ledger.enabled:
-                    row = ledger.record(seq, wire, t0, "all_reduce", tag, flat.size, flat.dtype,
-                                        array.shape, op, -1, name, reason, label, plan)
+                    row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
                 if self.check_consistency:
                     self._agree(f'all_reduce(algorithm="{algorithm}")', flat, op, algorithm, 0,
                                 row, tag)
                 fn(self.transport, flat, op, wire)
         except CommError as e:
             if row is None and ledger.enabled:  # posting failed before the row was written
-                row = ledger.record(seq, wire, t0, "all_reduce", tag, flat.size, flat.dtype,
-                                    array.shape, op, -1, name, reason, label, plan)
+                row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
             raise self._failed(row, e, f'all_reduce(algorithm="{algorithm}")') from e
         if row is not None:
             row[T1] = time.perf_counter()
@@ -303,7 +300,7 @@ class ProcessGroup:
         return array
 
     def _plan(self, algorithm: str, flat: Any, op: ReduceOp, shared: bool) -> tuple:
-        """``(name, reason, fn, ledger signature, native)`` of an all-reduce of this shape;
+        """``(name, reason, fn, ledger.call_plan, native)`` of an all-reduce of this shape;
         validates ``algorithm`` (ValueError before anything is sent) and memoizes the plan."""
         if algorithm == "auto":
             shm = self._shm if type(flat) is np.ndarray else None
@@ -318,7 +315,8 @@ class ProcessGroup:
                                  f"{', '.join(repr(k) for k in [*ALGORITHMS, 'auto'])}.")
             if name == "mpi" and not self._native:
                 mpi_all_reduce(self.transport, flat, op, 0)  # the clear "no MPI here" error
-        plan = (name, reason, fn, signature("all_reduce", op, flat.dtype, flat.size, -1, name),
+        plan = (name, reason, fn,
+                call_plan("all_reduce", flat.size, flat.dtype, op, -1, name, reason),
                 name == "mpi" and self._native and self.size > 1)
         if len(self._plans) >= 256:
             self._plans.clear()

@@ -138,6 +138,14 @@ def signature(collective: str, op: ReduceOp | None, dtype: Any, count: int, root
                  _DTYPE_CODE.get(dtype, 15), _ALGO_CODE.get(algorithm) or _algo_code(algorithm)))
 
 
+def call_plan(collective: str, count: int, dtype: Any, op: ReduceOp | None, root: int,
+              algorithm: str | None, reason: str | None) -> tuple:
+    """What ``Ledger.claim`` and ``Ledger.record`` need of a call that repeats: ``(signature,
+    collective, count, dtype, op, root, algorithm, reason)``; make it once, pass it each time."""
+    return (signature(collective, op, dtype, count, root, algorithm), collective, count, dtype,
+            op, root, algorithm, reason)
+
+
 # -- labels and call sites -------------------------------------------------------------------
 _LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("minidist_label",
                                                                      default=None)
@@ -309,6 +317,7 @@ class Ledger:
         self._n = 0  # rows written (two threads on two streams may rarely overwrite one row)
         self._seq: dict[int, int] = {}   # stream -> calls so far
         self._sites: dict[tuple, tuple] = {}  # (id(code), lasti, stream, collective) -> site
+        self._plan_sites: dict[tuple, tuple] = {}  # record's: (id(code), lasti, stream) -> site
         # perf_counter for cheap, precise times; wall clock = _wall0 + (t - _perf0)
         self._perf0, self._wall0 = time.perf_counter(), time.time()
         self.failures = 0
@@ -364,16 +373,15 @@ class Ledger:
         seqs[stream] = seq
         return seq, stream | ((hash((seq, sig)) & self._fp_mask) or 1) << STREAM_BITS
 
-    def record(self, seq: int, tag: int, t0: float, collective: str, stream: int, count: int,
-               dtype: Any, shape: Any, op: ReduceOp | None, root: int, algorithm: str | None,
-               reason: str | None, label: str | None = None, plan: Any = None) -> list:
+    def record(self, seq: int, tag: int, t0: float, stream: int, shape: Any,
+               label: str | None, plan: tuple) -> list:
         """The second half of ``begin``: write the row of a ``claim``ed call started at ``t0``
         (``time.perf_counter()``); return it. Called directly by the collective, as ``begin``
         is (the caller's site is two frames up).
 
-        ``plan``: any object that stands for (count, dtype, op, root, algorithm, reason), the
-        same object each time those are the same (the process group's memoized plan): then a
-        repeated call at a known site is recognised by identity instead of field by field.
+        ``plan``: ``call_plan(...)`` of the call, the same tuple object each time the caller
+        makes the same call (the process group memoizes it): a repeated call at a known site
+        is then recognised by identity, not field by field.
         """
         try:
             f = sys._getframe(2)
@@ -384,27 +392,32 @@ class Ledger:
             code, lasti = _walk_out(f)
         else:
             lasti = f.f_lasti
-        key = (id(code), lasti, stream, collective)
-        site = self._sites.get(key)
-        if site is None or site[S_PLAN] is not plan or plan is None or site[S_SHAPE] != shape:
-            if (plan is not None or site is None or site[S_COUNT] != count
-                    or site[S_DTYPE] is not dtype or site[S_OP] is not op
-                    or site[S_ALGORITHM] != algorithm or site[S_REASON] is not reason
-                    or site[S_SHAPE] != shape or site[S_ROOT] != root):
-                site = self._new_site(key, collective, stream, count, dtype, shape, op, root,
-                                      algorithm, reason, code, lasti, plan)
+        key = (id(code), lasti, stream)
+        site = self._plan_sites.get(key)
+        if site is None or site[S_PLAN] is not plan or site[S_SHAPE] != shape:
+            site = self._plan_site(key, stream, shape, plan, code, lasti)
         i = self._n
         self._n = i + 1
         self._rows[i % self.capacity] = row = [seq, tag, t0, None, site, label or _LABEL.get(),
                                                None, None]
         return row
 
-    def _new_site(self, key: tuple, collective: str, stream: int, count: int, dtype: Any,
-                  shape: Any, op: ReduceOp | None, root: int, algorithm: str | None,
-                  reason: str | None, code: Any, lasti: int, plan: Any = None) -> tuple:
-        sig = signature(collective, op, dtype, count, root, algorithm)
+    def _plan_site(self, key: tuple, stream: int, shape: Any, plan: tuple, code: Any,
+                   lasti: int) -> tuple:
+        sig, collective, count, dtype, op, root, algorithm, reason = plan
         site = (stream, collective, op, algorithm, reason, count, dtype, shape, root, code, lasti,
                 sig, plan)
+        if len(self._plan_sites) >= _SITES_MAX:
+            self._plan_sites.clear()
+        self._plan_sites[key] = site
+        return site
+
+    def _new_site(self, key: tuple, collective: str, stream: int, count: int, dtype: Any,
+                  shape: Any, op: ReduceOp | None, root: int, algorithm: str | None,
+                  reason: str | None, code: Any, lasti: int) -> tuple:
+        sig = signature(collective, op, dtype, count, root, algorithm)
+        site = (stream, collective, op, algorithm, reason, count, dtype, shape, root, code, lasti,
+                sig, None)
         if len(self._sites) >= _SITES_MAX:
             self._sites.clear()
         self._sites[key] = site
