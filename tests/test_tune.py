@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from procs import run_mpi
+from procs import run_mpi, run_python
 
 
 def results(job) -> list[dict]:
@@ -57,3 +57,16 @@ def test_tune_writes_a_cache_that_the_next_job_uses_and_bad_files_are_ignored(tm
     assert all(r["source"].startswith("shipped") for r in results(other))
     warnings = warned(other)
     assert len(warnings) == 1 and "version='0.0.1'" in warnings[0], other.stderr
+
+
+@pytest.mark.mpi
+def test_tune_over_tcp_under_the_launcher(tmp_path):
+    job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2", "-m",
+                      "minidist.tune", "--max-bytes", "2048"], timeout_s=90,
+                     env={"MINIDIST_CACHE_DIR": str(tmp_path)})
+    assert job.returncode == 0, job.report()
+    files = list(tmp_path.glob("allreduce-*-tcp-n2.json"))
+    assert len(files) == 1, job.report()
+    data = json.loads(files[0].read_text())
+    assert set(data["rules"]) == {"2"} and "mpi" not in data["model"]  # no MPI, no window
+    assert f"calibration {files[0]}" in job.stdout
