@@ -18,8 +18,10 @@ the input (untimed), so every call reduces the same data. A call's time is the s
 
 Algorithms: ``ring tree rd direct mpi auto`` (the registry), ``shm`` (shared-memory window,
 plain NumPy buffer) and ``shm_zc`` (the same with the buffer allocated in the shared window by
-``shm_alloc_buffer``, so the copy-in disappears). Rank 0 prints the table, the ring/tree
-crossover, and writes ``results/allreduce_n{N}.json`` (+ ``.png`` when matplotlib is there).
+``shm_alloc_buffer``, so the copy-in disappears); ``mpi_raw`` is mpi4py's ``comm.Allreduce``
+called straight on the communicator (no minidist code: the floor for small messages). Rank 0
+prints the table, the ring/tree crossover, and writes ``results/allreduce_n{N}.json`` (+ ``.png``
+when matplotlib is there).
 
 ``X-off`` runs X with the collective ledger and fingerprints turned off for that call (what
 ``MINIDIST_LEDGER=0`` does for a whole job); ``--ledger-compare`` adds ``X-off`` beside every
@@ -102,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
     warmup = a.warmup if a.warmup is not None else (1 if a.quick else 3)
     algos = [x.strip() for x in a.algorithms.split(",") if x.strip()]
     if a.ledger_compare:
-        algos += [x + "-off" for x in algos if not x.endswith("-off")]
+        algos += [x + "-off" for x in algos if not x.endswith("-off") and x != RAW_MPI]
     if step < 2:
         raise SystemExit(f"--step must be >= 2, got {step}")
     if a.burst < 1:
@@ -118,6 +120,9 @@ def default_iters(nbytes: int) -> int:
     return max(10, min(200, (256 << 20) // max(nbytes, 1)))
 
 
+RAW_MPI = "mpi_raw"  # MPI's own Allreduce called directly (mpi4py), the floor of every path
+
+
 def base_algorithm(name: str) -> str:
     """``auto_zc-off`` -> ``auto``: the registered algorithm a row name runs."""
     return name.removesuffix("-off").removesuffix("_zc")
@@ -126,6 +131,13 @@ def base_algorithm(name: str) -> str:
 def make_runner(group: Any, name: str) -> Callable:
     """run(buf, op) for an algorithm name; ``X_zc`` runs X (``shm_zc``: shm) on a shared buffer,
     ``X-off`` runs X with the ledger and fingerprints off for that call (MINIDIST_LEDGER=0)."""
+    if name == RAW_MPI:  # mpi4py's Allreduce straight on the communicator: no minidist at all
+        comm, mpi = group.transport.comm, group.transport.MPI
+        ops = {"sum": mpi.SUM, "max": mpi.MAX, "min": mpi.MIN, "prod": mpi.PROD}
+
+        def run_raw(buf: Any, op: str) -> None:
+            comm.Allreduce(mpi.IN_PLACE, buf, op=ops[op])
+        return run_raw
     algo = base_algorithm(name)
     if name.endswith("-off"):
         ledger = group.ledger
@@ -205,8 +217,6 @@ def best_of_ours(point: list[dict], zc: bool) -> dict | None:
 # ---------------------------------------------------------------- the sweep
 
 def sweep(args: Args, group: Any) -> dict:
-    from minidist.comm.algorithms import resolve
-
     n, rank = group.size, group.rank
     dtype = np.dtype(args.dtype)
     points = [s for s in sizes(max(args.min_bytes, dtype.itemsize), args.max_bytes, args.step)]
@@ -222,11 +232,13 @@ def sweep(args: Args, group: Any) -> dict:
     table = Table([("size(B)", 10, "d"), ("count", 9, "d"), ("algorithm", 9, "s"),
                    ("median(us)", 11, ".1f"), ("min(us)", 10, ".1f"), ("max(us)", 10, ".1f"),
                    ("algbw(GB/s)", 11, ".3f"), ("busbw(GB/s)", 11, ".3f"),
-                   ("vs mpi", 7, ".2f"), ("vs best", 7, ".2f"), ("#wrong", 6, "d")])
+                   ("vs mpi", 7, ".2f"), ("vs raw", 7, ".2f"), ("vs best", 7, ".2f"),
+                   ("#wrong", 6, "d")])
     if rank == 0:
         print(f"# minidist all_reduce benchmark: n={n}, dtype={dtype.name}, op={args.op}, "
               f"backend={group.backend}; timings interleaved; 'vs best' = auto / fastest of "
-              f"{'/'.join(OURS)} (same buffer kind) at that size")
+              f"{'/'.join(OURS)} (same buffer kind) at that size; 'vs raw' = / {RAW_MPI} "
+              "(mpi4py's comm.Allreduce called directly)")
         print(table.header(), flush=True)
     rows = []
     plain = np.empty(max_count, dtype)
@@ -248,7 +260,7 @@ def sweep(args: Args, group: Any) -> dict:
             row = {"nbytes": nbytes, "count": count, "algorithm": name, "wrong": wrong,
                    "identical": same}
             if base_algorithm(name) == "auto":
-                row["chose"] = resolve("auto", group.transport, buf)[0]
+                row["chose"] = group.auto_choice(buf)[0]
             point.append(row)
             runs.append((run, buf))
         for row, samples in zip(point, time_interleaved(group, runs, base, args.op, iters,
@@ -258,8 +270,10 @@ def sweep(args: Args, group: Any) -> dict:
             row.update(st, algbw_GBps=algbw,
                        busbw_GBps=algbw * 2 * (n - 1) / n if n > 1 else 0.0)
         mpi = next((r for r in point if r["algorithm"] == "mpi"), None)
+        raw = next((r for r in point if r["algorithm"] == RAW_MPI), None)
         for r in point:
             r["ratio_to_mpi"] = r["median_us"] / mpi["median_us"] if mpi else None
+            r["ratio_to_mpi_raw"] = r["median_us"] / raw["median_us"] if raw else None
             best = (best_of_ours(point, r["algorithm"].removesuffix("-off").endswith("_zc"))
                     if base_algorithm(r["algorithm"]) == "auto" else None)
             r["ratio_to_best_ours"] = r["median_us"] / best["median_us"] if best else None
@@ -267,17 +281,68 @@ def sweep(args: Args, group: Any) -> dict:
             if rank == 0:
                 print(table.row(nbytes, count, r["algorithm"], r["median_us"], r["min_us"],
                                 r["max_us"], r["algbw_GBps"], r["busbw_GBps"],
-                                r["ratio_to_mpi"], r["ratio_to_best_ours"], r["wrong"]),
+                                r["ratio_to_mpi"], r["ratio_to_mpi_raw"], r["ratio_to_best_ours"],
+                                r["wrong"]),
                       flush=True)
         rows += point
     out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
            "burst": args.burst, "rows": rows,
            "crossover_ring_tree": crossover(rows, "ring", "tree")}
+    out["auto_vs_best"] = auto_vs_best(rows)
+    if rank == 0 and out["auto_vs_best"]:
+        print(auto_table(out["auto_vs_best"]), flush=True)
     if args.ledger_compare:
         out["ledger_overhead"] = ledger_overhead(rows)
         if rank == 0:
             print(ledger_table(out["ledger_overhead"]), flush=True)
     return out
+
+
+AUTO_TOLERANCE = 0.05  # the goal: auto within 5 % of the best of our own algorithms
+
+
+def auto_vs_best(rows: list[dict]) -> list[dict]:
+    """Per size and auto row (``auto``, ``auto_zc``): auto / best of ours, and why it misses.
+
+    ``picked_vs_best``: the row of the algorithm auto ran (same buffer kind) / the best. When
+    auto misses the goal, that ratio tells the two causes apart: above the tolerance, the rule
+    picked the wrong algorithm ("rule"); within it, auto and the algorithm it ran measured
+    differently in one run ("noise": the same code, timed apart).
+    """
+    by = {(r["nbytes"], r["algorithm"]): r for r in rows}
+    out = []
+    for r in rows:
+        if base_algorithm(r["algorithm"]) != "auto" or r.get("ratio_to_best_ours") is None \
+                or r["algorithm"].endswith("-off"):
+            continue
+        zc = r["algorithm"].endswith("_zc")
+        picked = by.get((r["nbytes"], r["chose"] + ("_zc" if zc else "")))
+        best = by[(r["nbytes"], r["best_ours"])]
+        pvb = picked["median_us"] / best["median_us"] if picked else None
+        ratio = r["ratio_to_best_ours"]
+        cause = ("ok" if ratio <= 1 + AUTO_TOLERANCE else
+                 "rule" if pvb is None or pvb > 1 + AUTO_TOLERANCE else "noise")
+        out.append({"nbytes": r["nbytes"], "row": r["algorithm"], "chose": r["chose"],
+                    "best": r["best_ours"], "ratio": ratio, "picked_vs_best": pvb,
+                    "cause": cause})
+    return out
+
+
+def auto_table(summary: list[dict]) -> str:
+    """One line per auto row kind: within the tolerance at k of n sizes, then each miss."""
+    lines = []
+    for kind in dict.fromkeys(s["row"] for s in summary):
+        pts = [s for s in summary if s["row"] == kind]
+        ok = sum(s["cause"] == "ok" for s in pts)
+        lines.append(f"# {kind} <= {1 + AUTO_TOLERANCE:.2f}x the best of ours at {ok} of "
+                     f"{len(pts)} sizes (max {max(s['ratio'] for s in pts):.2f})")
+        for s in pts:
+            if s["cause"] != "ok":
+                pvb = "-" if s["picked_vs_best"] is None else f"{s['picked_vs_best']:.2f}"
+                lines.append(f"#   {human(s['nbytes']):>8s}: {s['ratio']:.2f} (ran {s['chose']}, "
+                             f"best {s['best']}; {s['chose']}'s own row / best = {pvb}: "
+                             f"{s['cause']})")
+    return "\n".join(lines)
 
 
 def ledger_overhead(rows: list[dict]) -> list[dict]:
@@ -392,35 +457,11 @@ def medians_over_runs(paths: list[str]) -> dict:
 
 
 def size_rules(times: dict[int, dict[str, float]], tol: float = TOLERANCE) -> list:
-    """A few clean thresholds ``[[upper_bytes or None, algorithm], ...]`` from per-size times.
+    """Thresholds from per-size times: ``calibrate.size_rules`` (``python -m minidist.tune``
+    fits its rules with the same function)."""
+    from minidist.comm.algorithms.calibrate import size_rules as fit_rules
 
-    Greedy from small to large: a segment keeps every algorithm that is within ``tol`` of the
-    fastest at each of its sizes; when no algorithm is left, a new segment starts. Each segment
-    takes its algorithm with the lowest mean time/fastest ratio; the threshold between two
-    segments is the geometric mean of the neighbouring sizes. Ties within noise therefore
-    extend the current choice instead of flipping back and forth (conservative, few cuts).
-    """
-    sizes_ = sorted(times)
-    segs: list = []  # [first index, last index, still-allowed set]
-    for i, s in enumerate(sizes_):
-        best = min(times[s].values())
-        ok = {a for a, t in times[s].items() if t <= best * (1 + tol)}
-        if segs and segs[-1][2] & ok:
-            segs[-1][1], segs[-1][2] = i, segs[-1][2] & ok
-        else:
-            segs.append([i, i, ok])
-    rules = []
-    for k, (i0, i1, ok) in enumerate(segs):
-        pts = sizes_[i0:i1 + 1]
-        algo = min(sorted(ok), key=lambda a: sum(times[s][a] / min(times[s].values())
-                                                 for s in pts))
-        upper = (None if k == len(segs) - 1
-                 else int(round((sizes_[i1] * sizes_[i1 + 1]) ** 0.5)))
-        if rules and rules[-1][1] == algo:
-            rules[-1][0] = upper
-        else:
-            rules.append([upper, algo])
-    return rules
+    return fit_rules(times, tol)
 
 
 def write_module(path: Path, data: dict) -> None:
@@ -464,22 +505,13 @@ def fit(paths: list[str], out: Path, module: Path | None = None) -> dict:
             complete = {s: v for s, v in times.items() if len(v) >= 2}
             if complete:
                 rules[f"{n}s" if zc else str(n)] = size_rules(complete)
+    from minidist.comm.algorithms.calibrate import fit_model
+
+    points: dict = {}
+    for (n, nbytes, name), t in med.items():
+        points.setdefault(name, []).append((n, nbytes, t))
     gamma = gamma_us_per_byte()
-    model, report = {}, []
-    for name in sorted({k[2] for k in med} & set(select.COST)):
-        pts = [(k[0], k[1], t) for k, t in med.items() if k[2] == name and k[0] > 1]
-        if len(pts) < 2:
-            continue
-        f = select.COST[name]
-        A = np.array([[f(n, b, 1, 0, 0), f(n, b, 0, 1, 0)] for n, b, _ in pts])
-        g = np.array([f(n, b, 0, 0, gamma) for n, b, _ in pts])
-        y = np.array([t for *_, t in pts])
-        w = 1.0 / y
-        (alpha, beta), *_ = np.linalg.lstsq(A * w[:, None], (y - g) * w, rcond=None)
-        alpha, beta = max(float(alpha), 0.1), max(float(beta), 1e-6)
-        model[name] = {"alpha_us": alpha, "beta_us_per_byte": beta, "gamma_us_per_byte": gamma}
-        pred = A @ np.array([alpha, beta]) + g
-        report.append((name, alpha, beta, float(np.median(np.abs(pred - y) / y))))
+    model, report = fit_model(points, gamma)
     data = {"model": model, "rules": rules, "tolerance": TOLERANCE,
             "source": [str(p) for p in paths],
             "note": "fitted by benchmarks/allreduce.py --fit; load with select.load_model()"}
@@ -558,7 +590,7 @@ def known_algorithms() -> list[str]:
 
     plain = [*ALGORITHMS, "auto"]
     names = plain + [a + "_zc" for a in plain]
-    return names + [a + "-off" for a in names]
+    return names + [a + "-off" for a in names] + [RAW_MPI]
 
 
 if __name__ == "__main__":

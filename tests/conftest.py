@@ -24,3 +24,11 @@ def group():
     yield
     if started:
         comm.destroy_process_group()
+
+
+# "auto" reads a calibration from the user's cache (python -m minidist.tune); the suite must
+# see the shipped table only, whatever this machine's cache holds (jobs inherit os.environ).
+if "MINIDIST_CACHE_DIR" not in os.environ:
+    import tempfile  # noqa: E402
+
+    os.environ["MINIDIST_CACHE_DIR"] = tempfile.mkdtemp(prefix="minidist-test-cache-")

@@ -354,9 +354,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
                              f"started {info.world_size} ranks but 'local' runs one. Use "
                              "backend='auto'.")
     transport = _make_transport(chosen, info, timeout_s)
+    mdlog.set_rank(transport.rank, transport.size)  # before the group: its set-up logs too
     group = ProcessGroup(transport, algorithm=algorithm, backend=chosen)
     _group, _info = group, info
-    mdlog.set_rank(group.rank, group.size)
     _install_excepthooks(group)
     _export_rank_env(group, info)
     log.info("process group ready: backend=%s launcher=%s rank=%d world_size=%d local_rank=%d "

@@ -20,6 +20,13 @@ Every collective takes the same path, the one choke point of the ledger::
        failure.on_failure: the ranks exchange ledgers and every rank raises the same finding
     -> ledger row marked ok
 
+``all_reduce`` takes a faster form of the same path, for the small messages where Python is
+most of the time: its plan (algorithm, reason, function, the fingerprint's fixed part) is
+memoized per (algorithm, bytes, dtype, op, buffer kind), the ledger's ``begin`` is split into
+``claim`` (call number and message tag, before the first message) and ``record`` (the row),
+and on MPI's own Allreduce the row is written while the data is in flight (post, record,
+wait).
+
 Streams: ``tag`` (0 <= tag < MAX_STREAMS = 1024) names an independent stream with its own call
 numbers, for collectives that run concurrently from different threads; one stream must be used
 by one thread at a time. ``barrier`` and the ``*_object`` collectives use stream 0.
@@ -40,6 +47,8 @@ import numpy as np
 
 from minidist import xp as backend
 from minidist.comm.algorithms import ALGORITHMS
+from minidist.comm.algorithms import select as _select
+from minidist.comm.algorithms.calibrate import agreed as agreed_calibration
 from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.algorithms.ring import ring_all_gather, ring_reduce_scatter
 from minidist.comm.algorithms.scratch import clear as clear_scratch
@@ -51,7 +60,7 @@ from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
 from minidist.comm.errors import CollectiveMismatch, CommError
 from minidist.comm.failure import farewell, on_failure, poll
 from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
-                                  ledger_enabled)
+                                  call_plan, ledger_enabled)
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
 from minidist.comm.transports.base import MAX_STREAMS, Transport, wire_tag
 from minidist.comm.transports.shm_window import shm_free_buffer
@@ -92,10 +101,17 @@ class ProcessGroup:
         self._native = supports_native(transport)
         self._shm = shm_node(transport) if shm_available(transport) else None  # collective
         self._explainer = Explainer(self.size)  # MINIDIST_DEBUG: auto, once per size class
+        self._plans: dict = {}  # all_reduce: (algorithm, nbytes, dtype, op, shared) -> plan
+        self._plan_epoch = _select.EPOCH
         self._byes: dict[int, dict[int, int]] = {}  # peer -> its final counts (SIDE_BYE)
         self._token = np.zeros(1, np.uint8)
         self._token_in = np.zeros(1, np.uint8)
         transport.poll_hook = self._poll
+        # auto's table: a calibration every rank holds alike (collective), else the shipped one
+        self._calibration = self._explainer.calibration = agreed_calibration(self)
+        if self._debug >= 1:
+            log.debug("auto uses the %s (n=%d, transport %s)", _select.source(self._calibration),
+                      self.size, transport.name)
 
     # -- helpers -----------------------------------------------------------------------------
     def _where(self, call: str) -> str:
@@ -236,11 +252,60 @@ class ProcessGroup:
         flat = self._flat(array, "all_reduce", algorithm=algorithm)  # no formatting unless bad
         if tag:
             tag = self._stream(tag, f'all_reduce(algorithm="{algorithm}")')
+        shared = False
         if algorithm == "auto":
             shm = self._shm if type(flat) is np.ndarray else None
             shared = shm is not None and bool(shm.user_windows) and id(flat.base) in _owners(shm)
+        # The plan of this call shape (memoized: a training loop repeats a few shapes):
+        # (algorithm that runs, why, its function, the ledger's call plan, MPI's Allreduce?)
+        if self._plan_epoch != _select.EPOCH:  # the model or rules changed (load_model, tune)
+            self._plans.clear()
+            self._plan_epoch = _select.EPOCH
+        plan = self._plans.get((algorithm, flat.nbytes, flat.dtype, op.code, shared))
+        if plan is None:
+            plan = self._plan(algorithm, flat, op, shared)
+        name, reason, fn, call, native = plan
+        ledger = self.ledger
+        row = None
+        if ledger.enabled:
+            seq, wire = ledger.claim(tag, call[0])
+        else:
+            wire = tag
+        if self._debug >= 1:
+            log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
+                      name, flat.size, flat.dtype.name, flat.nbytes, op.value, self.size)
+        t0 = time.perf_counter()
+        try:
+            if native and not self.check_consistency:
+                # MPI's Allreduce: post it, write the ledger row while the data moves, wait.
+                pending = self.transport.native_post(flat, op, wire)
+                if ledger.enabled:
+                    row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
+                self.transport.native_wait(pending)
+            else:
+                if ledger.enabled:
+                    row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
+                if self.check_consistency:
+                    self._agree(f'all_reduce(algorithm="{algorithm}")', flat, op, algorithm, 0,
+                                row, tag)
+                fn(self.transport, flat, op, wire)
+        except CommError as e:
+            if row is None and ledger.enabled:  # posting failed before the row was written
+                row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
+            raise self._failed(row, e, f'all_reduce(algorithm="{algorithm}")') from e
+        if row is not None:
+            row[T1] = time.perf_counter()
+            if self._debug and algorithm == "auto":
+                self._explainer.add(name, reason, flat.nbytes, shared, row[T1] - row[T0])
+        return array
+
+    def _plan(self, algorithm: str, flat: Any, op: ReduceOp, shared: bool) -> tuple:
+        """``(name, reason, fn, ledger.call_plan, native)`` of an all-reduce of this shape;
+        validates ``algorithm`` (ValueError before anything is sent) and memoizes the plan."""
+        if algorithm == "auto":
+            shm = self._shm if type(flat) is np.ndarray else None
             name, reason = choose_with_reason(self.size, flat.nbytes, self._native,
-                                              shm is not None, shared)
+                                              shm is not None, shared, self._calibration)
             fn = ALGORITHMS[name]
         else:
             name, reason, fn = algorithm, "explicit", ALGORITHMS.get(algorithm)
@@ -249,29 +314,14 @@ class ProcessGroup:
                                  f"unknown algorithm {algorithm!r}; use one of "
                                  f"{', '.join(repr(k) for k in [*ALGORITHMS, 'auto'])}.")
             if name == "mpi" and not self._native:
-                mpi_all_reduce(self.transport, flat, op, tag)  # the clear "no MPI here" error
-        ledger = self.ledger
-        if ledger.enabled:
-            row = ledger.begin("all_reduce", tag, flat.size, flat.dtype, array.shape, op, -1,
-                               name, reason, label)
-            wire = row[TAG]
-        else:
-            row, wire = None, tag
-        if self._debug >= 1:
-            log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
-                      name, flat.size, flat.dtype.name, flat.nbytes, op.value, self.size)
-        try:
-            if self.check_consistency:
-                self._agree(f'all_reduce(algorithm="{algorithm}")', flat, op, algorithm, 0, row,
-                            tag)
-            fn(self.transport, flat, op, wire)
-        except CommError as e:
-            raise self._failed(row, e, f'all_reduce(algorithm="{algorithm}")') from e
-        if row is not None:
-            row[T1] = time.perf_counter()
-            if self._debug and algorithm == "auto":
-                self._explainer.add(name, reason, flat.nbytes, shared, row[T1] - row[T0])
-        return array
+                mpi_all_reduce(self.transport, flat, op, 0)  # the clear "no MPI here" error
+        plan = (name, reason, fn,
+                call_plan("all_reduce", flat.size, flat.dtype, op, -1, name, reason),
+                name == "mpi" and self._native and self.size > 1)
+        if len(self._plans) >= 256:
+            self._plans.clear()
+        self._plans[(algorithm, flat.nbytes, flat.dtype, op.code, shared)] = plan
+        return plan
 
     def broadcast(self, array: Any, src: int = 0, tag: int = 0) -> Any:
         """Copy rank ``src``'s ``array`` into ``array`` on every rank (binomial tree); return it."""
@@ -451,11 +501,32 @@ class ProcessGroup:
     def auto_table(self) -> dict:
         """What ``algorithm="auto"`` will pick on this group at every power-of-two size.
 
-        JSON-able (see ``select.table``), plus the group's backend and world size; not
-        collective (the shared-memory facts were settled when the group was made).
+        JSON-able (see ``select.table``: its ``source`` says whether a calibration or the
+        shipped table decides), plus the group's backend and transport; not collective (the
+        shared-memory facts and the calibration were settled when the group was made).
         """
-        t = select_table(self.size, self._native, self._shm is not None)
+        t = select_table(self.size, self._native, self._shm is not None,
+                         calibration=self._calibration)
         return {"backend": self.backend, "transport": self.transport.name, **t}
+
+    def auto_source(self) -> str:
+        """Which table ``algorithm="auto"`` uses on this group: ``"calibration <file>"`` (a
+        ``python -m minidist.tune`` result every rank holds) or the shipped table."""
+        return _select.source(self._calibration)
+
+    def use_calibration(self, calibration: Any) -> None:
+        """Make "auto" on this group use ``calibration`` (a ``calibrate.Calibration``; None:
+        the shipped table). Every rank must pass the same one, as ``calibrate`` returns it."""
+        self._calibration = self._explainer.calibration = calibration
+        self._plans.clear()
+
+    def auto_choice(self, array: Any) -> tuple[str, str]:
+        """``(algorithm, reason)``: what ``all_reduce(array)`` with "auto" runs, and why; not
+        collective, sends nothing."""
+        flat = self._flat(array, "auto_choice", writable=False)
+        shm = self._shm if type(flat) is np.ndarray else None
+        shared = shm is not None and bool(shm.user_windows) and id(flat.base) in _owners(shm)
+        return self._plan("auto", flat, ReduceOp.SUM, shared)[:2]
 
     # -- memory and lifecycle ----------------------------------------------------------------
     def alloc_buffer(self, numel: int, dtype: Any, xp: Any = None) -> Any:

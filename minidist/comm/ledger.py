@@ -39,7 +39,10 @@ as JSON on a failure and at ``destroy_process_group``.
 
 Cost (the hot path of every collective, 8-byte all-reduces included): a few attribute stores
 into a preallocated list, two ``perf_counter`` calls and a short frame walk; see
-docs/benchmarks.md for the measured overhead.
+docs/benchmarks.md for the measured overhead. ``all_reduce`` calls ``claim`` (call number and
+message tag, from a memoized signature) before its first message and ``record`` (the row,
+its site recognised by the identity of the caller's memoized plan) after posting it, so on
+MPI's non-blocking Allreduce the row is written while the data moves.
 """
 
 from __future__ import annotations
@@ -120,9 +123,27 @@ def fingerprint(seq: int, collective: str, op: ReduceOp | None, dtype: Any, coun
     process of one Python version (ranks run the same interpreter). ``Ledger.begin`` computes
     the same value (the signature part once per call site).
     """
-    sig = hash((count, root, _COLLECTIVE_CODE[collective], 0 if op is None else op.code,
-                _DTYPE_CODE.get(dtype, 15), _ALGO_CODE.get(algorithm) or _algo_code(algorithm)))
-    return hash((seq, sig))
+    return hash((seq, signature(collective, op, dtype, count, root, algorithm)))
+
+
+def signature(collective: str, op: ReduceOp | None, dtype: Any, count: int, root: int,
+              algorithm: str | None) -> int:
+    """The part of a call's fingerprint that does not change from call to call (no ``seq``).
+
+    ``fingerprint(seq, ...) == hash((seq, signature(...)))``; a caller that makes the same call
+    again and again (a training loop's all-reduce) computes it once and passes it to
+    ``Ledger.claim``.
+    """
+    return hash((count, root, _COLLECTIVE_CODE[collective], 0 if op is None else op.code,
+                 _DTYPE_CODE.get(dtype, 15), _ALGO_CODE.get(algorithm) or _algo_code(algorithm)))
+
+
+def call_plan(collective: str, count: int, dtype: Any, op: ReduceOp | None, root: int,
+              algorithm: str | None, reason: str | None) -> tuple:
+    """What ``Ledger.claim`` and ``Ledger.record`` need of a call that repeats: ``(signature,
+    collective, count, dtype, op, root, algorithm, reason)``; make it once, pass it each time."""
+    return (signature(collective, op, dtype, count, root, algorithm), collective, count, dtype,
+            op, root, algorithm, reason)
 
 
 # -- labels and call sites -------------------------------------------------------------------
@@ -204,7 +225,7 @@ def caller_site(depth: int = 2) -> tuple[str, int]:
 SEQ, TAG, T0, T1, SITE, LABEL, STATUS, ERROR = range(8)  # TAG: the call's message tag
 # site tuple: the call's static part
 (S_STREAM, S_COLLECTIVE, S_OP, S_ALGORITHM, S_REASON, S_COUNT, S_DTYPE, S_SHAPE, S_ROOT, S_CODE,
- S_LASTI, S_SIG) = range(12)
+ S_LASTI, S_SIG, S_PLAN) = range(13)  # S_PLAN: see Ledger.record
 _SITES_MAX = 4096  # cached sites (a new signature at a known location replaces the old one)
 
 
@@ -296,6 +317,7 @@ class Ledger:
         self._n = 0  # rows written (two threads on two streams may rarely overwrite one row)
         self._seq: dict[int, int] = {}   # stream -> calls so far
         self._sites: dict[tuple, tuple] = {}  # (id(code), lasti, stream, collective) -> site
+        self._plan_sites: dict[tuple, tuple] = {}  # record's: (id(code), lasti, stream) -> site
         # perf_counter for cheap, precise times; wall clock = _wall0 + (t - _perf0)
         self._perf0, self._wall0 = time.perf_counter(), time.time()
         self.failures = 0
@@ -337,13 +359,65 @@ class Ledger:
             time.perf_counter(), None, site, label or _LABEL.get(), None, None]
         return row
 
+    def claim(self, stream: int, sig: int) -> tuple[int, int]:
+        """``(seq, message tag)`` of the next call on ``stream``, whose ``signature`` is ``sig``.
+
+        The first half of ``begin``, split off for the all-reduce fast path: the tag (call
+        number and fingerprint) must exist before the first message is posted, while the row
+        (``record``) can be written while the message is in flight. Every ``claim`` must be
+        followed by a ``record`` of the same call (even when posting it fails), or the call
+        numbers and the recorded rows no longer pair up.
+        """
+        seqs = self._seq
+        seq = seqs.get(stream, 0) + 1
+        seqs[stream] = seq
+        return seq, stream | ((hash((seq, sig)) & self._fp_mask) or 1) << STREAM_BITS
+
+    def record(self, seq: int, tag: int, t0: float, stream: int, shape: Any,
+               label: str | None, plan: tuple) -> list:
+        """The second half of ``begin``: write the row of a ``claim``ed call started at ``t0``
+        (``time.perf_counter()``); return it. Called directly by the collective, as ``begin``
+        is (the caller's site is two frames up).
+
+        ``plan``: ``call_plan(...)`` of the call, the same tuple object each time the caller
+        makes the same call (the process group memoizes it): a repeated call at a known site
+        is then recognised by identity, not field by field.
+        """
+        try:
+            f = sys._getframe(2)
+        except ValueError:  # called from the top of a stack
+            f = sys._getframe(1)
+        code = f.f_code
+        if _internal.get(code.co_filename, True):
+            code, lasti = _walk_out(f)
+        else:
+            lasti = f.f_lasti
+        key = (id(code), lasti, stream)
+        site = self._plan_sites.get(key)
+        if site is None or site[S_PLAN] is not plan or site[S_SHAPE] != shape:
+            site = self._plan_site(key, stream, shape, plan, code, lasti)
+        i = self._n
+        self._n = i + 1
+        self._rows[i % self.capacity] = row = [seq, tag, t0, None, site, label or _LABEL.get(),
+                                               None, None]
+        return row
+
+    def _plan_site(self, key: tuple, stream: int, shape: Any, plan: tuple, code: Any,
+                   lasti: int) -> tuple:
+        sig, collective, count, dtype, op, root, algorithm, reason = plan
+        site = (stream, collective, op, algorithm, reason, count, dtype, shape, root, code, lasti,
+                sig, plan)
+        if len(self._plan_sites) >= _SITES_MAX:
+            self._plan_sites.clear()
+        self._plan_sites[key] = site
+        return site
+
     def _new_site(self, key: tuple, collective: str, stream: int, count: int, dtype: Any,
                   shape: Any, op: ReduceOp | None, root: int, algorithm: str | None,
                   reason: str | None, code: Any, lasti: int) -> tuple:
-        sig = hash((count, root, _COLLECTIVE_CODE[collective], 0 if op is None else op.code,
-                    _DTYPE_CODE.get(dtype, 15), _ALGO_CODE.get(algorithm) or _algo_code(algorithm)))
+        sig = signature(collective, op, dtype, count, root, algorithm)
         site = (stream, collective, op, algorithm, reason, count, dtype, shape, root, code, lasti,
-                sig)
+                sig, None)
         if len(self._sites) >= _SITES_MAX:
             self._sites.clear()
         self._sites[key] = site

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from minidist.comm.algorithms.recursive_doubling import uses_halving
 from minidist.log import get_logger
@@ -102,6 +102,7 @@ COST: dict[str, Callable[..., float]] = {
 RULES: dict = {}
 
 _memo: dict = {}
+EPOCH = 0  # bumped whenever MODEL/RULES/CANDIDATES change: callers' memoized choices expire
 
 
 def human_bytes(n: int) -> str:
@@ -113,11 +114,12 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _from_rules(world_size: int, nbytes: int, shared: bool, allowed: list
+def _from_rules(world_size: int, nbytes: int, shared: bool, allowed: list,
+                rules: dict | None = None, origin: str = "measured rule"
                 ) -> tuple[str | None, str]:
     """(the rule's algorithm for this message, why), or (None, "") when no rule applies."""
     key = f"{world_size}s" if shared else str(world_size)
-    rule = RULES.get(key)
+    rule = (RULES if rules is None else rules).get(key)
     if not rule:
         return None, ""
     lower = 0
@@ -130,78 +132,104 @@ def _from_rules(world_size: int, nbytes: int, shared: bool, allowed: list
     span = (f"{human_bytes(lower)} <= size < {human_bytes(upper)}" if upper and lower else
             f"size < {human_bytes(upper)}" if upper else f"size >= {human_bytes(lower)}")
     kind = "shared-window buffer" if shared else "plain buffer"
-    return name, f"measured rule for n={world_size}, {kind}: {span} -> {name}"
+    return name, f"{origin} for n={world_size}, {kind}: {span} -> {name}"
 
 
-def predict_us(name: str, world_size: int, nbytes: int) -> float:
-    """Modelled time in microseconds of one all-reduce of ``nbytes`` with algorithm ``name``."""
+def predict_us(name: str, world_size: int, nbytes: int, model: dict | None = None) -> float:
+    """Modelled time in microseconds of one all-reduce of ``nbytes`` with algorithm ``name``
+    (``model``: a calibration's constants; default the shipped ``MODEL``)."""
     if world_size <= 1:
         return 0.0
-    c = MODEL[name]
+    c = (model or MODEL).get(name) or MODEL[name]
     return COST[name](world_size, float(nbytes), c["alpha_us"], c["beta_us_per_byte"],
                       c["gamma_us_per_byte"])
 
 
 def choose(world_size: int, nbytes: int, has_native: bool = False, has_shm: bool = False,
-           shared: bool = False) -> str:
+           shared: bool = False, calibration: Any = None) -> str:
     """The algorithm for one all-reduce: the fitted size rule, else the lowest modelled time.
 
     ``has_native``: the transport runs MPI's Allreduce ("mpi" may be chosen, and the measured
     RULES apply); ``has_shm``: all ranks share one node's memory ("shm" may be chosen);
     ``shared``: the buffer lies in a shared window (its own rule; without one, "shm", the
-    zero-copy path). Memoized per argument tuple.
+    zero-copy path). ``calibration``: a ``calibrate.Calibration`` measured on this machine,
+    transport and world size (``python -m minidist.tune``): its rules and model replace the
+    shipped ones. Memoized per argument tuple.
     """
-    return choose_with_reason(world_size, nbytes, has_native, has_shm, shared)[0]
+    return choose_with_reason(world_size, nbytes, has_native, has_shm, shared, calibration)[0]
 
 
 def choose_with_reason(world_size: int, nbytes: int, has_native: bool = False,
-                       has_shm: bool = False, shared: bool = False) -> tuple[str, str]:
+                       has_shm: bool = False, shared: bool = False, calibration: Any = None
+                       ) -> tuple[str, str]:
     """``(algorithm, reason)``: what ``choose`` picks and why, in words (memoized)."""
-    key = (world_size, nbytes, has_native, has_shm, shared)
+    key = (world_size, nbytes, has_native, has_shm, shared, calibration)
     hit = _memo.get(key)
     if hit is None:
         names = [c for c in CANDIDATES if (c != "mpi" or has_native) and (c != "shm" or has_shm)]
-        name, reason = (_from_rules(world_size, nbytes, shared, names) if has_native
-                        else (None, ""))
+        model = None
+        if calibration is not None:  # measured on this transport: its rules apply everywhere
+            model = calibration.model
+            name, reason = _from_rules(world_size, nbytes, shared, names, calibration.rules,
+                                       f"calibrated rule ({calibration.describe()})")
+        else:
+            name, reason = (_from_rules(world_size, nbytes, shared, names) if has_native
+                            else (None, ""))
         if name is None and shared and "shm" in names:
             name, reason = "shm", "buffer in a shared window and no measured rule -> shm"
         if name is None:
-            costs = {c: predict_us(c, world_size, nbytes) for c in names}
+            costs = {c: predict_us(c, world_size, nbytes, model) for c in names}
             name = min(names, key=costs.__getitem__)
-            reason = ("cost model, lowest predicted time: " + ", ".join(
-                f"{c} {costs[c]:.0f} us" for c in sorted(names, key=costs.__getitem__)))
+            reason = ("calibrated " if model else "") + (
+                "cost model, lowest predicted time: " + ", ".join(
+                    f"{c} {costs[c]:.0f} us" for c in sorted(names, key=costs.__getitem__)))
         if len(_memo) > 4096:
             _memo.clear()
         _memo[key] = hit = (name, reason)
     return hit
 
 
+def source(calibration: Any = None) -> str:
+    """Which table "auto" uses, in words: ``"calibration <file>"`` (``python -m
+    minidist.tune``) or ``"shipped table (minidist/comm/algorithms/tuning.py)"``."""
+    if calibration is not None:
+        return calibration.describe()
+    return "shipped table (minidist/comm/algorithms/tuning.py)" if _TUNED is not None else \
+        "shipped default constants (select.MODEL)"
+
+
 def table(world_size: int, has_native: bool, has_shm: bool, min_bytes: int = 8,
-          max_bytes: int = 256 << 20) -> dict:
+          max_bytes: int = 256 << 20, calibration: Any = None) -> dict:
     """What "auto" picks for every power-of-two size, as JSON-able data (a run manifest's).
 
-    Returns ``{"world_size", "has_native", "has_shm", "candidates", "rules", "model", "sizes":
-    [{"nbytes", "plain": {"algorithm", "reason", "predicted_us"}, "shared": {...} or None}]}``;
-    ``shared`` (a buffer from ``ProcessGroup.alloc_buffer`` in a shared window) only where
-    ``has_shm``.
+    Returns ``{"world_size", "has_native", "has_shm", "source", "candidates", "rules", "model",
+    "sizes": [{"nbytes", "plain": {"algorithm", "reason", "predicted_us"}, "shared": {...} or
+    None}]}``; ``shared`` (a buffer from ``ProcessGroup.alloc_buffer`` in a shared window) only
+    where ``has_shm``; ``source``: see ``source``.
     """
-    def pick(nbytes: int, shared: bool) -> dict:
-        name, reason = choose_with_reason(world_size, nbytes, has_native, has_shm, shared)
-        model = "shm_zc" if shared and name == "shm" else name
-        return {"algorithm": name, "reason": reason,
-                "predicted_us": round(predict_us(model, world_size, nbytes), 2)}
+    cal_model = calibration.model if calibration is not None else None
 
-    rules = {k: v for k, v in RULES.items() if k.rstrip("s") == str(world_size)}
+    def pick(nbytes: int, shared: bool) -> dict:
+        name, reason = choose_with_reason(world_size, nbytes, has_native, has_shm, shared,
+                                          calibration)
+        model = "shm_zc" if shared and name == "shm" and cal_model is None else name
+        return {"algorithm": name, "reason": reason,
+                "predicted_us": round(predict_us(model, world_size, nbytes, cal_model), 2)}
+
+    all_rules = RULES if calibration is None else calibration.rules
+    rules = {k: v for k, v in all_rules.items() if k.rstrip("s") == str(world_size)}
     sizes, nbytes = [], min_bytes
     while nbytes <= max_bytes:
         sizes.append({"nbytes": nbytes, "plain": pick(nbytes, False),
                       "shared": pick(nbytes, True) if has_shm else None})
         nbytes *= 2
     return {"world_size": world_size, "has_native": has_native, "has_shm": has_shm,
+            "source": source(calibration),
             "candidates": [c for c in CANDIDATES if (c != "mpi" or has_native)
                            and (c != "shm" or has_shm)],
-            "rules": rules if has_native else {},
-            "model": {k: dict(v) for k, v in MODEL.items()}, "sizes": sizes}
+            "rules": rules if has_native or calibration is not None else {},
+            "model": {k: dict(v) for k, v in {**MODEL, **(cal_model or {})}.items()},
+            "sizes": sizes}
 
 
 def load_model(source: str | Path | dict) -> None:
@@ -240,6 +268,8 @@ def load_model(source: str | Path | dict) -> None:
             raise ValueError(f"load_model: unknown candidates {unknown}; known: {sorted(COST)}")
         CANDIDATES[:] = list(data["candidates"])
     _memo.clear()
+    global EPOCH
+    EPOCH += 1
 
 
 EXPLAIN_SAMPLES = 5  # calls per size class before the median is logged
@@ -250,8 +280,9 @@ class Explainer:
     what "auto" chose, why, and the predicted beside the measured time (median of the first
     ``EXPLAIN_SAMPLES`` calls; classes with fewer calls are logged by ``flush``)."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, calibration: Any = None) -> None:
         self.world_size = world_size
+        self.calibration = calibration  # its model predicts, when "auto" uses one
         self._samples: dict = {}  # (size class, shared) -> [(name, reason, nbytes, s)] or None
 
     def add(self, name: str, reason: str, nbytes: int, shared: bool, seconds: float) -> None:
@@ -276,11 +307,13 @@ class Explainer:
         self._samples[key] = None
         name, reason, nbytes, _ = samples[-1]
         measured = sorted(s[3] for s in samples)[len(samples) // 2] * 1e6
-        model = "shm_zc" if key[1] and name == "shm" else name
+        cal_model = self.calibration.model if self.calibration is not None else None
+        model = "shm_zc" if key[1] and name == "shm" and cal_model is None else name
         log.debug("auto: %s all_reduce (%s buffer, n=%d) -> %s (%s); predicted %.1f us, "
                   "measured %.1f us (median of %d calls)", human_bytes(nbytes),
                   "shared" if key[1] else "plain", self.world_size, name, reason,
-                  predict_us(model, self.world_size, nbytes), measured, len(samples))
+                  predict_us(model, self.world_size, nbytes, cal_model), measured,
+                  len(samples))
 
 
 try:  # the tuned table for this machine, generated by benchmarks/allreduce.py --fit --emit-module

@@ -293,8 +293,9 @@ class MPITransport(Transport):
     def native_post(self, buf: Any, op: str | ReduceOp = ReduceOp.SUM, tag: int = 0) -> tuple:
         """Publish the fingerprint guard and post the ``Iallreduce``; returns what
         ``native_wait`` needs. Nothing else may run on this communicator in between."""
-        op = parse_op(op)
-        view, after = self._host_view(buf, for_recv=True)
+        if type(op) is not ReduceOp:
+            op = parse_op(op)
+        view, after = (buf, None) if type(buf) is np.ndarray else self._host_view(buf, True)
         node, k, greq = self.guard_node, 0, None
         if tag > _STREAM_MASK:  # has_fingerprint(tag), inlined: this is the 8-byte hot path
             if node is not None:  # publish (k, fp) in my guard line (shm_window.py)
@@ -340,7 +341,8 @@ class MPITransport(Transport):
                 "called a different collective here (its call fingerprint differs).")
         if after is not None:
             after()
-        finalize(buf, op, self.size)
+        if op is ReduceOp.AVG:
+            finalize(buf, op, self.size)
 
     def _wait_native(self, req: Any, nbytes: int, timeout_s: float | None, node: Any, k: int,
                      tag: int) -> None:

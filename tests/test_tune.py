@@ -1,0 +1,72 @@
+"""``python -m minidist.tune``: a real 2-rank calibration writes the cache, a second job uses
+it (and says so in the debug log); corrupt and mismatched cache files are ignored with one
+warning. Rank body: tests/mpi/tune_body.py."""
+
+import json
+
+import pytest
+
+from procs import run_mpi, run_python
+
+
+def results(job) -> list[dict]:
+    rows = [json.loads(line[len("RESULT "):]) for line in job.stdout.splitlines()
+            if line.startswith("RESULT ")]
+    return sorted(rows, key=lambda r: r["rank"])
+
+
+def warned(job) -> list[str]:
+    return [line for line in job.stderr.splitlines()
+            if "WARNING" in line and "ignoring the calibration file" in line]
+
+
+@pytest.mark.mpi
+def test_tune_writes_a_cache_that_the_next_job_uses_and_bad_files_are_ignored(tmp_path):
+    env = {"MINIDIST_CACHE_DIR": str(tmp_path), "MINIDIST_DEBUG": "1"}
+    job = run_mpi(2, ["-m", "minidist.tune", "--max-bytes", "8192"], timeout_s=90,
+                  env={"MINIDIST_CACHE_DIR": str(tmp_path)})
+    assert job.returncode == 0, job.report()
+    files = list(tmp_path.glob("allreduce-*-mpi-n2.json"))
+    assert len(files) == 1, job.report()
+    data = json.loads(files[0].read_text())
+    assert data["key"]["transport"] == "mpi" and data["key"]["world_size"] == 2
+    assert set(data["rules"]) == {"2", "2s"} and "mpi" in data["model"]
+    assert "wrote" in job.stdout and str(files[0]) in job.stdout
+
+    used = run_mpi(2, ["tests/mpi/tune_body.py"], timeout_s=60, env=env)
+    assert used.returncode == 0, used.report()
+    for r in results(used):
+        assert r["source"] == f"calibration {files[0]}" == r["table_source"]
+        assert r["reason"].startswith("calibrated") and r["ledger_reason"] == r["reason"]
+        assert r["sum"] == 3.0
+    assert f"auto uses the calibration {files[0]}" in used.stderr
+
+    files[0].write_text('{"format": 1, "key": ')  # corrupt: cut off
+    corrupt = run_mpi(2, ["tests/mpi/tune_body.py"], timeout_s=60, env=env)
+    assert corrupt.returncode == 0, corrupt.report()
+    assert all(r["source"].startswith("shipped") and r["sum"] == 3.0 for r in results(corrupt))
+    warnings = warned(corrupt)
+    assert len(warnings) == 1 and str(files[0]) in warnings[0], corrupt.stderr
+    assert "not valid JSON" in warnings[0] and "python -m minidist.tune" in warnings[0]
+    assert "auto uses the shipped table" in corrupt.stderr
+
+    data["key"]["version"] = "0.0.1"  # made by another minidist version
+    files[0].write_text(json.dumps(data))
+    other = run_mpi(2, ["tests/mpi/tune_body.py"], timeout_s=60, env=env)
+    assert other.returncode == 0, other.report()
+    assert all(r["source"].startswith("shipped") for r in results(other))
+    warnings = warned(other)
+    assert len(warnings) == 1 and "version='0.0.1'" in warnings[0], other.stderr
+
+
+@pytest.mark.mpi
+def test_tune_over_tcp_under_the_launcher(tmp_path):
+    job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2", "-m",
+                      "minidist.tune", "--max-bytes", "2048"], timeout_s=90,
+                     env={"MINIDIST_CACHE_DIR": str(tmp_path)})
+    assert job.returncode == 0, job.report()
+    files = list(tmp_path.glob("allreduce-*-tcp-n2.json"))
+    assert len(files) == 1, job.report()
+    data = json.loads(files[0].read_text())
+    assert set(data["rules"]) == {"2"} and "mpi" not in data["model"]  # no MPI, no window
+    assert f"calibration {files[0]}" in job.stdout
