@@ -25,6 +25,7 @@ import numpy
 
 from minidist.tensor.autograd import RemovableHandle, queue_callback
 from minidist.tensor.attention import scaled_dot_product_attention
+from minidist.tensor.clip_grad import clip_grad_norm_, clip_grad_value_
 from minidist.tensor.conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
 from minidist.tensor.core import Tensor
 from minidist.tensor.creation import (arange, as_tensor, empty, empty_like, from_numpy, full,
@@ -45,9 +46,10 @@ __all__ = [
     "manual_seed", "default_generator", "matmul", "linear", "exp", "log", "tanh", "sigmoid",
     "relu", "gelu", "erf", "sum", "mean", "max", "min", "cat", "concatenate", "stack",
     "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "layer_norm",
-    "conv2d",
-    "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "dropout2d", "embedding", "masked_fill",
-    "scaled_dot_product_attention", "tril", "triu", "split", "chunk", "transpose", "tensor", "from_numpy", "as_tensor", "zeros", "ones", "empty", "full", "rand",
+    "conv2d", "clip_grad_norm_", "clip_grad_value_", "max_pool2d", "avg_pool2d",
+    "adaptive_avg_pool2d", "dropout2d", "embedding", "masked_fill",
+    "scaled_dot_product_attention", "tril", "triu", "split", "chunk", "transpose", "tensor",
+    "from_numpy", "as_tensor", "zeros", "ones", "empty", "full", "rand",
     "randn", "randint", "arange", "zeros_like", "ones_like", "empty_like", "full_like",
     "rand_like", "randn_like", "float16", "float32", "float64", "int32", "int64",
 ]

@@ -3,8 +3,8 @@ tril/triu.
 
 None of these computes; their backward moves the gradient back to where each element came from:
 reshape reshapes it back, transpose applies the inverse permutation, tril/triu keep the same
-triangle of it, indexing scatters it into zeros (``xp.add.at`` for integer-array indices, where one element may be picked twice), and
-cat/stack slice it into the pieces.
+triangle of it, indexing scatters it into zeros (``xp.add.at`` for integer-array indices, where
+one element may be picked twice), and cat/stack slice it into the pieces (split is slicing).
 """
 
 from __future__ import annotations
