@@ -12,6 +12,8 @@ Modules: ``module`` (Module, Parameter, state_dict), ``layers`` (Linear, LayerNo
 Dropout2d, Embedding, activations, Sequential, ModuleList, ModuleDict), ``conv`` (Conv2d,
 MaxPool2d, AvgPool2d, AdaptiveAvgPool2d), ``attention`` (MultiheadAttention), ``norm``
 (BatchNorm1d/2d), ``losses``, ``init``, ``functional``, ``utils`` (clip_grad_norm_).
+``nn.SyncBatchNorm`` is attached by the package root: it communicates, so it lives in
+``minidist/ddp/sync_batchnorm.py``, above comm.
 """
 
 from __future__ import annotations

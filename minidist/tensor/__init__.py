@@ -10,7 +10,8 @@ walk, in-place accumulation, post-accumulate-grad hooks, end-of-backward callbac
 ``queue_callback``), then the ops, each with its backward beside its forward: ``elementwise``,
 ``reduce``, ``shape`` (also tril/triu, split), ``linalg``, ``functional`` (softmax, losses,
 dropout, layer_norm, embedding), ``attention`` (scaled_dot_product_attention), ``conv`` (conv2d,
-max/avg/adaptive pooling); ``random`` (manual_seed); ``creation`` (tensor, zeros, randn,
+max/avg/adaptive pooling), ``sync_norm`` (batch norm with statistics summed by a callable),
+``clip_grad`` (clip_grad_norm_); ``random`` (manual_seed); ``creation`` (tensor, zeros, randn,
 arange... with torch's default dtypes).
 See docs/tensor.md for how the tape works and the two contracts DDP relies on.
 """
@@ -38,6 +39,7 @@ from minidist.tensor.grad_mode import enable_grad, is_grad_enabled, no_grad, set
 from minidist.tensor.linalg import linear, matmul
 from minidist.tensor.random import default_generator, manual_seed
 from minidist.tensor.reduce import max, mean, min, sum  # noqa: A004
+from minidist.tensor.sync_norm import sync_batch_norm
 from minidist.tensor.shape import chunk, cat, concatenate, split, stack, swapaxes, tril, triu
 
 __all__ = [
