@@ -11,8 +11,8 @@ walk, in-place accumulation, post-accumulate-grad hooks, end-of-backward callbac
 ``reduce``, ``shape`` (also tril/triu, split), ``linalg``, ``functional`` (softmax, losses,
 dropout, layer_norm, embedding), ``attention`` (scaled_dot_product_attention), ``conv`` (conv2d,
 max/avg/adaptive pooling), ``sync_norm`` (batch norm with statistics summed by a callable),
-``clip_grad`` (clip_grad_norm_); ``random`` (manual_seed); ``creation`` (tensor, zeros, randn,
-arange... with torch's default dtypes).
+``clip_grad`` (clip_grad_norm_), ``weak`` (WeakIdKeyDictionary); ``random`` (manual_seed);
+``creation`` (tensor, zeros, randn, arange... with torch's default dtypes).
 See docs/tensor.md for how the tape works and the two contracts DDP relies on.
 """
 
@@ -40,11 +40,12 @@ from minidist.tensor.linalg import linear, matmul
 from minidist.tensor.random import default_generator, manual_seed
 from minidist.tensor.reduce import max, mean, min, sum  # noqa: A004
 from minidist.tensor.sync_norm import sync_batch_norm
+from minidist.tensor.weak import WeakIdKeyDictionary
 from minidist.tensor.shape import chunk, cat, concatenate, split, stack, swapaxes, tril, triu
 
 __all__ = [
-    "Tensor", "RemovableHandle", "queue_callback", "no_grad", "enable_grad", "is_grad_enabled",
-    "set_grad_enabled",
+    "Tensor", "WeakIdKeyDictionary", "RemovableHandle", "queue_callback", "no_grad", "enable_grad",
+    "is_grad_enabled", "set_grad_enabled",
     "manual_seed", "default_generator", "matmul", "linear", "exp", "log", "tanh", "sigmoid",
     "relu", "gelu", "erf", "sum", "mean", "max", "min", "cat", "concatenate", "stack",
     "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "layer_norm",

@@ -20,7 +20,7 @@ from typing import Any
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, error
-from minidist.tensor.linalg import mm, sum_rows
+from minidist.tensor.linalg import check_same_dtype, mm, sum_rows
 
 
 def pair(v: Any, name: str = "value") -> tuple[int, int]:
@@ -94,6 +94,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
         (N, O, Ho, Wo) with ``Ho = (H + 2 ph - kh) // sh + 1``.
     """
     x, weight, bias = autocast_args("conv2d", x, weight, bias)
+    check_same_dtype("conv2d", x, weight)
     o, c, kh, kw = weight.shape
     (sh, sw), (ph, pw) = pair(stride, "stride"), pair(padding, "padding")
     _out_size("conv2d", x, kh, kw, ph, pw)

@@ -425,8 +425,19 @@ class Tensor:
     def ne(self, other: Any) -> Tensor:
         return elementwise.compare("ne", self, other)
 
-    # ``==``/``!=`` stay identity (NOT elementwise, unlike torch): tensors are keys of weak
-    # dictionaries (amp's owner_of), whose lookups call ``==`` and need a plain bool.
+    # ``==``/``!=`` are elementwise, as torch; hashing stays by identity, so tensors can key
+    # dicts and sets (whose lookups compare by ``is`` first and only call ``==`` on equal
+    # hashes, which distinct live tensors never have). Never use ``in`` on a list of tensors or
+    # ``list.index``: they call ``==``. Weak maps keyed by tensors: ``WeakIdKeyDictionary``.
+
+    def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return elementwise.compare("eq", self, other)
+
+    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return elementwise.compare("ne", self, other)
+
+    def __hash__(self) -> int:
+        return id(self)
 
     def __lt__(self, other: Any) -> Tensor:
         return elementwise.compare("lt", self, other)
