@@ -47,6 +47,15 @@ def _additive(mask: Any, dtype: Any, op: str) -> Any:
 class MultiheadAttention(Module):
     """torch's ``nn.MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, ...)``.
 
+    >>> import minidist
+    >>> from minidist import nn
+    >>> mha = nn.MultiheadAttention(16, 4, batch_first=True)
+    >>> x = minidist.randn(2, 5, 16)
+    >>> causal = minidist.triu(minidist.ones(5, 5), diagonal=1).bool()   # True: masked out
+    >>> out, weights = mha(x, x, x, attn_mask=causal)
+    >>> out.shape, weights.shape
+    ((2, 5, 16), (2, 5, 5))
+
     Args:
         embed_dim: E, the model width (query, key and value all have it here).
         num_heads: h; E must divide by it.

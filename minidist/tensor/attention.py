@@ -73,8 +73,11 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                                  scale: float | None = None) -> Tensor:
     """torch's ``F.scaled_dot_product_attention``: ``dropout(softmax(q k^T * scale + mask)) @ v``.
 
-        q = k = v = minidist.randn(2, 4, 8, 16)           # (batch, heads, tokens, head dim)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)    # (2, 4, 8, 16)
+    >>> import minidist
+    >>> from minidist.nn import functional as F
+    >>> q = k = v = minidist.randn(2, 4, 8, 16)      # (batch, heads, tokens, head dim)
+    >>> F.scaled_dot_product_attention(q, k, v, is_causal=True).shape
+    (2, 4, 8, 16)
 
     Args:
         query: (..., L, E); key: (..., S, E); value: (..., S, Ev).
