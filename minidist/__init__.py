@@ -20,6 +20,9 @@ from minidist.tensor import (arange, as_tensor, empty, empty_like, from_numpy, f
                              zeros_like)
 from minidist.tensor import (double, float32, float64, half, int32, int64,  # torch's dtype names
                              long)
+from minidist.tensor import (chunk, masked_fill, split, tril, triu,  # torch's functions
+                             transpose)
+from minidist.tensor import bool as bool  # noqa: A004,F401 - torch's name (minidist.bool)
 from minidist.tensor import float as float  # noqa: A004,F401 - torch's name (minidist.float)
 
 # comm: process group and collectives (minidist/comm)
@@ -53,7 +56,7 @@ from minidist.amp import GradScaler, autocast, float16
 
 # ddp and trainer: DistributedDataParallel, comm hooks, Trainer, atomic checkpoints
 from minidist import ddp
-from minidist.ddp import DistributedDataParallel, ZeroRedundancyOptimizer
+from minidist.ddp import DistributedDataParallel, SyncBatchNorm, ZeroRedundancyOptimizer
 # the array collectives, taking a Tensor too (torch's argument order; minidist/ddp/collectives.py)
 from minidist.ddp.collectives import (all_gather, all_gather_into, all_reduce, broadcast, reduce,
                                       reduce_scatter)
@@ -65,3 +68,7 @@ from minidist.checkpoint import (CheckpointError, latest_checkpoint, load, load_
 from minidist.trainer import History, Trainer, TrainerConfig
 
 from minidist.version import __version__  # noqa: E402
+
+# torch's spelling nn.SyncBatchNorm: the class communicates, so it lives in ddp (above comm),
+# and the root, which sees every layer, attaches it to nn (nn itself cannot import ddp).
+nn.SyncBatchNorm = SyncBatchNorm

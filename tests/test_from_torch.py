@@ -11,7 +11,8 @@ import pytest
 from procs import REPO, run_python
 
 HERE = REPO / "examples" / "from_torch"
-PAIRS = [("ddp_torchrun.py", "ddp_torchrun_minidist.py"), ("ddp_spawn.py", "ddp_spawn_minidist.py")]
+PAIRS = [("ddp_torchrun.py", "ddp_torchrun_minidist.py"), ("ddp_spawn.py", "ddp_spawn_minidist.py"),
+         ("gpt_ddp.py", "gpt_ddp_minidist.py")]
 # (torch line, minidist line) pairs allowed besides imports: none today.
 EXCEPTIONS: set = set()
 
@@ -55,3 +56,11 @@ def test_ports_run_like_their_originals(tmp_path):
     job = run_python([HERE / "ddp_spawn_minidist.py"], timeout_s=180, cwd=tmp_path)
     assert job.returncode == 0, job.report()
     assert "weights equal on all ranks: True" in job.stdout, job.report()
+
+
+def test_gpt_port_trains_under_ddp_and_its_loss_falls():
+    job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
+                      HERE / "gpt_ddp_minidist.py"], timeout_s=180, env={"STEPS": "30"})
+    assert job.returncode == 0, job.report()
+    losses = [float(v) for v in re.findall(r"loss ([0-9.]+)", job.stdout)]
+    assert len(losses) >= 3 and losses[-1] < 0.8 * losses[0], job.report()

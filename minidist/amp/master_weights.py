@@ -38,7 +38,6 @@ a checkpoint resumes bit for bit although the model's own state_dict holds float
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, Iterable
 
 import numpy as np
@@ -48,11 +47,13 @@ from minidist import xp as backend
 from minidist.log import get_logger, rank_prefix
 from minidist.nn import Parameter
 from minidist.optim import Optimizer
+from minidist.tensor import WeakIdKeyDictionary
 
 log = get_logger(__name__)
 
-# model parameter -> the MasterWeights that owns its master (weak: dies with the model)
-_OWNER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# model parameter -> the MasterWeights that owns its master (weak: dies with the model; keyed
+# by identity, since a Tensor's == is elementwise)
+_OWNER = WeakIdKeyDictionary()
 
 
 class MasterParameter(Parameter):

@@ -9,7 +9,8 @@ Modules, in the order a step uses them (``naive`` is the unbucketed oracle): ``b
 bucket is averaged: plain, fp16, PowerSGD), ``preflight`` (the run manifest every rank must
 agree on before step 0), ``ddp`` (the wrapper, no_sync, construction checks), ``zero``
 (ZeroRedundancyOptimizer: ZeRO-1 optimizer-state sharding over the buckets; it lives here,
-not in ``optim``, because it communicates).
+not in ``optim``, because it communicates), ``sync_batchnorm`` (SyncBatchNorm, here rather than
+in ``nn`` for the same reason; the root makes it ``minidist.nn.SyncBatchNorm``).
 """
 
 from minidist.ddp import hooks
@@ -21,10 +22,11 @@ from minidist.ddp.hooks import (GradBucket, PowerSGDState, allreduce_hook, fp16_
 from minidist.ddp.naive import NaiveDataParallel
 from minidist.ddp.preflight import PreflightError, check_manifest
 from minidist.ddp.reducer import Reducer
+from minidist.ddp.sync_batchnorm import SyncBatchNorm
 from minidist.ddp.zero import ZeroRedundancyOptimizer
 
 __all__ = ["DistributedDataParallel", "NaiveDataParallel", "Reducer", "Bucket", "BucketSpec", "BucketState",
            "ParamMeta", "plan_buckets", "DEFAULT_BUCKET_CAP_BYTES", "DEFAULT_FIRST_BUCKET_BYTES",
            "GradBucket", "PowerSGDState", "allreduce_hook", "fp16_compress_hook",
            "powersgd_hook", "hooks", "auto_overlap", "PreflightError", "check_manifest",
-           "ZeroRedundancyOptimizer"]
+           "ZeroRedundancyOptimizer", "SyncBatchNorm"]

@@ -50,6 +50,7 @@ from minidist.ddp.bucket import Bucket, BucketSpec, ParamMeta, plan_buckets
 from minidist.ddp.hooks import allreduce_hook
 from minidist.ddp.preflight import allreduce_table, check_manifest, library_manifest
 from minidist.ddp.reducer import Reducer, unused_param_indices
+from minidist.ddp.sync_batchnorm import SyncBatchNorm
 from minidist.log import get_logger, rank_prefix
 from minidist.tensor.grad_mode import is_grad_enabled
 
@@ -125,7 +126,8 @@ class DistributedDataParallel:
         comm_hook: ``hook(state, bucket)`` replacing the plain averaging (see hooks.py).
         overlap: reduce buckets on a comm thread while backward runs (True), all at the end
             of backward on the main thread (False), or ``"auto"`` (default): off only when
-            the node has about one core per rank (see ``auto_overlap``).
+            the node has about one core per rank (see ``auto_overlap``), or when the model
+            has SyncBatchNorm layers (whose backward all-reduces; True is refused then).
         first_bucket_cap_mb: size limit of the first bucket (torch: 1).
         nonfinite_grads: after each reduction, "warn" (default), "raise" or "ignore" when an
             averaged gradient holds NaN/inf.
@@ -166,6 +168,14 @@ class DistributedDataParallel:
             raise ValueError(f"{rank_prefix()} DistributedDataParallel: the module has no "
                              "parameter that requires grad, so there is nothing to reduce. "
                              "Wrap the model that is being trained.")
+        # SyncBatchNorm all-reduces inside backward on the main thread; a comm thread reducing
+        # buckets at the same time could order the two differently on different ranks.
+        sync_bn = any(isinstance(m, SyncBatchNorm) for m in getattr(module, "modules", list)())
+        if overlap is True and sync_bn and self.world_size > 1:
+            raise ValueError(f"{rank_prefix()} DistributedDataParallel: overlap=True with "
+                             "SyncBatchNorm layers in the model: their backward all-reduce would "
+                             "race the comm thread's bucket reductions. Pass overlap=False or "
+                             "'auto'.")
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         metas = [ParamMeta(n, tuple(p.data.shape), str(p.data.dtype)) for n, p in named]
@@ -185,7 +195,7 @@ class DistributedDataParallel:
         for b in self.buckets:
             b.buffer[...] = 0
         if overlap == "auto":
-            overlap = auto_overlap(self.world_size)
+            overlap = auto_overlap(self.world_size) and not sync_bn
         elif not isinstance(overlap, bool):
             raise ValueError(f"{rank_prefix()} DistributedDataParallel: overlap={overlap!r}; "
                              "use True, False or 'auto'.")

@@ -9,17 +9,21 @@
     model.state_dict().keys()                    # '0.weight', '0.bias', '2.weight', '2.bias'
 
 Modules: ``module`` (Module, Parameter, state_dict), ``layers`` (Linear, LayerNorm, Dropout,
-Embedding, activations, Sequential, ModuleList, ModuleDict), ``conv`` (Conv2d, MaxPool2d),
-``norm`` (BatchNorm1d/2d), ``losses``, ``init``, ``functional``.
+Dropout2d, Embedding, activations, Sequential, ModuleList, ModuleDict), ``conv`` (Conv2d,
+MaxPool2d, AvgPool2d, AdaptiveAvgPool2d), ``attention`` (MultiheadAttention), ``norm``
+(BatchNorm1d/2d), ``losses``, ``init``, ``functional``, ``utils`` (clip_grad_norm_).
+``nn.SyncBatchNorm`` is attached by the package root: it communicates, so it lives in
+``minidist/ddp/sync_batchnorm.py``, above comm.
 """
 
 from __future__ import annotations
 
-from minidist.nn import functional, init
-from minidist.nn.conv import Conv2d, MaxPool2d
-from minidist.nn.layers import (GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear,
-                                LogSoftmax, ModuleDict, ModuleList, ReLU, Sequential, Sigmoid,
-                                Softmax, Tanh)
+from minidist.nn import functional, init, utils
+from minidist.nn.attention import MultiheadAttention
+from minidist.nn.conv import AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d
+from minidist.nn.layers import (GELU, Dropout, Dropout2d, Embedding, Flatten, Identity,
+                                LayerNorm, Linear, LogSoftmax, ModuleDict, ModuleList, ReLU,
+                                Sequential, Sigmoid, Softmax, Tanh)
 from minidist.nn.losses import CrossEntropyLoss, MSELoss, NLLLoss
 from minidist.nn.norm import BatchNorm1d, BatchNorm2d
 from minidist.nn.module import IncompatibleKeys, Module, Parameter, StateDictError
@@ -28,7 +32,7 @@ from minidist.tensor import manual_seed
 __all__ = [
     "Module", "Parameter", "StateDictError", "IncompatibleKeys", "Linear", "Conv2d", "MaxPool2d",
     "Flatten", "ReLU", "GELU", "Tanh", "Sigmoid", "Identity", "Dropout", "LayerNorm",
-    "Sequential", "CrossEntropyLoss", "MSELoss", "manual_seed", "init", "functional",
+    "Sequential", "CrossEntropyLoss", "MSELoss", "manual_seed", "init", "functional", "utils",
     "ModuleList", "ModuleDict", "Softmax", "LogSoftmax", "NLLLoss", "Embedding", "BatchNorm1d",
-    "BatchNorm2d",
+    "BatchNorm2d", "Dropout2d", "AvgPool2d", "AdaptiveAvgPool2d", "MultiheadAttention",
 ]

@@ -1,4 +1,5 @@
-"""Convolution layers on NCHW tensors: ``Conv2d`` and ``MaxPool2d`` (torch's signatures and init).
+"""Convolution and pooling layers on NCHW tensors: ``Conv2d``, ``MaxPool2d``, ``AvgPool2d``,
+``AdaptiveAvgPool2d`` (torch's signatures and init).
 
     net = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                         nn.Flatten(), nn.Linear(16 * 4 * 4, 10))     # for 8x8 images
@@ -14,7 +15,7 @@ import numpy
 from minidist.nn import init
 from minidist.nn.layers import empty_parameter
 from minidist.nn.module import Module
-from minidist.tensor import Tensor, conv2d, max_pool2d
+from minidist.tensor import Tensor, adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
 from minidist.tensor.conv import pair
 
 
@@ -60,3 +61,42 @@ class MaxPool2d(Module):
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}"
+
+
+class AvgPool2d(Module):
+    """Mean over kernel windows (torch's ``nn.AvgPool2d``; stride defaults to the kernel size).
+
+    ``count_include_pad=True`` (default) counts the zero padding in each divisor;
+    ``ceil_mode=True`` is not supported.
+    """
+
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                 ceil_mode: bool = False, count_include_pad: bool = True,
+                 divisor_override: int | None = None) -> None:
+        super().__init__()
+        self.kernel_size = pair(kernel_size, "kernel_size")
+        self.stride = pair(stride, "stride") if stride is not None else self.kernel_size
+        self.padding, self.ceil_mode = pair(padding, "padding"), ceil_mode
+        self.count_include_pad, self.divisor_override = count_include_pad, divisor_override
+
+    def forward(self, x: Tensor) -> Tensor:
+        return avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                          self.count_include_pad, self.divisor_override)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AdaptiveAvgPool2d(Module):
+    """Average-pool to ``output_size`` (int, pair, or pair with None = keep that size);
+    ``AdaptiveAvgPool2d(1)`` is global average pooling."""
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        return adaptive_avg_pool2d(x, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"

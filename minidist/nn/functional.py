@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
-from minidist.tensor import (conv2d, cross_entropy, dropout, gelu, layer_norm, linear, log_softmax,
-                             max_pool2d, mse_loss, nll_loss, relu, sigmoid, softmax, tanh)
+from minidist.tensor import (adaptive_avg_pool2d, avg_pool2d, conv2d, cross_entropy, dropout,
+                             dropout2d, embedding, gelu, layer_norm, linear, log_softmax,
+                             max_pool2d, mse_loss, nll_loss, relu, scaled_dot_product_attention,
+                             sigmoid, softmax, tanh)
 
-__all__ = ["conv2d", "cross_entropy", "dropout", "gelu", "layer_norm", "linear", "log_softmax",
-           "max_pool2d", "mse_loss", "nll_loss", "relu", "sigmoid", "softmax", "tanh"]
+__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "conv2d", "cross_entropy", "dropout", "dropout2d",
+           "embedding", "gelu", "layer_norm", "linear", "log_softmax", "max_pool2d", "mse_loss",
+           "nll_loss", "relu", "scaled_dot_product_attention", "sigmoid", "softmax", "tanh"]

@@ -17,7 +17,7 @@ from minidist import xp as backend
 from minidist.tensor import Tensor, default_generator, manual_seed, no_grad
 
 __all__ = ["manual_seed", "uniform_", "normal_", "constant_", "zeros_", "ones_",
-           "kaiming_uniform_", "fan_in"]
+           "kaiming_uniform_", "xavier_uniform_", "fan_in"]
 
 
 def _fill(t: Tensor, host: numpy.ndarray) -> Tensor:
@@ -70,4 +70,13 @@ def kaiming_uniform_(t: Tensor, a: float = math.sqrt(5)) -> Tensor:
     """
     gain = math.sqrt(2.0 / (1 + a * a))
     bound = gain * math.sqrt(3.0 / fan_in(t))
+    return uniform_(t, -bound, bound)
+
+
+def xavier_uniform_(t: Tensor, gain: float = 1.0) -> Tensor:
+    """Glorot-uniform init: bound = gain * sqrt(6 / (fan_in + fan_out)) (fan_out = dim 0 times
+    the receptive field), as torch's ``xavier_uniform_``."""
+    receptive = int(math.prod(t.shape[2:])) if t.ndim > 2 else 1
+    fan_out = int(t.shape[0]) * receptive
+    bound = gain * math.sqrt(6.0 / (fan_in(t) + fan_out))
     return uniform_(t, -bound, bound)

@@ -1,6 +1,6 @@
-"""Layers with torch's names, shapes and default init: Linear, LayerNorm, Dropout, Flatten,
-Embedding, activations (ReLU, GELU, Tanh, Sigmoid, Softmax, LogSoftmax), Identity and the
-containers Sequential, ModuleList, ModuleDict.
+"""Layers with torch's names, shapes and default init: Linear, LayerNorm, Dropout, Dropout2d,
+Flatten, Embedding, activations (ReLU, GELU, Tanh, Sigmoid, Softmax, LogSoftmax), Identity and
+the containers Sequential, ModuleList, ModuleDict.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import numpy
 from minidist import xp as backend
 from minidist.nn import init
 from minidist.nn.module import Module, Parameter
-from minidist.tensor import Tensor, dropout, layer_norm, linear, log_softmax, softmax
+from minidist.tensor import (Tensor, dropout, dropout2d, embedding, layer_norm, linear,
+                             log_softmax, softmax)
 from minidist.tensor.core import error
 
 
@@ -86,6 +87,14 @@ class Dropout(Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+class Dropout2d(Dropout):
+    """Channel dropout: zero whole channels of (N, C, H, W) with probability ``p`` in training
+    (torch's ``nn.Dropout2d``); the identity in eval mode."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout2d(x, self.p, self.training)
 
 
 class Flatten(Module):
@@ -195,27 +204,36 @@ class LogSoftmax(Softmax):
 class Embedding(Module):
     """A lookup table: ``weight[indices]``, weight (num_embeddings, embedding_dim) ~ N(0, 1).
 
-    The gradient of a row used several times in a batch is the sum of its uses.
+    The gradient of a row used several times in a batch is the sum of its uses. With
+    ``padding_idx`` that row starts at zeros and gets no gradient (torch's behaviour), so it
+    stays what it is set to.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int,
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  dtype: Any = numpy.float32) -> None:
         super().__init__()
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(error("Embedding", f"padding_idx {padding_idx} is outside "
+                                       f"[-{num_embeddings}, {num_embeddings})."))
+            padding_idx %= num_embeddings
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.padding_idx = padding_idx
         self.weight = empty_parameter(num_embeddings, embedding_dim, dtype=dtype)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """N(0, 1) draws, the padding row zeroed (torch's init)."""
         init.normal_(self.weight)
+        if self.padding_idx is not None:
+            self.weight.data[self.padding_idx] = 0
 
     def forward(self, indices: Any) -> Tensor:
-        idx = indices.data if isinstance(indices, Tensor) else indices
-        idx = backend.get_array_module(self.weight.data).asarray(idx)
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.num_embeddings):
-            raise IndexError(error("Embedding", f"index {int(idx.max())} or {int(idx.min())} is "
-                                   f"outside [0, {self.num_embeddings}). Check the vocabulary "
-                                   "size."))
-        return self.weight[idx]
+        return embedding(indices, self.weight, self.padding_idx)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
 
 
 class ModuleList(Module):

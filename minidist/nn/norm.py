@@ -12,8 +12,9 @@ Per channel c, over the batch (and length/height/width) axes::
                num_batches_tracked += 1
     eval:      y = (x - running_mean) / sqrt(running_var + eps) * weight + bias
 
-Under DistributedDataParallel each rank normalizes with its own batch (torch's BatchNorm, not
-SyncBatchNorm); with ``broadcast_buffers=True`` (the default) DDP broadcasts rank 0's running
+Under DistributedDataParallel each rank normalizes with its own batch (torch's BatchNorm; for
+statistics over the global batch use ``nn.SyncBatchNorm``, minidist/ddp/sync_batchnorm.py); with
+``broadcast_buffers=True`` (the default) DDP broadcasts rank 0's running
 statistics before every synced forward, so the ranks' statistics do not drift apart.
 """
 
@@ -32,8 +33,9 @@ from minidist.tensor import Tensor, no_grad
 from minidist.tensor.core import error
 
 
-class _BatchNorm(Module):
-    """Shared by BatchNorm1d/2d; ``_dims`` lists the accepted input ranks."""
+class BatchNormBase(Module):
+    """Shared by BatchNorm1d/2d and SyncBatchNorm (torch's ``_BatchNorm``): parameters,
+    buffers, running-statistics update; ``_dims`` lists the accepted input ranks."""
 
     _dims: tuple[int, ...] = ()
 
@@ -70,7 +72,7 @@ class _BatchNorm(Module):
             centered = x - mean
             var = (centered * centered).mean(axis=axes, keepdims=True)
             if self.training and self.track_running_stats:
-                self._update_running(mean.data.reshape(-1), var.data.reshape(-1), n)
+                self.update_running_stats(mean.data.reshape(-1), var.data.reshape(-1), n)
         else:
             centered = x - Tensor(self.running_mean.data.reshape(shape).astype(x.dtype))
             var = Tensor(self.running_var.data.reshape(shape).astype(x.dtype))
@@ -79,7 +81,9 @@ class _BatchNorm(Module):
             out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
         return out
 
-    def _update_running(self, mean: Any, var: Any, n: int) -> None:
+    def update_running_stats(self, mean: Any, var: Any, n: int) -> None:
+        """Fold one batch's per-channel ``mean`` and biased ``var`` over ``n`` values into the
+        running statistics (the variance enters unbiased, ``* n / (n - 1)``, as torch)."""
         with no_grad():
             self.num_batches_tracked.data[...] += 1
             m = (1.0 / int(self.num_batches_tracked.data) if self.momentum is None
@@ -93,13 +97,13 @@ class _BatchNorm(Module):
                 f"affine={self.affine}, track_running_stats={self.track_running_stats}")
 
 
-class BatchNorm1d(_BatchNorm):
+class BatchNorm1d(BatchNormBase):
     """Batch norm over (N, C) or (N, C, L) inputs, per channel C."""
 
     _dims = (2, 3)
 
 
-class BatchNorm2d(_BatchNorm):
+class BatchNorm2d(BatchNormBase):
     """Batch norm over (N, C, H, W) inputs, per channel C."""
 
     _dims = (4,)

@@ -8,9 +8,11 @@
 Modules, bottom up: ``grad_mode`` (no_grad), ``core`` (Tensor), ``autograd`` (the backward
 walk, in-place accumulation, post-accumulate-grad hooks, end-of-backward callbacks
 ``queue_callback``), then the ops, each with its backward beside its forward: ``elementwise``,
-``reduce``, ``shape``, ``linalg``, ``functional`` (softmax, losses, dropout, layer_norm),
-``conv`` (conv2d, max_pool2d); ``random`` (manual_seed); ``creation`` (tensor, zeros, randn,
-arange... with torch's default dtypes).
+``reduce``, ``shape`` (also tril/triu, split), ``linalg``, ``functional`` (softmax, losses,
+dropout, layer_norm, embedding), ``attention`` (scaled_dot_product_attention), ``conv`` (conv2d,
+max/avg/adaptive pooling), ``sync_norm`` (batch norm with statistics summed by a callable),
+``clip_grad`` (clip_grad_norm_), ``weak`` (WeakIdKeyDictionary); ``random`` (manual_seed);
+``creation`` (tensor, zeros, randn, arange... with torch's default dtypes).
 See docs/tensor.md for how the tape works and the two contracts DDP relies on.
 """
 
@@ -23,28 +25,34 @@ from typing import Any
 import numpy
 
 from minidist.tensor.autograd import RemovableHandle, queue_callback
-from minidist.tensor.conv import conv2d, max_pool2d
+from minidist.tensor.attention import scaled_dot_product_attention
+from minidist.tensor.clip_grad import clip_grad_norm_, clip_grad_value_
+from minidist.tensor.conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
 from minidist.tensor.core import Tensor
 from minidist.tensor.creation import (arange, as_tensor, empty, empty_like, from_numpy, full,
                                       full_like, ones, ones_like, rand, rand_like, randint, randn,
                                       randn_like, tensor, zeros, zeros_like)
-from minidist.tensor.elementwise import erf, exp, gelu, log, relu, sigmoid, tanh
-from minidist.tensor.functional import (cross_entropy, dropout, layer_norm, log_softmax,
-                                        mse_loss, nll_loss, softmax)
+from minidist.tensor.elementwise import erf, exp, gelu, log, masked_fill, relu, sigmoid, tanh
+from minidist.tensor.functional import (cross_entropy, dropout, dropout2d, embedding, layer_norm,
+                                        log_softmax, mse_loss, nll_loss, softmax)
 from minidist.tensor.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from minidist.tensor.linalg import linear, matmul
 from minidist.tensor.random import default_generator, manual_seed
 from minidist.tensor.reduce import max, mean, min, sum  # noqa: A004
-from minidist.tensor.shape import cat, concatenate, stack
+from minidist.tensor.sync_norm import sync_batch_norm
+from minidist.tensor.weak import WeakIdKeyDictionary
+from minidist.tensor.shape import chunk, cat, concatenate, split, stack, swapaxes, tril, triu
 
 __all__ = [
-    "Tensor", "RemovableHandle", "queue_callback", "no_grad", "enable_grad", "is_grad_enabled",
-    "set_grad_enabled",
+    "Tensor", "WeakIdKeyDictionary", "RemovableHandle", "queue_callback", "no_grad", "enable_grad",
+    "is_grad_enabled", "set_grad_enabled",
     "manual_seed", "default_generator", "matmul", "linear", "exp", "log", "tanh", "sigmoid",
     "relu", "gelu", "erf", "sum", "mean", "max", "min", "cat", "concatenate", "stack",
     "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "layer_norm",
-    "conv2d",
-    "max_pool2d", "tensor", "from_numpy", "as_tensor", "zeros", "ones", "empty", "full", "rand",
+    "conv2d", "clip_grad_norm_", "clip_grad_value_", "max_pool2d", "avg_pool2d",
+    "adaptive_avg_pool2d", "dropout2d", "embedding", "masked_fill",
+    "scaled_dot_product_attention", "tril", "triu", "split", "chunk", "transpose", "tensor",
+    "from_numpy", "as_tensor", "zeros", "ones", "empty", "full", "rand",
     "randn", "randint", "arange", "zeros_like", "ones_like", "empty_like", "full_like",
     "rand_like", "randn_like", "float16", "float32", "float64", "int32", "int64",
 ]
@@ -56,6 +64,12 @@ float32 = float = numpy.dtype(numpy.float32)  # noqa: A001 - torch's name
 float64 = double = numpy.dtype(numpy.float64)
 int32 = numpy.dtype(numpy.int32)
 int64 = long = numpy.dtype(numpy.int64)
+bool = numpy.dtype(numpy.bool_)  # noqa: A001 - torch's name (minidist.bool)
+
+
+def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:  # noqa: A002 - torch's name
+    """torch's ``transpose(input, dim0, dim1)``: swap two dims."""
+    return swapaxes(input, dim0, dim1)
 
 
 

@@ -1,4 +1,4 @@
-"""2-D convolution and max pooling on NCHW tensors, by im2col.
+"""2-D convolution, max and average pooling on NCHW tensors, by im2col.
 
 ``patches(x)`` copies every kh x kw patch into one array, one strided slice per kernel offset
 (kh*kw large copies, much faster in NumPy than gathering a 6-D strided view)::
@@ -6,7 +6,7 @@
     x (N, C, H, W) --patches--> P (kh, kw, C, N, Ho, Wo)     Ho = (H + 2p - kh) // s + 1
                                 P[i, j] = x[:, :, i::s, j::s] (first Ho x Wo), as (C, N, Ho, Wo)
     conv:  W (O, kh*kw*C) @ P (kh*kw*C, N*Ho*Wo)  ->  (O, N, Ho, Wo)  -> NCHW view
-    pool:  max over the kh*kw axis of P
+    pool:  max (or mean) over the kh*kw axis of P; adaptive pooling averages torch's bins
 
 Backward turns patch gradients back into an image with ``col2im``: one strided add per kernel
 offset, which also sums overlapping windows. Under autocast the convolution runs in float16
@@ -20,7 +20,7 @@ from typing import Any
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, error
-from minidist.tensor.linalg import mm, sum_rows
+from minidist.tensor.linalg import check_same_dtype, mm, sum_rows
 
 
 def pair(v: Any, name: str = "value") -> tuple[int, int]:
@@ -94,6 +94,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
         (N, O, Ho, Wo) with ``Ho = (H + 2 ph - kh) // sh + 1``.
     """
     x, weight, bias = autocast_args("conv2d", x, weight, bias)
+    check_same_dtype("conv2d", x, weight)
     o, c, kh, kw = weight.shape
     (sh, sw), (ph, pw) = pair(stride, "stride"), pair(padding, "padding")
     _out_size("conv2d", x, kh, kw, ph, pw)
@@ -149,3 +150,80 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None) -> Tensor:
         return (col2im(gp, x.data.shape, sh, sw),)
 
     return Tensor._make(out, (x,), backward, "max_pool2d")
+
+
+def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None) -> Tensor:
+    """Mean over each kernel window (torch's ``F.avg_pool2d``), NCHW.
+
+    With ``count_include_pad=True`` (torch's default) the zero padding counts in each window's
+    divisor; with False only the real pixels do. ``divisor_override`` replaces the divisor. The
+    gradient spreads each output's gradient evenly over its window.
+    """
+    kh, kw = pair(kernel_size, "kernel_size")
+    sh, sw = pair(stride if stride is not None else (kh, kw), "stride")
+    ph, pw = pair(padding, "padding")
+    if ceil_mode:
+        raise ValueError(error("avg_pool2d", "ceil_mode=True is not supported; pad the input "
+                               "so the windows fit."))
+    if 2 * ph > kh or 2 * pw > kw:
+        raise ValueError(error("avg_pool2d", f"padding {(ph, pw)} must be at most half the "
+                               f"kernel size {(kh, kw)}, as torch requires."))
+    _out_size("avg_pool2d", x, kh, kw, ph, pw)
+    xp = backend.get_array_module(x.data)
+    padded = pad2d(x.data, ph, pw)
+    p = patches(padded, kh, kw, sh, sw)  # (kh, kw, C, N, Ho, Wo)
+    if divisor_override:
+        div: Any = float(divisor_override)
+    elif count_include_pad or not (ph or pw):
+        div = float(kh * kw)
+    else:  # the number of real pixels in each window, (Ho, Wo)
+        ones = pad2d(xp.ones((1, 1) + x.shape[2:], dtype=x.dtype), ph, pw)
+        div = patches(ones, kh, kw, sh, sw).sum(axis=(0, 1))[0, 0]
+    out = (p.sum(axis=(0, 1)) / div).astype(x.dtype, copy=False).transpose(1, 0, 2, 3)
+
+    def backward(g: Any) -> tuple:
+        share = (g.transpose(1, 0, 2, 3) / div).astype(g.dtype, copy=False)  # (C, N, Ho, Wo)
+        gp = xp.broadcast_to(share, (kh, kw) + share.shape)
+        gx = col2im(gp, padded.shape, sh, sw)
+        return (gx[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]],)
+
+    return Tensor._make(out, (x,), backward, "avg_pool2d")
+
+
+def adaptive_avg_pool2d(x: Tensor, output_size: Any) -> Tensor:
+    """Mean pooling to a fixed output size (torch's ``F.adaptive_avg_pool2d``), NCHW.
+
+    Output cell ``i`` of ``Ho`` averages input rows ``floor(i H / Ho) .. ceil((i+1) H / Ho)``
+    (torch's bins, which may overlap); the same for columns. ``output_size`` is an int, a pair,
+    or a pair with None (keep that input size). ``(1, 1)`` is global average pooling.
+    """
+    if x.ndim != 4:
+        raise ValueError(error("adaptive_avg_pool2d", f"expects an NCHW input (4-D), got shape "
+                               f"{x.shape}."))
+    size = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    h, w = x.shape[2:]
+    oh, ow = (h if size[0] is None else int(size[0])), (w if size[1] is None else int(size[1]))
+    if oh <= 0 or ow <= 0:
+        raise ValueError(error("adaptive_avg_pool2d", f"output_size must be positive, got "
+                               f"{output_size}."))
+    if h % oh == 0 and w % ow == 0:  # equal, disjoint windows: an ordinary average pool
+        return avg_pool2d(x, (h // oh, w // ow))
+    xp = backend.get_array_module(x.data)
+    rows = [(i * h // oh, -(-(i + 1) * h // oh)) for i in range(oh)]
+    cols = [(j * w // ow, -(-(j + 1) * w // ow)) for j in range(ow)]
+    out = xp.empty(x.shape[:2] + (oh, ow), dtype=x.dtype)
+    for i, (r0, r1) in enumerate(rows):
+        for j, (c0, c1) in enumerate(cols):
+            out[:, :, i, j] = x.data[:, :, r0:r1, c0:c1].mean(axis=(2, 3))
+
+    def backward(g: Any) -> tuple:
+        gx = xp.zeros(x.data.shape, dtype=g.dtype)
+        for i, (r0, r1) in enumerate(rows):
+            for j, (c0, c1) in enumerate(cols):
+                gx[:, :, r0:r1, c0:c1] += (g[:, :, i, j] / ((r1 - r0) * (c1 - c0)))[:, :, None,
+                                                                                     None]
+        return (gx,)
+
+    return Tensor._make(out, (x,), backward, "adaptive_avg_pool2d")

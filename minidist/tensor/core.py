@@ -425,8 +425,19 @@ class Tensor:
     def ne(self, other: Any) -> Tensor:
         return elementwise.compare("ne", self, other)
 
-    # ``==``/``!=`` stay identity (NOT elementwise, unlike torch): tensors are keys of weak
-    # dictionaries (amp's owner_of), whose lookups call ``==`` and need a plain bool.
+    # ``==``/``!=`` are elementwise, as torch; hashing stays by identity, so tensors can key
+    # dicts and sets (whose lookups compare by ``is`` first and only call ``==`` on equal
+    # hashes, which distinct live tensors never have). Never use ``in`` on a list of tensors or
+    # ``list.index``: they call ``==``. Weak maps keyed by tensors: ``WeakIdKeyDictionary``.
+
+    def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return elementwise.compare("eq", self, other)
+
+    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return elementwise.compare("ne", self, other)
+
+    def __hash__(self) -> int:
+        return id(self)
 
     def __lt__(self, other: Any) -> Tensor:
         return elementwise.compare("lt", self, other)
@@ -479,9 +490,15 @@ class Tensor:
         return self
 
     def transpose(self, *axes: Any) -> Tensor:
+        """torch's ``transpose(dim0, dim1)`` (two ints: swap those dims, any rank), or NumPy's
+        ``transpose(*axes)`` (a full permutation; none: reverse the dims, like ``.T``)."""
+        if len(axes) == 2 and all(isinstance(a, int) for a in axes):
+            return shape_ops.swapaxes(self, *axes)
         return shape_ops.transpose(self, *axes)
 
-    permute = transpose
+    def permute(self, *dims: Any) -> Tensor:
+        """Reorder all dims (``x.permute(0, 2, 1, 3)``)."""
+        return shape_ops.transpose(self, *dims)
 
     @property
     def T(self) -> Tensor:  # noqa: N802 - NumPy/torch name
@@ -490,11 +507,31 @@ class Tensor:
     def __getitem__(self, index: Any) -> Tensor:
         return shape_ops.getitem(self, index)
 
-    def softmax(self, axis: int = -1) -> Tensor:
-        return functional.softmax(self, axis)
+    def softmax(self, dim: int | None = -1, *, axis: int | None = None) -> Tensor:
+        return functional.softmax(self, dim, axis=axis)
 
-    def log_softmax(self, axis: int = -1) -> Tensor:
-        return functional.log_softmax(self, axis)
+    def log_softmax(self, dim: int | None = -1, *, axis: int | None = None) -> Tensor:
+        return functional.log_softmax(self, dim, axis=axis)
+
+    def masked_fill(self, mask: Any, value: Any) -> Tensor:
+        """``value`` where the bool ``mask`` is True (broadcast), this tensor elsewhere."""
+        return elementwise.masked_fill(self, mask, value)
+
+    def tril(self, diagonal: int = 0) -> Tensor:
+        return shape_ops.tril(self, diagonal)
+
+    def triu(self, diagonal: int = 0) -> Tensor:
+        return shape_ops.triu(self, diagonal)
+
+    def split(self, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
+        return shape_ops.split(self, split_size_or_sections, dim)
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+        return shape_ops.chunk(self, chunks, dim)
+
+    def contiguous(self) -> Tensor:
+        """Self: layouts are NumPy's business here (ops copy when they need to)."""
+        return self
 
 
 # The op modules import Tensor from here, so they are imported after it is defined.

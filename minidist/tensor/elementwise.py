@@ -308,3 +308,33 @@ def compare(op: str, a: Tensor, b: Any) -> Tensor:
 def clone(a: Tensor) -> Tensor:
     """A copy of ``a``'s data that stays on the tape (the gradient passes through unchanged)."""
     return Tensor._make(a.data.copy(), (a,), lambda g: (g,), "clone")
+
+
+def masked_fill(a: Tensor, mask: Any, value: Any) -> Tensor:
+    """``value`` where ``mask`` is True, ``a`` elsewhere (the mask broadcasts to ``a``'s shape).
+
+    The gradient passes where the mask is False and is zero where it is True (those elements
+    no longer depend on ``a``). A common use: ``scores.masked_fill(~causal, float("-inf"))``.
+    """
+    m = mask.data if isinstance(mask, Tensor) else mask
+    xp = backend.get_array_module(a.data)
+    m = xp.asarray(m)
+    if m.dtype != numpy.bool_:
+        raise TypeError(error("masked_fill", f"mask must be a bool tensor, got dtype {m.dtype}. "
+                              "Build it with a comparison (x == 0) or .bool()."))
+    if isinstance(value, Tensor):
+        if value.data.size != 1:
+            raise ValueError(error("masked_fill", f"value must be a number or a one-element "
+                                   f"tensor, got shape {value.shape}."))
+        value = value.item()
+    try:
+        out = xp.where(m, xp.asarray(value, dtype=a.data.dtype), a.data)
+    except ValueError:
+        raise ValueError(broadcast_message("masked_fill", a.shape, tuple(m.shape))) from None
+    if out.shape != a.data.shape:
+        raise ValueError(error("masked_fill", f"mask of shape {tuple(m.shape)} broadcasts the "
+                               f"tensor of shape {a.shape} to {out.shape}. The mask must "
+                               "broadcast to the tensor's shape."))
+    return Tensor._make(out, (a,), lambda g: (xp.where(m, 0, g).astype(g.dtype, copy=False),),
+                        "masked_fill")
+

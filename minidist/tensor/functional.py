@@ -27,8 +27,16 @@ from minidist.tensor.reduce import normalize_axes
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """``exp(x) / sum(exp(x))`` along ``axis`` (stable)."""
+def _dim(op: str, dim: Any, axis: Any) -> int:
+    """torch's ``dim`` or NumPy's ``axis`` keyword (one of them)."""
+    if axis is not None and dim not in (None, -1):
+        raise TypeError(error(op, f"got both dim={dim!r} and axis={axis!r}; pass one."))
+    return axis if axis is not None else (-1 if dim is None else dim)
+
+
+def softmax(x: Tensor, dim: int | None = -1, *, axis: int | None = None) -> Tensor:
+    """``exp(x) / sum(exp(x))`` along ``dim`` (stable; NumPy's ``axis=`` also accepted)."""
+    axis = _dim("softmax", dim, axis)
     (x,) = autocast_args("softmax", x)
     xp = backend.get_array_module(x.data)
     (ax,) = normalize_axes("softmax", axis, x.ndim)
@@ -38,8 +46,9 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
                         "softmax")
 
 
-def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """``x - logsumexp(x)`` along ``axis`` (stable)."""
+def log_softmax(x: Tensor, dim: int | None = -1, *, axis: int | None = None) -> Tensor:
+    """``x - logsumexp(x)`` along ``dim`` (stable; NumPy's ``axis=`` also accepted)."""
+    axis = _dim("log_softmax", dim, axis)
     (x,) = autocast_args("log_softmax", x)
     xp = backend.get_array_module(x.data)
     (ax,) = normalize_axes("log_softmax", axis, x.ndim)
@@ -54,34 +63,73 @@ def _check_reduction(op: str, reduction: str) -> None:
         raise ValueError(error(op, f"reduction must be one of {_REDUCTIONS}, got {reduction!r}."))
 
 
-def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean") -> Tensor:
-    """Softmax cross-entropy of ``logits (N, C)`` against integer class ``target (N,)``.
+def cross_entropy(input: Tensor, target: Any, weight: Any = None,  # noqa: A002 - torch's name
+                  size_average: None = None, ignore_index: int = -100, reduce: None = None,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+    """Softmax cross-entropy of ``input (N, C)`` against class indices or class probabilities.
+
+    torch's ``F.cross_entropy`` (arguments in its order). With class indices ``target (N,)``::
+
+        loss_i = -w[t_i] * ((1 - eps) * logp[i, t_i] + eps/C * sum_c w_c/w[t_i] * logp[i, c])
+        mean:  sum_i loss_i / sum_i w[t_i]          (rows with t_i == ignore_index left out)
+
+    where ``logp = log_softmax(input)``, ``eps = label_smoothing`` and ``w = weight`` (ones by
+    default). With probabilities ``target (N, C)`` (float, rows summing to 1):
+    ``loss_i = -sum_c w_c * q_ic * logp[i, c]`` with ``q = (1 - eps) * target + eps / C``, and
+    ``"mean"`` divides by N.
 
     Args:
-        logits: unnormalized scores, shape (N, C).
-        target: class indices in ``[0, C)``, an int array/list/Tensor of shape (N,).
-        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"`` (per-sample losses, shape (N,)).
+        input: unnormalized scores, shape (N, C).
+        target: class indices in ``[0, C)`` (an int array/list/Tensor of shape (N,)), or class
+            probabilities of shape (N, C) (float).
+        weight: per-class weights (C,), or None.
+        size_average, reduce: torch's deprecated arguments; must be None.
+        ignore_index: a class index whose rows add nothing (not even to the mean's count).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"`` (per-sample losses, (N,)).
+        label_smoothing: in [0, 1]: mix the target with the uniform distribution.
 
     Returns:
         The loss (a scalar unless ``reduction="none"``).
     """
+    if isinstance(weight, str):
+        raise TypeError(error("cross_entropy", f"the third argument is weight (torch's order), "
+                              f"got {weight!r}. Pass reduction={weight!r} by keyword."))
+    if size_average is not None or reduce is not None:
+        raise ValueError(error("cross_entropy", "size_average and reduce are deprecated in "
+                               "torch and not supported; use reduction=."))
     _check_reduction("cross_entropy", reduction)
-    (logits,) = autocast_args("cross_entropy", logits)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(error("cross_entropy", f"label_smoothing must be in [0, 1], got "
+                               f"{label_smoothing}."))
+    (logits,) = autocast_args("cross_entropy", input)
     if logits.ndim != 2:
-        raise ValueError(error("cross_entropy", f"logits must be (N, C), got shape "
-                               f"{logits.shape}. Flatten extra dims into N first."))
-    t = as_array(target)
+        raise ValueError(error("cross_entropy", f"input must be (N, C), got shape "
+                               f"{logits.shape}. Flatten extra dims into N first "
+                               "(logits.view(-1, logits.size(-1)))."))
     n, c = logits.shape
+    t = as_array(target)
+    if numpy.issubdtype(t.dtype, numpy.floating):
+        if tuple(t.shape) != (n, c):
+            raise ValueError(error("cross_entropy", f"a float target holds class probabilities "
+                                   f"and must have the input's shape ({n}, {c}), got "
+                                   f"{tuple(t.shape)}. For class indices use an int target."))
+        return _cross_entropy_probs(logits, target, weight, reduction, label_smoothing)
     if not numpy.issubdtype(t.dtype, numpy.integer):
         raise ValueError(error("cross_entropy", f"target must hold integer class indices, got "
                                f"dtype {t.dtype}. Convert with .astype(int)."))
     if t.shape != (n,):
-        raise ValueError(error("cross_entropy", f"target has shape {tuple(t.shape)} but logits "
-                               f"have shape {logits.shape}; target must be ({n},)."))
-    if n and (int(t.min()) < 0 or int(t.max()) >= c):
-        bad = int(t.min()) if int(t.min()) < 0 else int(t.max())
+        raise ValueError(error("cross_entropy", f"target has shape {tuple(t.shape)} but input "
+                               f"has shape {logits.shape}; target must be ({n},)."))
+    host = backend.to_host(t)
+    kept = host != ignore_index
+    if kept.any() and (int(host[kept].min()) < 0 or int(host[kept].max()) >= c):
+        bad = int(host[kept].min()) if int(host[kept].min()) < 0 else int(host[kept].max())
         raise ValueError(error("cross_entropy", f"target holds class {bad}, outside [0, {c}) for "
-                               f"logits with {c} classes. Check the labels or the output size."))
+                               f"input with {c} classes (and not ignore_index={ignore_index}). "
+                               "Check the labels or the output size."))
+    if weight is not None or label_smoothing or not kept.all():
+        return _cross_entropy_general(logits, host, kept, weight, ignore_index, reduction,
+                                      label_smoothing)
     xp = backend.get_array_module(logits.data)
     t = xp.asarray(t)
     rows = xp.arange(n)
@@ -102,6 +150,56 @@ def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean") -> Tenso
         return (grad,)
 
     return Tensor._make(out, (logits,), backward, "cross_entropy")
+
+
+def _class_weights(logits: Tensor, weight: Any) -> Any:
+    """The (C,) weight array in the logits' dtype and device (ones when None)."""
+    xp = backend.get_array_module(logits.data)
+    c = logits.shape[1]
+    if weight is None:
+        return xp.ones(c, dtype=logits.dtype)
+    w = xp.asarray(backend.move(as_array(weight), logits.device)).astype(logits.dtype)
+    if w.shape != (c,):
+        raise ValueError(error("cross_entropy", f"weight must have shape ({c},), one per class, "
+                               f"got {tuple(w.shape)}."))
+    return w
+
+
+def _cross_entropy_general(logits: Tensor, t: numpy.ndarray, kept: numpy.ndarray, weight: Any,
+                           ignore_index: int, reduction: str, eps: float) -> Tensor:
+    """Class-index cross-entropy with class weights, ignore_index and label smoothing, built
+    from tape ops (torch's formula, its mean normalized by the kept rows' target weights)."""
+    xp = backend.get_array_module(logits.data)
+    n, c = logits.shape
+    w = _class_weights(logits, weight)
+    logp = log_softmax(logits, 1)
+    safe = xp.asarray(numpy.where(kept, t, 0))
+    keep = xp.asarray(kept).astype(logits.dtype)
+    wt = w[safe] * keep                                   # (N,) target weights, 0 if ignored
+    nll = -(logp[xp.arange(n), safe] * Tensor(wt))        # (N,)
+    smooth = -((logp * Tensor(w)).sum(axis=1) * Tensor(keep))
+    if reduction == "none":
+        return nll * (1.0 - eps) + smooth * (eps / c)
+    total = nll.sum() * (1.0 - eps) + smooth.sum() * (eps / c)
+    if reduction == "sum":
+        return total
+    return total / Tensor(wt.sum())  # no kept row: 0/0 = NaN, as torch
+
+
+def _cross_entropy_probs(logits: Tensor, target: Any, weight: Any, reduction: str,
+                         eps: float) -> Tensor:
+    """Cross-entropy against class probabilities (N, C): ``-sum_c w_c q_ic logp_ic``."""
+    n, c = logits.shape
+    q = target if isinstance(target, Tensor) else Tensor(as_array(target, logits.dtype))
+    if eps:
+        q = q * (1.0 - eps) + eps / c
+    per_class = log_softmax(logits, 1) * q
+    if weight is not None:
+        per_class = per_class * Tensor(_class_weights(logits, weight))
+    losses = -per_class.sum(axis=1)
+    if reduction == "none":
+        return losses
+    return losses.sum() if reduction == "sum" else losses.sum() / n
 
 
 def nll_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # noqa: A002
@@ -164,6 +262,52 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True,
             u = xp.random.random(x.data.shape, dtype=numpy.float32)
         mask = (u >= p).astype(x.dtype) * (1.0 / (1.0 - p))
     return Tensor._make(x.data * mask, (x,), lambda g: (g * mask,), "dropout")
+
+
+def dropout2d(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    """Channel dropout (torch's ``F.dropout2d``): zero whole channels of (N, C, H, W) (or
+    (C, H, W)) with probability ``p``, scale the kept ones by 1/(1-p)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(error("dropout2d", f"p must be in [0, 1], got {p}."))
+    if x.ndim not in (3, 4):
+        raise ValueError(error("dropout2d", f"expects (N, C, H, W) or (C, H, W), got shape "
+                               f"{x.shape}."))
+    if not training or p == 0.0:
+        return x
+    xp = backend.get_array_module(x.data)
+    shape = x.shape[:-2] + (1, 1)
+    if xp is numpy:
+        u = random.default_generator().random(shape, dtype=numpy.float32)
+    else:  # pragma: no cover - needs a GPU
+        u = xp.random.random(shape, dtype=numpy.float32)
+    mask = (u >= p).astype(x.dtype) * (1.0 / (1.0 - p) if p < 1.0 else 0.0)
+    return Tensor._make(x.data * mask, (x,), lambda g: (g * mask,), "dropout2d")
+
+
+def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Tensor:  # noqa: A002
+    """Rows of ``weight`` picked by the int indices ``input`` (torch's ``F.embedding``).
+
+    The gradient of a row used several times is the sum of its uses; the ``padding_idx`` row
+    gets none (as torch: the padding vector stays what it was).
+    """
+    xp = backend.get_array_module(weight.data)
+    idx = xp.asarray(input.data if isinstance(input, Tensor) else input)
+    num = weight.shape[0]
+    if not numpy.issubdtype(idx.dtype, numpy.integer):
+        raise TypeError(error("embedding", f"indices must be integers, got dtype {idx.dtype}. "
+                              "Convert with .long()."))
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= num):
+        raise IndexError(error("embedding", f"index {int(idx.max())} or {int(idx.min())} is "
+                               f"outside [0, {num}). Check the vocabulary size."))
+
+    def backward(g: Any) -> tuple:
+        gw = xp.zeros(weight.data.shape, dtype=g.dtype)
+        xp.add.at(gw, idx, g)
+        if padding_idx is not None:
+            gw[padding_idx] = 0
+        return (gw,)
+
+    return Tensor._make(weight.data[idx], (weight,), backward, "embedding")
 
 
 def layer_norm(x: Tensor, normalized_shape: tuple[int, ...], weight: Tensor | None = None,

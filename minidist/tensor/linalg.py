@@ -23,7 +23,7 @@ import numpy
 
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
-from minidist.tensor.core import Tensor, error
+from minidist.tensor.core import Tensor, error, is_floating
 from minidist.tensor.elementwise import broadcast_message, unbroadcast
 
 
@@ -60,6 +60,19 @@ def _check_aligned(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> None:
         raise ValueError(error(op, f"shapes {a} and {b} are not aligned: {ka} (dim {da} of the "
                                f"left) != {kb} (dim {db} of the right). The inner dimensions "
                                "must match: transpose one side (.T) or check the layer sizes."))
+
+
+def check_same_dtype(op: str, x: Tensor, weight: Tensor) -> None:
+    """A float64 input to a float32 (or float16) layer is an error, as torch's "mat1 and mat2
+    must have the same dtype": NumPy would silently promote, and a float64 batch (NumPy's
+    default) would run a float32 model in float64. Narrower inputs keep NumPy's promotion (a
+    float32 batch into a float16 model with float32 masters, docs/amp.md)."""
+    if x.dtype == numpy.float64 and weight.dtype != numpy.float64 and \
+            is_floating(weight.dtype):
+        raise TypeError(error(op, f"input dtype {x.dtype} differs from weight dtype "
+                              f"{weight.dtype} (torch: mat1 and mat2 must have the same dtype). "
+                              f"Cast the input (x.float(), array.astype(numpy.{weight.dtype})) "
+                              "or the model (.double()), or run under autocast."))
 
 
 def matmul(a: Tensor, b: Any) -> Tensor:
@@ -107,6 +120,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             "(weight is (out_features, in_features)). Check in_features of the layer or the "
             "shape of the input (flatten images first)."))
     x, weight, bias = autocast_args("linear", x, weight, bias)
+    check_same_dtype("linear", x, weight)
     out = mm(x.data, weight.data.T)
     if bias is not None:
         out += bias.data  # `out` is a fresh array: add in place, no temporary

@@ -1,9 +1,10 @@
-"""Shape ops: reshape, flatten, transpose, indexing, cat/concatenate, stack.
+"""Shape ops: reshape, flatten, transpose, indexing, cat/concatenate, stack, split/chunk,
+tril/triu.
 
 None of these computes; their backward moves the gradient back to where each element came from:
-reshape reshapes it back, transpose applies the inverse permutation, indexing scatters it into
-zeros (``xp.add.at`` for integer-array indices, where one element may be picked twice), and
-cat/stack slice it into the pieces.
+reshape reshapes it back, transpose applies the inverse permutation, tril/triu keep the same
+triangle of it, indexing scatters it into zeros (``xp.add.at`` for integer-array indices, where
+one element may be picked twice), and cat/stack slice it into the pieces (split is slicing).
 """
 
 from __future__ import annotations
@@ -68,6 +69,65 @@ def transpose(x: Tensor, *axes: Any) -> Tensor:
     inverse = tuple(sorted(range(x.ndim), key=lambda i: axes[i]))
     out = x.data.transpose(axes)
     return Tensor._make(out, (x,), lambda g: (g.transpose(inverse),), "transpose")
+
+
+def swapaxes(x: Tensor, dim0: int, dim1: int) -> Tensor:
+    """Swap two dims (torch's ``transpose(dim0, dim1)``; ``x.transpose(1, 2)`` on (B, T, H, D)
+    gives (B, H, T, D))."""
+    for d in (dim0, dim1):
+        if not -x.ndim <= d < x.ndim:
+            raise ValueError(error("transpose", f"dim {d} is out of range for a tensor with "
+                                   f"{x.ndim} dims (valid: {-x.ndim}..{x.ndim - 1})."))
+    axes = list(range(x.ndim))
+    axes[dim0], axes[dim1] = axes[dim1], axes[dim0]
+    return transpose(x, axes)
+
+
+def tril(x: Tensor, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two dims (``diagonal`` shifts it up), zeros above."""
+    if x.ndim < 2:
+        raise ValueError(error("tril", f"needs at least 2 dims, got shape {x.shape}."))
+    xp = backend.get_array_module(x.data)
+    return Tensor._make(xp.tril(x.data, diagonal), (x,), lambda g: (xp.tril(g, diagonal),),
+                        "tril")
+
+
+def triu(x: Tensor, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two dims (``diagonal`` shifts it up), zeros below."""
+    if x.ndim < 2:
+        raise ValueError(error("triu", f"needs at least 2 dims, got shape {x.shape}."))
+    xp = backend.get_array_module(x.data)
+    return Tensor._make(xp.triu(x.data, diagonal), (x,), lambda g: (xp.triu(g, diagonal),),
+                        "triu")
+
+
+def split(x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
+    """torch's ``split``: pieces of ``split_size`` along ``dim`` (the last may be shorter), or
+    of the sizes listed. Each piece is a slice on the tape (``qkv.split(C, dim=2)``)."""
+    n = x.shape[dim]
+    if isinstance(split_size_or_sections, int):
+        size = split_size_or_sections
+        if size <= 0:
+            raise ValueError(error("split", f"split_size must be positive, got {size}."))
+        sizes = [min(size, n - lo) for lo in range(0, n, size)] or [0]
+    else:
+        sizes = [int(s) for s in split_size_or_sections]
+        if sum(sizes) != n:
+            raise ValueError(error("split", f"sections {sizes} sum to {sum(sizes)}, but dim "
+                                   f"{dim} has size {n}. They must add up to it."))
+    pre = (slice(None),) * (dim % x.ndim)
+    bounds = [0]
+    for s in sizes:
+        bounds.append(bounds[-1] + s)
+    return tuple(getitem(x, pre + (slice(lo, hi),)) for lo, hi in zip(bounds[:-1], bounds[1:]))
+
+
+def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """torch's ``chunk``: ``chunks`` pieces of ``ceil(size / chunks)`` along ``dim``."""
+    if chunks <= 0:
+        raise ValueError(error("chunk", f"chunks must be positive, got {chunks}."))
+    n = x.shape[dim]
+    return split(x, max(1, -(-n // chunks)), dim)
 
 
 def _index_parts(index: Any) -> tuple[Any, bool]:

@@ -29,8 +29,8 @@ def run(broadcast_buffers: bool) -> dict:
     ddp = DistributedDataParallel(model, broadcast_buffers=broadcast_buffers)
     opt = SGD(ddp.parameters(), lr=0.1)
     rng = np.random.default_rng(1)
-    data = rng.normal(size=(world, 4, 2, 8, 4)).astype(np.float32) * (1 + np.arange(world))[
-        :, None, None, None, None]
+    scale = (1 + np.arange(world, dtype=np.float32))[:, None, None, None, None]
+    data = rng.normal(size=(world, 4, 2, 8, 4)).astype(np.float32) * scale  # float32 model
     for step in range(4):
         with ddp.no_sync():                           # micro-batch: no buffer broadcast
             ddp(minidist.tensor(data[rank, step, 0])).sum().backward()

@@ -43,7 +43,7 @@ def test_softmax_logsoftmax_nll_equal_cross_entropy():
         want = want.mean() if red == "mean" else want.sum() if red == "sum" else want
         np.testing.assert_allclose(F.nll_loss(logp, t, red).data, want, rtol=1e-12)
         np.testing.assert_allclose(nn.NLLLoss(red)(logp, t).data,
-                                   F.cross_entropy(Tensor(x), t, red).data, rtol=1e-12)
+                                   F.cross_entropy(Tensor(x), t, reduction=red).data, rtol=1e-12)
     a, b = Tensor(x, requires_grad=True), Tensor(x, requires_grad=True)
     F.nll_loss(F.log_softmax(a), t).backward()
     F.cross_entropy(b, t).backward()

@@ -1,4 +1,6 @@
-"""Gradient clipping by global norm: ``clip_grad_norm_``, as torch.nn.utils.clip_grad_norm_.
+"""Gradient clipping: ``clip_grad_norm_`` (by global norm) and ``clip_grad_value_``, as torch's
+``torch.nn.utils``. One implementation, reachable as ``minidist.nn.utils.clip_grad_norm_`` (torch's
+spelling) and ``minidist.optim.clip_grad_norm_``; it lives in the tensor layer, below both.
 
     loss.backward()
     total = clip_grad_norm_(model.parameters(), max_norm=1.0)   # the norm before clipping
@@ -25,7 +27,7 @@ from minidist.log import rank_prefix
 
 
 def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float, norm_type: float = 2.0,
-                     error_if_nonfinite: bool = False) -> float:
+                     error_if_nonfinite: bool = False, foreach: Any = None) -> float:
     """Scale all gradients in place so their global ``norm_type`` norm is at most ``max_norm``.
 
     Args:
@@ -33,6 +35,7 @@ def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float, norm_type:
         max_norm: the largest allowed total norm.
         norm_type: the p of the p-norm; ``float("inf")`` for the max norm.
         error_if_nonfinite: raise if the total norm is NaN or inf (else gradients become NaN).
+        foreach: accepted for torch's signature; unused.
 
     Returns:
         The total norm of the gradients before clipping, as a float (0.0 if no gradients).
@@ -72,3 +75,16 @@ def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float, norm_type:
         for g in grads:
             g *= coef
     return total
+
+
+def clip_grad_value_(parameters: Iterable[Any] | Any, clip_value: float,
+                     foreach: Any = None) -> None:
+    """Clamp every gradient element to ``[-clip_value, clip_value]`` in place (torch's
+    ``clip_grad_value_``); parameters without a gradient are skipped."""
+    if clip_value < 0:
+        raise ValueError(f"{rank_prefix()} clip_grad_value_: clip_value must be >= 0, got "
+                         f"{clip_value}.")
+    params = [parameters] if hasattr(parameters, "grad") else list(parameters)
+    for p in params:
+        if p.grad is not None:
+            backend.get_array_module(p.grad).clip(p.grad, -clip_value, clip_value, out=p.grad)
