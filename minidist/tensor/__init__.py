@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy
 
-from minidist.tensor.autograd import RemovableHandle, queue_callback
+from minidist.tensor.autograd import GradDestination, RemovableHandle, queue_callback
 from minidist.tensor.conv import conv2d, max_pool2d
 from minidist.tensor.core import Tensor
 from minidist.tensor.creation import (arange, as_tensor, empty, empty_like, from_numpy, full,
@@ -38,8 +38,8 @@ from minidist.tensor.reduce import max, mean, min, sum  # noqa: A004
 from minidist.tensor.shape import cat, concatenate, stack
 
 __all__ = [
-    "Tensor", "RemovableHandle", "queue_callback", "no_grad", "enable_grad", "is_grad_enabled",
-    "set_grad_enabled",
+    "Tensor", "GradDestination", "RemovableHandle", "queue_callback", "no_grad", "enable_grad",
+    "is_grad_enabled", "set_grad_enabled",
     "manual_seed", "default_generator", "matmul", "linear", "exp", "log", "tanh", "sigmoid",
     "relu", "gelu", "erf", "sum", "mean", "max", "min", "cat", "concatenate", "stack",
     "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "layer_norm",
