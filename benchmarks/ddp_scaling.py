@@ -189,15 +189,15 @@ def worker(args: argparse.Namespace) -> dict:
     if args.trace:
         trace.start(Path(args.trace) / f"n{world}", comm.get_rank(), world)
     configs: list[tuple[str, bool, dict]] = []
-    for model_name in ("small", "large"):
+    for model_name in args.models:
         configs.append((model_name, False, {}))  # no DDP: n copies side by side
         configs += [(model_name, True, {"overlap": True}), (model_name, True, {"overlap": False})]
     if not args.quick:
         configs += [("large", True, {"overlap": True, "bucket_cap_mb": cap})
-                    for cap in (1, 5, 25, 100)]
+                    for cap in (1, 5, 25, 100) if "large" in args.models]
     if args.amp:
         configs += [(m, True, {"overlap": False, "amp": mode})
-                    for m in ("small", "large") for mode in ("scaler", "autocast")]
+                    for m in args.models for mode in ("scaler", "autocast")]
     # Round-robin over the configurations, several rounds: on a shared, noisy machine a
     # burst of load then hits every configuration alike instead of one of them.
     samples: dict[int, tuple[list[float], list[float]]] = {i: ([], []) for i in range(len(configs))}
@@ -250,8 +250,29 @@ def table(results: list[dict]) -> str:
                      f"per rank [MiB] {[round(v, 1) for v in res['peak_rss_mib_per_rank']]}; "
                      f"NaN/inf check of a 1.86M-float bucket: "
                      f"{res['finite_check_ms_1.86M']:.2f} ms")
+    lines += overhead_lines(results)
     lines += amp_overhead_lines(results)
     return "\n".join(lines)
+
+
+def overhead_lines(results: list[dict]) -> list[str]:
+    """DDP's cost at each n: its step over the plain step of the same n processes, which run
+    the same model on the same cores without communicating (the overlap that "auto" picks)."""
+    lines = []
+    for res in results:
+        rows = res["rows"]
+        for model in dict.fromkeys(r["model"] for r in rows):
+            plain = next((r for r in rows if r["model"] == model and not r["ddp"]), None)
+            ddp = next((r for r in rows if r["model"] == model and r["ddp"] and
+                        r.get("overlap") is bool(res.get("overlap_auto")) and
+                        "amp" not in r and "bucket_cap_mb" not in r), None)
+            if plain is None or ddp is None:
+                continue
+            lines.append(f"# n={res['world_size']} {model}: DDP step / plain step of the same "
+                         f"{res['world_size']} process(es) = {ddp['step_ms']:.2f} / "
+                         f"{plain['step_ms']:.2f} ms = {ddp['step_ms'] / plain['step_ms']:.3f}x "
+                         f"(overlap={'on' if ddp['overlap'] else 'off'}, as 'auto' picks)")
+    return lines
 
 
 def amp_overhead_lines(results: list[dict]) -> list[str]:
@@ -284,8 +305,8 @@ def driver(args: argparse.Namespace) -> None:
         out = Path(args.out) / f".ddp_scaling_n{n}.tmp.json"
         cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n), sys.executable,
                __file__, "--worker-out", str(out), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--out", args.out
-               ] + (["--quick"] if args.quick else []) + (["--amp"] if args.amp else []) \
+               "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--out", args.out,
+               "--models", *args.models] + (["--quick"] if args.quick else []) + (["--amp"] if args.amp else []) \
             + (["--trace", args.trace] if args.trace else [])
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         print(f"# running n={n}: {' '.join(cmd[:3])} ...", flush=True)
@@ -317,6 +338,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="round-robin passes over the configs")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="skip the bucket-size sweep")
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["small", "large"],
+                   help="which models to run (large: the reference workload of the targets)")
     p.add_argument("--amp", action="store_true",
                    help="add AMP rows (GradScaler alone; autocast + GradScaler)")
     p.add_argument("--out", default=str(LOCAL_RESULTS), help="folder for the JSON/text "

@@ -29,7 +29,8 @@ Passes over the gradient memory per step (what makes DDP cheap next to one proce
         ops' results are copied in once; no gradient is allocated and then copied (zero-copy)
         and the all-reduce is a plain SUM (the average costs no pass, as torch's div_factor;
         a grad already in the slot before the backward, e.g. under no_sync, is divided there)
-    all-reduce SUM of the bucket; NaN/inf check: one dot product (all_finite_fast)
+    all-reduce SUM of the bucket; NaN/inf check: one dot product (all_finite_fast); at one
+        rank (nothing to reduce) per gradient, right after backward wrote it (still in cache)
 
 Rules that keep every rank in step:
 - buckets are LAUNCHED IN INDEX ORDER on every rank; if bucket 2 is ready before bucket 1, it
@@ -193,6 +194,8 @@ class Reducer:
         self.stats = {"wait_s": 0.0, "comm_s": 0.0}  # last step: exposed wait, comm thread busy
         self._next_launch = 0
         self.step_state = StepState.IDLE
+        self._check_in_hook = False  # this step: NaN/inf checked per gradient (see _grad_ready)
+        self._unused: list[int] = []  # this step: parameters marked ready before backward
         self._comm_busy_s = 0.0
         # parameter position -> (bucket, slot in bucket)
         self._slot: dict[int, tuple[Bucket, int]] = {}
@@ -232,8 +235,11 @@ class Reducer:
         # grad / n into the slot, then an all-reduce SUM): no separate pass to divide it.
         prescale = self.comm_hook is allreduce_hook and self.world_size > 1
         scale = 1.0 / self.divisor
+        self._check_in_hook = False  # decided at the first gradient (a GradScaler is known then)
+        self._unused = []
         for b in self.buckets:
             b.reset()
+            b.finite = True
             b.prescaled = prescale and np.dtype(b.spec.dtype).kind == "f"
             for p, i in zip(b.params, b.spec.param_indices):
                 # A slot that already holds a gradient (no_sync accumulation, zero_grad with
@@ -252,6 +258,7 @@ class Reducer:
         """
         if self.step_state is StepState.IDLE:
             return
+        self._unused = list(unused)
         for i in unused:
             self._grad_ready(i)
         if unused:
@@ -273,6 +280,15 @@ class Reducer:
                 if self.step_state is StepState.PREPARED:  # first gradient of this backward
                     self.step_state = StepState.BACKWARD
                     queue_callback(self._end_of_backward)
+                    # One rank with the default hook reduces nothing: check each gradient as
+                    # soon as it is written (still in cache), not the buckets afterwards.
+                    self._check_in_hook = (self.world_size == 1 and active_scaler() is None
+                                           and self.comm_hook is allreduce_hook
+                                           and self.nonfinite_grads != "ignore")
+                    if self._check_in_hook:
+                        for j in self._unused:  # marked ready before backward started
+                            b, k = self._slot[j]
+                            b.finite = b.finite and all_finite_fast(b.views[k].reshape(-1))
                 self._grad_ready(i)
         return hook
 
@@ -336,6 +352,8 @@ class Reducer:
             view /= view.dtype.type(self.divisor)     # (no_sync, zero_grad(set_to_none=False))
         dest.scale = 1.0  # this step's gradient is complete: a later backward is not averaged
         p.grad = view
+        if self._check_in_hook and bucket.finite:
+            bucket.finite = all_finite_fast(view.reshape(-1))
         if not bucket.mark_slot_done(k):
             return
         tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
@@ -409,7 +427,7 @@ class Reducer:
         if bucket.scaler is not None and bucket.scaler.unscale_bucket_(
                 bucket.buffer, bucket.params, bucket.names):
             bucket.finite = True  # unscaled + checked in one pass; the scaler reports inf/NaN
-        elif self.nonfinite_grads != "ignore":
+        elif self.nonfinite_grads != "ignore" and not self._check_in_hook:
             bucket.finite = all_finite_fast(bucket.buffer)
         bucket.state = BucketState.REDUCED
         self._comm_busy_s += time.perf_counter() - t0
