@@ -342,8 +342,8 @@ class Reducer:
         # already, divided (the slot is its destination, with scale 1/n): nothing to do.
         if g is None:  # unused parameter (find_unused_parameters): reduced as zeros
             view[...] = 0
-        elif g is not view:  # not in the slot (assigned by a hook?): copy it in, one pass
-            if bucket.prescaled:
+        elif g is not view:  # not in the slot (assigned after forward?): copy it in, one pass
+            if bucket.prescaled and dest.scale == 1.0:
                 backend.get_array_module(view).divide(g, view.dtype.type(self.divisor),
                                                       out=view)
             else:
