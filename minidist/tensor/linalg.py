@@ -31,7 +31,8 @@ from minidist.tensor.elementwise import broadcast_message, unbroadcast
 
 
 def mm(a: Any, b: Any, out: Any = None, scale: float = 1.0) -> Any:
-    """``scale * (a @ b)`` on 2-D xp arrays, into ``out`` if given (then returns ``out``).
+    """``scale * (a @ b)`` on xp arrays, into ``out`` if given (then returns ``out``); ``out``
+    and ``scale`` are for 2-D operands (gradients of 2-D weights).
 
     float16 @ float16 on the CPU is computed in float32 and rounded: NumPy multiplies float16
     matrices without BLAS (~200x slower than float32). The emulation widens both operands
