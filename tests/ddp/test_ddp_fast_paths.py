@@ -1,16 +1,21 @@
 """DDP's cheap per-step paths: lazy bucket attach, the dot-product NaN check, overlap="auto",
 zero-copy backward (gradients written straight into their bucket slots, already averaged)."""
 
+import threading
 import tracemalloc
 
 import numpy as np
 import pytest
 
-from minidist import nn
+from minidist import comm, nn
+from minidist.comm.transports.threads import run_threads
 from minidist.ddp import DistributedDataParallel, auto_overlap
 from minidist.ddp.bucket import Bucket, ParamMeta, plan_buckets
 from minidist.ddp.reducer import Reducer, all_finite_fast
 from minidist.tensor import Tensor
+
+
+BUILD = threading.Lock()
 
 
 class P:
@@ -152,3 +157,34 @@ def test_synced_step_writes_grad_over_n_into_the_slot_and_resets_after():
     for p, q in zip(params, ref.parameters()):
         np.testing.assert_allclose(p.grad, 2.5 * q.grad / 2, rtol=1e-5, atol=1e-8)
     reducer.close()
+
+
+def conv_net():
+    with BUILD:  # thread ranks share nn.manual_seed's generator: build one at a time
+        nn.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(4 * 5 * 5, 3))
+
+
+def test_conv_model_over_two_thread_ranks_matches_one_big_batch(group):
+    # conv2d writes its weight and bias gradients into the bucket slots, times 1/2
+    x = np.random.default_rng(1).normal(size=(4, 2, 5, 5)).astype(np.float32)
+    y = np.random.default_rng(2).integers(0, 3, 4)
+
+    def body(t):
+        model = conv_net()
+        ddp = DistributedDataParallel(model, process_group=comm.new_group_from_transport(t),
+                                      overlap=False)
+        sl = slice(2 * t.rank, 2 * t.rank + 2)
+        nn.CrossEntropyLoss()(ddp(Tensor(x[sl])), Tensor(y[sl])).backward()
+        views = {id(v) for b in ddp.buckets for v in b.views}
+        assert all(id(p.grad) in views for p in model.parameters())
+        ddp.close()
+        return [p.grad.copy() for p in model.parameters()]
+
+    grads = run_threads(2, body, timeout_s=60)
+    ref = conv_net()
+    nn.CrossEntropyLoss()(ref(Tensor(x)), Tensor(y)).backward()
+    for r in range(2):
+        for g, p in zip(grads[r], ref.parameters()):
+            np.testing.assert_allclose(g, p.grad, rtol=1e-5, atol=1e-6)
