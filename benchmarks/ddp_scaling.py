@@ -9,6 +9,9 @@
         # + a step timeline per rank (minidist/trace.py): /tmp/tr/n2/trace.json, drawn by
         # benchmarks/plot_trace.py (tracing adds a little time to every step: not for the table)
     .venv/bin/python benchmarks/ddp_scaling.py --amp --quick  # + AMP rows: the cost of loss scaling
+    .venv/bin/python benchmarks/ddp_scaling.py --models large --quick --paired 200
+        # the reference workload only, + DDP's overhead step by step (plain and DDP steps
+        # alternate: the ratio holds up on a machine shared with other jobs)
 
 Models (float32, SGD lr 0.01, synthetic data, batch 64 PER RANK):
     small   MLP 64-256-10          (19k parameters: latency-bound all-reduce)
@@ -20,7 +23,10 @@ is the time backward spent WAITING for reductions after its last gradient was wr
 overlap did not hide); compute = step - exposed comm. "plain" rows run the model without DDP
 (no communication at all): at n=1 the baseline of the 1.25x target; at n>1, n independent
 copies side by side, which shows what the machine itself loses when n processes share its
-cores and memory bandwidth.
+cores and memory bandwidth. "cpu" is the median CPU time of this process per step (all its
+threads; spin-waits in barriers count): on a machine shared with other jobs it moves less
+than wall time, so it shows what work DDP adds even when the step times are noisy. The footer
+gives, per n, DDP's step over the plain step of the same n processes (wall and CPU time).
 
 AMP (``--amp``): two more rows per model, overlap off, beside the plain DDP row of the same
 setting. "amp=scaler" adds only the GradScaler to the DDP step (scale the loss, unscale each
@@ -87,17 +93,18 @@ def build(name: str) -> nn.Module:
 
 
 def time_steps(model_name: str, use_ddp: bool, steps: int, warmup: int,
-               **ddp_kw) -> tuple[list[float], list[float]]:
-    """Step times and exposed-communication times (seconds) of ``steps`` timed steps."""
-    times, exposed, _ = run_steps(model_name, use_ddp, steps, warmup, **ddp_kw)
-    return times, exposed
+               **ddp_kw) -> tuple[list[float], list[float], list[float]]:
+    """Step times, exposed-communication times and CPU times (seconds) of ``steps`` timed
+    steps."""
+    times, exposed, _, cpu = run_steps(model_name, use_ddp, steps, warmup, **ddp_kw)
+    return times, exposed, cpu
 
 
 def peak_memory_mib(model_name: str, use_ddp: bool, **ddp_kw) -> float:
     """Peak MiB of everything a training step allocates (see the module docstring)."""
     tracemalloc.start()
     try:
-        _, _, shared = run_steps(model_name, use_ddp, 3, 0, **ddp_kw)
+        _, _, shared, _ = run_steps(model_name, use_ddp, 3, 0, **ddp_kw)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -105,8 +112,8 @@ def peak_memory_mib(model_name: str, use_ddp: bool, **ddp_kw) -> float:
 
 
 def run_steps(model_name: str, use_ddp: bool, steps: int, warmup: int,
-              **ddp_kw) -> tuple[list[float], list[float], int]:
-    """(step times, exposed comm times, bytes of DDP buckets in shared windows)."""
+              **ddp_kw) -> tuple[list[float], list[float], int, list[float]]:
+    """(step times, exposed comm times, bytes of DDP buckets in shared windows, CPU times)."""
     rank = comm.get_rank()
     amp_mode = ddp_kw.pop("amp", None)  # None | "scaler" | "autocast"
     scaler = amp.GradScaler(enabled=amp_mode is not None)
@@ -118,12 +125,12 @@ def run_steps(model_name: str, use_ddp: bool, steps: int, warmup: int,
     rng = np.random.default_rng(rank)
     x = rng.normal(size=(BATCH, d_in)).astype(np.float32)
     y = rng.integers(0, d_out, BATCH)
-    times, exposed = [], []
+    times, exposed, cpu = [], [], []
     tr = trace.tracer()  # --trace: the step timeline; None otherwise
     for i in range(warmup + steps):
         if i == warmup:
             comm.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with amp.autocast("cpu", enabled=amp_mode == "autocast"):
             loss = loss_fn(net(Tensor(x)), y)
         scaler.scale(loss).backward()
@@ -131,13 +138,14 @@ def run_steps(model_name: str, use_ddp: bool, steps: int, warmup: int,
         scaler.step(opt)
         scaler.update()
         opt.zero_grad()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         if tr is not None:
             args = {"model": model_name, "ddp": use_ddp, "i": i, **ddp_kw}
             tr.complete("optimizer.step", t_opt, t1, args=args)
             tr.complete(f"step {i}", t0, t1, args=args)
         if i >= warmup:
             times.append(t1 - t0)
+            cpu.append(c1 - c0)
             exposed.append(net.last_step_stats["wait_s"] if use_ddp else 0.0)
     shared = 0
     if use_ddp:
@@ -146,20 +154,69 @@ def run_steps(model_name: str, use_ddp: bool, steps: int, warmup: int,
             shared = sum(b.nbytes for b in net.buckets
                          if shm_is_shared(group.transport, b.buffer))
         net.close(release_buffers=True)  # collective: frees the buckets' shared windows
-    return times, exposed, shared
+    return times, exposed, shared, cpu
 
 
 def summarize(model_name: str, use_ddp: bool, times: list[float], exposed: list[float],
-              mem_mib: float, **ddp_kw) -> dict:
+              cpu: list[float], mem_mib: float, **ddp_kw) -> dict:
     """Medians; the slowest rank sets the pace, so each is the max over ranks."""
     world = comm.get_world_size()
-    med = np.array([statistics.median(times), statistics.median(exposed), mem_mib])
+    med = np.array([statistics.median(times), statistics.median(exposed), mem_mib,
+                    statistics.median(cpu)])
     comm.all_reduce(med, op="max")
     step, wait = float(med[0]), float(med[1])
     return {"model": model_name, "n": world, "ddp": use_ddp, **ddp_kw,
-            "step_ms": step * 1e3, "exposed_comm_ms": wait * 1e3,
+            "step_ms": step * 1e3, "exposed_comm_ms": wait * 1e3, "cpu_ms": float(med[3]) * 1e3,
             "compute_ms": (step - wait) * 1e3, "samples_per_s": BATCH * world / step,
             "peak_mem_mib": float(med[2])}
+
+
+def paired_steps(model_name: str, pairs: int, warmup: int) -> dict:
+    """DDP's overhead measured step by step: a plain model and a DDP model (overlap "auto")
+    of the same n processes take turns, one step each, ``pairs`` times (which goes first
+    alternates). A burst of load from other jobs then hits both sides of a pair alike, so the
+    median of the per-pair ratios resolves a few percent where whole-configuration medians
+    on a shared machine cannot. Returns medians (max over ranks) and the median ratio."""
+    rank = comm.get_rank()
+    d_in, _, d_out = MODELS[model_name]
+    rng = np.random.default_rng(rank)
+    x = Tensor(rng.normal(size=(BATCH, d_in)).astype(np.float32))
+    y = rng.integers(0, d_out, BATCH)
+    loss_fn = nn.CrossEntropyLoss()
+    sides = []
+    for use_ddp in (False, True):
+        model = build(model_name)
+        net = DistributedDataParallel(model) if use_ddp else model
+        sides.append((net, optim.SGD(model.parameters(), lr=0.01)))
+
+    def step(side: int) -> tuple[float, float]:
+        net, opt = sides[side]
+        t0, c0 = time.perf_counter(), time.process_time()
+        loss_fn(net(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    wall: tuple[list[float], list[float]] = ([], [])
+    cpu: tuple[list[float], list[float]] = ([], [])
+    for i in range(warmup + pairs):
+        if i == warmup:
+            comm.barrier()
+        for side in ((0, 1) if i % 2 else (1, 0)):
+            t, c = step(side)
+            if i >= warmup:
+                wall[side].append(t)
+                cpu[side].append(c)
+    sides[1][0].close(release_buffers=True)
+    ratios = [d / p for p, d in zip(*wall)]
+    cpu_ratios = [d / p for p, d in zip(*cpu)]
+    med = np.array([statistics.median(wall[0]), statistics.median(wall[1]),
+                    statistics.median(ratios), statistics.median(cpu_ratios)])
+    comm.all_reduce(med, op="max")
+    return {"model": model_name, "n": comm.get_world_size(), "pairs": pairs,
+            "plain_ms": float(med[0]) * 1e3, "ddp_ms": float(med[1]) * 1e3,
+            "ratio": float(med[2]), "cpu_ratio": float(med[3]),
+            "overlap": auto_overlap(comm.get_world_size())}
 
 
 def finite_check_cost_ms(numel: int, repeats: int = 20) -> float:
@@ -189,23 +246,23 @@ def worker(args: argparse.Namespace) -> dict:
     if args.trace:
         trace.start(Path(args.trace) / f"n{world}", comm.get_rank(), world)
     configs: list[tuple[str, bool, dict]] = []
-    for model_name in ("small", "large"):
+    for model_name in args.models:
         configs.append((model_name, False, {}))  # no DDP: n copies side by side
         configs += [(model_name, True, {"overlap": True}), (model_name, True, {"overlap": False})]
     if not args.quick:
         configs += [("large", True, {"overlap": True, "bucket_cap_mb": cap})
-                    for cap in (1, 5, 25, 100)]
+                    for cap in (1, 5, 25, 100) if "large" in args.models]
     if args.amp:
         configs += [(m, True, {"overlap": False, "amp": mode})
-                    for m in ("small", "large") for mode in ("scaler", "autocast")]
+                    for m in args.models for mode in ("scaler", "autocast")]
     # Round-robin over the configurations, several rounds: on a shared, noisy machine a
     # burst of load then hits every configuration alike instead of one of them.
-    samples: dict[int, tuple[list[float], list[float]]] = {i: ([], []) for i in range(len(configs))}
+    samples: dict[int, tuple[list[float], ...]] = {i: ([], [], []) for i in range(len(configs))}
     for _ in range(args.rounds):
         for i, (model_name, use_ddp, kw) in enumerate(configs):
-            t, e = time_steps(model_name, use_ddp, args.steps, args.warmup, **dict(kw))
-            samples[i][0].extend(t)
-            samples[i][1].extend(e)
+            for got, kept in zip(time_steps(model_name, use_ddp, args.steps, args.warmup,
+                                            **dict(kw)), samples[i]):
+                kept.extend(got)
     mem = [peak_memory_mib(m, u, **dict(kw)) for m, u, kw in configs]
     rows = [summarize(m, u, *samples[i], mem[i], **kw) for i, (m, u, kw) in enumerate(configs)]
     maxrss = np.array([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
@@ -213,6 +270,8 @@ def worker(args: argparse.Namespace) -> dict:
     out = {"world_size": world, "rows": rows, "peak_rss_mib_per_rank": all_rss,
            "overlap_auto": auto_overlap(world),
            "finite_check_ms_1.86M": finite_check_cost_ms(1_863_690), "_rank": comm.get_rank()}
+    if args.paired:
+        out["paired"] = [paired_steps(m, args.paired, args.warmup) for m in args.models]
     if args.trace:
         trace.stop()
         comm.barrier()  # every rank's file is written
@@ -229,7 +288,7 @@ def worker(args: argparse.Namespace) -> dict:
 
 def table(results: list[dict]) -> str:
     lines = ["# model  n  config                 step [ms]  compute [ms]  exposed comm [ms]"
-             "  samples/s  vs n=1 plain  peak mem [MiB]"]
+             "  samples/s  vs n=1 plain  peak mem [MiB]  cpu [ms]"]
     base = {r["model"]: r["step_ms"] for res in results for r in res["rows"]
             if r["n"] == 1 and not r["ddp"]}
     for res in results:
@@ -243,15 +302,42 @@ def table(results: list[dict]) -> str:
             lines.append(f"  {r['model']:<6} {r['n']}  {cfg:<22} {r['step_ms']:9.2f}  "
                          f"{r['compute_ms']:12.2f}  {r['exposed_comm_ms']:17.2f}  "
                          f"{r['samples_per_s']:9.0f}  {ratio:>11}  "
-                         f"{r.get('peak_mem_mib', float('nan')):14.1f}")
+                         f"{r.get('peak_mem_mib', float('nan')):14.1f}  "
+                         f"{r.get('cpu_ms', float('nan')):8.2f}")
     for res in results:
         lines.append(f"# n={res['world_size']}: overlap='auto' picks "
                      f"{'on' if res.get('overlap_auto') else 'off'}; whole-process peak RSS "
                      f"per rank [MiB] {[round(v, 1) for v in res['peak_rss_mib_per_rank']]}; "
                      f"NaN/inf check of a 1.86M-float bucket: "
                      f"{res['finite_check_ms_1.86M']:.2f} ms")
+    lines += overhead_lines(results)
     lines += amp_overhead_lines(results)
     return "\n".join(lines)
+
+
+def overhead_lines(results: list[dict]) -> list[str]:
+    """DDP's cost at each n: its step over the plain step of the same n processes, which run
+    the same model on the same cores without communicating (the overlap that "auto" picks)."""
+    lines = []
+    for res in results:
+        rows = res["rows"]
+        for model in dict.fromkeys(r["model"] for r in rows):
+            plain = next((r for r in rows if r["model"] == model and not r["ddp"]), None)
+            ddp = next((r for r in rows if r["model"] == model and r["ddp"] and
+                        r.get("overlap") is bool(res.get("overlap_auto")) and
+                        "amp" not in r and "bucket_cap_mb" not in r), None)
+            if plain is None or ddp is None:
+                continue
+            lines.append(f"# n={res['world_size']} {model}: DDP step / plain step of the same "
+                         f"{res['world_size']} process(es) = {ddp['step_ms']:.2f} / "
+                         f"{plain['step_ms']:.2f} ms = {ddp['step_ms'] / plain['step_ms']:.3f}x; "
+                         f"CPU time {ddp['cpu_ms'] / plain['cpu_ms']:.3f}x "
+                         f"(overlap={'on' if ddp['overlap'] else 'off'}, as 'auto' picks)")
+        for r in res.get("paired", []):
+            lines.append(f"# n={r['n']} {r['model']} paired ({r['pairs']} alternating steps): "
+                         f"plain {r['plain_ms']:.2f} ms, DDP {r['ddp_ms']:.2f} ms; median of "
+                         f"per-pair DDP/plain {r['ratio']:.3f}x, CPU time {r['cpu_ratio']:.3f}x")
+    return lines
 
 
 def amp_overhead_lines(results: list[dict]) -> list[str]:
@@ -284,9 +370,10 @@ def driver(args: argparse.Namespace) -> None:
         out = Path(args.out) / f".ddp_scaling_n{n}.tmp.json"
         cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n), sys.executable,
                __file__, "--worker-out", str(out), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--out", args.out
-               ] + (["--quick"] if args.quick else []) + (["--amp"] if args.amp else []) \
-            + (["--trace", args.trace] if args.trace else [])
+               "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--out", args.out,
+               "--models", *args.models, "--paired", str(args.paired)] \
+            + (["--quick"] if args.quick else []) \
+            + (["--amp"] if args.amp else []) + (["--trace", args.trace] if args.trace else [])
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         print(f"# running n={n}: {' '.join(cmd[:3])} ...", flush=True)
         subprocess.run(cmd, check=True, env=env, timeout=600)
@@ -317,6 +404,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="round-robin passes over the configs")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="skip the bucket-size sweep")
+    p.add_argument("--paired", type=int, default=0, metavar="PAIRS",
+                   help="also time PAIRS alternating plain/DDP steps per model (see "
+                   "paired_steps): DDP's overhead, robust to load from other jobs")
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["small", "large"],
+                   help="which models to run (large: the reference workload of the targets)")
     p.add_argument("--amp", action="store_true",
                    help="add AMP rows (GradScaler alone; autocast + GradScaler)")
     p.add_argument("--out", default=str(LOCAL_RESULTS), help="folder for the JSON/text "

@@ -178,9 +178,9 @@ class Bucket:
         """Make every parameter's ``.grad`` the bucket view again; return how many were re-attached.
 
         A grad that is ``None`` (``optimizer.zero_grad()`` with ``set_to_none=True``) becomes a
-        zeroed view, unless ``zero_missing=False``: then it stays None, backward allocates it,
-        and the reducer copies it into the view when it is ready (one pass instead of a memset
-        here plus an accumulate-into-zeros there). A grad that is some other array (the user
+        zeroed view, unless ``zero_missing=False``: then it stays None and backward writes it
+        straight into the view, the parameter's reserved gradient destination (no memset here,
+        no accumulate-into-zeros there, no copy). A grad that is some other array (the user
         assigned one) is copied into the view first, so its value is kept. A grad that already
         is the view is left alone, so accumulation under ``no_sync`` is never broken.
         """

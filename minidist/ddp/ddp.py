@@ -26,7 +26,9 @@ What construction does (every rank, same order)::
     3. broadcast parameters and buffers from rank 0 (one message per bucket), and the float32
        master weights of a model converted by amp.MasterWeights
     4. allocate one flat buffer per bucket (process group's alloc_buffer), make every p.grad
-       a view into it, register a post-accumulate-grad hook per parameter (reducer.py)
+       a view into it and reserve that view as the parameter's gradient destination (backward
+       writes the gradient there, no copy), register a post-accumulate-grad hook per
+       parameter (reducer.py)
 
 Each synced forward in grad mode first broadcasts rank 0's buffers (``broadcast_buffers``,
 torch's default; one flat message per dtype, nothing for a model without buffers). The rest of

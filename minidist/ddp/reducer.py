@@ -21,11 +21,16 @@ With overlap=False the same launches just run on the main thread when the last h
 
 Passes over the gradient memory per step (what makes DDP cheap next to one process)::
 
+    every parameter has its bucket slot reserved as its gradient destination
+        (p.grad_destination, minidist.tensor.GradDestination), with scale 1/n for a synced step
     zero_grad() sets p.grad = None; forward leaves it None (no memset of the buckets)
-    backward allocates p.grad; its hook copies it into the bucket DIVIDED BY n (one pass:
-        the average is folded into the copy, so the all-reduce is a plain SUM, as torch's
-        div_factor; a grad already in the bucket, e.g. under no_sync, is divided in place)
-    all-reduce SUM of the bucket; NaN/inf check: one dot product (all_finite_fast)
+    backward writes p.grad straight into the slot, already divided by n: linear's weight
+        gradient is the GEMM's own output there (the 1/n multiplies its 64-row operand), other
+        ops' results are copied in once; no gradient is allocated and then copied (zero-copy)
+        and the all-reduce is a plain SUM (the average costs no pass, as torch's div_factor;
+        a grad already in the slot before the backward, e.g. under no_sync, is divided there)
+    all-reduce SUM of the bucket; NaN/inf check: one dot product (all_finite_fast); at one
+        rank (nothing to reduce) per gradient, right after backward wrote it (still in cache)
 
 Rules that keep every rank in step:
 - buckets are LAUNCHED IN INDEX ORDER on every rank; if bucket 2 is ready before bucket 1, it
@@ -73,7 +78,7 @@ from minidist.amp import active_scaler
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.hooks import GradBucket, allreduce_hook
 from minidist.log import get_logger, rank_prefix
-from minidist.tensor import queue_callback
+from minidist.tensor import GradDestination, queue_callback
 
 log = get_logger(__name__)
 
@@ -189,13 +194,19 @@ class Reducer:
         self.stats = {"wait_s": 0.0, "comm_s": 0.0}  # last step: exposed wait, comm thread busy
         self._next_launch = 0
         self.step_state = StepState.IDLE
+        self._check_in_hook = False  # this step: NaN/inf checked per gradient (see _grad_ready)
+        self._unused: list[int] = []  # this step: parameters marked ready before backward
         self._comm_busy_s = 0.0
         # parameter position -> (bucket, slot in bucket)
         self._slot: dict[int, tuple[Bucket, int]] = {}
         self.bucket_algorithms = ["?"] * len(self.buckets)  # for traces; DDP sets the names
+        # parameter position -> its reserved gradient slot: backward writes the gradient there
+        self._dests: list[GradDestination] = [None] * len(self.params)  # type: ignore[list-item]
         for b in self.buckets:
             for k, i in enumerate(b.spec.param_indices):
                 self._slot[i] = (b, k)
+                self._dests[i] = GradDestination(b.views[k])
+                self.params[i].grad_destination = self._dests[i]
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                          for i, p in enumerate(self.params)]
         device = self.buckets[0].buffer.device if self.buckets and \
@@ -213,18 +224,27 @@ class Reducer:
         ``_end_of_backward``; one interrupted by an exception is simply started over.)
         """
         for b in self.buckets:
-            # None grads stay None: backward allocates them and _grad_ready copies them in.
+            # None grads stay None: backward writes them into their reserved slots.
             if b.attach_grads(zero_missing=False):
                 log.debug("bucket %d: user-assigned grads copied into the bucket", b.index)
         if not self.require_sync:
+            self._reset_scales()  # no_sync: gradients accumulate as they are
             self.step_state = StepState.IDLE
             return
-        # The default hook's average is folded into the copy into the bucket (grad / n on the
-        # way in, then an all-reduce SUM): no separate pass over the bucket to divide it.
+        # The default hook's average is folded into the write into the bucket (backward writes
+        # grad / n into the slot, then an all-reduce SUM): no separate pass to divide it.
         prescale = self.comm_hook is allreduce_hook and self.world_size > 1
+        scale = 1.0 / self.divisor
+        self._check_in_hook = False  # decided at the first gradient (a GradScaler is known then)
+        self._unused = []
         for b in self.buckets:
             b.reset()
+            b.finite = True
             b.prescaled = prescale and np.dtype(b.spec.dtype).kind == "f"
+            for p, i in zip(b.params, b.spec.param_indices):
+                # A slot that already holds a gradient (no_sync accumulation, zero_grad with
+                # set_to_none=False) is divided in place when ready; an empty one gets grad / n.
+                self._dests[i].scale = scale if b.prescaled and p.grad is None else 1.0
         self._next_launch = 0
         self.step_state = StepState.PREPARED
         self._comm_busy_s = 0.0
@@ -238,6 +258,7 @@ class Reducer:
         """
         if self.step_state is StepState.IDLE:
             return
+        self._unused = list(unused)
         for i in unused:
             self._grad_ready(i)
         if unused:
@@ -259,6 +280,15 @@ class Reducer:
                 if self.step_state is StepState.PREPARED:  # first gradient of this backward
                     self.step_state = StepState.BACKWARD
                     queue_callback(self._end_of_backward)
+                    # One rank with the default hook reduces nothing: check each gradient as
+                    # soon as it is written (still in cache), not the buckets afterwards.
+                    self._check_in_hook = (self.world_size == 1 and active_scaler() is None
+                                           and self.comm_hook is allreduce_hook
+                                           and self.nonfinite_grads != "ignore")
+                    if self._check_in_hook:
+                        for j in self._unused:  # marked ready before backward started
+                            b, k = self._slot[j]
+                            b.finite = b.finite and all_finite_fast(b.views[k].reshape(-1))
                 self._grad_ready(i)
         return hook
 
@@ -273,6 +303,7 @@ class Reducer:
         """
         if self.step_state is StepState.IDLE:  # finalized by the hook of the last bucket
             return
+        self._reset_scales()
         if self._thread is not None:
             # Finish the buckets that were launched: the peers launched them too (same order).
             self._thread.wait_all()
@@ -295,25 +326,34 @@ class Reducer:
             "zeros), or remove them from the model; if you call backward more than once per "
             "step, run all but the last inside no_sync().")
 
+    def _reset_scales(self) -> None:
+        """Gradient destinations back to scale 1 (outside a synced step nothing is averaged)."""
+        for d in self._dests:
+            d.scale = 1.0
+
     def _grad_ready(self, i: int) -> None:
         bucket, k = self._slot[i]
         if bucket.is_slot_done(k):  # a second report is ignored
             return
-        p, view = self.params[i], bucket.views[k]
+        p, view, dest = self.params[i], bucket.views[k], self._dests[i]
         g = p.grad
-        # Bring the gradient into its bucket slot: one pass, dividing by n on the way when the
-        # default hook reduces with SUM (``prescaled``, like torch's div_factor).
+        # The gradient must be in its bucket slot, divided by n when the default hook reduces
+        # with SUM (``prescaled``, like torch's div_factor). Usually backward wrote it there
+        # already, divided (the slot is its destination, with scale 1/n): nothing to do.
         if g is None:  # unused parameter (find_unused_parameters): reduced as zeros
             view[...] = 0
-        elif g is not view:  # backward allocated it (grad was None): copy it in
-            if bucket.prescaled:
+        elif g is not view:  # not in the slot (assigned after forward?): copy it in, one pass
+            if bucket.prescaled and dest.scale == 1.0:
                 backend.get_array_module(view).divide(g, view.dtype.type(self.divisor),
                                                       out=view)
             else:
                 view[...] = g
-        elif bucket.prescaled:  # accumulated in place (no_sync, or zero_grad(set_to_none=False))
-            view /= view.dtype.type(self.divisor)
+        elif bucket.prescaled and dest.scale == 1.0:  # accumulated before this backward
+            view /= view.dtype.type(self.divisor)     # (no_sync, zero_grad(set_to_none=False))
+        dest.scale = 1.0  # this step's gradient is complete: a later backward is not averaged
         p.grad = view
+        if self._check_in_hook and bucket.finite:
+            bucket.finite = all_finite_fast(view.reshape(-1))
         if not bucket.mark_slot_done(k):
             return
         tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
@@ -387,7 +427,7 @@ class Reducer:
         if bucket.scaler is not None and bucket.scaler.unscale_bucket_(
                 bucket.buffer, bucket.params, bucket.names):
             bucket.finite = True  # unscaled + checked in one pass; the scaler reports inf/NaN
-        elif self.nonfinite_grads != "ignore":
+        elif self.nonfinite_grads != "ignore" and not self._check_in_hook:
             bucket.finite = all_finite_fast(bucket.buffer)
         bucket.state = BucketState.REDUCED
         self._comm_busy_s += time.perf_counter() - t0
@@ -438,10 +478,13 @@ class Reducer:
                 "overflowed on some rank) or in the sum of the all-reduce")
 
     def close(self) -> None:
-        """Remove the gradient hooks and stop the comm thread."""
+        """Remove the gradient hooks and destinations, and stop the comm thread."""
         for h in self._handles:
             h.remove()
         self._handles = []
+        for p, d in zip(self.params, self._dests):
+            if p.grad_destination is d:  # backward allocates p.grad again from now on
+                p.grad_destination = None
         if self._thread is not None:
             self._thread.close()
             self._thread = None

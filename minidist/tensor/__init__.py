@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy
 
-from minidist.tensor.autograd import RemovableHandle, queue_callback
+from minidist.tensor.autograd import GradDestination, RemovableHandle, queue_callback
 from minidist.tensor.attention import scaled_dot_product_attention
 from minidist.tensor.clip_grad import clip_grad_norm_, clip_grad_value_
 from minidist.tensor.conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
@@ -44,7 +44,8 @@ from minidist.tensor.weak import WeakIdKeyDictionary
 from minidist.tensor.shape import chunk, cat, concatenate, split, stack, swapaxes, tril, triu
 
 __all__ = [
-    "Tensor", "WeakIdKeyDictionary", "RemovableHandle", "queue_callback", "no_grad", "enable_grad",
+    "Tensor", "WeakIdKeyDictionary", "GradDestination", "RemovableHandle", "queue_callback",
+    "no_grad", "enable_grad",
     "is_grad_enabled", "set_grad_enabled",
     "manual_seed", "default_generator", "matmul", "linear", "exp", "log", "tanh", "sigmoid",
     "relu", "gelu", "erf", "sum", "mean", "max", "min", "cat", "concatenate", "stack",

@@ -18,6 +18,17 @@ Backward:
 5. when the walk is done, runs the callbacks queued during it (``queue_callback``), in order:
    the end-of-backward point, where DDP checks that every bucket was reduced.
 
+A leaf may carry a ``GradDestination``: a buffer reserved for its gradient (DDP reserves each
+parameter's slot of a flat bucket). While the leaf's ``.grad`` is None, backward writes the
+gradient straight into that buffer and makes it ``.grad``; an op that can compute the
+gradient in place asks for it with ``claim_grad_destination`` (``linear``'s weight gradient:
+one GEMM with ``out=`` the slot), for any other op the walk copies the result in::
+
+    leaf.grad is None, destination D   op claims D: writes scale * grad into D.buffer (GEMM out=)
+                                       op does not: D.buffer[...] = scale * grad    (one copy)
+                                       then leaf.grad = D.buffer
+    leaf.grad is an array              leaf.grad += scale * grad   (in place, as always)
+
     run_backward(loss)
       |-- walk the tape; hooks fire as leaves complete; a hook may call queue_callback(fn)
       '-- callbacks: fn() for each queued fn (and any fn that those queue), then return
@@ -36,8 +47,85 @@ from minidist.tensor.core import Tensor, as_array, error
 
 _handle_ids = itertools.count()
 # One list of queued callbacks per backward that is running on this thread (innermost last):
-# a hook may itself call backward, and each backward runs only its own callbacks.
+# a hook may itself call backward, and each backward runs only its own callbacks. Beside it,
+# per backward, the destinations its ops claimed (``claims``; None in ``grad()``: nothing may
+# be written into ``.grad`` there).
 _running = threading.local()
+
+
+class GradDestination:
+    """A buffer reserved for a leaf's gradient, so backward writes it there without a copy.
+
+    Assign it with ``leaf.grad_destination = GradDestination(buffer, scale)``. Backward then
+    treats the leaf like this (torch's in-place accumulation, plus a place for the first
+    write)::
+
+        leaf.grad is None     ->  buffer[...] = scale * gradient;  leaf.grad = buffer
+                                  (ops that can, e.g. linear's weight GEMM, write it there
+                                  directly: see ``claim_grad_destination``)
+        leaf.grad is an array ->  leaf.grad += scale * gradient    (in place, never rebound)
+
+    So ``zero_grad(set_to_none=True)`` costs nothing and loses nothing: the next backward
+    fills the same buffer again. DDP reserves each parameter's slot of its bucket, with
+    ``scale = 1/n`` for a synced step (the average folded into the write: no separate pass).
+
+    Args:
+        buffer: a writable, C-contiguous float array of the leaf's shape (its dtype may differ
+            from the leaf's: the write casts).
+        scale: every gradient contribution is multiplied by it (1.0: stored as computed).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from minidist.tensor import GradDestination, Tensor
+        >>> w = Tensor(np.ones((2, 3), np.float32), requires_grad=True)
+        >>> flat = np.zeros(6, np.float32)              # e.g. one slot of a larger buffer
+        >>> w.grad_destination = GradDestination(flat.reshape(2, 3), scale=0.5)
+        >>> (w * 4.0).sum().backward()
+        >>> bool(np.shares_memory(w.grad, flat)), flat.tolist()
+        (True, [2.0, 2.0, 2.0, 2.0, 2.0, 2.0])
+    """
+
+    __slots__ = ("buffer", "scale")
+
+    def __init__(self, buffer: Any, scale: float = 1.0) -> None:
+        flags = getattr(buffer, "flags", None)
+        if flags is None or not flags.c_contiguous or not getattr(flags, "writeable", True) \
+                or buffer.dtype.kind != "f":
+            raise ValueError(error(
+                "GradDestination", "the buffer must be a writable, C-contiguous float array, got "
+                f"{type(buffer).__name__} {getattr(buffer, 'dtype', '?')}. Pass a contiguous "
+                "slice of a flat float buffer, reshaped to the tensor's shape."))
+        self.buffer = buffer
+        self.scale = float(scale)
+
+    def __repr__(self) -> str:
+        return (f"GradDestination(shape={tuple(self.buffer.shape)}, dtype={self.buffer.dtype}, "
+                f"scale={self.scale})")
+
+
+def claim_grad_destination(tensor: Tensor) -> GradDestination | None:
+    """For an op's backward: the buffer to write ``tensor``'s gradient into, or None.
+
+    Non-None only while a backward that accumulates into ``.grad`` is running (not ``grad()``),
+    ``tensor`` is a leaf with a ``GradDestination`` and its ``.grad`` is None, and only the
+    first time it is asked in this backward (a leaf used twice by one op gets one buffer).
+    An op that gets one MUST write ``scale * gradient`` into ``dest.buffer`` and return
+    ``dest.buffer`` itself as that input's gradient; the walk then makes it ``.grad`` with no
+    copy::
+
+        dest = claim_grad_destination(weight)
+        gw = mm(g2.T, x2) if dest is None else mm(g2.T, x2, out=dest.buffer, scale=dest.scale)
+    """
+    dest = tensor._grad_dest
+    if dest is None or tensor._grad is not None:
+        return None
+    stack = getattr(_running, "claims", None)
+    claims = stack[-1] if stack else None
+    if claims is None or id(tensor) in claims:
+        return None
+    claims[id(tensor)] = (tensor, dest.buffer)
+    return dest
 
 
 class RemovableHandle:
@@ -160,10 +248,23 @@ def _accumulate(leaf: Tensor, g: Any, fresh: bool = False) -> None:
     """Add ``g`` into ``leaf.grad`` in place (cast to its dtype); allocate it if it is None.
 
     ``fresh`` says that no one else holds ``g`` (see ``run_backward``): then a leaf without a
-    gradient adopts it instead of copying it, which saves one pass over every parameter.
+    gradient adopts it instead of copying it, which saves one pass over every parameter. A
+    leaf with a ``GradDestination`` gets ``scale * g`` written into (or added to) its buffer.
     """
     if g.shape != leaf.data.shape:  # an op's backward broke its contract; not a user error
         raise AssertionError(f"gradient of shape {g.shape} for a leaf of shape {leaf.data.shape}")
+    dest = leaf._grad_dest
+    if dest is not None:
+        xp = backend.get_array_module(dest.buffer)
+        if leaf._grad is None:  # the first write of this gradient: straight into the buffer
+            if dest.scale == 1.0:
+                xp.copyto(dest.buffer, g, casting="unsafe")
+            else:
+                xp.multiply(g, dest.scale, out=dest.buffer, casting="unsafe")
+            leaf._grad = dest.buffer
+            return
+        if dest.scale != 1.0:
+            g = g * dest.scale
     if leaf._grad is None:
         if fresh and _adoptable(g, leaf):
             leaf._grad = g  # a new array only this leaf will ever see
@@ -225,6 +326,10 @@ def _run(root: Tensor, gradient: Any, retain_graph: bool, capture: dict[int, Any
         frames = _running.frames = []
     callbacks: list[Callable[[], None]] = []
     frames.append(callbacks)
+    claims = getattr(_running, "claims", None)
+    if claims is None:
+        claims = _running.claims = []
+    claims.append({} if capture is None else None)
     tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
     t0 = tr.now() if tr is not None else 0.0
     try:
@@ -235,6 +340,7 @@ def _run(root: Tensor, gradient: Any, retain_graph: bool, capture: dict[int, Any
             i += 1
     finally:
         frames.pop()
+        claims.pop()
         if tr is not None:
             tr.complete("backward", t0, tr.now())
 
@@ -281,12 +387,19 @@ def _walk(root: Tensor, gradient: Any, retain_graph: bool, capture: dict[int, An
     # of a gradient that also went elsewhere) is shared, and a leaf must not adopt it. An id
     # reused after its array was freed only costs a copy, never a wrong result.
     routed: set[int] = {id(seed)}
+    claims = _running.claims[-1]  # leaf id -> (leaf, buffer) an op wrote in place (None: grad())
     for node in reversed(order):
         if node._backward is None:
             continue  # a leaf: handled when its consumers route to it
         g = grads.pop(id(node), None)
         parents = node._parents
         parent_grads = node._backward(g) if g is not None else (None,) * len(parents)
+        written = None
+        if claims:  # the op wrote these leaves' gradients into their destinations: adopt them
+            written = dict(claims)  # now, so another gradient for the same leaf adds onto it
+            claims.clear()
+            for leaf, buf in written.values():
+                leaf._grad = buf
         # Route in reverse input order: Linear(x, weight, bias) finishes bias before weight,
         # so hooks fire in exactly the reverse of parameters() order.
         for i in range(len(parents) - 1, -1, -1):
@@ -300,8 +413,11 @@ def _walk(root: Tensor, gradient: Any, retain_graph: bool, capture: dict[int, An
                     capture[key] = pg if prev is None else prev + pg
             elif parent._backward is None:
                 if pg is not None:
-                    fresh = id(pg) not in routed and sum(q is pg for q in parent_grads) == 1
-                    _accumulate(parent, pg, fresh)
+                    if written is not None and key in written and written[key][1] is pg:
+                        del written[key]  # already in its .grad (the destination)
+                    else:
+                        fresh = id(pg) not in routed and sum(q is pg for q in parent_grads) == 1
+                        _accumulate(parent, pg, fresh)
                     delivered.add(key)
                 leaf_edges[key] -= 1
                 if leaf_edges[key] == 0 and key in delivered:
@@ -309,6 +425,9 @@ def _walk(root: Tensor, gradient: Any, retain_graph: bool, capture: dict[int, An
             elif pg is not None:
                 prev = grads.get(key)
                 grads[key] = pg if prev is None else prev + pg  # never in place: pg may alias
+        if written:  # an op claimed a destination and did not return it: a bug in that op
+            raise AssertionError(f"{node._op}: claimed gradient destination(s) it did not "
+                                 f"return ({len(written)} leaf/leaves)")
         routed.update(id(q) for q in parent_grads if q is not None)
         if not retain_graph:
             node._backward, node._parents = _freed, ()

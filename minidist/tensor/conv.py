@@ -5,7 +5,10 @@
 
     x (N, C, H, W) --patches--> P (kh, kw, C, N, Ho, Wo)     Ho = (H + 2p - kh) // s + 1
                                 P[i, j] = x[:, :, i::s, j::s] (first Ho x Wo), as (C, N, Ho, Wo)
-    conv:  W (O, kh*kw*C) @ P (kh*kw*C, N*Ho*Wo)  ->  (O, N, Ho, Wo)  -> NCHW view
+    conv:  channel-major patches P (C, kh, kw, N, Ho, Wo), so that W's own (O, C, kh, kw)
+           layout is the GEMM's: W (O, C*kh*kw) @ P (C*kh*kw, N*Ho*Wo) -> (O, N, Ho, Wo) ->
+           NCHW view; backward's grad W = g (O, N*Ho*Wo) @ P^T is then W's gradient in W's
+           layout, written by the GEMM straight into W's reserved gradient buffer if any
     pool:  max (or mean) over the kh*kw axis of P; adaptive pooling averages torch's bins
 
 Backward turns patch gradients back into an image with ``col2im``: one strided add per kernel
@@ -19,6 +22,7 @@ from typing import Any
 
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
+from minidist.tensor import autograd
 from minidist.tensor.core import Tensor, error
 from minidist.tensor.linalg import check_same_dtype, mm, sum_rows
 
@@ -44,28 +48,34 @@ def pad2d(x: Any, ph: int, pw: int) -> Any:
     return out
 
 
-def patches(x: Any, kh: int, kw: int, sh: int, sw: int) -> Any:
-    """All kh x kw patches of a 4-D array, as a new array (kh, kw, C, N, Ho, Wo)."""
+def patches(x: Any, kh: int, kw: int, sh: int, sw: int, channels_first: bool = False) -> Any:
+    """All kh x kw patches of a 4-D array, as a new array (kh, kw, C, N, Ho, Wo), or
+    (C, kh, kw, N, Ho, Wo) with ``channels_first`` (the layout of a conv weight's (C, kh, kw))."""
     xp = backend.get_array_module(x)
     n, c, h, w = x.shape
     ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
-    out = xp.empty((kh, kw, c, n, ho, wo), dtype=x.dtype)
+    out = xp.empty((c, kh, kw, n, ho, wo) if channels_first else (kh, kw, c, n, ho, wo),
+                   dtype=x.dtype)
     for i in range(kh):
         for j in range(kw):
-            out[i, j] = x[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] \
+            dst = out[:, i, j] if channels_first else out[i, j]
+            dst[...] = x[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] \
                 .transpose(1, 0, 2, 3)
     return out
 
 
-def col2im(gp: Any, shape: tuple[int, ...], sh: int, sw: int) -> Any:
-    """Sum patch gradients (kh, kw, C, N, Ho, Wo) back into an image of ``shape`` (N, C, H, W)."""
+def col2im(gp: Any, shape: tuple[int, ...], sh: int, sw: int,
+           channels_first: bool = False) -> Any:
+    """Sum patch gradients (kh, kw, C, N, Ho, Wo), or (C, kh, kw, N, Ho, Wo) with
+    ``channels_first``, back into an image of ``shape`` (N, C, H, W)."""
     xp = backend.get_array_module(gp)
-    kh, kw, _, _, ho, wo = gp.shape
+    kh, kw = gp.shape[1:3] if channels_first else gp.shape[:2]
+    ho, wo = gp.shape[4:]
     gx = xp.zeros(shape, dtype=gp.dtype)
     for i in range(kh):
         for j in range(kw):
             gx[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] += \
-                gp[i, j].transpose(1, 0, 2, 3)
+                (gp[:, i, j] if channels_first else gp[i, j]).transpose(1, 0, 2, 3)
     return gx
 
 
@@ -104,10 +114,10 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
                                "in_channels."))
     n = x.shape[0]
     xpad = pad2d(x.data, ph, pw)
-    cols = patches(xpad, kh, kw, sh, sw)
+    cols = patches(xpad, kh, kw, sh, sw, channels_first=True)
     ho, wo = cols.shape[4], cols.shape[5]
-    cols = cols.reshape(kh * kw * c, n * ho * wo)
-    wmat = weight.data.transpose(0, 2, 3, 1).reshape(o, kh * kw * c)  # (O, kh, kw, C) order
+    cols = cols.reshape(c * kh * kw, n * ho * wo)
+    wmat = weight.data.reshape(o, c * kh * kw)  # W's own (O, C, kh, kw) order: a free view
     out = mm(wmat, cols)
     if bias is not None:
         out += bias.data[:, None]
@@ -116,15 +126,23 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
 
     def backward(g: Any) -> tuple:
         g2 = g.transpose(1, 0, 2, 3).reshape(o, n * ho * wo)  # a free view when g is out-shaped
-        gx = gw = None
+        gx = gw = gb = None
         if weight.requires_grad:
-            gw = mm(g2, cols.T).reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
+            dest = autograd.claim_grad_destination(weight)  # W's reserved buffer (DDP's slot)
+            if dest is None:
+                gw = mm(g2, cols.T).reshape(o, c, kh, kw)
+            else:  # the GEMM writes it there: no temporary, no copy
+                mm(g2, cols.T, out=dest.buffer.reshape(o, c * kh * kw), scale=dest.scale)
+                gw = dest.buffer
         if x.requires_grad:
-            gcols = mm(wmat.T, g2).reshape(kh, kw, c, n, ho, wo)
-            gx = col2im(gcols, xpad.shape, sh, sw)[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]]
-        if bias is None:
-            return gx, gw
-        return gx, gw, (sum_rows(g2, axis=1) if bias.requires_grad else None)
+            gcols = mm(wmat.T, g2).reshape(c, kh, kw, n, ho, wo)
+            gx = col2im(gcols, xpad.shape, sh, sw, channels_first=True
+                        )[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]]
+        if bias is not None and bias.requires_grad:
+            dest = autograd.claim_grad_destination(bias)
+            gb = sum_rows(g2, axis=1) if dest is None else sum_rows(
+                g2, axis=1, out=dest.buffer, scale=dest.scale)
+        return (gx, gw) if bias is None else (gx, gw, gb)
 
     return Tensor._make(out, parents, backward, "conv2d")
 

@@ -118,7 +118,7 @@ class Tensor:
     """
 
     __slots__ = ("data", "_grad", "requires_grad", "_parents", "_backward", "_op", "_hooks",
-                 "__weakref__")
+                 "_grad_dest", "__weakref__")
     __array_ufunc__ = None  # ndarray <op> Tensor -> Tensor.__r<op>__, not an object array
 
     def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None) -> None:
@@ -128,6 +128,7 @@ class Tensor:
         self._backward: BackwardFn | None = None
         self._op = ""
         self._hooks: dict[int, Callable[[Tensor], None]] | None = None
+        self._grad_dest: Any = None  # autograd.GradDestination or None
         self.requires_grad = False
         if requires_grad:
             self.requires_grad_(True)
@@ -138,7 +139,7 @@ class Tensor:
     def _make(data: Any, parents: tuple[Tensor, ...], backward: BackwardFn, op: str) -> Tensor:
         """The result of an op: records ``(parents, backward)`` when the tape is on."""
         out = Tensor.__new__(Tensor)
-        out.data, out._grad, out._op, out._hooks = data, None, op, None
+        out.data, out._grad, out._op, out._hooks, out._grad_dest = data, None, op, None, None
         if is_grad_enabled() and any(p.requires_grad for p in parents):
             out.requires_grad, out._parents, out._backward = True, parents, backward
         else:
@@ -184,6 +185,36 @@ class Tensor:
             raise ValueError(error("grad", f"assigned a gradient of shape {tuple(value.shape)} to "
                                    f"a tensor of shape {self.data.shape}. Shapes must match."))
         self._grad = value
+
+    @property
+    def grad_destination(self) -> Any:
+        """The buffer reserved for this leaf's gradient (``autograd.GradDestination``) or None.
+
+        While ``.grad`` is None, backward writes the gradient straight into the reserved
+        buffer (times its ``scale``) and makes that buffer ``.grad``, instead of allocating a
+        new array: ``zero_grad(set_to_none=True)`` then costs nothing, and the next backward
+        fills the same memory again. DDP reserves each parameter's slot of its gradient bucket
+        (see docs/tensor.md, "Gradient destinations"). Assign None to release it.
+        """
+        return self._grad_dest
+
+    @grad_destination.setter
+    def grad_destination(self, dest: Any) -> None:
+        if dest is not None:
+            if not isinstance(dest, autograd.GradDestination):
+                raise TypeError(error("grad_destination", f"expected a GradDestination or None, "
+                                      f"got {type(dest).__name__}. Wrap the buffer: "
+                                      "GradDestination(buffer, scale=1.0)."))
+            if not self.is_leaf or not self.requires_grad:
+                raise RuntimeError(error(
+                    "grad_destination", "only a leaf that requires grad has a gradient to "
+                    f"write (this one: requires_grad={self.requires_grad}, "
+                    f"is_leaf={self.is_leaf}). Reserve it on the parameter itself."))
+            if tuple(dest.buffer.shape) != self.data.shape:
+                raise ValueError(error(
+                    "grad_destination", f"buffer of shape {tuple(dest.buffer.shape)} for a tensor "
+                    f"of shape {self.data.shape}. Reshape the buffer to the tensor's shape."))
+        self._grad_dest = dest
 
     def backward(self, gradient: Any = None, retain_graph: bool = False) -> None:
         """Backpropagate from this tensor; see ``autograd.run_backward``."""

@@ -7,7 +7,9 @@ For ``out = a @ b`` with ``a (..., n, k)`` and ``b (..., k, m)``::
 
 A 1-D left operand acts as a row ``(1, k)``, a 1-D right one as a column ``(k, 1)``; the added
 dim is dropped from the result and from the gradients. ``linear(x, W, b) = x @ W^T + b`` is one
-node, so its backward writes ``grad W = g^T @ x`` directly in W's (out, in) layout.
+node, so its backward writes ``grad W = g^T @ x`` directly in W's (out, in) layout: into W's
+reserved gradient buffer when it has one (``autograd.claim_grad_destination``: a DDP bucket
+slot), as the GEMM's own output, with no copy; the bias gradient is summed into its slot too.
 
 Under autocast (``autocast_mode``) all three run in float16. Every product goes through ``mm``,
 which emulates a float16 GEMM on the CPU (float32 BLAS, result rounded to float16): NumPy has no
@@ -23,31 +25,89 @@ import numpy
 
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
+from minidist.tensor import autograd
 from minidist.tensor.core import Tensor, error, is_floating
 from minidist.tensor.elementwise import broadcast_message, unbroadcast
 
 
-def mm(a: Any, b: Any) -> Any:
-    """``a @ b`` on xp arrays; float16 @ float16 on the CPU is computed in float32 and rounded.
+def mm(a: Any, b: Any, out: Any = None, scale: float = 1.0) -> Any:
+    """``scale * (a @ b)`` on xp arrays, into ``out`` if given (then returns ``out``); ``out``
+    and ``scale`` are for 2-D operands (gradients of 2-D weights).
 
-    NumPy multiplies float16 matrices without BLAS (~200x slower than float32). The emulation
-    widens both operands exactly, uses float32 BLAS (float32 accumulation, like a device's
-    half-precision GEMM) and rounds the product to float16, overflowing to inf where a device
-    would. On a GPU, CuPy runs the real float16 GEMM.
+    float16 @ float16 on the CPU is computed in float32 and rounded: NumPy multiplies float16
+    matrices without BLAS (~200x slower than float32). The emulation widens both operands
+    exactly, uses float32 BLAS (float32 accumulation, like a device's half-precision GEMM) and
+    rounds the product to float16, overflowing to inf where a device would; ``scale`` is
+    applied in float32 before that rounding. On a GPU, CuPy runs the real float16 GEMM.
+
+    ``scale`` costs no pass over the product: it multiplies the smaller of the three arrays
+    (for a weight gradient ``g^T @ x`` with a batch of 64: the 64-row operand). ``out`` (a
+    C-contiguous array, e.g. a gradient bucket slot) receives the product as the GEMM's own
+    output, with no temporary; another dtype than the product's is cast on the way.
     """
-    if a.dtype == numpy.float16 and b.dtype == numpy.float16 and \
-            backend.get_array_module(a, b) is numpy:
+    xp = backend.get_array_module(a, b)
+    if a.dtype == numpy.float16 and b.dtype == numpy.float16 and xp is numpy:
         with numpy.errstate(over="ignore", invalid="ignore"):  # inf, NaN: as on a device
-            return numpy.matmul(a.astype(numpy.float32), b.astype(numpy.float32)
-                                ).astype(numpy.float16)
-    return backend.get_array_module(a, b).matmul(a, b)
+            prod = numpy.matmul(a.astype(numpy.float32), b.astype(numpy.float32))
+            if scale != 1.0:
+                prod *= numpy.float32(scale)
+            if out is None:
+                return prod.astype(numpy.float16)
+            numpy.copyto(out, prod, casting="unsafe")
+            return out
+    scale_out = False
+    if scale != 1.0:
+        smallest = min(a.size, b.size, a.shape[0] * b.shape[-1])
+        if a.size == smallest:
+            a = a * a.dtype.type(scale)
+        elif b.size == smallest:
+            b = b * b.dtype.type(scale)
+        else:
+            scale_out = True
+    if out is None:
+        res = xp.matmul(a, b)
+        if scale_out:
+            res *= res.dtype.type(scale)
+        return res
+    if out.dtype == xp.result_type(a, b):
+        xp.matmul(a, b, out=out)
+    else:
+        xp.copyto(out, xp.matmul(a, b), casting="unsafe")
+    if scale_out:
+        out *= out.dtype.type(scale)
+    return out
 
 
-def sum_rows(g: Any, axis: int = 0) -> Any:
-    """``g.sum(axis)``; float16 is accumulated in float32 and rounded once (bias gradients)."""
+def sum_rows(g: Any, axis: int = 0, out: Any = None, scale: float = 1.0) -> Any:
+    """``scale * g.sum(axis)``, into ``out`` if given; float16 is accumulated in float32 and
+    rounded once (bias gradients)."""
+    xp = backend.get_array_module(g)
     if g.dtype == numpy.float16:
-        return g.sum(axis=axis, dtype=numpy.float32).astype(numpy.float16)
-    return g.sum(axis=axis)
+        s = g.sum(axis=axis, dtype=numpy.float32)
+        if scale != 1.0:
+            s *= numpy.float32(scale)
+        if out is None:
+            return s.astype(numpy.float16)
+        xp.copyto(out, s, casting="unsafe")
+    elif out is None:
+        s = g.sum(axis=axis)
+        if scale != 1.0:
+            s *= s.dtype.type(scale)
+        return s
+    else:
+        g.sum(axis=axis, out=out)
+        if scale != 1.0:
+            out *= out.dtype.type(scale)
+    return out
+
+
+def _mm_into(leaf: Tensor, a: Any, b: Any) -> Any:
+    """``leaf``'s gradient ``a @ b``: into its reserved buffer if it has one (see
+    ``autograd.claim_grad_destination``), else a new array."""
+    dest = autograd.claim_grad_destination(leaf)
+    if dest is None:
+        return mm(a, b)
+    return mm(a, b, out=dest.buffer, scale=dest.scale)
 
 
 def _check_aligned(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> None:
@@ -96,9 +156,14 @@ def matmul(a: Tensor, b: Any) -> Tensor:
         B2 = B[:, None] if B.ndim == 1 else B
         g2 = g[..., None, :] if A.ndim == 1 else (g[..., None] if B.ndim == 1 else g)
         ga = gb = None
-        if a.requires_grad:
+        plain = A.ndim == 2 and B.ndim == 2  # one GEMM per gradient: may go to a destination
+        if a.requires_grad and plain:
+            ga = _mm_into(a, g, B.T)
+        elif a.requires_grad:
             ga = unbroadcast(mm(g2, xp.swapaxes(B2, -1, -2)), A2.shape).reshape(A.shape)
-        if b.requires_grad:
+        if b.requires_grad and plain:
+            gb = _mm_into(b, A.T, g)
+        elif b.requires_grad:
             gb = unbroadcast(mm(xp.swapaxes(A2, -1, -2), g2), B2.shape).reshape(B.shape)
         return ga, gb
 
@@ -129,9 +194,15 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     def backward(g: Any) -> tuple:
         g2 = g.reshape(-1, g.shape[-1])
         gx = mm(g, weight.data) if x.requires_grad else None
-        gw = mm(g2.T, x.data.reshape(-1, x.shape[-1])) if weight.requires_grad else None
+        gw = _mm_into(weight, g2.T, x.data.reshape(-1, x.shape[-1])) \
+            if weight.requires_grad else None
         if bias is None:
             return gx, gw
-        return gx, gw, (sum_rows(g2) if bias.requires_grad else None)
+        gb = None
+        if bias.requires_grad:
+            dest = autograd.claim_grad_destination(bias)
+            gb = sum_rows(g2) if dest is None else sum_rows(g2, out=dest.buffer,
+                                                            scale=dest.scale)
+        return gx, gw, gb
 
     return Tensor._make(out, parents, backward, "linear")
