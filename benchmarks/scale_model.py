@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import os
 import re
 import sys
 import time
@@ -411,6 +412,58 @@ def fit_level(name: str, points: list[tuple], gamma: float | None = None) -> dic
             "max_abs_error": float(ae.max())}
 
 
+def holdout(name: str, points: list[tuple], gamma: float | None, world_size: int) -> dict | None:
+    """Out of sample: fit without ``world_size``'s points, then predict them."""
+    rest = [q for q in points if q[0] != world_size]
+    held = [q for q in points if q[0] == world_size]
+    if not held or len(rest) < 3:
+        return None
+    level = fit_level(name, rest, gamma)["level"]
+    err = [(flat_time(algo, n, nbytes, level) * oversubscription(n, cores) - t) / t
+           for n, nbytes, algo, t, cores in held]
+    ae = np.abs(err)
+    return {"level": name, "held_out_n": world_size, "fitted_on": sorted({q[0] for q in rest}),
+            "constants": asdict(level), "points": len(held),
+            "median_abs_error": float(np.median(ae)), "max_abs_error": float(ae.max())}
+
+
+# Parameter counts of benchmarks/ddp_scaling.py's models (its docstring has the layer sizes).
+DDP_BENCH_PARAMS = {"small": 64 * 256 + 256 + 256 * 10 + 10,
+                    "large": 784 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10}
+
+
+def validate_ddp(path: Path, level: Level, overlap: float) -> list[dict]:
+    """The DDP step predicted beside ``benchmarks/ddp_scaling.py``'s measurement on one node:
+    compute = the same n processes without DDP, measured in the same run."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    out = []
+    m = re.search(r"(\d+) cpus", str(data.get("machine", "")))
+    cores = int(m.group(1)) if m else os.cpu_count()
+    for res in data.get("results", []):
+        rows = res.get("rows", [])
+        for model, params in DDP_BENCH_PARAMS.items():
+            plain = next((r for r in rows if r["model"] == model and not r["ddp"]), None)
+            ddp = next((r for r in rows if r["model"] == model and r["ddp"] and r.get("overlap")
+                        and "bucket_cap_mb" not in r), None)
+            n = res.get("world_size", 1)
+            if plain is None or ddp is None or n < 2:
+                continue
+            s = oversubscription(n, cores)
+            slow = Level(level.name, level.alpha_us * s, level.beta_us_per_byte * s,
+                         level.gamma_us_per_byte * s)
+            pred = ddp_step(params, plain["step_ms"], n, n, slow, slow, overlap)
+            out.append({"model": model, "n": n, "params": params,
+                        "compute_ms": plain["step_ms"], "measured_step_ms": ddp["step_ms"],
+                        "predicted_step_ms": pred["step_ms"],
+                        "predicted_exposed_ms": pred["exposed_ms"],
+                        "measured_exposed_ms": ddp.get("exposed_comm_ms"),
+                        "error": (pred["step_ms"] - ddp["step_ms"]) / ddp["step_ms"]})
+    return out
+
+
 def validate_hier(hier: list[dict], levels: dict) -> list[dict]:
     """Predicted beside measured ``hier`` times (inter level: the benchmark's transport)."""
     out = []
@@ -525,6 +578,29 @@ def print_validation(fits: dict, hier: list[dict], show: list[int]) -> None:
                         f"{r['error']:+.0%}"))
     else:
         print("# hier: no measured result with virtual nodes found (--hier); predictions only")
+
+
+def print_checks(held: list[dict], ddp: list[dict]) -> None:
+    t = Table([("level", 6, "s"), ("held out", 8, "d"), ("fitted on", 9, "s"),
+               ("alpha(us)", 9, ".1f"), ("beta(us/B)", 10, ".2e"), ("med|err|", 8, ".0%"),
+               ("max|err|", 8, ".0%")])
+    print("# out of sample: fit without one world size, predict it")
+    print(t.header())
+    for h in held:
+        c = h["constants"]
+        print(t.row(h["level"], h["held_out_n"], ",".join(map(str, h["fitted_on"])),
+                    c["alpha_us"], c["beta_us_per_byte"], h["median_abs_error"],
+                    h["max_abs_error"]))
+    if ddp:
+        d = Table([("model", 6, "s"), ("n", 3, "d"), ("compute", 8, ".2f"),
+                   ("measured", 9, ".2f"), ("predicted", 9, ".2f"), ("error", 7, "s"),
+                   ("exposed meas/pred", 18, "s")])
+        print("# DDP step on this machine (ms): compute = the same n processes without DDP")
+        print(d.header())
+        for r in ddp:
+            exposed = f"{r['measured_exposed_ms'] or 0:.2f}/{r['predicted_exposed_ms']:.2f}"
+            print(d.row(r["model"], r["n"], r["compute_ms"], r["measured_step_ms"],
+                        r["predicted_step_ms"], f"{r['error']:+.0%}", exposed))
 
 
 def print_grid(g: dict, show_p: list[int], show_sizes: list[int]) -> None:
@@ -693,6 +769,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="DDP models PARAMS:COMPUTE_MS (default 25M:100 350M:300)")
     p.add_argument("--overlap", type=float, default=0.8,
                    help="fraction of backward that bucket communication can hide behind")
+    p.add_argument("--ddp-results", default="benchmarks/results/ddp_scaling.json",
+                   help="benchmarks/ddp_scaling.py's JSON to check the DDP step against")
     p.add_argument("--quick", action="store_true", help="a small grid (a few seconds)")
     p.add_argument("--out", default=str(LOCAL_RESULTS), help="directory for the JSON")
     p.add_argument("--name", default="scale_model", help="JSON file stem")
@@ -741,8 +819,12 @@ def main(argv: list[str] | None = None) -> int:
     fits = {backend: fit_level(backend, pts, gamma) for backend, pts in points.items()}
     levels = {b: f["level"] for b, f in fits.items()}
     hier = validate_hier(load_hier(expand(args.hier), args.hier_ranks_per_node), levels)
+    held = [h for b, pts in points.items() for n in sorted({q[0] for q in pts})
+            if (h := holdout(b, pts, gamma, n)) is not None]
+    ddp = validate_ddp(REPO / args.ddp_results, levels["mpi"], args.overlap)
     print_fit(fits, note)
     print_validation(fits, hier, [8, 64 << 10, 1 << 20, 8 << 20])
+    print_checks(held, ddp)
     g = grid(args, levels)
     show_p = [p for p in args.ranks if p in (2, 2 * args.ranks_per_node, 64, 512, 4096)]
     show_sizes = [s for s in args.sizes if s in (8, 2 << 10, 32 << 10, 512 << 10, 8 << 20,
@@ -760,7 +842,8 @@ def main(argv: list[str] | None = None) -> int:
                         "gamma": note},
         "fit": {b: {**{k: v for k, v in f.items() if k != "level"}, "constants":
                     asdict(f["level"])} for b, f in fits.items()},
-        "validation_hier": hier, "grid": g, "elapsed_s": time.perf_counter() - t0}
+        "validation_hier": hier, "holdout": held, "validation_ddp": ddp, "grid": g,
+        "elapsed_s": time.perf_counter() - t0}
     for f in result["fit"].values():
         f["level"] = f["constants"]["name"]
     path = write_json(Path(args.out) / f"{args.name}.json", result)
