@@ -74,6 +74,10 @@ GAMMA_SOURCE = "benchmarks/results/allreduce_fit.json"
 FIRST_BUCKET = 1 << 20   # DDP's first bucket (torch and minidist: 1 MiB)
 BUCKET = 25 << 20        # the others (25 MiB)
 BACKWARD_SHARE = 2 / 3   # backward's share of the compute time (stated assumption)
+try:  # hier's inter-node phase: recursive doubling below this shard size, ring above
+    from minidist.comm.algorithms.hier import RD_MAX_BYTES as HIER_RD_MAX_BYTES
+except ImportError:  # a minidist without hier: its documented threshold
+    HIER_RD_MAX_BYTES = 64 << 10
 
 
 # ---------------------------------------------------------------- levels and links
@@ -196,9 +200,10 @@ def _uses_halving(nbytes: float, p: int) -> bool:
 
 
 def flat_time(algorithm: str, p: int, nbytes: float, intra: Level, inter: Level | None = None,
-              k: int | None = None) -> float:
+              k: int | None = None, nic_shared: bool = True) -> float:
     """Microseconds of one flat all-reduce of ``nbytes`` on p ranks, k per node (default: one
-    node, every message intra)."""
+    node, every message intra). ``nic_shared=False``: messages leaving a node at once do not
+    share a bandwidth (virtual nodes on one machine have no NIC)."""
     k = p if k is None else k
     inter = inter or intra
     halving = algorithm == "rd" and _uses_halving(nbytes, p)
@@ -207,15 +212,19 @@ def flat_time(algorithm: str, p: int, nbytes: float, intra: Level, inter: Level 
         m = r.share * nbytes
         t = intra.alpha_us + m * intra.beta_us_per_byte if r.intra else 0.0
         if r.flows:
-            t = max(t, inter.alpha_us + r.flows * m * inter.beta_us_per_byte)
+            flows = r.flows if nic_shared else 1
+            t = max(t, inter.alpha_us + flows * m * inter.beta_us_per_byte)
         total += r.repeat * (t + (m * intra.gamma_us_per_byte if r.reduce else 0.0))
     return total
 
 
-def hier_time(p: int, k: int, nbytes: float, intra: Level, inter: Level) -> tuple[float, str]:
+def hier_time(p: int, k: int, nbytes: float, intra: Level, inter: Level,
+              nic_shared: bool = True, rule: str = "best") -> tuple[float, str]:
     """(microseconds, inter-node algorithm) of ``hier``: intra ring reduce-scatter, inter
-    all-reduce of each K/k shard across N = p/k nodes (k shards share each NIC), intra
-    all-gather. ``p`` must be a multiple of ``k``."""
+    all-reduce of each K/k shard across N = p/k nodes (k shards share each NIC unless
+    ``nic_shared`` is False), intra all-gather. ``p`` must be a multiple of ``k``. ``rule``:
+    "best" takes the cheaper of ring and rd across nodes, "implemented" what minidist's hier
+    does (rd for shards below ``HIER_RD_MAX_BYTES``, else ring)."""
     if p % k:
         raise ValueError(f"hier_time: p={p} is not a multiple of k={k} ranks per node")
     nodes, shard = p // k, nbytes / k
@@ -223,11 +232,14 @@ def hier_time(p: int, k: int, nbytes: float, intra: Level, inter: Level) -> tupl
     local = (k - 1) * (2 * a + 2 * shard * b + shard * g)  # reduce-scatter + all-gather
     if nodes < 2:
         return local, "-"
-    shared = inter.scaled(k)
+    shared = inter.scaled(k if nic_shared else 1)
     across = {name: flat_time(name, nodes, shard, Level("x", shared.alpha_us,
                                                         shared.beta_us_per_byte, g), shared, 1)
               for name in ("ring", "rd")}
-    name = min(across, key=across.__getitem__)
+    if rule == "implemented":
+        name = "rd" if shard < HIER_RD_MAX_BYTES else "ring"
+    else:
+        name = min(across, key=across.__getitem__)
     return local + across[name], name
 
 
@@ -302,6 +314,8 @@ def ranks_per_node(result: dict) -> int | None:
     for holder in (result, result.get("topology") or {}, result.get("machine") or {}):
         if holder.get("ranks_per_node"):
             return int(holder["ranks_per_node"])
+    if result.get("nodes") and len(result["nodes"]) > 1:  # benchmarks/hier.py: [[0, 1], [2, 3]]
+        return max(len(node) for node in result["nodes"])
     m = re.search(r"MINIDIST_RANKS_PER_NODE=(\d+)", result.get("command", ""))
     return int(m.group(1)) if m else None
 
@@ -322,7 +336,7 @@ def load_points(paths: list[Path], algorithms: tuple = FLAT) -> dict:
     runs: dict = {}
     for path in paths:
         d = json.loads(path.read_text())
-        if "rows" not in d or ranks_per_node(d):
+        if "rows" not in d or "n" not in d or ranks_per_node(d):
             continue
         cores = (d.get("machine") or {}).get("cores")
         for r in d["rows"]:
@@ -336,17 +350,25 @@ def load_points(paths: list[Path], algorithms: tuple = FLAT) -> dict:
 
 
 def load_hier(paths: list[Path], default_k: int) -> list[dict]:
-    """Measured ``hier`` rows: [{"n", "k", "nbytes", "median_us", "backend", "cores"}]."""
+    """Measured rows on virtual nodes (``hier``, and ``ring`` over the same path when the file
+    has it), from ``benchmarks/hier.py`` or ``benchmarks/allreduce.py`` results:
+    [{"n", "k", "nbytes", "algorithm", "median_us", "backend", "virtual", "cores", ...}]."""
     out = []
     for path in paths:
         d = json.loads(path.read_text())
+        if not any(r.get("algorithm") == "hier" for r in d.get("rows", [])):
+            continue
         k = ranks_per_node(d) or default_k
         cores = (d.get("machine") or {}).get("cores")
-        for r in d.get("rows", []):
-            if r.get("algorithm") == "hier":
-                out.append({"n": d["n"], "k": k, "nbytes": r["nbytes"],
-                            "median_us": r["median_us"], "backend": d.get("backend", "mpi"),
-                            "cores": cores, "source": shown(path)})
+        for r in d["rows"]:
+            if r.get("algorithm") in ("hier", "ring"):
+                out.append({"n": d.get("n") or d.get("world_size"), "k": k,
+                            "nbytes": r["nbytes"], "algorithm": r["algorithm"],
+                            "median_us": r["median_us"],
+                            "backend": d.get("backend") or d.get("transport") or "mpi",
+                            "virtual": d.get("virtual", True), "cores": cores,
+                            "inter_node_bytes": r.get("mean_inter_node_bytes"),
+                            "source": shown(path)})
     return out
 
 
@@ -464,18 +486,32 @@ def validate_ddp(path: Path, level: Level, overlap: float) -> list[dict]:
     return out
 
 
-def validate_hier(hier: list[dict], levels: dict) -> list[dict]:
-    """Predicted beside measured ``hier`` times (inter level: the benchmark's transport)."""
+def validate_hier(rows: list[dict], levels: dict) -> list[dict]:
+    """Predicted beside measured times on virtual nodes, and the ratio hier / ring where both
+    were measured side by side (the ratio does not depend on how loaded the machine was).
+    The inter level is the benchmark's transport; virtual nodes share no NIC; hier's inter
+    phase as implemented. Each entry is a hier row (with ``ring_*`` keys when available)."""
     out = []
-    for h in hier:
+    ring = {(r["source"], r["nbytes"]): r for r in rows if r["algorithm"] == "ring"}
+    for h in rows:
         intra = levels.get("mpi")
         inter = levels.get(h["backend"], intra)
-        if intra is None or h["n"] % h["k"]:
+        if h["algorithm"] != "hier" or intra is None or h["n"] % h["k"]:
             continue
-        t, across = hier_time(h["n"], h["k"], h["nbytes"], intra, inter)
-        t *= oversubscription(h["n"], h["cores"])
-        out.append({**h, "predicted_us": t, "inter_algorithm": across,
-                    "error": (t - h["median_us"]) / h["median_us"]})
+        n, k, nbytes, s = h["n"], h["k"], h["nbytes"], oversubscription(h["n"], h["cores"])
+        t, across = hier_time(n, k, nbytes, intra, inter, nic_shared=not h["virtual"],
+                              rule="implemented")
+        entry = {**h, "predicted_us": t * s, "inter_algorithm": across,
+                 "error": (t * s - h["median_us"]) / h["median_us"],
+                 "inter_node_bytes_model": 2 * (n // k - 1) / (n // k) * nbytes / k}
+        flat = ring.get((h["source"], nbytes))
+        if flat is not None:
+            tr = flat_time("ring", n, nbytes, intra, inter, k, nic_shared=not h["virtual"])
+            measured, predicted = h["median_us"] / flat["median_us"], t / tr
+            entry.update(ring_median_us=flat["median_us"], ring_predicted_us=tr * s,
+                         ratio_measured=measured, ratio_predicted=predicted,
+                         ratio_error=(predicted - measured) / measured)
+        out.append(entry)
     return out
 
 
@@ -569,13 +605,17 @@ def print_validation(fits: dict, hier: list[dict], show: list[int]) -> None:
         for (n, algo), e in sorted(groups.items()):
             print(summary.row(f["level"].name, n, algo, len(e), float(np.median(e)), max(e)))
     if hier:
-        print("# hier (virtual nodes) predicted vs measured (us)")
+        print("# hier on virtual nodes: predicted vs measured (us), and hier/ring measured side "
+              "by side")
         h = Table([("n", 3, "d"), ("k", 3, "d"), ("size", 8, "s"), ("measured", 10, ".0f"),
-                   ("predicted", 10, ".0f"), ("error", 7, "s")])
+                   ("predicted", 10, ".0f"), ("error", 7, "s"), ("hier/ring meas", 14, ".2f"),
+                   ("pred", 5, ".2f"), ("error", 7, "s")])
         print(h.header())
         for r in hier:
+            ratio = "ratio_measured" in r
             print(h.row(r["n"], r["k"], human(r["nbytes"]), r["median_us"], r["predicted_us"],
-                        f"{r['error']:+.0%}"))
+                        f"{r['error']:+.0%}", r.get("ratio_measured"), r.get("ratio_predicted"),
+                        f"{r['ratio_error']:+.0%}" if ratio else None))
     else:
         print("# hier: no measured result with virtual nodes found (--hier); predictions only")
 

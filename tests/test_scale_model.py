@@ -55,6 +55,10 @@ def test_two_level_rounds_match_hand_computed():
     # = 852) beats ring (2 steps of 1000 B: 2*450 + 1 = 901).
     t, across = sm.hier_time(8, 4, 8000, INTRA, INTER)
     assert (t, across) == (pytest.approx(186 + 852), "rd")
+    # virtual nodes (no NIC to share) and the implemented rule (rd below 64 KiB shards):
+    # 186 + one rd swap of 2000 B without sharing (50 + 200 + 2).
+    assert sm.hier_time(8, 4, 8000, INTRA, INTER, nic_shared=False, rule="implemented") == (
+        pytest.approx(186 + 252), "rd")
     # one node: hier is its intra reduce-scatter + all-gather, a ring.
     assert sm.hier_time(4, 4, 4000, INTRA, INTER)[0] == pytest.approx(
         sm.flat_time("ring", 4, 4000, INTRA))
@@ -173,6 +177,8 @@ def test_quick_run_end_to_end_with_a_hier_result(tmp_path):
     (h,) = data["validation_hier"]
     assert (h["n"], h["k"], h["nbytes"]) == (4, 2, 1 << 20)
     assert h["error"] == pytest.approx((h["predicted_us"] - 1500.0) / 1500.0)
+    assert h["ratio_measured"] == pytest.approx(1500.0 / 1400.0)
+    assert h["ratio_predicted"] == pytest.approx(h["predicted_us"] / h["ring_predicted_us"])
     links = data["grid"]["links"]
     assert {"25Gb/s", "100Gb/s", "400Gb/s", "loopback-tcp"} <= set(links)
     for link in links.values():
@@ -180,6 +186,27 @@ def test_quick_run_end_to_end_with_a_hier_result(tmp_path):
         assert all(0 < r["efficiency"] <= 1 for r in link["ddp"])
     # the hier file is also not mistaken for one-node data
     assert not any("hier" in p for p in data["inputs"])
+
+
+def test_reads_the_hier_benchmark_format(tmp_path):
+    # benchmarks/hier.py writes world_size / nodes / transport / virtual.
+    result = {"benchmark": "hier", "world_size": 6, "nodes": [[0, 1, 2], [3, 4, 5]],
+              "virtual": True, "transport": "tcp", "machine": {"cores": 2},
+              "rows": [{"nbytes": 4096, "algorithm": "hier", "median_us": 900.0,
+                        "mean_inter_node_bytes": 1365.3},
+                       {"nbytes": 4096, "algorithm": "ring", "median_us": 1000.0}]}
+    path = tmp_path / "hier_n6_k3.json"
+    path.write_text(json.dumps(result))
+    rows = sm.load_hier([path], default_k=2)
+    assert [(r["n"], r["k"], r["algorithm"], r["backend"]) for r in rows] == [
+        (6, 3, "hier", "tcp"), (6, 3, "ring", "tcp")]
+    levels = {"mpi": INTRA, "tcp": INTER}
+    (h,) = sm.validate_hier(rows, levels)
+    t, _ = sm.hier_time(6, 3, 4096, INTRA, INTER, nic_shared=False, rule="implemented")
+    assert h["predicted_us"] == pytest.approx(t * 3)  # 6 ranks on 2 cores
+    assert h["inter_node_bytes_model"] == pytest.approx(4096 / 3)
+    assert h["ratio_measured"] == pytest.approx(0.9)
+    assert sm.load_points([path]) == {}  # never mistaken for one-node data
 
 
 def test_plots(tmp_path):
