@@ -244,10 +244,10 @@ def hier_time(p: int, k: int, nbytes: float, intra: Level, inter: Level,
 
 
 def allreduce_time(algorithm: str, p: int, k: int, nbytes: float, intra: Level,
-                   inter: Level) -> float:
+                   inter: Level, hier_rule: str = "best") -> float:
     """Microseconds of one all-reduce: ``ring``/``tree``/``rd``/``hier``."""
     if algorithm == "hier":
-        return hier_time(p, min(k, p), nbytes, intra, inter)[0]
+        return hier_time(p, min(k, p), nbytes, intra, inter, rule=hier_rule)[0]
     return flat_time(algorithm, p, nbytes, intra, inter, min(k, p))
 
 
@@ -257,9 +257,11 @@ def candidates(p: int, k: int) -> tuple:
     return ALGORITHMS if p > k and p % k == 0 else FLAT
 
 
-def best(p: int, k: int, nbytes: float, intra: Level, inter: Level) -> tuple[str, float]:
+def best(p: int, k: int, nbytes: float, intra: Level, inter: Level,
+         hier_rule: str = "best") -> tuple[str, float]:
     """(fastest algorithm, its microseconds)."""
-    times = {a: allreduce_time(a, p, k, nbytes, intra, inter) for a in candidates(p, k)}
+    times = {a: allreduce_time(a, p, k, nbytes, intra, inter, hier_rule)
+             for a in candidates(p, k)}
     name = min(times, key=times.__getitem__)
     return name, times[name]
 
@@ -291,10 +293,10 @@ def buckets(grad_bytes: float) -> list[float]:
 
 
 def ddp_step(params: float, compute_ms: float, p: int, k: int, intra: Level, inter: Level,
-             overlap: float, bytes_per_param: int = 4) -> dict:
+             overlap: float, bytes_per_param: int = 4, hier_rule: str = "best") -> dict:
     """The modelled DDP step (weak scaling: same per-rank batch at every p)."""
     sizes = buckets(params * bytes_per_param)
-    per = [best(p, k, s, intra, inter)[1] / 1e3 if p > 1 else 0.0 for s in sizes]
+    per = [best(p, k, s, intra, inter, hier_rule)[1] / 1e3 if p > 1 else 0.0 for s in sizes]
     comm, last = sum(per), per[-1]
     exposed = max(comm - overlap * BACKWARD_SHARE * compute_ms, min(comm, last))
     step = compute_ms + exposed
@@ -493,6 +495,13 @@ def validate_hier(rows: list[dict], levels: dict) -> list[dict]:
     phase as implemented. Each entry is a hier row (with ``ring_*`` keys when available)."""
     out = []
     ring = {(r["source"], r["nbytes"]): r for r in rows if r["algorithm"] == "ring"}
+    same_run: dict = {}  # source -> Level fitted on that file's own ring rows
+    for source in {r["source"] for r in rows}:
+        pts = [(r["n"], r["nbytes"], "ring", r["median_us"], r["cores"]) for r in rows
+               if r["source"] == source and r["algorithm"] == "ring" and r["virtual"]]
+        gamma = levels["mpi"].gamma_us_per_byte if "mpi" in levels else None
+        if len(pts) >= 2 and gamma is not None:
+            same_run[source] = fit_level("same-run", pts, gamma)["level"]
     for h in rows:
         intra = levels.get("mpi")
         inter = levels.get(h["backend"], intra)
@@ -511,6 +520,11 @@ def validate_hier(rows: list[dict], levels: dict) -> list[dict]:
             entry.update(ring_median_us=flat["median_us"], ring_predicted_us=tr * s,
                          ratio_measured=measured, ratio_predicted=predicted,
                          ratio_error=(predicted - measured) / measured)
+        lv = same_run.get(h["source"])
+        if lv is not None:  # constants of the same run's flat ring, one level (same path)
+            t2 = hier_time(n, k, nbytes, lv, lv, nic_shared=False, rule="implemented")[0] * s
+            entry.update(same_run_constants=asdict(lv), predicted_same_run_us=t2,
+                         error_same_run=(t2 - h["median_us"]) / h["median_us"])
         out.append(entry)
     return out
 
@@ -531,6 +545,7 @@ def grid(args: argparse.Namespace, levels: dict) -> dict:
         links["loopback-tcp"] = levels["tcp"]
     k = args.ranks_per_node
     out: dict = {"ranks_per_node": k, "software_alpha_us": sw, "intra": asdict(intra),
+                 "hier_rule": args.hier_rule,
                  "links": {}}
     for name, inter in links.items():
         times = []
@@ -538,7 +553,7 @@ def grid(args: argparse.Namespace, levels: dict) -> dict:
             for nbytes in args.sizes:
                 row: dict = {"p": p, "nbytes": nbytes, "hier": None}
                 for a in candidates(p, k):
-                    row[a] = allreduce_time(a, p, k, nbytes, intra, inter)
+                    row[a] = allreduce_time(a, p, k, nbytes, intra, inter, args.hier_rule)
                 row["best"] = min(candidates(p, k), key=row.__getitem__)
                 times.append(row)
         cross = []
@@ -549,7 +564,8 @@ def grid(args: argparse.Namespace, levels: dict) -> dict:
             cross.append({"p": p, "winners": winners(rows),
                           **{f"{a}_vs_{b}": crossover(rows, a, b) for a, b in pairs}})
         ddp = [{"model": label, "params": params, "compute_ms": ms,
-                **ddp_step(params, ms, p, k, intra, inter, args.overlap)}
+                **ddp_step(params, ms, p, k, intra, inter, args.overlap,
+                           hier_rule=args.hier_rule)}
                for label, (params, ms) in args.models.items() for p in args.ranks]
         out["links"][name] = {"inter": asdict(inter), "times": times, "crossovers": cross,
                               "ddp": ddp}
@@ -607,15 +623,24 @@ def print_validation(fits: dict, hier: list[dict], show: list[int]) -> None:
     if hier:
         print("# hier on virtual nodes: predicted vs measured (us), and hier/ring measured side "
               "by side")
-        h = Table([("n", 3, "d"), ("k", 3, "d"), ("size", 8, "s"), ("measured", 10, ".0f"),
-                   ("predicted", 10, ".0f"), ("error", 7, "s"), ("hier/ring meas", 14, ".2f"),
-                   ("pred", 5, ".2f"), ("error", 7, "s")])
+        h = Table([("n", 3, "d"), ("k", 3, "d"), ("size", 8, "s"), ("measured", 9, ".0f"),
+                   ("predicted", 9, ".0f"), ("error", 6, "s"), ("same-run", 9, ".0f"),
+                   ("error", 6, "s"), ("hier/ring", 9, ".2f"), ("pred", 5, ".2f"),
+                   ("error", 6, "s")])
+        print("# predicted: fitted levels; same-run: constants fitted on the flat ring rows of "
+              "the same file")
         print(h.header())
         for r in hier:
-            ratio = "ratio_measured" in r
+            ratio, same = "ratio_measured" in r, "predicted_same_run_us" in r
             print(h.row(r["n"], r["k"], human(r["nbytes"]), r["median_us"], r["predicted_us"],
-                        f"{r['error']:+.0%}", r.get("ratio_measured"), r.get("ratio_predicted"),
+                        f"{r['error']:+.0%}", r.get("predicted_same_run_us"),
+                        f"{r['error_same_run']:+.0%}" if same else None,
+                        r.get("ratio_measured"), r.get("ratio_predicted"),
                         f"{r['ratio_error']:+.0%}" if ratio else None))
+        c = hier[0].get("same_run_constants")
+        if c:
+            print(f"# same-run constants ({hier[0]['source']}): alpha {c['alpha_us']:.0f} us, "
+                  f"beta {c['beta_us_per_byte']:.2e} us/B")
     else:
         print("# hier: no measured result with virtual nodes found (--hier); predictions only")
 
@@ -801,6 +826,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default: the fitted intra-node alpha)")
     p.add_argument("--intra-link", default=None, metavar="GBPS:LATENCY_US",
                    help="model the intra-node level as this link instead of the fitted one")
+    p.add_argument("--hier-rule", choices=("best", "implemented"), default="best",
+                   help="hier's inter-node algorithm: the cheaper of ring and rd (best), or "
+                        "minidist's (rd below HIER_RD_MAX_BYTES per shard, else ring)")
     p.add_argument("--ranks-per-node", type=int, default=8)
     p.add_argument("--max-ranks", type=int, default=4096)
     p.add_argument("--min-bytes", default="8")

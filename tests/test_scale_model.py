@@ -209,6 +209,27 @@ def test_reads_the_hier_benchmark_format(tmp_path):
     assert sm.load_points([path]) == {}  # never mistaken for one-node data
 
 
+def test_same_run_constants_predict_hier_exactly_on_exact_data(tmp_path):
+    # ring and hier times made by the model itself from one level: the same-run fit on the
+    # ring rows recovers it, and hier is then predicted with no error.
+    lv = sm.Level("x", 900.0, 6e-4, sm.stored_gamma())
+    rows = []
+    for nbytes in (1 << 10, 64 << 10, 1 << 20, 16 << 20):
+        ring = sm.flat_time("ring", 4, nbytes, lv, lv, 2, nic_shared=False) * 2
+        hier = sm.hier_time(4, 2, nbytes, lv, lv, nic_shared=False, rule="implemented")[0] * 2
+        rows += [{"nbytes": nbytes, "algorithm": "ring", "median_us": ring},
+                 {"nbytes": nbytes, "algorithm": "hier", "median_us": hier}]
+    path = tmp_path / "hier_n4_k2.json"
+    path.write_text(json.dumps({"world_size": 4, "nodes": [[0, 1], [2, 3]], "virtual": True,
+                                "transport": "mpi", "machine": {"cores": 2}, "rows": rows}))
+    levels = {"mpi": sm.Level("mpi", 30.0, 2e-4, lv.gamma_us_per_byte)}  # gamma: the same
+    out = sm.validate_hier(sm.load_hier([path], 2), levels)
+    assert len(out) == 4
+    for h in out:
+        assert h["error_same_run"] == pytest.approx(0.0, abs=1e-9)
+        assert h["same_run_constants"]["alpha_us"] == pytest.approx(900.0)
+
+
 def test_plots(tmp_path):
     pytest.importorskip("matplotlib")
     run_script("--quick", "--out", tmp_path, "--plots", tmp_path, "--model", "25M:100")
