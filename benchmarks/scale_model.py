@@ -31,8 +31,16 @@ Every algorithm is costed round by round: a round costs its slowest message (an 
 message alpha_i + m beta_i, a message leaving a node alpha_e + f m beta_e where f messages
 leave that node at once and share its NIC), plus m gamma when the round reduces.
 ``hier`` = intra reduce-scatter (ring, k ranks), inter all-reduce of each K/k shard across
-the N nodes (ring or recursive doubling, whichever is cheaper; the k shards cross at once,
-f = k), intra all-gather. On one node every formula reduces to ``select.COST`` (tested).
+the N nodes (ring or recursive doubling: the cheaper, or with --hier-rule implemented what
+minidist's hier runs; the k shards cross at once, f = k), intra all-gather. On one node every
+formula reduces to the one-node formulas of docs/algorithms.md (tested against hand-computed
+values).
+
+Validation: every fitted point predicted beside its measurement (error in %), each world size
+held out and predicted from the others, the DDP step against benchmarks/ddp_scaling.py's
+JSON, and ``hier`` on virtual nodes from ``*hier*.json`` results (benchmarks/hier.py): with the
+fitted constants, with constants fitted on the flat ring of the same run (the machine's load
+when that file was written), and as the ratio hier / ring measured side by side.
 
 The fit (weighted least squares on relative error, the formulas are linear in alpha, beta,
 gamma) corrects for oversubscription: with n ranks on c cores every rank runs n/c times

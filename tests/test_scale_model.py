@@ -232,7 +232,8 @@ def test_same_run_constants_predict_hier_exactly_on_exact_data(tmp_path):
 
 def test_plots(tmp_path):
     pytest.importorskip("matplotlib")
-    run_script("--quick", "--out", tmp_path, "--plots", tmp_path, "--model", "25M:100")
+    run_script("--quick", "--max-ranks", "64", "--max-bytes", "1M", "--out", tmp_path,
+               "--plots", tmp_path, "--model", "25M:100")
     for name in ("validation", "crossover", "winners", "ddp"):
         assert (tmp_path / f"scaling_{name}.png").stat().st_size > 1000
 
