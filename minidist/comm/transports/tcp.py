@@ -31,7 +31,8 @@ Safety: strangers cannot join or crash a job. Every connection, to MASTER_PORT o
 opens with a handshake (MAGIC, then an HMAC challenge-response over nonces from both sides,
 keyed by ``MINIDIST_AUTH_TOKEN``, empty if unset); a connection that does not complete it within
 ``HANDSHAKE_S`` (an HTTP request, random bytes, silence) is logged and dropped, and rank 0 goes
-on waiting for the real ranks. Ranks with different tokens both fail at once. Every length read
+on waiting for the real ranks (it serves several connections at once, so one silent client
+delays nobody). Ranks with different tokens both fail at once. Every length read
 from the wire is checked against a bound (``MAX_JSON_BYTES``, ``MAX_SIDE_BYTES``,
 ``MINIDIST_TCP_MAX_MESSAGE_BYTES``) before anything is allocated. Rank 0 listens on
 ``MASTER_ADDR`` only, every other rank on the interface that reaches rank 0
@@ -52,6 +53,7 @@ import hmac
 import json
 import os
 import secrets
+import select
 import socket
 import struct
 import threading
@@ -93,7 +95,22 @@ DRAIN_CHUNK = 1 << 20           # a mis-sized message is drained in chunks of th
 MAGIC = b"MINIDIST"
 NONCE_BYTES = 16
 MAC_BYTES = 32                  # HMAC-SHA256
-HANDSHAKE_S = 5.0               # how long one connection may take to say who it is
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r} is not a positive number of seconds; unset it "
+                         f"(default {default:g}) or set one, e.g. {name}={default:g}.")
+    return value
+
+
+# How long one connection may take to say who it is (raise it on a slow network).
+HANDSHAKE_S = _env_seconds("MINIDIST_TCP_HANDSHAKE_S", 5.0)
 
 
 class _Stranger(Exception):
@@ -456,33 +473,104 @@ class TCPTransport(Transport):
                             ) from None
         return r, n, host, port
 
+    def _accept_ranks(self, listener: socket.socket, handle: Any, deadline: float,
+                      what: Any, where: str) -> Any:
+        """Accept connections on ``listener``, several at once; yield ``(conn, handle(conn))``.
+
+        Each accepted connection gets a thread of its own that runs ``handle`` (the handshake
+        and the first message, bounded by HANDSHAKE_S), so a silent client delays nobody::
+
+            main thread: select(listener, wake) --accept--> thread: handle(conn)
+                 ^                                            | result or exception
+                 '------- wake byte <-- results queue <-------'
+
+        Strangers (``_Stranger``) are logged and dropped; any other exception of ``handle`` is
+        raised here. ``what()`` says who is missing when ``deadline`` passes. Close the
+        generator when done: connections still being checked are then logged and shut down.
+        """
+        results: collections.deque = collections.deque()
+        state = threading.Lock()
+        open_ = [True]
+        pending: dict[socket.socket, Any] = {}  # accepted, still being checked, under state
+        wake_r, wake_w = socket.socketpair()
+
+        def check(conn: socket.socket, addr: Any) -> None:
+            try:
+                out = (conn, addr, handle(conn), None)
+            except BaseException as e:  # handed to the main thread
+                out = (conn, addr, None, e)
+            with state:
+                pending.pop(conn, None)
+                if open_[0]:
+                    results.append(out)
+                    try:
+                        wake_w.send(b"x")
+                    except OSError:
+                        pass
+                    return
+            conn.close()  # the caller has finished: nobody wants this connection any more
+
+        try:
+            while True:
+                while results:
+                    conn, addr, value, error = results.popleft()
+                    if isinstance(error, _Stranger):
+                        self._drop(where, addr, error)
+                        conn.close()
+                    elif error is not None:
+                        conn.close()
+                        raise error
+                    else:
+                        yield conn, value
+                left = self._deadline_left(deadline, what())
+                ready, _, _ = select.select([listener, wake_r], [], [], left)
+                if wake_r in ready:
+                    wake_r.recv(4096)
+                if listener in ready:
+                    try:
+                        conn, addr = listener.accept()
+                    except (BlockingIOError, socket.timeout):
+                        continue
+                    with state:
+                        pending[conn] = addr
+                    threading.Thread(target=check, args=(conn, addr), daemon=True,
+                                     name=f"minidist-tcp-accept-{self.rank}").start()
+        finally:
+            with state:
+                open_[0] = False
+                leftover = list(results)
+                results.clear()
+                silent = list(pending.items())
+            for conn, *_ in leftover:
+                conn.close()
+            for conn, addr in silent:  # its thread closes it once the read fails
+                self._drop(where, addr, "was still silent when every rank had arrived")
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            wake_r.close()
+            wake_w.close()
+
     def _serve_rendezvous(self, master: socket.socket, my_port: int,
                           deadline: float) -> dict[int, tuple[str, int]]:
         """Rank 0: collect size-1 registrations, check them, send everyone the table.
 
-        One connection at a time, each with at most HANDSHAKE_S to prove it is a rank: a
-        connection that is not (an HTTP request, random bytes, silence) is logged and dropped.
+        Several connections at once (``_accept_ranks``), each with at most HANDSHAKE_S to prove
+        it is a rank: a connection that is not (an HTTP request, random bytes, silence) is
+        logged and dropped while the real ranks register.
         """
         table: dict[int, tuple[str, int]] = {0: (self.master_addr, my_port)}
         conns: list[socket.socket] = []
+
+        def missing() -> str:
+            return (f"ranks {sorted(set(range(self.size)) - set(table))} did not register "
+                    f"with rank 0")
+
+        arrivals = self._accept_ranks(master, lambda c: self._registration(c, deadline),
+                                      deadline, missing, "rendezvous")
         try:
-            while len(table) < self.size:
-                missing = sorted(set(range(self.size)) - set(table))
-                master.settimeout(self._deadline_left(
-                    deadline, f"ranks {missing} did not register with rank 0"))
-                try:
-                    conn, addr = master.accept()
-                except socket.timeout:
-                    continue  # _deadline_left raises on the next turn
-                try:
-                    r, n, host, port = self._registration(conn, deadline)
-                except _Stranger as e:
-                    self._drop("rendezvous", addr, e)
-                    conn.close()
-                    continue
-                except BaseException:
-                    conn.close()
-                    raise
+            for conn, (r, n, host, port) in arrivals:
                 conns.append(conn)
                 conn.settimeout(self._deadline_left(deadline, "a rank did not register"))
                 error = None
@@ -501,10 +589,13 @@ class TCPTransport(Transport):
                             pass
                     raise CommError(f"{self.prefix} rendezvous: {error}")
                 table[r] = (host, port)
+                if len(table) == self.size:
+                    break
             for c in conns:
                 _send_json(c, {"table": {str(r): list(hp) for r, hp in table.items()}})
             return table
         finally:
+            arrivals.close()
             for c in conns:
                 c.close()
 
@@ -537,23 +628,23 @@ class TCPTransport(Transport):
                 s.close()
                 raise
             self._socks[peer] = s
-        while len(self._socks) < self.size - 1:
-            self._listener.settimeout(self._deadline_left(deadline, "higher ranks did not connect"))
+        if len(self._socks) < self.size - 1:
+            arrivals = self._accept_ranks(self._listener, lambda c: self._hello(c, deadline),
+                                          deadline, lambda: "higher ranks did not connect",
+                                          "data port")
             try:
-                s, addr = self._listener.accept()
-            except socket.timeout:
-                continue
-            try:
-                peer = self._hello(s, deadline)
-            except _Stranger as e:
-                self._drop("data port", addr, e)
-                s.close()
-                continue
-            except BaseException:
-                s.close()
-                raise
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._socks[peer] = s
+                for s, peer in arrivals:
+                    if peer in self._socks:  # two connections claimed the same rank
+                        self._drop("data port", s.getpeername(),
+                                   f"says it is rank {peer}, which is already connected")
+                        s.close()
+                        continue
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    self._socks[peer] = s
+                    if len(self._socks) == self.size - 1:
+                        break
+            finally:
+                arrivals.close()
         self._listener.close()
         for s in self._socks.values():
             # Kernel buffer sizes stay at their (auto-tuned) defaults: 4 MiB SO_SNDBUF/RCVBUF
