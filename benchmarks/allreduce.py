@@ -21,6 +21,16 @@ plain NumPy buffer) and ``shm_zc`` (the same with the buffer allocated in the sh
 ``shm_alloc_buffer``, so the copy-in disappears). Rank 0 prints the table, the ring/tree
 crossover, and writes ``results/allreduce_n{N}.json`` (+ ``.png`` when matplotlib is there).
 
+TCP backend beside torch's gloo, in one run (torchrun-style environment, e.g. the launcher)::
+
+    python -m minidist.launch --standalone --nproc-per-node 2 benchmarks/allreduce.py \
+        --backend tcp --algorithms rd,ring,auto --name allreduce_tcp_n2
+
+``gloo`` (added with ``--backend tcp`` when torch is importable; ``--no-gloo`` leaves it out) is
+``torch.distributed.all_reduce`` with the gloo backend on a ``torch.from_numpy`` view of the
+same buffer, timed interleaved with the others, checked like them; its rendezvous is at
+``MASTER_PORT + 2`` (``--gloo-port``). ``vs gloo`` = median time / gloo's median time.
+
 ``X-off`` runs X with the collective ledger and fingerprints turned off for that call (what
 ``MINIDIST_LEDGER=0`` does for a whole job); ``--ledger-compare`` adds ``X-off`` beside every
 X and prints the on/off ratio of the medians per size (both measured interleaved, one run).
@@ -62,6 +72,8 @@ class Args:
     plot: bool
     ledger_compare: bool = False
     burst: int = 1
+    gloo: bool = False
+    gloo_port: int | None = None
 
 
 def parse_args(argv: list[str] | None = None) -> Args | tuple:
@@ -85,6 +97,10 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
     p.add_argument("--burst", type=int, default=1,
                    help="calls per timed sample, back to back (no barrier or input restore "
                         "between them: warm caches, as in a training loop); time is per call")
+    p.add_argument("--no-gloo", action="store_true",
+                   help="with --backend tcp: leave out torch gloo (default: beside, if importable)")
+    p.add_argument("--gloo-port", type=int, default=None,
+                   help="gloo's rendezvous port (default MASTER_PORT + 2)")
     p.add_argument("--fit", nargs="+", metavar="JSON", help="fit select.py constants and exit")
     p.add_argument("--fit-out", default=str(LOCAL_RESULTS / "allreduce_fit.json"))
     p.add_argument("--markdown", nargs="+", metavar="JSON", help="print result tables and exit")
@@ -109,7 +125,7 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
         raise SystemExit(f"--burst must be >= 1, got {a.burst}")
     return Args(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes), step, iters, warmup, algos,
                 a.dtype, a.op, Path(a.out), a.name, a.backend, not a.no_plot, a.ledger_compare,
-                a.burst)
+                a.burst, a.backend == "tcp" and not a.no_gloo, a.gloo_port)
 
 
 # ---------------------------------------------------------------- running one point
@@ -140,6 +156,32 @@ def make_runner(group: Any, name: str) -> Callable:
 
     def run(buf: Any, op: str) -> None:
         group.all_reduce(buf, op=op, algorithm=algo)
+    return run
+
+
+def start_gloo(group: Any, port: int | None) -> Callable | None:
+    """torch.distributed with gloo beside ``group``: a runner ``run(buf, op)``, or None (and one
+    printed line) when torch is not installed."""
+    try:
+        import torch
+        import torch.distributed as td
+    except ImportError:
+        if group.rank == 0:
+            print("# torch is not installed: no gloo column (pip install torch to compare)")
+        return None
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # under torchrun: its agent's store
+        init = "env://"
+    else:
+        port = port or int(os.environ.get("MASTER_PORT", "29500")) + 2
+        init = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{port}"
+    td.init_process_group("gloo", init_method=init, rank=group.rank, world_size=group.size)
+    ops = {"sum": td.ReduceOp.SUM, "max": td.ReduceOp.MAX, "min": td.ReduceOp.MIN,
+           "prod": td.ReduceOp.PRODUCT}
+
+    def run(buf: Any, op: str) -> None:
+        if op not in ops:
+            raise SystemExit(f"gloo has no op {op!r}; use --op sum/max/min/prod or --no-gloo")
+        td.all_reduce(torch.from_numpy(buf), op=ops[op])
     return run
 
 
@@ -204,14 +246,16 @@ def best_of_ours(point: list[dict], zc: bool) -> dict | None:
 
 # ---------------------------------------------------------------- the sweep
 
-def sweep(args: Args, group: Any) -> dict:
+def sweep(args: Args, group: Any, gloo: Callable | None = None) -> dict:
     from minidist.comm.algorithms import resolve
 
     n, rank = group.size, group.rank
     dtype = np.dtype(args.dtype)
     points = [s for s in sizes(max(args.min_bytes, dtype.itemsize), args.max_bytes, args.step)]
     max_count = max(points) // dtype.itemsize
-    runners = {a: make_runner(group, a) for a in ["direct", *args.algorithms]}
+    runners = {a: make_runner(group, a) for a in ["direct", *args.algorithms] if a != "gloo"}
+    if "gloo" in args.algorithms:
+        runners["gloo"] = gloo
     shared = None
     if any(a.removesuffix("-off").endswith("_zc") for a in args.algorithms):
         from minidist.comm.algorithms.shm import shm_alloc_buffer
@@ -222,7 +266,8 @@ def sweep(args: Args, group: Any) -> dict:
     table = Table([("size(B)", 10, "d"), ("count", 9, "d"), ("algorithm", 9, "s"),
                    ("median(us)", 11, ".1f"), ("min(us)", 10, ".1f"), ("max(us)", 10, ".1f"),
                    ("algbw(GB/s)", 11, ".3f"), ("busbw(GB/s)", 11, ".3f"),
-                   ("vs mpi", 7, ".2f"), ("vs best", 7, ".2f"), ("#wrong", 6, "d")])
+                   ("vs mpi", 7, ".2f"), ("vs gloo", 7, ".2f"), ("vs best", 7, ".2f"),
+                   ("#wrong", 6, "d")])
     if rank == 0:
         print(f"# minidist all_reduce benchmark: n={n}, dtype={dtype.name}, op={args.op}, "
               f"backend={group.backend}; timings interleaved; 'vs best' = auto / fastest of "
@@ -247,7 +292,7 @@ def sweep(args: Args, group: Any) -> dict:
             wrong = int(group.all_gather(np.array([wrong])).max()) + (0 if same else 1)
             row = {"nbytes": nbytes, "count": count, "algorithm": name, "wrong": wrong,
                    "identical": same}
-            if base_algorithm(name) == "auto":
+            if name != "gloo" and base_algorithm(name) == "auto":
                 row["chose"] = resolve("auto", group.transport, buf)[0]
             point.append(row)
             runs.append((run, buf))
@@ -258,8 +303,10 @@ def sweep(args: Args, group: Any) -> dict:
             row.update(st, algbw_GBps=algbw,
                        busbw_GBps=algbw * 2 * (n - 1) / n if n > 1 else 0.0)
         mpi = next((r for r in point if r["algorithm"] == "mpi"), None)
+        gloo = next((r for r in point if r["algorithm"] == "gloo"), None)
         for r in point:
             r["ratio_to_mpi"] = r["median_us"] / mpi["median_us"] if mpi else None
+            r["ratio_to_gloo"] = r["median_us"] / gloo["median_us"] if gloo else None
             best = (best_of_ours(point, r["algorithm"].removesuffix("-off").endswith("_zc"))
                     if base_algorithm(r["algorithm"]) == "auto" else None)
             r["ratio_to_best_ours"] = r["median_us"] / best["median_us"] if best else None
@@ -267,7 +314,8 @@ def sweep(args: Args, group: Any) -> dict:
             if rank == 0:
                 print(table.row(nbytes, count, r["algorithm"], r["median_us"], r["min_us"],
                                 r["max_us"], r["algbw_GBps"], r["busbw_GBps"],
-                                r["ratio_to_mpi"], r["ratio_to_best_ours"], r["wrong"]),
+                                r["ratio_to_mpi"], r["ratio_to_gloo"],
+                                r["ratio_to_best_ours"], r["wrong"]),
                       flush=True)
         rows += point
     out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
@@ -356,7 +404,8 @@ def markdown(result: dict) -> str:
     algos = [a for a in dict.fromkeys(r["algorithm"] for r in result["rows"]) if a != "direct"]
     by = {(r["nbytes"], r["algorithm"]): r for r in result["rows"]}
     autos = [a for a in ("auto", "auto_zc") if a in algos]
-    head = (["size"] + [f"{a} (us)" for a in algos]
+    vs_gloo = [a for a in algos if a != "gloo"] if "gloo" in algos else []
+    head = (["size"] + [f"{a} (us)" for a in algos] + [f"{a}/gloo" for a in vs_gloo]
             + [c for a in autos for c in (f"{a} chose", f"{a}/best ours")]
             + ["best busbw (GB/s)", "#wrong"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -365,6 +414,8 @@ def markdown(result: dict) -> str:
         best = min(pts, key=lambda r: r["median_us"])
         cells = [human(nbytes)] + [f"{by[(nbytes, a)]['median_us']:.0f}" if (nbytes, a) in by
                                    else "-" for a in algos]
+        cells += [f"{by[(nbytes, a)]['ratio_to_gloo']:.2f}" if (nbytes, a) in by else "-"
+                  for a in vs_gloo]
         for a in autos:
             r = by.get((nbytes, a), {})
             ratio = r.get("ratio_to_best_ours")
@@ -521,21 +572,30 @@ def main(argv: list[str] | None = None) -> int:
     from minidist.comm.api import destroy_process_group, init_process_group
 
     group = init_process_group(backend=args.backend)
+    gloo = None
     try:
         unknown = [a for a in args.algorithms if a not in known_algorithms()]
         if unknown:
             raise SystemExit(f"unknown algorithms {unknown}; use some of {known_algorithms()}")
+        if args.gloo:
+            gloo = start_gloo(group, args.gloo_port)
+            if gloo is not None:
+                args.algorithms = [*args.algorithms, "gloo"]
         if group.size < 2 and group.rank == 0:
             print("# note: one rank; every all_reduce is a no-op (run under ./mpirun.sh -n 2)")
         t0 = time.perf_counter()
-        result = sweep(args, group)
+        result = sweep(args, group, gloo)
         if group.rank == 0:
             mpi_lib = ""
             comm = getattr(group.transport, "comm", None)
             if comm is not None:
                 from mpi4py import MPI
                 mpi_lib = MPI.Get_library_version().splitlines()[0].strip()
-            result = {"machine": machine_info({"mpi_library": mpi_lib}),
+            extra = {"mpi_library": mpi_lib}
+            if gloo is not None:
+                import torch
+                extra["torch"] = torch.__version__
+            result = {"machine": machine_info(extra),
                       "command": " ".join(sys.argv), "elapsed_s": time.perf_counter() - t0,
                       **result}
             stem = args.name or f"allreduce_n{group.size}"
@@ -549,6 +609,9 @@ def main(argv: list[str] | None = None) -> int:
         if group.backend == "mpi":
             from minidist.comm.algorithms.shm import shm_close
             shm_close(group.transport)  # collective: free the windows before MPI goes away
+        if gloo is not None:
+            import torch.distributed as td
+            td.destroy_process_group()
         destroy_process_group()
     return 0
 
