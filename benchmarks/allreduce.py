@@ -28,8 +28,8 @@ TCP backend beside torch's gloo, in one run (torchrun-style environment, e.g. th
 
 ``gloo`` (added with ``--backend tcp`` when torch is importable; ``--no-gloo`` leaves it out) is
 ``torch.distributed.all_reduce`` with the gloo backend on a ``torch.from_numpy`` view of the
-same buffer, timed interleaved with the others, checked like them; its rendezvous is at
-``MASTER_PORT + 2`` (``--gloo-port``). ``vs gloo`` = median time / gloo's median time.
+same buffer, timed interleaved with the others, checked like them; rank 0 serves gloo's store
+on a free port that the minidist group broadcasts. ``vs gloo`` = median / gloo's median.
 
 ``X-off`` runs X with the collective ledger and fingerprints turned off for that call (what
 ``MINIDIST_LEDGER=0`` does for a whole job); ``--ledger-compare`` adds ``X-off`` beside every
@@ -73,7 +73,6 @@ class Args:
     ledger_compare: bool = False
     burst: int = 1
     gloo: bool = False
-    gloo_port: int | None = None
 
 
 def parse_args(argv: list[str] | None = None) -> Args | tuple:
@@ -99,8 +98,6 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
                         "between them: warm caches, as in a training loop); time is per call")
     p.add_argument("--no-gloo", action="store_true",
                    help="with --backend tcp: leave out torch gloo (default: beside, if importable)")
-    p.add_argument("--gloo-port", type=int, default=None,
-                   help="gloo's rendezvous port (default MASTER_PORT + 2)")
     p.add_argument("--fit", nargs="+", metavar="JSON", help="fit select.py constants and exit")
     p.add_argument("--fit-out", default=str(LOCAL_RESULTS / "allreduce_fit.json"))
     p.add_argument("--markdown", nargs="+", metavar="JSON", help="print result tables and exit")
@@ -125,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
         raise SystemExit(f"--burst must be >= 1, got {a.burst}")
     return Args(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes), step, iters, warmup, algos,
                 a.dtype, a.op, Path(a.out), a.name, a.backend, not a.no_plot, a.ledger_compare,
-                a.burst, a.backend == "tcp" and not a.no_gloo, a.gloo_port)
+                a.burst, a.backend == "tcp" and not a.no_gloo)
 
 
 # ---------------------------------------------------------------- running one point
@@ -159,7 +156,7 @@ def make_runner(group: Any, name: str) -> Callable:
     return run
 
 
-def start_gloo(group: Any, port: int | None) -> Callable | None:
+def start_gloo(group: Any) -> Callable | None:
     """torch.distributed with gloo beside ``group``: a runner ``run(buf, op)``, or None (and one
     printed line) when torch is not installed."""
     try:
@@ -169,12 +166,19 @@ def start_gloo(group: Any, port: int | None) -> Callable | None:
         if group.rank == 0:
             print("# torch is not installed: no gloo column (pip install torch to compare)")
         return None
-    if os.environ.get("TORCHELASTIC_RUN_ID"):  # under torchrun: its agent's store
-        init = "env://"
-    else:
-        port = port or int(os.environ.get("MASTER_PORT", "29500")) + 2
-        init = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{port}"
-    td.init_process_group("gloo", init_method=init, rank=group.rank, world_size=group.size)
+    import datetime
+
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    wait = datetime.timedelta(seconds=60)
+    port = np.zeros(1, np.int64)
+    store = None
+    if group.rank == 0:  # port 0: the kernel picks a free one, nothing to guess or collide
+        store = td.TCPStore(host, 0, group.size, True, timeout=wait)
+        port[0] = store.port
+    group.broadcast(port, src=0)
+    if store is None:
+        store = td.TCPStore(host, int(port[0]), group.size, False, timeout=wait)
+    td.init_process_group("gloo", store=store, rank=group.rank, world_size=group.size)
     ops = {"sum": td.ReduceOp.SUM, "max": td.ReduceOp.MAX, "min": td.ReduceOp.MIN,
            "prod": td.ReduceOp.PRODUCT}
 
@@ -578,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"unknown algorithms {unknown}; use some of {known_algorithms()}")
         if args.gloo:
-            gloo = start_gloo(group, args.gloo_port)
+            gloo = start_gloo(group)
             if gloo is not None:
                 args.algorithms = [*args.algorithms, "gloo"]
         if group.size < 2 and group.rank == 0:
