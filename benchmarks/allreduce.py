@@ -173,7 +173,7 @@ def start_gloo(group: Any) -> Callable | None:
     port = np.zeros(1, np.int64)
     store = None
     if group.rank == 0:  # port 0: the kernel picks a free one, nothing to guess or collide
-        store = td.TCPStore(host, 0, group.size, True, timeout=wait)
+        store = td.TCPStore(host, 0, group.size, True, timeout=wait, wait_for_workers=False)
         port[0] = store.port
     group.broadcast(port, src=0)
     if store is None:
