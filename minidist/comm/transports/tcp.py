@@ -143,20 +143,11 @@ def _recv_bytes(sock: socket.socket, n: int) -> bytes:
 
 # ---------------------------------------------------------------- small socket helpers
 
-def _recv_exact(sock: socket.socket, view: memoryview, idle_ok: bool = False) -> None:
-    """Fill ``view`` from ``sock``; raise ConnectionError on EOF.
-
-    ``idle_ok``: a socket timeout only means "nothing yet" (reader threads wait forever; the
-    socket timeout exists to bound ``sendall``), so keep reading.
-    """
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from a blocking ``sock`` (handshake, rendezvous); ConnectionError on EOF."""
     got, n = 0, len(view)
     while got < n:
-        try:
-            k = sock.recv_into(view[got:], n - got)
-        except socket.timeout:
-            if idle_ok:
-                continue
-            raise
+        k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise ConnectionError("connection closed by peer")
         got += k
@@ -364,6 +355,7 @@ class TCPTransport(Transport):
         # Receiving: whichever thread waits progresses every socket (see "Progress" above).
         self._progress_lock = threading.Lock()
         self._peers: dict[int, _Peer] = {}       # fd -> peer, live sockets only
+        self._by_rank: dict[int, _Peer] = {}     # rank -> peer
         self._poller = select.poll()
         try:
             table = self._rendezvous()
@@ -375,6 +367,7 @@ class TCPTransport(Transport):
             sock.setblocking(False)  # sends and receives never block: they progress instead
             p = _Peer(peer, sock)
             self._peers[p.fd] = p
+            self._by_rank[peer] = p
             self._poller.register(p.fd, select.POLLIN)
         log.debug("tcp mesh up: %d peers", len(self._socks))
 
@@ -747,6 +740,9 @@ class TCPTransport(Transport):
             left = min(next_hook, deadline) - now
             if self._progress_lock.acquire(blocking=False):
                 try:
+                    first = self._by_rank.get(src) if src is not None else None
+                    if first is not None and first.fd in self._peers:
+                        self._pump(first)  # usually it is there already: no poll needed
                     while not event.is_set() and self._progress(left):
                         left = 0.0  # read everything that is there, then look at the event
                 finally:
@@ -1077,7 +1073,8 @@ class TCPTransport(Transport):
             for s in list(self._socks.values()) + [getattr(self, "_listener", None)]:
                 if s is not None:
                     s.close()
-            self._peers.clear()
+            for peer in list(self._peers.values()):
+                self._forget(peer)
         finally:
             if locked:
                 self._progress_lock.release()
