@@ -37,6 +37,11 @@ def test_threads_share_the_sockets_and_a_mismatch_keeps_the_stream(mode):
     assert res.stdout.count(f"OK {mode}") == 3, res.report()
 
 
+def test_one_rank_job_needs_no_one_to_register():
+    res = run_env_ranks(1, [BODY, "p2p"], timeout_s=60, env=ENV)
+    assert res.returncode == 0 and "OK p2p rank 0" in res.stdout, res.report()
+
+
 def test_dead_peer_raises_comm_error_naming_it():
     res = run_env_ranks(3, [BODY, "die"], timeout_s=60, env=ENV)
     # rank 2 exits with 3 on purpose; ranks 0 and 1 must report it instead of hanging.

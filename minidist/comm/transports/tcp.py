@@ -630,7 +630,7 @@ class TCPTransport(Transport):
         arrivals = self._accept_ranks(master, lambda c: self._registration(c, deadline),
                                       deadline, missing, "rendezvous")
         try:
-            for conn, (r, n, host, port) in arrivals:
+            for conn, (r, n, host, port) in (arrivals if self.size > 1 else ()):
                 conns.append(conn)
                 conn.settimeout(self._deadline_left(deadline, "a rank did not register"))
                 error = None
