@@ -23,6 +23,16 @@ called straight on the communicator (no minidist code: the floor for small messa
 prints the table, the ring/tree crossover, and writes ``results/allreduce_n{N}.json`` (+ ``.png``
 when matplotlib is there).
 
+TCP backend beside torch's gloo, in one run (torchrun-style environment, e.g. the launcher)::
+
+    python -m minidist.launch --standalone --nproc-per-node 2 benchmarks/allreduce.py \
+        --backend tcp --algorithms rd,ring,auto --name allreduce_tcp_n2
+
+``gloo`` (added with ``--backend tcp`` when torch is importable; ``--no-gloo`` leaves it out) is
+``torch.distributed.all_reduce`` with the gloo backend on a ``torch.from_numpy`` view of the
+same buffer, timed interleaved with the others, checked like them; rank 0 serves gloo's store
+on a free port that the minidist group broadcasts. ``vs gloo`` = median / gloo's median.
+
 ``X-off`` runs X with the collective ledger and fingerprints turned off for that call (what
 ``MINIDIST_LEDGER=0`` does for a whole job); ``--ledger-compare`` adds ``X-off`` beside every
 X and prints the on/off ratio of the medians per size (both measured interleaved, one run).
@@ -64,6 +74,7 @@ class Args:
     plot: bool
     ledger_compare: bool = False
     burst: int = 1
+    gloo: bool = False
 
 
 def parse_args(argv: list[str] | None = None) -> Args | tuple:
@@ -87,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
     p.add_argument("--burst", type=int, default=1,
                    help="calls per timed sample, back to back (no barrier or input restore "
                         "between them: warm caches, as in a training loop); time is per call")
+    p.add_argument("--no-gloo", action="store_true",
+                   help="with --backend tcp: leave out torch gloo (default: beside, if importable)")
     p.add_argument("--fit", nargs="+", metavar="JSON", help="fit select.py constants and exit")
     p.add_argument("--fit-out", default=str(LOCAL_RESULTS / "allreduce_fit.json"))
     p.add_argument("--markdown", nargs="+", metavar="JSON", help="print result tables and exit")
@@ -111,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
         raise SystemExit(f"--burst must be >= 1, got {a.burst}")
     return Args(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes), step, iters, warmup, algos,
                 a.dtype, a.op, Path(a.out), a.name, a.backend, not a.no_plot, a.ledger_compare,
-                a.burst)
+                a.burst, a.backend == "tcp" and not a.no_gloo)
 
 
 # ---------------------------------------------------------------- running one point
@@ -152,6 +165,39 @@ def make_runner(group: Any, name: str) -> Callable:
 
     def run(buf: Any, op: str) -> None:
         group.all_reduce(buf, op=op, algorithm=algo)
+    return run
+
+
+def start_gloo(group: Any) -> Callable | None:
+    """torch.distributed with gloo beside ``group``: a runner ``run(buf, op)``, or None (and one
+    printed line) when torch is not installed."""
+    try:
+        import torch
+        import torch.distributed as td
+    except ImportError:
+        if group.rank == 0:
+            print("# torch is not installed: no gloo column (pip install torch to compare)")
+        return None
+    import datetime
+
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    wait = datetime.timedelta(seconds=60)
+    port = np.zeros(1, np.int64)
+    store = None
+    if group.rank == 0:  # port 0: the kernel picks a free one, nothing to guess or collide
+        store = td.TCPStore(host, 0, group.size, True, timeout=wait, wait_for_workers=False)
+        port[0] = store.port
+    group.broadcast(port, src=0)
+    if store is None:
+        store = td.TCPStore(host, int(port[0]), group.size, False, timeout=wait)
+    td.init_process_group("gloo", store=store, rank=group.rank, world_size=group.size)
+    ops = {"sum": td.ReduceOp.SUM, "max": td.ReduceOp.MAX, "min": td.ReduceOp.MIN,
+           "prod": td.ReduceOp.PRODUCT}
+
+    def run(buf: Any, op: str) -> None:
+        if op not in ops:
+            raise SystemExit(f"gloo has no op {op!r}; use --op sum/max/min/prod or --no-gloo")
+        td.all_reduce(torch.from_numpy(buf), op=ops[op])
     return run
 
 
@@ -216,12 +262,14 @@ def best_of_ours(point: list[dict], zc: bool) -> dict | None:
 
 # ---------------------------------------------------------------- the sweep
 
-def sweep(args: Args, group: Any) -> dict:
+def sweep(args: Args, group: Any, gloo: Callable | None = None) -> dict:
     n, rank = group.size, group.rank
     dtype = np.dtype(args.dtype)
     points = [s for s in sizes(max(args.min_bytes, dtype.itemsize), args.max_bytes, args.step)]
     max_count = max(points) // dtype.itemsize
-    runners = {a: make_runner(group, a) for a in ["direct", *args.algorithms]}
+    runners = {a: make_runner(group, a) for a in ["direct", *args.algorithms] if a != "gloo"}
+    if "gloo" in args.algorithms:
+        runners["gloo"] = gloo
     shared = None
     if any(a.removesuffix("-off").endswith("_zc") for a in args.algorithms):
         from minidist.comm.algorithms.shm import shm_alloc_buffer
@@ -232,7 +280,8 @@ def sweep(args: Args, group: Any) -> dict:
     table = Table([("size(B)", 10, "d"), ("count", 9, "d"), ("algorithm", 9, "s"),
                    ("median(us)", 11, ".1f"), ("min(us)", 10, ".1f"), ("max(us)", 10, ".1f"),
                    ("algbw(GB/s)", 11, ".3f"), ("busbw(GB/s)", 11, ".3f"),
-                   ("vs mpi", 7, ".2f"), ("vs raw", 7, ".2f"), ("vs best", 7, ".2f"),
+                   ("vs mpi", 7, ".2f"), ("vs raw", 7, ".2f"), ("vs gloo", 7, ".2f"),
+                   ("vs best", 7, ".2f"),
                    ("#wrong", 6, "d")])
     if rank == 0:
         print(f"# minidist all_reduce benchmark: n={n}, dtype={dtype.name}, op={args.op}, "
@@ -259,7 +308,7 @@ def sweep(args: Args, group: Any) -> dict:
             wrong = int(group.all_gather(np.array([wrong])).max()) + (0 if same else 1)
             row = {"nbytes": nbytes, "count": count, "algorithm": name, "wrong": wrong,
                    "identical": same}
-            if base_algorithm(name) == "auto":
+            if name != "gloo" and base_algorithm(name) == "auto":
                 row["chose"] = group.auto_choice(buf)[0]
             point.append(row)
             runs.append((run, buf))
@@ -271,9 +320,11 @@ def sweep(args: Args, group: Any) -> dict:
                        busbw_GBps=algbw * 2 * (n - 1) / n if n > 1 else 0.0)
         mpi = next((r for r in point if r["algorithm"] == "mpi"), None)
         raw = next((r for r in point if r["algorithm"] == RAW_MPI), None)
+        gloo_row = next((r for r in point if r["algorithm"] == "gloo"), None)
         for r in point:
             r["ratio_to_mpi"] = r["median_us"] / mpi["median_us"] if mpi else None
             r["ratio_to_mpi_raw"] = r["median_us"] / raw["median_us"] if raw else None
+            r["ratio_to_gloo"] = r["median_us"] / gloo_row["median_us"] if gloo_row else None
             best = (best_of_ours(point, r["algorithm"].removesuffix("-off").endswith("_zc"))
                     if base_algorithm(r["algorithm"]) == "auto" else None)
             r["ratio_to_best_ours"] = r["median_us"] / best["median_us"] if best else None
@@ -281,8 +332,8 @@ def sweep(args: Args, group: Any) -> dict:
             if rank == 0:
                 print(table.row(nbytes, count, r["algorithm"], r["median_us"], r["min_us"],
                                 r["max_us"], r["algbw_GBps"], r["busbw_GBps"],
-                                r["ratio_to_mpi"], r["ratio_to_mpi_raw"], r["ratio_to_best_ours"],
-                                r["wrong"]),
+                                r["ratio_to_mpi"], r["ratio_to_mpi_raw"], r["ratio_to_gloo"],
+                                r["ratio_to_best_ours"], r["wrong"]),
                       flush=True)
         rows += point
     out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
@@ -421,7 +472,8 @@ def markdown(result: dict) -> str:
     algos = [a for a in dict.fromkeys(r["algorithm"] for r in result["rows"]) if a != "direct"]
     by = {(r["nbytes"], r["algorithm"]): r for r in result["rows"]}
     autos = [a for a in ("auto", "auto_zc") if a in algos]
-    head = (["size"] + [f"{a} (us)" for a in algos]
+    vs_gloo = [a for a in algos if a != "gloo"] if "gloo" in algos else []
+    head = (["size"] + [f"{a} (us)" for a in algos] + [f"{a}/gloo" for a in vs_gloo]
             + [c for a in autos for c in (f"{a} chose", f"{a}/best ours")]
             + ["best busbw (GB/s)", "#wrong"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -430,6 +482,8 @@ def markdown(result: dict) -> str:
         best = min(pts, key=lambda r: r["median_us"])
         cells = [human(nbytes)] + [f"{by[(nbytes, a)]['median_us']:.0f}" if (nbytes, a) in by
                                    else "-" for a in algos]
+        cells += [f"{by[(nbytes, a)]['ratio_to_gloo']:.2f}" if (nbytes, a) in by else "-"
+                  for a in vs_gloo]
         for a in autos:
             r = by.get((nbytes, a), {})
             ratio = r.get("ratio_to_best_ours")
@@ -553,21 +607,30 @@ def main(argv: list[str] | None = None) -> int:
     from minidist.comm.api import destroy_process_group, init_process_group
 
     group = init_process_group(backend=args.backend)
+    gloo = None
     try:
         unknown = [a for a in args.algorithms if a not in known_algorithms()]
         if unknown:
             raise SystemExit(f"unknown algorithms {unknown}; use some of {known_algorithms()}")
+        if args.gloo:
+            gloo = start_gloo(group)
+            if gloo is not None:
+                args.algorithms = [*args.algorithms, "gloo"]
         if group.size < 2 and group.rank == 0:
             print("# note: one rank; every all_reduce is a no-op (run under ./mpirun.sh -n 2)")
         t0 = time.perf_counter()
-        result = sweep(args, group)
+        result = sweep(args, group, gloo)
         if group.rank == 0:
             mpi_lib = ""
             comm = getattr(group.transport, "comm", None)
             if comm is not None:
                 from mpi4py import MPI
                 mpi_lib = MPI.Get_library_version().splitlines()[0].strip()
-            result = {"machine": machine_info({"mpi_library": mpi_lib}),
+            extra = {"mpi_library": mpi_lib}
+            if gloo is not None:
+                import torch
+                extra["torch"] = torch.__version__
+            result = {"machine": machine_info(extra),
                       "command": " ".join(sys.argv), "elapsed_s": time.perf_counter() - t0,
                       **result}
             stem = args.name or f"allreduce_n{group.size}"
@@ -581,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
         if group.backend == "mpi":
             from minidist.comm.algorithms.shm import shm_close
             shm_close(group.transport)  # collective: free the windows before MPI goes away
+        if gloo is not None:
+            import torch.distributed as td
+            td.destroy_process_group()
         destroy_process_group()
     return 0
 

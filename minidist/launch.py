@@ -19,6 +19,9 @@ spellings (``--nproc_per_node``) are accepted too. What the launcher guarantees:
        |                                       rank's code, naming it and its last line
        '  the launcher exits for any reason -> SIGKILL to every rank's process group
 
+``--standalone`` picks a free port and keeps it reserved until the job ends (see
+``reserve_port``), so no other program can take it between the pick and rank 0's bind.
+
 Exit code: 0 when every rank exits 0; the first failed rank's code (128 + signal if a signal
 killed it); 130 after SIGINT (Ctrl-C), 143 after SIGTERM.
 """
@@ -82,10 +85,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if args.nnodes != 1:
             p.error("--standalone is for one node; drop it or use --nnodes 1")
         args.master_addr = "127.0.0.1"
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            args.master_port = s.getsockname()[1]
+        args.reservation = reserve_port(args.master_addr)
+        args.master_port = args.reservation.getsockname()[1]
+    else:
+        args.reservation = None
     return args
+
+
+def reserve_port(host: str) -> socket.socket:
+    """A socket bound to a free port of ``host`` and kept open: the port stays reserved.
+
+    The socket sets ``SO_REUSEADDR`` and never listens. On Linux another socket may then bind
+    the same port only if it sets ``SO_REUSEADDR`` too, as rank 0's rendezvous listener does,
+    while ordinary binds (and the kernel's choice of ephemeral ports) skip it. Picking a port
+    and closing it again would leave a window in which another program could take it before
+    rank 0 binds. Close the socket when the job has ended.
+    """
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, 0))
+    return s
 
 
 def rank_env(args: argparse.Namespace, local_rank: int,
@@ -218,6 +237,8 @@ class Launcher:
                 r.signal_group(signal.SIGKILL)  # never leave a rank behind, whatever happened
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            if getattr(self.args, "reservation", None) is not None:
+                self.args.reservation.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

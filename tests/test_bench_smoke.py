@@ -47,3 +47,24 @@ def test_allreduce_benchmark_tiny(tmp_path):
         else:
             select.load_model({k: v for k, v in saved.items() if k != "rules"})
             select.RULES.clear()
+
+
+def test_allreduce_benchmark_over_tcp_beside_gloo(tmp_path):
+    """--backend tcp under the launcher; torch gloo beside it when torch is importable, else one
+    printed line and no gloo rows."""
+    import importlib.util
+
+    argv = [sys.executable, "-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
+            str(BENCH), "--backend", "tcp", "--algorithms", "rd,auto", "--max-bytes", "64",
+            "--step", "8", "--iters", "3", "--warmup", "1", "--out", str(tmp_path),
+            "--no-plot"]
+    res = subprocess.run(argv, env=job_env({"MINIDIST_TIMEOUT_S": "20"}), cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = json.loads((tmp_path / "allreduce_n2.json").read_text())["rows"]
+    assert all(r["wrong"] == 0 and r["identical"] for r in rows), res.stdout
+    gloo = [r for r in rows if r["algorithm"] == "gloo"]
+    if importlib.util.find_spec("torch") is None:
+        assert not gloo and "torch is not installed: no gloo column" in res.stdout, res.stdout
+    else:
+        assert len(gloo) == 2 and all(r["ratio_to_gloo"] > 0 for r in rows), rows

@@ -144,3 +144,25 @@ def test_slurm_job_script_is_valid_bash():
     result = subprocess.run(["bash", "-n", str(REPO / "examples" / "slurm_job.sh")],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
+
+
+def test_standalone_port_stays_reserved_until_rank_0_binds_it():
+    """--standalone keeps its free port bound: an ordinary bind fails (no other program can
+    take the port before rank 0 binds), rank 0's rendezvous listener (SO_REUSEADDR) succeeds."""
+    import errno
+    import socket
+
+    from minidist.launch import parse_args
+
+    args = parse_args(["--standalone", "--nproc-per-node", "2", str(BODY), "env"])
+    try:
+        with socket.socket() as other:
+            with pytest.raises(OSError) as e:
+                other.bind(("127.0.0.1", args.master_port))
+            assert e.value.errno == errno.EADDRINUSE
+        with socket.socket() as rank0:
+            rank0.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            rank0.bind(("127.0.0.1", args.master_port))
+            rank0.listen()
+    finally:
+        args.reservation.close()

@@ -5,7 +5,10 @@
 
 Modes: ``p2p`` (tags, out-of-order receives, a ring of large sendrecv, self-send), ``allreduce``
 (every registered algorithm over TCP vs the NumPy oracle), ``die`` (the last rank exits
-mid-collective; the others must raise CommError naming it), ``connect`` (just rendezvous).
+mid-collective; the others must raise CommError naming it), ``connect`` (just rendezvous),
+``threads`` (two threads of each rank exchange at once on their own tags: whichever waits reads
+the sockets for both), ``mismatch`` (a message larger than the posted receive fails that
+receive, and the stream stays in sync).
 Prints ``OK <mode>`` on success; errors propagate as a non-zero exit with the message on stderr.
 """
 
@@ -95,6 +98,49 @@ def die(t: TCPTransport) -> None:
         print(f"CAUGHT {e}", flush=True)
         return
     raise SystemExit("recv from a dead rank returned")
+
+
+def threads(t: TCPTransport) -> None:
+    import threading
+
+    r, n = t.rank, t.size
+    right, left = (r + 1) % n, (r - 1) % n
+    errors = []
+
+    def exchange(tag: int, numel: int) -> None:
+        try:
+            for i in range(30):
+                out = np.full(numel, 1000 * r + 10 * tag + i, dtype=np.int64)
+                got = np.empty_like(out)
+                t.sendrecv(out, right, got, left, tag=tag)
+                assert (got == 1000 * left + 10 * tag + i).all(), (tag, i, got[:3])
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    workers = [threading.Thread(target=exchange, args=(tag, numel))
+               for tag, numel in ((1, 3), (2, 1 << 18))]  # 8 B x 3 and 2 MiB messages
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert not errors and not any(w.is_alive() for w in workers), errors
+
+
+def mismatch(t: TCPTransport) -> None:
+    r, n = t.rank, t.size
+    right, left = (r + 1) % n, (r - 1) % n
+    for numel in (10, 100_000):  # staged, and big enough to be drained past the staging buffer
+        t.send(np.ones(numel, dtype=np.float32), right, tag=7)
+        try:
+            t.recv(np.empty(numel // 2, dtype=np.float32), left, tag=7)
+        except CommError as e:
+            assert f"rank {left} sent {4 * numel} bytes" in str(e), str(e)
+        else:
+            raise SystemExit("a too-large message filled a smaller receive")
+        t.send(np.arange(5.0) + r, right, tag=8)  # the stream is still in sync
+        got = np.empty(5)
+        t.recv(got, left, tag=8)
+        assert (got == np.arange(5.0) + left).all(), got
 
 
 if __name__ == "__main__":

@@ -30,6 +30,18 @@ def test_all_reduce_algorithms_over_tcp(n):
     assert res.stdout.count("OK allreduce") == n, res.report()
 
 
+@pytest.mark.parametrize("mode", ["threads", "mismatch"])
+def test_threads_share_the_sockets_and_a_mismatch_keeps_the_stream(mode):
+    res = run_env_ranks(3, [BODY, mode], timeout_s=60, env=ENV)
+    assert res.returncode == 0, res.report()
+    assert res.stdout.count(f"OK {mode}") == 3, res.report()
+
+
+def test_one_rank_job_needs_no_one_to_register():
+    res = run_env_ranks(1, [BODY, "p2p"], timeout_s=60, env=ENV)
+    assert res.returncode == 0 and "OK p2p rank 0" in res.stdout, res.report()
+
+
 def test_dead_peer_raises_comm_error_naming_it():
     res = run_env_ranks(3, [BODY, "die"], timeout_s=60, env=ENV)
     # rank 2 exits with 3 on purpose; ranks 0 and 1 must report it instead of hanging.
