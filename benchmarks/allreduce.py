@@ -51,7 +51,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from _common import (LOCAL_RESULTS, RESULTS, Table, human, machine_info, parse_bytes, shown, sizes,
+from _common import (LOCAL_RESULTS, Table, human, machine_info, parse_bytes, shown, sizes,
                      stats, write_json)
 
 DEFAULT_ALGOS = "ring,tree,rd,direct,mpi,auto,shm,shm_zc,mpi_zc,auto_zc"
