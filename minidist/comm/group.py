@@ -44,7 +44,7 @@ from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.algorithms.ring import ring_all_gather, ring_reduce_scatter
 from minidist.comm.algorithms.scratch import clear as clear_scratch
 from minidist.comm.algorithms.scratch import scratch
-from minidist.comm.algorithms.select import Explainer, choose_with_reason
+from minidist.comm.algorithms.select import Explainer, choose_for_nodes, choose_with_reason
 from minidist.comm.algorithms.select import table as select_table
 from minidist.comm.algorithms.shm import _owners, shm_alloc_buffer, shm_available, shm_node
 from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
@@ -53,6 +53,7 @@ from minidist.comm.failure import farewell, on_failure, poll
 from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
                                   ledger_enabled)
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
+from minidist.comm.topology import Topology, detect_topology
 from minidist.comm.transports.base import MAX_STREAMS, Transport, wire_tag
 from minidist.comm.transports.shm_window import shm_free_buffer
 from minidist.log import debug_level, get_logger
@@ -73,8 +74,10 @@ class ProcessGroup:
             default ``MINIDIST_DEBUG >= 1``.
         backend: name for logs ("mpi", "tcp", "threads", "local").
 
-    On the MPI transport with every rank on one node, construction is collective (it sets up
-    the shared-memory node: the "shm" algorithm and the fingerprint guard of MPI's Allreduce).
+    Construction is collective on MPI and TCP: the ranks find their nodes (``topology``, a
+    :class:`~minidist.comm.topology.Topology`); on the MPI transport with every rank on one
+    node it also sets up the shared-memory node (the "shm" algorithm and the fingerprint guard
+    of MPI's Allreduce). With ranks on several nodes, ``auto`` runs "hier".
     """
 
     def __init__(self, transport: Transport, algorithm: str = "auto",
@@ -90,7 +93,10 @@ class ProcessGroup:
         self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled(),
                              self._max_tag)
         self._native = supports_native(transport)
-        self._shm = shm_node(transport) if shm_available(transport) else None  # collective
+        self.topology: Topology = detect_topology(transport)  # collective (MPI, TCP)
+        self._by_nodes = choose_for_nodes(self.topology.num_nodes)  # auto on several nodes
+        self._shm = (shm_node(transport) if self.topology.is_single_node()
+                     and shm_available(transport) else None)  # collective
         self._explainer = Explainer(self.size)  # MINIDIST_DEBUG: auto, once per size class
         self._byes: dict[int, dict[int, int]] = {}  # peer -> its final counts (SIDE_BYE)
         self._token = np.zeros(1, np.uint8)
@@ -211,8 +217,8 @@ class ProcessGroup:
         Args:
             array: C-contiguous, writable numpy/cupy array (float16/32/64, int32/64).
             op: "sum", "avg", "max", "min", "prod" or a ReduceOp. Integer AVG floors.
-            algorithm: "auto" (cost model), "ring", "tree", "rd", "direct", "mpi" or "shm";
-                default the group's.
+            algorithm: "auto" (cost model; "hier" on several nodes), "ring", "tree", "rd",
+                "direct", "mpi", "shm" or "hier"; default the group's.
             tag: stream, ``0 <= tag < 1024``; concurrent collectives (threads) need distinct
                 tags.
             label: a caller's note kept in this call's ledger entry (e.g. "bucket=3");
@@ -236,8 +242,11 @@ class ProcessGroup:
         flat = self._flat(array, "all_reduce", algorithm=algorithm)  # no formatting unless bad
         if tag:
             tag = self._stream(tag, f'all_reduce(algorithm="{algorithm}")')
-        if algorithm == "auto":
-            shm = self._shm if type(flat) is np.ndarray else None
+        if algorithm == "auto" and self._by_nodes is not None:
+            name, reason = self._by_nodes
+            fn = ALGORITHMS[name]
+        elif algorithm == "auto":
+            shm = self._shm if type(flat) is np.ndarray and not tag else None  # shm: stream 0
             shared = shm is not None and bool(shm.user_windows) and id(flat.base) in _owners(shm)
             name, reason = choose_with_reason(self.size, flat.nbytes, self._native,
                                               shm is not None, shared)

@@ -715,6 +715,7 @@ class TCPTransport(Transport):
                 req.done.set()
             return _DoneRequest()
         sock = self._socks[dst]
+        self.count_sent(dst, len(view))
         try:
             with self._send_locks[dst]:
                 sock.sendall(_HEADER.pack(tag, len(view)))
