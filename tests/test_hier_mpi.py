@@ -8,16 +8,18 @@ import json
 
 import pytest
 
-from procs import run_mpi
+from procs import run_env_ranks, run_mpi
 
 
 def expected_nodes(n, k):
     return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
 
 
-def run(n, ks, mode, default_k):
-    job = run_mpi(n, ["tests/mpi/hier_body.py", ",".join(map(str, ks)), mode], timeout_s=120,
-                  env={"MINIDIST_RANKS_PER_NODE": str(default_k)})
+def run(n, ks, mode, default_k, tcp=False):
+    args = ["tests/mpi/hier_body.py", ",".join(map(str, ks)) or "-", mode]
+    env = {"MINIDIST_RANKS_PER_NODE": str(default_k), "MINIDIST_TIMEOUT_S": "30"}
+    job = (run_env_ranks(n, args, timeout_s=120, env=env) if tcp else
+           run_mpi(n, args, timeout_s=120, env=env))
     assert job.returncode == 0, job.report()
     return json.loads(next(line for line in job.stdout.splitlines()
                            if line.startswith("RESULT "))[len("RESULT "):])
@@ -31,9 +33,9 @@ def run(n, ks, mode, default_k):
     (5, [2], "full", 2),            # uneven nodes 2+2+1, every dtype and op
     (8, [3, 4], "small", 4),
 ])
-def test_hier_under_mpiexec(n, ks, mode, default_k):
-    res = run(n, ks, mode, default_k)
-    for k in ks:
+def test_hier_under_mpiexec(n, ks, mode, default_k, tcp=False):
+    res = run(n, ks, mode, default_k, tcp)
+    for k in ks or [default_k]:
         rows = res["groups"][str(k)]
         nodes = expected_nodes(n, k)
         for r, row in enumerate(rows):
@@ -55,3 +57,8 @@ def test_hier_under_mpiexec(n, ks, mode, default_k):
         assert default_k == 1 or max(ring) > max(hier)
     for algo in ("hier", "auto"):
         assert res[f"ddp/{algo}"] == {"close": True, "identical": True}, res[f"ddp/{algo}"]
+
+
+def test_hier_over_tcp_ranks():
+    """The TCP transport: nodes from host names exchanged at start-up, then split virtually."""
+    test_hier_under_mpiexec(4, [], "small", 2, tcp=True)

@@ -1,6 +1,7 @@
 """algorithm="hier" under mpiexec (rank body); rank 0 prints ``RESULT {...}``.
 
     MINIDIST_RANKS_PER_NODE=2 ./mpirun.sh -n 4 python tests/mpi/hier_body.py 1,2,3 full
+    (TCP ranks, torchrun-style: ``hier_body.py - small`` checks the default group itself)
 
 For every k in the first argument, a group of all ranks is made with
 ``MINIDIST_RANKS_PER_NODE=k`` (virtual nodes of k consecutive ranks; the last may be smaller)
@@ -67,7 +68,7 @@ def check_group(g, mode: str) -> dict:
 
 
 def main() -> None:
-    ks, mode = [int(k) for k in sys.argv[1].split(",")], sys.argv[2]
+    ks, mode = [int(k) for k in sys.argv[1].split(",") if k != "-"], sys.argv[2]
     comm.init_process_group()
     world = comm.get_default_group()
     rank, n = world.rank, world.size
@@ -78,6 +79,8 @@ def main() -> None:
         g = minidist.new_group(list(range(n)))  # a new transport: finds its topology again
         rows = g.all_gather_object(check_group(g, mode))
         res["groups"][str(k)] = rows
+    if not ks:  # the default group itself (TCP: no sub-groups)
+        res["groups"][default_k] = world.all_gather_object(check_group(world, mode))
     if default_k is None:
         os.environ.pop("MINIDIST_RANKS_PER_NODE", None)
     else:

@@ -16,8 +16,8 @@ Only phase (2) leaves the node, and each rank sends there the all-reduce traffic
 k times smaller: every rank sends 2(N-1)/N x K/k bytes between nodes (N nodes, k ranks per
 node), a node 2(N-1)/N x K in all, spread over its k ranks. A flat ring over the N*k ranks
 (consecutive ranks on a node) sends about as much per node, but all of it from the one rank
-whose right neighbour is on the next node: 2(Nk-1)/(Nk) x K, k times hier's per-rank load,
-in 2(Nk-1) network-latency steps instead of 2(N-1). Tree, recursive doubling and a ring that
+whose right neighbour is on the next node: 2(Nk-1)/(Nk) x K, (Nk-1)/(N-1) times hier's
+per-rank load (about k on many nodes), in 2(Nk-1) network-latency steps instead of 2(N-1). Tree, recursive doubling and a ring that
 interleaves nodes send the whole buffer across the network from every rank.
 
 Uneven nodes (5 ranks as 2+2+1): the buffer is cut into kmax = the largest node's size shards;
