@@ -47,7 +47,7 @@ def main() -> None:
     p.add_argument("--sizes", default="64K,1M,16M", help="message sizes, comma-separated")
     p.add_argument("--repeats", type=int, default=7, help="interleaved rounds per size")
     p.add_argument("--iters", type=int, default=3, help="calls per algorithm per round")
-    p.add_argument("--out", type=Path, default=LOCAL_RESULTS, help="folder for the JSON")
+    p.add_argument("--out", type=Path, default=str(LOCAL_RESULTS), help="folder for the JSON")
     a = p.parse_args()
     comm.init_process_group()
     g = comm.get_default_group()

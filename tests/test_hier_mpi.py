@@ -62,3 +62,14 @@ def test_hier_under_mpiexec(n, ks, mode, default_k, tcp=False):
 def test_hier_over_tcp_ranks():
     """The TCP transport: nodes from host names exchanged at start-up, then split virtually."""
     test_hier_under_mpiexec(4, [], "small", 2, tcp=True)
+
+
+@pytest.mark.mpi
+def test_hier_benchmark_counts_the_formula(tmp_path):
+    job = run_mpi(4, ["benchmarks/hier.py", "--sizes", "64K", "--repeats", "1", "--iters", "1",
+                      "--out", tmp_path], timeout_s=120, env={"MINIDIST_RANKS_PER_NODE": "2"})
+    assert job.returncode == 0, job.report()
+    out = json.loads((tmp_path / "hier_n4_k2.json").read_text())
+    rows = {r["algorithm"]: r for r in out["rows"]}
+    assert rows["hier"]["inter_node_bytes_per_rank"] == [rows["hier"]["formula_bytes"]] * 4
+    assert max(rows["ring"]["inter_node_bytes_per_rank"]) == 3 * rows["hier"]["formula_bytes"]
