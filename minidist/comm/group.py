@@ -69,10 +69,14 @@ class ProcessGroup:
 
     Args:
         transport: moves the bytes (``rank`` and ``size`` come from it).
-        algorithm: default all-reduce algorithm ("auto", "ring", "tree", "rd", "direct", "mpi").
+        algorithm: default all-reduce algorithm ("auto", "ring", "tree", "rd", "direct", "mpi",
+            "shm", "hier").
         check_consistency: all-gather shapes/dtypes before each collective (debug mode);
             default ``MINIDIST_DEBUG >= 1``.
         backend: name for logs ("mpi", "tcp", "threads", "local").
+
+    Attributes:
+        topology: which ranks share a node (:class:`~minidist.comm.topology.Topology`).
 
     Construction is collective on MPI and TCP: the ranks find their nodes (``topology``, a
     :class:`~minidist.comm.topology.Topology`); on the MPI transport with every rank on one
@@ -464,7 +468,12 @@ class ProcessGroup:
         collective (the shared-memory facts were settled when the group was made).
         """
         t = select_table(self.size, self._native, self._shm is not None)
-        return {"backend": self.backend, "transport": self.transport.name, **t}
+        if self._by_nodes is not None:  # several nodes: "hier" at every size
+            for row in t["sizes"]:
+                row["plain"] = {"algorithm": self._by_nodes[0], "reason": self._by_nodes[1],
+                                "predicted_us": None}
+        return {"backend": self.backend, "transport": self.transport.name,
+                "num_nodes": self.topology.num_nodes, **t}
 
     # -- memory and lifecycle ----------------------------------------------------------------
     def alloc_buffer(self, numel: int, dtype: Any, xp: Any = None) -> Any:
