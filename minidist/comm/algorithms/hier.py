@@ -24,8 +24,10 @@ Uneven nodes (5 ranks as 2+2+1): the buffer is cut into kmax = the largest node'
 a node of k_m ranks gives local rank l the shards [l*kmax//k_m, (l+1)*kmax//k_m) (a node of
 one rank owns them all), and shard j's phase-(2) group is the owner of j on every node. Each
 rank runs its phase-(2) all-reduces in increasing j, so the lowest unfinished one always has all
-its members present: no deadlock. Phases (1) and (3) are rings over the node's ranks (point to
-point; the shared window is not used yet), with the owners' regions as the ring's chunks.
+its members present: no deadlock. Phases (1) and (3) use the node's shared window where there is
+one (MPI, stream 0: ``node_transport``): (1) is then a ``shm`` all-reduce on the node (every rank
+gets the node's sum; no messages) and (3) an all-gather through the window; elsewhere (TCP,
+threads, other streams) they are rings over the node's ranks with the owners' regions as chunks.
 Phase (2) runs recursive doubling below ``RD_MAX_BYTES`` (latency: log2 N steps) and the ring
 above (bandwidth). The sub-groups are rank-subset views of the transport (``members``), so
 their messages go through the parent transport and its byte counters.
@@ -42,12 +44,15 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+import numpy as np
+
 from minidist.comm.algorithms.recursive_doubling import rd_all_reduce
 from minidist.comm.algorithms.ring import chunk_bounds, ring_all_reduce
 from minidist.comm.algorithms.scratch import scratch
+from minidist.comm.algorithms.shm import shm_all_gather, shm_all_reduce, shm_available
 from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.topology import Topology, detect_topology
-from minidist.comm.transports.base import Request, Transport
+from minidist.comm.transports.base import Request, Transport, stream_of
 
 RD_MAX_BYTES = 64 << 10  # phase (2) shards below this run recursive doubling, else the ring
 
@@ -92,12 +97,30 @@ def members(parent: Transport, ranks: tuple) -> Members:
     return view
 
 
+_NODE: "weakref.WeakKeyDictionary[Transport, Any]" = weakref.WeakKeyDictionary()
+
+
+def node_transport(transport: Transport, topo: Topology) -> Transport | None:
+    """The transport of my node's ranks when it has a shared window, else None.
+
+    Made on first use (collective over ``transport``: ``split`` by node, then the node's
+    shared-memory set-up), cached afterwards. None where the transport has no sub-communicators
+    (TCP, threads) or my node has one rank.
+    """
+    node = _NODE.get(transport, False)
+    if node is False:
+        sub = transport.split(topo.node_rank, topo.local_rank)
+        node = sub if sub is not None and shm_available(sub) else None
+        _NODE[transport] = node
+    return node
+
+
 class _Plan:
     """What one rank does for a message of ``numel`` elements on a topology (cached)."""
 
     def __init__(self, topo: Topology, numel: int) -> None:
         nodes = topo.nodes
-        kmax = max(len(n) for n in nodes)
+        self.kmax = kmax = max(len(n) for n in nodes)
         self.shards = chunk_bounds(numel, kmax)  # shard j: [shards[j], shards[j + 1])
         local = nodes[topo.node_rank]
         k = len(local)
@@ -163,7 +186,12 @@ def hier_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) 
         inner = ReduceOp.SUM if op is ReduceOp.AVG else op
         plan = _plan(topo, buf.size)
         local = members(transport, plan.local) if len(plan.local) > 1 else None
-        if local is not None:  # (1) reduce-scatter on my node
+        shared = None  # the condition is the same on every rank: node_transport is collective
+        if plan.kmax > 1 and stream_of(tag) == 0 and type(buf) is np.ndarray:
+            shared = node_transport(transport, topo)
+        if shared is not None:  # (1) on the shared window: every rank gets the node's sum
+            shm_all_reduce(shared, buf, inner, tag)
+        elif local is not None:  # (1) reduce-scatter on my node, point to point
             _ring_reduce_scatter(local, buf, plan.region, inner, tag)
         if topo.num_nodes > 1:  # (2) all-reduce my shards across nodes
             for j, group in plan.cross:
@@ -171,7 +199,9 @@ def hier_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) 
                 if shard.size:
                     algo = rd_all_reduce if shard.nbytes < RD_MAX_BYTES else ring_all_reduce
                     algo(members(transport, group), shard, inner, tag)
-        if local is not None:  # (3) all-gather on my node
+        if shared is not None:  # (3) all-gather on my node
+            shm_all_gather(shared, buf, plan.region)
+        elif local is not None:
             _ring_all_gather(local, buf, plan.region, tag)
     finalize(buf, op, n)
 

@@ -332,6 +332,25 @@ def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
             _copy_path(node, flat, op, first_done=all_early)  # every rank redoes it
     finalize(buf, op, n)
 
+def shm_all_gather(transport: Transport, buf: np.ndarray, bounds: list) -> None:
+    """Every rank r contributes ``buf[bounds[r]:bounds[r+1]]``; afterwards all hold all of them.
+
+    Through the double-buffered scratch window: write my part into my slot, one barrier, copy
+    the others' parts out of their slots (the next call uses the other half, so a fast rank
+    never overwrites a part a slow one still reads). Collective over the transport's node;
+    stream 0 only, like ``shm_all_reduce`` (hier's step (3)).
+    """
+    node = shm_node(transport)
+    me = node.rank
+    slots = _scratch(node, buf.nbytes).slots(node.half, buf.dtype, buf.size)
+    slots[me][bounds[me]:bounds[me + 1]] = buf[bounds[me]:bounds[me + 1]]
+    node.barrier("all_gather(shm)")
+    for j, slot in enumerate(slots):
+        if j != me:
+            buf[bounds[j]:bounds[j + 1]] = slot[bounds[j]:bounds[j + 1]]
+    node.half ^= 1
+
+
 def shm_available(transport: Transport, buf: Any = None) -> bool:
     """True when "shm" can run here: MPI transport, one (real, not virtually split) node, and
     (if given) a NumPy ``buf``.
@@ -365,5 +384,5 @@ def shm_is_shared(transport: Transport, buf: Any) -> bool:
 _AVAILABLE: "weakref.WeakKeyDictionary[Transport, bool]" = weakref.WeakKeyDictionary()
 
 
-__all__ = ["shm_all_reduce", "shm_alloc_buffer", "shm_close", "shm_available", "shm_is_shared",
+__all__ = ["shm_all_reduce", "shm_all_gather", "shm_alloc_buffer", "shm_close", "shm_available", "shm_is_shared",
            "CHUNK_BYTES"]

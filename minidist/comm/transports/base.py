@@ -165,6 +165,11 @@ class Transport(abc.ABC):
         digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=7).digest()
         return int.from_bytes(digest, "little")
 
+    def split(self, color: int, key: int) -> "Transport | None":
+        """A transport over the ranks that pass the same ``color`` (ranked by ``key``), or None
+        where this transport has no sub-communicators (the default). Collective: every rank."""
+        return None
+
     def set_peer_nodes(self, nodes: list[int]) -> None:
         """Tell the byte counters the node of every rank (``nodes[r]``); counts restart at 0."""
         me = nodes[self.rank]

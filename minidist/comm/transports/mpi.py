@@ -226,6 +226,17 @@ class MPITransport(Transport):
             node.Free()
         return int(leader[0])
 
+    def split(self, color: int, key: int) -> "MPITransport":
+        """``MPI_Comm_split`` of this transport's communicator (after an Ibarrier with the
+        deadline): an MPITransport over the ranks with the same ``color``."""
+        req = self.comm.Ibarrier()
+        _wait_local(req, self.timeout_s, f"[rank {self.rank}/{self.size}] split")
+        sub = self.comm.Split(color, key)
+        try:
+            return MPITransport(sub, self.timeout_s)
+        finally:
+            sub.Free()  # MPITransport made its own duplicates
+
     # -- GPU buffers -------------------------------------------------------------------------
     def cuda_aware(self) -> bool:
         """Whether device buffers go to MPI directly (decided once, logged once)."""
