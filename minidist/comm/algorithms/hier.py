@@ -111,6 +111,14 @@ def node_transport(transport: Transport, topo: Topology) -> Transport | None:
     if node is False:
         sub = transport.split(topo.node_rank, topo.local_rank)
         node = sub if sub is not None and shm_available(sub) else None
+        if node is not None:  # its waits watch the group's failure notices too
+            parent = weakref.ref(transport)
+
+            def poll(src: Any, tag: int) -> Any:
+                t = parent()
+                hook = None if t is None else t.poll_hook
+                return None if hook is None else hook(None, tag)
+            node.poll_hook = poll
         _NODE[transport] = node
     return node
 
