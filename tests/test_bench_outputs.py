@@ -10,7 +10,7 @@ import pytest
 from procs import REPO
 
 BENCH = REPO / "benchmarks"
-SCRIPTS = ["allreduce.py", "ddp_scaling.py", "amp_kernels.py", "memory.py"]
+SCRIPTS = ["allreduce.py", "ddp_scaling.py", "amp_kernels.py", "memory.py", "hier.py"]
 
 
 def test_local_results_folder_is_ignored_by_git():

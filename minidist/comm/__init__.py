@@ -6,8 +6,8 @@
 
 Layers inside (each imports only the ones above it in this list):
 ``env`` (launcher detection) -> ``ops`` (ReduceOp) -> ``transports`` (local, threads, mpi, tcp)
--> ``algorithms`` (direct, ring, tree, rd, mpi, auto) -> ``ledger`` (record, fingerprints),
-``diagnose`` (compare ledgers), ``failure`` (exchange them) -> ``group`` (ProcessGroup) -> ``api``.
+-> ``topology`` (nodes, local ranks) -> ``algorithms`` (direct, ring, tree, rd, mpi, shm, hier,
+auto) -> ``ledger`` (record, fingerprints), ``diagnose`` (compare ledgers), ``failure`` (exchange them) -> ``group`` (ProcessGroup) -> ``api``.
 See docs/algorithms.md, docs/env_vars.md and docs/troubleshooting.md.
 """
 
@@ -42,6 +42,7 @@ from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout,
 from minidist.comm.group import ProcessGroup, new_group_from_transport
 from minidist.comm.ledger import CallStatus, Ledger, LedgerEntry, ledger_label
 from minidist.comm.ops import ReduceOp
+from minidist.comm.topology import Topology
 
 __all__ = [
     "all_gather", "all_gather_into", "all_gather_object", "all_reduce", "barrier", "broadcast",
@@ -50,5 +51,5 @@ __all__ = [
     "new_group", "reduce", "reduce_scatter", "Work", "LaunchInfo", "detect_launch", "CommError", "CommTimeout",
     "CollectiveMismatch", "CollectiveMismatchTimeout", "PeerFailed", "ProcessGroup",
     "new_group_from_transport", "ReduceOp", "auto_table", "get_ledger", "ledger_label",
-    "CallStatus", "Ledger", "LedgerEntry",
+    "CallStatus", "Ledger", "LedgerEntry", "Topology",
 ]

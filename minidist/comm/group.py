@@ -53,7 +53,7 @@ from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.algorithms.ring import ring_all_gather, ring_reduce_scatter
 from minidist.comm.algorithms.scratch import clear as clear_scratch
 from minidist.comm.algorithms.scratch import scratch
-from minidist.comm.algorithms.select import Explainer, choose_with_reason
+from minidist.comm.algorithms.select import Explainer, choose_for_nodes, choose_with_reason
 from minidist.comm.algorithms.select import table as select_table
 from minidist.comm.algorithms.shm import _owners, shm_alloc_buffer, shm_available, shm_node
 from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
@@ -62,6 +62,7 @@ from minidist.comm.failure import farewell, on_failure, poll
 from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
                                   call_plan, ledger_enabled)
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
+from minidist.comm.topology import Topology, detect_topology
 from minidist.comm.transports.base import MAX_STREAMS, Transport, wire_tag
 from minidist.comm.transports.shm_window import shm_free_buffer
 from minidist.log import debug_level, get_logger
@@ -77,13 +78,19 @@ class ProcessGroup:
 
     Args:
         transport: moves the bytes (``rank`` and ``size`` come from it).
-        algorithm: default all-reduce algorithm ("auto", "ring", "tree", "rd", "direct", "mpi").
+        algorithm: default all-reduce algorithm ("auto", "ring", "tree", "rd", "direct", "mpi",
+            "shm", "hier").
         check_consistency: all-gather shapes/dtypes before each collective (debug mode);
             default ``MINIDIST_DEBUG >= 1``.
         backend: name for logs ("mpi", "tcp", "threads", "local").
 
-    On the MPI transport with every rank on one node, construction is collective (it sets up
-    the shared-memory node: the "shm" algorithm and the fingerprint guard of MPI's Allreduce).
+    Attributes:
+        topology: which ranks share a node (:class:`~minidist.comm.topology.Topology`).
+
+    Construction is collective on MPI and TCP: the ranks find their nodes (``topology``, a
+    :class:`~minidist.comm.topology.Topology`); on the MPI transport with every rank on one
+    node it also sets up the shared-memory node (the "shm" algorithm and the fingerprint guard
+    of MPI's Allreduce). With ranks on several nodes, ``auto`` runs "hier".
     """
 
     def __init__(self, transport: Transport, algorithm: str = "auto",
@@ -99,7 +106,10 @@ class ProcessGroup:
         self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled(),
                              self._max_tag)
         self._native = supports_native(transport)
-        self._shm = shm_node(transport) if shm_available(transport) else None  # collective
+        self.topology: Topology = detect_topology(transport)  # collective (MPI, TCP)
+        self._by_nodes = choose_for_nodes(self.topology.num_nodes)  # auto on several nodes
+        self._shm = (shm_node(transport) if self.topology.is_single_node()
+                     and shm_available(transport) else None)  # collective
         self._explainer = Explainer(self.size)  # MINIDIST_DEBUG: auto, once per size class
         self._plans: dict = {}  # all_reduce: (algorithm, nbytes, dtype, op, shared) -> plan
         self._plan_epoch = _select.EPOCH
@@ -227,8 +237,8 @@ class ProcessGroup:
         Args:
             array: C-contiguous, writable numpy/cupy array (float16/32/64, int32/64).
             op: "sum", "avg", "max", "min", "prod" or a ReduceOp. Integer AVG floors.
-            algorithm: "auto" (cost model), "ring", "tree", "rd", "direct", "mpi" or "shm";
-                default the group's.
+            algorithm: "auto" (cost model; "hier" on several nodes), "ring", "tree", "rd",
+                "direct", "mpi", "shm" or "hier"; default the group's.
             tag: stream, ``0 <= tag < 1024``; concurrent collectives (threads) need distinct
                 tags.
             label: a caller's note kept in this call's ledger entry (e.g. "bucket=3");
@@ -254,16 +264,16 @@ class ProcessGroup:
             tag = self._stream(tag, f'all_reduce(algorithm="{algorithm}")')
         shared = False
         if algorithm == "auto":
-            shm = self._shm if type(flat) is np.ndarray else None
+            shm = self._shm if type(flat) is np.ndarray and not tag else None  # shm: stream 0
             shared = shm is not None and bool(shm.user_windows) and id(flat.base) in _owners(shm)
         # The plan of this call shape (memoized: a training loop repeats a few shapes):
         # (algorithm that runs, why, its function, the ledger's call plan, MPI's Allreduce?)
         if self._plan_epoch != _select.EPOCH:  # the model or rules changed (load_model, tune)
             self._plans.clear()
             self._plan_epoch = _select.EPOCH
-        plan = self._plans.get((algorithm, flat.nbytes, flat.dtype, op.code, shared))
+        plan = self._plans.get((algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag))
         if plan is None:
-            plan = self._plan(algorithm, flat, op, shared)
+            plan = self._plan(algorithm, flat, op, shared, tag)
         name, reason, fn, call, native = plan
         ledger = self.ledger
         row = None
@@ -299,11 +309,15 @@ class ProcessGroup:
                 self._explainer.add(name, reason, flat.nbytes, shared, row[T1] - row[T0])
         return array
 
-    def _plan(self, algorithm: str, flat: Any, op: ReduceOp, shared: bool) -> tuple:
-        """``(name, reason, fn, ledger.call_plan, native)`` of an all-reduce of this shape;
-        validates ``algorithm`` (ValueError before anything is sent) and memoizes the plan."""
-        if algorithm == "auto":
-            shm = self._shm if type(flat) is np.ndarray else None
+    def _plan(self, algorithm: str, flat: Any, op: ReduceOp, shared: bool, tag: int = 0) -> tuple:
+        """``(name, reason, fn, ledger.call_plan, native)`` of an all-reduce of this shape on
+        stream ``tag``; validates ``algorithm`` (ValueError before anything is sent) and
+        memoizes the plan."""
+        if algorithm == "auto" and self._by_nodes is not None:  # several nodes: hier
+            name, reason = self._by_nodes
+            fn = ALGORITHMS[name]
+        elif algorithm == "auto":
+            shm = self._shm if type(flat) is np.ndarray and not tag else None  # shm: stream 0
             name, reason = choose_with_reason(self.size, flat.nbytes, self._native,
                                               shm is not None, shared, self._calibration)
             fn = ALGORITHMS[name]
@@ -320,7 +334,7 @@ class ProcessGroup:
                 name == "mpi" and self._native and self.size > 1)
         if len(self._plans) >= 256:
             self._plans.clear()
-        self._plans[(algorithm, flat.nbytes, flat.dtype, op.code, shared)] = plan
+        self._plans[(algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag)] = plan
         return plan
 
     def broadcast(self, array: Any, src: int = 0, tag: int = 0) -> Any:
@@ -507,7 +521,12 @@ class ProcessGroup:
         """
         t = select_table(self.size, self._native, self._shm is not None,
                          calibration=self._calibration)
-        return {"backend": self.backend, "transport": self.transport.name, **t}
+        if self._by_nodes is not None:  # several nodes: "hier" at every size
+            for row in t["sizes"]:
+                row["plain"] = {"algorithm": self._by_nodes[0], "reason": self._by_nodes[1],
+                                "predicted_us": None}
+        return {"backend": self.backend, "transport": self.transport.name,
+                "num_nodes": self.topology.num_nodes, **t}
 
     def auto_source(self) -> str:
         """Which table ``algorithm="auto"`` uses on this group: ``"calibration <file>"`` (a

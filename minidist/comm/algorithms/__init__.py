@@ -13,12 +13,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from minidist.comm.algorithms.direct import direct_all_reduce
+from minidist.comm.algorithms.hier import hier_all_reduce
 from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.algorithms.recursive_doubling import rd_all_reduce
 from minidist.comm.algorithms.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from minidist.comm.algorithms.select import choose_with_reason
+from minidist.comm.algorithms.select import choose_for_nodes, choose_with_reason
 from minidist.comm.algorithms.shm import shm_all_reduce, shm_available, shm_is_shared
 from minidist.comm.algorithms.tree import tree_all_reduce, tree_broadcast, tree_reduce
+from minidist.comm.topology import detect_topology
 from minidist.comm.transports.base import Transport
 
 ALGORITHMS: dict[str, Callable[..., None]] = {
@@ -28,6 +30,7 @@ ALGORITHMS: dict[str, Callable[..., None]] = {
     "rd": rd_all_reduce,
     "mpi": mpi_all_reduce,
     "shm": shm_all_reduce,
+    "hier": hier_all_reduce,
 }
 
 
@@ -39,6 +42,9 @@ def resolve(name: str, transport: Transport, buf: Any) -> tuple:
     """
     reason = "explicit"
     if name == "auto":
+        by_nodes = choose_for_nodes(detect_topology(transport).num_nodes)  # several nodes
+        if by_nodes is not None:
+            return by_nodes[0], ALGORITHMS[by_nodes[0]], by_nodes[1]
         has_shm = shm_available(transport, buf)  # collective the first time (all ranks resolve)
         name, reason = choose_with_reason(transport.size, buf.nbytes, supports_native(transport),
                                           has_shm, has_shm and shm_is_shared(transport, buf))
@@ -50,5 +56,6 @@ def resolve(name: str, transport: Transport, buf: Any) -> tuple:
 
 
 __all__ = ["ALGORITHMS", "resolve", "direct_all_reduce", "ring_all_reduce", "tree_all_reduce",
-           "rd_all_reduce", "mpi_all_reduce", "shm_all_reduce", "ring_reduce_scatter", "ring_all_gather",
+           "rd_all_reduce", "mpi_all_reduce", "shm_all_reduce", "hier_all_reduce",
+           "ring_reduce_scatter", "ring_all_gather",
            "tree_reduce", "tree_broadcast"]

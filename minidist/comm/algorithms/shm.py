@@ -37,8 +37,16 @@ the copy path moves one more copy than the ring over MPI (which uses single-copy
 Memory traffic per rank, zero-copy: read K, write K (reduce + push fused per cache-sized
 piece); copy path: + copy-in K(N-1)/N and copy-out K(N-1)/N. Invariant: each slice is reduced
 once, in rank order (x0 + x1 + ... like ``direct``), so every rank ends with identical bits.
-Only for the MPI transport with all ranks on one node (CommError otherwise; ``shm_available``
-tells "auto").
+Only for the MPI transport with all ranks on one node - a real one, not split into virtual
+nodes by ``MINIDIST_RANKS_PER_NODE`` (CommError otherwise; ``shm_available`` tells "auto").
+
+Concurrency: all state (flag barrier, headers, scratch window) belongs to one transport, so
+collectives on two groups (two transports, e.g. DDP's comm thread on the default group and a
+user's all-reduce on ``new_group``) never share a window or a barrier. Within one group, only
+stream 0 (``tag=0``) may use it: two threads on two streams of one group would interleave
+their barriers and headers, and windows are grown by MPI collectives that two threads must not
+race. ``auto`` on another stream picks a message-passing algorithm; ``algorithm="shm"`` with
+``tag != 0`` is a ValueError.
 """
 
 from __future__ import annotations
@@ -51,7 +59,8 @@ import numpy as np
 
 from minidist.comm.errors import CollectiveMismatch, CommError
 from minidist.comm.ops import ReduceOp, combine, finalize
-from minidist.comm.transports.base import Transport
+from minidist.comm.topology import detect_topology
+from minidist.comm.transports.base import Transport, stream_of
 from minidist.comm.transports.shm_window import (SharedWindow, ShmNode, shm_alloc_buffer,
                                                   shm_close, shm_node)
 
@@ -271,9 +280,10 @@ def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
             header (its fingerprint), never used for matching (no messages).
 
     Raises:
-        CommError: not the MPI transport, ranks on several nodes, or ranks disagree on
+        CommError: not the MPI transport, ranks on several real nodes, or ranks disagree on
             numel/dtype/op (raised on every rank).
-        ValueError: a device (CuPy) or non-contiguous array.
+        ValueError: a device (CuPy) or non-contiguous array; ``tag`` on a stream other than 0;
+            a group on several (virtual) nodes (every rank raises before any message).
     """
     n = transport.size
     if n == 1:
@@ -283,6 +293,17 @@ def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
         raise ValueError(f"[rank {transport.rank}/{n}] all_reduce(algorithm=\"shm\"): needs a "
                          f"C-contiguous NumPy array, got {type(buf).__name__}. Use "
                          f"algorithm='ring' for device arrays.")
+    if stream_of(tag):
+        raise ValueError(f"[rank {transport.rank}/{n}] all_reduce(algorithm=\"shm\", "
+                         f"tag={stream_of(tag)}): the shared window serves stream 0 only (two "
+                         "threads on two streams would share its barrier). Use tag=0, another "
+                         "group (new_group), or algorithm='auto'.")
+    topo = detect_topology(transport)
+    if topo.num_nodes > 1:
+        raise ValueError(f"[rank {transport.rank}/{n}] all_reduce(algorithm=\"shm\"): the ranks "
+                        f"span {topo.num_nodes} {'virtual ' if topo.virtual else ''}nodes "
+                        f"{list(topo.nodes)}; shared memory is used only within one node. Use "
+                        "algorithm='hier' or 'auto'.")
     node = shm_node(transport)
     flat = buf.reshape(-1)
     where = _where(node, flat)
@@ -311,8 +332,28 @@ def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
             _copy_path(node, flat, op, first_done=all_early)  # every rank redoes it
     finalize(buf, op, n)
 
+def shm_all_gather(transport: Transport, buf: np.ndarray, bounds: list) -> None:
+    """Every rank r contributes ``buf[bounds[r]:bounds[r+1]]``; afterwards all hold all of them.
+
+    Through the double-buffered scratch window: write my part into my slot, one barrier, copy
+    the others' parts out of their slots (the next call uses the other half, so a fast rank
+    never overwrites a part a slow one still reads). Collective over the transport's node;
+    stream 0 only, like ``shm_all_reduce`` (hier's step (3)).
+    """
+    node = shm_node(transport)
+    me = node.rank
+    slots = _scratch(node, buf.nbytes).slots(node.half, buf.dtype, buf.size)
+    slots[me][bounds[me]:bounds[me + 1]] = buf[bounds[me]:bounds[me + 1]]
+    node.barrier("all_gather(shm)")
+    for j, slot in enumerate(slots):
+        if j != me:
+            buf[bounds[j]:bounds[j + 1]] = slot[bounds[j]:bounds[j + 1]]
+    node.half ^= 1
+
+
 def shm_available(transport: Transport, buf: Any = None) -> bool:
-    """True when "shm" can run here: MPI transport, one node, and (if given) a NumPy ``buf``.
+    """True when "shm" can run here: MPI transport, one (real, not virtually split) node, and
+    (if given) a NumPy ``buf``.
 
     The first call per transport is collective (it splits the communicator by node), so call it
     on every rank alike, as ``resolve("auto", ...)`` does; later calls are a dictionary lookup.
@@ -322,7 +363,8 @@ def shm_available(transport: Transport, buf: Any = None) -> bool:
     ok = _AVAILABLE.get(transport)
     if ok is None:
         ok = False
-        if transport.size >= 2 and hasattr(getattr(transport, "comm", None), "Split_type"):
+        if (transport.size >= 2 and hasattr(getattr(transport, "comm", None), "Split_type")
+                and detect_topology(transport).is_single_node()):
             try:
                 shm_node(transport)
                 ok = True
@@ -342,5 +384,5 @@ def shm_is_shared(transport: Transport, buf: Any) -> bool:
 _AVAILABLE: "weakref.WeakKeyDictionary[Transport, bool]" = weakref.WeakKeyDictionary()
 
 
-__all__ = ["shm_all_reduce", "shm_alloc_buffer", "shm_close", "shm_available", "shm_is_shared",
+__all__ = ["shm_all_reduce", "shm_all_gather", "shm_alloc_buffer", "shm_close", "shm_available", "shm_is_shared",
            "CHUNK_BYTES"]

@@ -32,6 +32,12 @@ data messages, so they get through while a collective is stuck::
     t.peer_lost(src)                         # why ``src`` is unreachable, or None
     t.stray_tag(src, tag)                    # a message from src on tag's stream, other tag
 
+Byte counters: every transport counts the payload bytes it sends, split by where the peer
+lives (``set_peer_nodes``: the node of every rank, from ``minidist.comm.topology``)::
+
+    t.traffic()          # {"intra_node": bytes to ranks on my node, "inter_node": to others}
+    t.reset_traffic()    # zero both (a test or benchmark counts one collective)
+
 Polling: waits that outlast their spin phase call ``t.poll_hook(src, tag)`` every ``POLL_S``
 (the process group installs it; ``src`` None for collective waits). It returns an exception
 when the wait cannot succeed - a peer reported a failure, a peer sent a message of ANOTHER call
@@ -136,6 +142,60 @@ class Transport(abc.ABC):
     name: str = "transport"
     max_tag: int = (1 << 62) - 1  # the largest message tag (MPI: its TAG_UB attribute)
     poll_hook: PollHook | None = None  # installed by the process group (see "Polling")
+
+    # Class defaults: a transport needs no constructor call for these.
+    one_process: bool = False  # every rank lives in this process (threads, local): one node
+    _other_node: list | None = None  # per rank: 1 if it lives on another node, else 0
+    _sent: list | None = None  # payload bytes sent: [to my node, to other nodes]
+
+    @property
+    def world_rank(self) -> int:
+        """This rank in the whole job (MPI: in ``COMM_WORLD``; a sub-communicator differs)."""
+        return self.rank
+
+    def machine_key(self) -> int:
+        """An integer equal on ranks that share one machine's memory, different across machines.
+
+        The default hashes the host name; the MPI transport asks MPI (its shared-memory split).
+        Collective where the transport's answer is (MPI): call it on every rank alike.
+        """
+        import hashlib
+        import socket
+
+        digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=7).digest()
+        return int.from_bytes(digest, "little")
+
+    def split(self, color: int, key: int) -> "Transport | None":
+        """A transport over the ranks that pass the same ``color`` (ranked by ``key``), or None
+        where this transport has no sub-communicators (the default). Collective: every rank."""
+        return None
+
+    def set_peer_nodes(self, nodes: list[int]) -> None:
+        """Tell the byte counters the node of every rank (``nodes[r]``); counts restart at 0."""
+        me = nodes[self.rank]
+        self._other_node = [int(n != me) for n in nodes]
+        self._sent = [0, 0]
+
+    def count_sent(self, dst: int, nbytes: int) -> None:
+        """Add ``nbytes`` sent to ``dst`` to the byte counters (every send path calls this)."""
+        sent, other = self._sent, self._other_node
+        if sent is None:
+            sent = self._sent = [0, 0]
+        sent[other[dst] if other is not None else 0] += nbytes
+
+    def traffic(self) -> dict:
+        """Payload bytes this rank sent since the last reset, split by the peer's node.
+
+        Returns:
+            ``{"intra_node": int, "inter_node": int}``; every rank counts as on my node until
+            ``set_peer_nodes`` was called (the process group does it at construction).
+        """
+        sent = self._sent or [0, 0]
+        return {"intra_node": int(sent[0]), "inter_node": int(sent[1])}
+
+    def reset_traffic(self) -> None:
+        """Zero the byte counters."""
+        self._sent = [0, 0]
 
     def poller(self, src: int | None, tag: int) -> Callable[[], Any] | None:
         """The ``poll`` argument of ``wait_until`` for a wait on ``(src, tag)``."""

@@ -18,6 +18,7 @@ class LocalTransport(Transport):
     """A world of one rank. ``send``/``recv`` raise ValueError (there is nobody to talk to)."""
 
     name = "local"
+    one_process = True
 
     def __init__(self, timeout_s: float | None = None) -> None:
         self.rank = 0

@@ -206,6 +206,37 @@ class MPITransport(Transport):
         self.spin_tests = (OVERSUBSCRIBED_SPIN_TESTS if self.size > (os.cpu_count() or 1)
                            else SPIN_TESTS)
 
+    # -- where the ranks live (minidist.comm.topology) ---------------------------------------
+    @property
+    def world_rank(self) -> int:
+        return self.MPI.COMM_WORLD.Get_rank()
+
+    def machine_key(self) -> int:
+        """``COMM_WORLD`` rank of the lowest rank sharing my memory (``MPI_Comm_split_type``).
+
+        Collective over this transport's communicator (waited with its deadline first).
+        """
+        MPI = self.MPI
+        req = self.comm.Ibarrier()
+        _wait_local(req, self.timeout_s, f"[rank {self.rank}/{self.size}] topology")
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        try:
+            leader = MPI.Group.Translate_ranks(node.Get_group(), [0], MPI.COMM_WORLD.Get_group())
+        finally:
+            node.Free()
+        return int(leader[0])
+
+    def split(self, color: int, key: int) -> "MPITransport":
+        """``MPI_Comm_split`` of this transport's communicator (after an Ibarrier with the
+        deadline): an MPITransport over the ranks with the same ``color``."""
+        req = self.comm.Ibarrier()
+        _wait_local(req, self.timeout_s, f"[rank {self.rank}/{self.size}] split")
+        sub = self.comm.Split(color, key)
+        try:
+            return MPITransport(sub, self.timeout_s)
+        finally:
+            sub.Free()  # MPITransport made its own duplicates
+
     # -- GPU buffers -------------------------------------------------------------------------
     def cuda_aware(self) -> bool:
         """Whether device buffers go to MPI directly (decided once, logged once)."""
@@ -237,6 +268,7 @@ class MPITransport(Transport):
     # -- point to point ----------------------------------------------------------------------
     def isend(self, buf: Any, dst: int, tag: int = 0) -> Request:
         view, _ = self._host_view(buf, for_recv=False)
+        self.count_sent(dst, view.nbytes)
         req = self.comm.Isend([view, self.MPI.BYTE], dst, tag)
         return _MPIRequest(self, req, "send", dst, view.nbytes, keep=view, tag=tag)
 
@@ -253,6 +285,7 @@ class MPITransport(Transport):
         # Host fast path (the ring's inner loop): raw requests, one Status, no wrapper objects
         # unless the spin phase runs out.
         byte = self.MPI.BYTE
+        self.count_sent(dst, sendbuf.nbytes)
         rreq = self.comm.Irecv([recvbuf, byte], src, tag)
         sreq = self.comm.Isend([sendbuf, byte], dst, tag)
         status = self.MPI.Status()

@@ -978,6 +978,7 @@ class TCPTransport(Transport):
                 req.view[:] = view
                 req.done.set()
             return _DoneRequest()
+        self.count_sent(dst, len(view))
         try:
             self._send(dst, _HEADER.pack(tag, len(view)), view)
         except socket.timeout:

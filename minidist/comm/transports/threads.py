@@ -131,6 +131,7 @@ class ThreadTransport(Transport):
     """One rank's view of a ``ThreadWorld``."""
 
     name = "threads"
+    one_process = True
 
     def __init__(self, world: ThreadWorld, rank: int) -> None:
         if not 0 <= rank < world.size:
@@ -153,6 +154,7 @@ class ThreadTransport(Transport):
             self.world.cond.notify_all()
         self.messages_sent += 1
         self.bytes_sent += len(data)
+        self.count_sent(dst, len(data))
         return _SendRequest()
 
     def irecv(self, buf: Any, src: int, tag: int = 0) -> Request:
