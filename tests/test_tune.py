@@ -10,8 +10,9 @@ from procs import run_mpi, run_python
 
 
 def results(job) -> list[dict]:
-    rows = [json.loads(line[len("RESULT "):]) for line in job.stdout.splitlines()
-            if line.startswith("RESULT ")]
+    # mpiexec may join two ranks' lines into one: decode each "RESULT {...}" where it starts.
+    decoder = json.JSONDecoder()
+    rows = [decoder.raw_decode(part)[0] for part in job.stdout.split("RESULT ")[1:]]
     return sorted(rows, key=lambda r: r["rank"])
 
 
