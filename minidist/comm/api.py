@@ -171,8 +171,8 @@ def _install_excepthooks(group: ProcessGroup) -> None:
         sys.stderr.write(f"{mdlog.rank_prefix()} interrupted (SIGINT): ending the job on all "
                          f"{group.size} ranks with exit code {INTERRUPT_EXIT_CODE}.\n")
         sys.stderr.flush()
-        abort = getattr(group.transport, "abort", None)
-        if callable(abort):
+        transport = group.transport
+        if transport.abort_ends_job:
             # MPI Abort ends every rank, even those inside a blocking call, and mpiexec exits
             # with our code. The launcher relays our stderr through a pipe, and the abort can
             # tear that down before it has read the line above: give it a moment. MPI prints
@@ -180,7 +180,7 @@ def _install_excepthooks(group: ProcessGroup) -> None:
             # quiet first.
             time.sleep(ABORT_FLUSH_S)
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-            abort(INTERRUPT_EXIT_CODE)
+            transport.abort(INTERRUPT_EXIT_CODE)
         os._exit(INTERRUPT_EXIT_CODE)  # TCP and others: peers see the closed connections
 
     def end_world(exc_type: Any, exc: Any, tb: Any, where: str) -> None:
@@ -192,11 +192,11 @@ def _install_excepthooks(group: ProcessGroup) -> None:
         sys.stderr.write(f"{prefix} uncaught exception {where}; ending the job on all "
                          f"{group.size} ranks.\n")
         sys.stderr.flush()
-        abort = getattr(group.transport, "abort", None)
-        if callable(abort):
+        if group.transport.abort_ends_job:
             time.sleep(ABORT_FLUSH_S)  # let the launcher relay the traceback first
-            abort(1)  # MPI: takes every rank down (does not return)
-        group.transport.close()  # TCP and others: peers see the closed connection
+        # MPI: takes every rank down (does not return); TCP and others close, so peers see
+        # the closed connection.
+        group.transport.abort(1)
 
     def caused_by_interrupt(exc: Any) -> bool:
         """KeyboardInterrupt itself, or an error raised while one was being handled."""
@@ -552,25 +552,13 @@ def new_group(ranks: list[int] | None = None, timeout: float | datetime.timedelt
             for r in members):
         raise ValueError(f"{mdlog.rank_prefix()} new_group(ranks={ranks!r}): ranks must be "
                          f"distinct integers in [0, {world.size}), at least one.")
-    timeout_s = _timeout_s(timeout) if timeout is not None else \
-        getattr(world.transport, "timeout_s", DEFAULT_TIMEOUT_S)
-    base = getattr(world.transport, "comm", None)
-    if world.transport.name == "mpi" and base is not None:
-        from minidist.comm.transports.mpi import MPITransport
-        mpi = world.transport.MPI
-        color = 0 if world.rank in members else mpi.UNDEFINED
-        key = members.index(world.rank) if world.rank in members else 0
-        sub = base.Split(color, key)  # collective over the world's communicator
-        if world.rank not in members:
-            return None
-        return ProcessGroup(MPITransport(sub, timeout_s), algorithm=world.algorithm,
-                            backend="mpi")
+    timeout_s = _timeout_s(timeout) if timeout is not None else world.transport.timeout_s
     if members == list(range(world.size)) and world.size == 1:
         return world
-    raise NotImplementedError(
-        f"{mdlog.rank_prefix()} new_group(ranks={members}): the {world.backend!r} transport "
-        "does not support sub-groups yet. Run under mpiexec (backend 'mpi'), or use the "
-        "default group.")
+    sub = world.transport.split(members, timeout_s)  # collective over the world
+    if sub is None:
+        return None
+    return ProcessGroup(sub, algorithm=world.algorithm, backend=world.backend)
 
 
 def broadcast_object(obj: Any = None, src: int = 0, group: ProcessGroup | None = None) -> Any:

@@ -86,7 +86,7 @@ class ProcessGroup:
         self.check_consistency = (debug_level() >= 1 if check_consistency is None
                                   else check_consistency)
         self._debug = debug_level()
-        self._max_tag = int(getattr(transport, "max_tag", (1 << 62) - 1))
+        self._max_tag = int(transport.max_tag)
         self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled(),
                              self._max_tag)
         self._native = supports_native(transport)

@@ -32,6 +32,17 @@ data messages, so they get through while a collective is stuck::
     t.peer_lost(src)                         # why ``src`` is unreachable, or None
     t.stray_tag(src, tag)                    # a message from src on tag's stream, other tag
 
+Capabilities: every transport has these attributes and methods (the defaults below suit a
+transport without the feature), so callers use them directly instead of probing::
+
+    t.timeout_s                  deadline of every blocking wait (seconds)
+    t.abort(code)                end this rank's part of the job now (default: ``close()``)
+    t.abort_ends_job             True when ``abort`` takes every rank down at once (MPI Abort)
+    t.has_native_all_reduce      True when ``t.native_all_reduce(buf, op, tag)`` exists (MPI)
+    t.shared_memory_comm()       an MPI communicator for shared windows (MPI), else None
+    t.side_comm()                the MPI communicator of the side channel (MPI), else None
+    t.guard_node                 the shared-memory node that guards native collectives, or None
+
 Polling: waits that outlast their spin phase call ``t.poll_hook(src, tag)`` every ``POLL_S``
 (the process group installs it; ``src`` None for collective waits). It returns an exception
 when the wait cannot succeed - a peer reported a failure, a peer sent a message of ANOTHER call
@@ -136,6 +147,10 @@ class Transport(abc.ABC):
     name: str = "transport"
     max_tag: int = (1 << 62) - 1  # the largest message tag (MPI: its TAG_UB attribute)
     poll_hook: PollHook | None = None  # installed by the process group (see "Polling")
+    timeout_s: float = DEFAULT_TIMEOUT_S  # deadline of every blocking wait (set per instance)
+    abort_ends_job: bool = False  # abort() ends every rank (MPI), not only this one
+    has_native_all_reduce: bool = False  # native_all_reduce runs the library's own all-reduce
+    guard_node: Any = None  # shm_window's node that guards native collectives (MPI, one node)
 
     def poller(self, src: int | None, tag: int) -> Callable[[], Any] | None:
         """The ``poll`` argument of ``wait_until`` for a wait on ``(src, tag)``."""
@@ -196,6 +211,50 @@ class Transport(abc.ABC):
     def peer_lost(self, src: int) -> str | None:
         """Why rank ``src`` can no longer be reached (connection closed), or None."""
         return None
+
+    # -- capabilities (see the module docstring); the defaults describe "not supported" ------
+    def native_all_reduce(self, buf: Any, op: Any, tag: int = 0,
+                          timeout_s: float | None = None) -> None:
+        """All-reduce ``buf`` in place with the library's own collective (``has_native_all_reduce``).
+
+        Raises:
+            NotImplementedError: this transport has none (only MPI does).
+        """
+        raise NotImplementedError(
+            f"[rank {self.rank}/{self.size}] native_all_reduce: the {self.name!r} transport has "
+            "no library all-reduce (check has_native_all_reduce first).")
+
+    def shared_memory_comm(self) -> Any | None:
+        """An MPI communicator whose node-local ranks can share memory windows, or None."""
+        return None
+
+    def side_comm(self) -> Any | None:
+        """The MPI communicator that carries the side channel (for barriers beside it), or None."""
+        return None
+
+    def split(self, members: list[int], timeout_s: float) -> Transport | None:
+        """A transport over ``members`` (ranks of this one; index = rank in the new one).
+
+        Collective: every rank of this transport calls it with the same ``members``; ranks
+        outside ``members`` get None. ``new_group`` builds sub-groups through it.
+
+        Raises:
+            NotImplementedError: this transport cannot make sub-transports.
+        """
+        raise NotImplementedError(
+            f"[rank {self.rank}/{self.size}] new_group(ranks={members}): the {self.name!r} "
+            "transport does not support sub-groups. Run under mpiexec (backend 'mpi'), or use "
+            "the default group.")
+
+    def abort(self, code: int = 1) -> None:
+        """End this rank's part of the job now, after an uncaught exception or Ctrl-C.
+
+        The default closes the transport, so peers blocked on this rank fail fast with a
+        closed connection instead of waiting for their deadline, and returns (the caller then
+        exits). MPI overrides it with ``MPI_Abort``, which ends every rank and does not return
+        (``abort_ends_job`` is True there).
+        """
+        self.close()
 
     def close(self) -> None:
         """Release sockets, windows, threads. Idempotent."""
