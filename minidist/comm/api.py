@@ -85,8 +85,8 @@ def _make_transport(backend: str, info: LaunchInfo, timeout_s: float) -> Transpo
                          "minidist.launch set them), or rank=, world_size= and "
                          "init_method='tcp://host:port'; "
                          f"detected launcher={info.launcher!r}, MASTER_PORT={info.master_port}.")
-    return TCPTransport(info.rank, info.world_size, info.master_addr, rendezvous_port(info),
-                        timeout_s)
+    return TCPTransport(info.rank, info.world_size, info.master_addr or "127.0.0.1",
+                        rendezvous_port(info), timeout_s)
 
 
 def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
@@ -110,6 +110,9 @@ def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
                      "rendezvous uses port %d (set MINIDIST_RENDEZVOUS_PORT to choose another)",
                      info.master_port, port)
         return port
+    if info.master_port is None:
+        raise ValueError("init_process_group(backend='tcp'): MASTER_PORT is not set; set it to "
+                         "the same free port on every rank (or pass init_method='tcp://host:port').")
     return int(info.master_port)
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -185,9 +185,11 @@ class ProcessGroup:
             diff = [i for i in range(len(mine)) if rows[r, i] != rows[0, i]]
             if diff:
                 i = diff[0]
-                show = {0: lambda v: f"{v} elements", 1: lambda v: SUPPORTED_DTYPES[v],
-                        2: lambda v: _OPS[v].value if v >= 0 else "-",
-                        3: lambda v: algos[v] if v < len(algos) else "?", 4: str}[i]
+                shows: dict[int, Callable[[int], str]] = {
+                    0: lambda v: f"{v} elements", 1: lambda v: SUPPORTED_DTYPES[v],
+                    2: lambda v: _OPS[v].value if v >= 0 else "-",
+                    3: lambda v: algos[v] if v < len(algos) else "?", 4: str}
+                show = shows[i]
                 err = CollectiveMismatch(
                     f"{self._where(call)}: rank {r} passed {fields[i]}={show(int(rows[r, i]))} "
                     f"but rank 0 passed {fields[i]}={show(int(rows[0, i]))}. Every rank must pass "
@@ -230,9 +232,9 @@ class ProcessGroup:
         """
         algorithm = self.algorithm if algorithm is None else algorithm
         try:
-            op = _FAST_OPS[op]
+            rop: ReduceOp = _FAST_OPS[op]
         except (KeyError, TypeError):
-            op = self._op(op, f'all_reduce(algorithm="{algorithm}")')
+            rop = self._op(op, f'all_reduce(algorithm="{algorithm}")')
         flat = self._flat(array, "all_reduce", algorithm=algorithm)  # no formatting unless bad
         if tag:
             tag = self._stream(tag, f'all_reduce(algorithm="{algorithm}")')
@@ -243,28 +245,29 @@ class ProcessGroup:
                                               shm is not None, shared)
             fn = ALGORITHMS[name]
         else:
-            name, reason, fn = algorithm, "explicit", ALGORITHMS.get(algorithm)
-            if fn is None:
+            name, reason = algorithm, "explicit"
+            if name not in ALGORITHMS:
                 raise ValueError(f'{self._where(f"all_reduce(algorithm={algorithm!r})")}: '
                                  f"unknown algorithm {algorithm!r}; use one of "
                                  f"{', '.join(repr(k) for k in [*ALGORITHMS, 'auto'])}.")
+            fn = ALGORITHMS[name]
             if name == "mpi" and not self._native:
-                mpi_all_reduce(self.transport, flat, op, tag)  # the clear "no MPI here" error
+                mpi_all_reduce(self.transport, flat, rop, tag)  # the clear "no MPI here" error
         ledger = self.ledger
         if ledger.enabled:
-            row = ledger.begin("all_reduce", tag, flat.size, flat.dtype, array.shape, op, -1,
+            row = ledger.begin("all_reduce", tag, flat.size, flat.dtype, array.shape, rop, -1,
                                name, reason, label)
             wire = row[TAG]
         else:
             row, wire = None, tag
         if self._debug >= 1:
             log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
-                      name, flat.size, flat.dtype.name, flat.nbytes, op.value, self.size)
+                      name, flat.size, flat.dtype.name, flat.nbytes, rop.value, self.size)
         try:
             if self.check_consistency:
-                self._agree(f'all_reduce(algorithm="{algorithm}")', flat, op, algorithm, 0, row,
+                self._agree(f'all_reduce(algorithm="{algorithm}")', flat, rop, algorithm, 0, row,
                             tag)
-            fn(self.transport, flat, op, wire)
+            fn(self.transport, flat, rop, wire)
         except CommError as e:
             raise self._failed(row, e, f'all_reduce(algorithm="{algorithm}")') from e
         if row is not None:
