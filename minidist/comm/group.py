@@ -24,6 +24,13 @@ Streams: ``tag`` (0 <= tag < MAX_STREAMS = 1024) names an independent stream wit
 numbers, for collectives that run concurrently from different threads; one stream must be used
 by one thread at a time. ``barrier`` and the ``*_object`` collectives use stream 0.
 
+Async collectives (``run_async``; comm/work.py): one worker thread per group runs them in issue
+order; every synchronous collective of the group first waits for the queued ones (drain), so
+all ranks still make the group's collectives in program order.
+
+Sub-groups (``new_group``): the transport's ``split`` (MPI: ``MPI_Comm_split``; elsewhere a
+``SubgroupTransport`` view with its own tag space) under a new ProcessGroup.
+
 Arrays that differ across ranks are caught by the fingerprints (a different count, dtype, op,
 root or collective never matches); with ``check_consistency=True`` (default:
 ``MINIDIST_DEBUG>=1``) each collective also all-gathers (numel, dtype, op, algorithm, root)
@@ -55,6 +62,7 @@ from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprin
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
 from minidist.comm.transports.base import MAX_STREAMS, Transport, wire_tag
 from minidist.comm.transports.shm_window import shm_free_buffer
+from minidist.comm.work import AsyncWorker, Work, completed
 from minidist.log import debug_level, get_logger
 
 log = get_logger(__name__)
@@ -95,6 +103,7 @@ class ProcessGroup:
         self._byes: dict[int, dict[int, int]] = {}  # peer -> its final counts (SIDE_BYE)
         self._token = np.zeros(1, np.uint8)
         self._token_in = np.zeros(1, np.uint8)
+        self._worker: AsyncWorker | None = None  # started by the first run_async
         transport.poll_hook = self._poll
 
     # -- helpers -----------------------------------------------------------------------------
@@ -157,7 +166,13 @@ class ProcessGroup:
 
     def _begin(self, collective: str, stream: int, flat: Any, shape: Any, op: ReduceOp | None,
                root: int, algorithm: str, reason: str | None) -> tuple:
-        """``(row, message tag)`` of a call that is not all_reduce (the ledger's slower path)."""
+        """``(row, message tag)`` of a call that is not all_reduce (the ledger's slower path).
+
+        Every such call comes here before its first message: queued async collectives of the
+        group run first (drain), so the order on the wire is the program's order.
+        """
+        if self._worker is not None:
+            self._drain()
         if not self.ledger.enabled:
             return None, stream
         count, dtype = (0, None) if flat is None else (flat.size, flat.dtype)
@@ -238,6 +253,8 @@ class ProcessGroup:
         flat = self._flat(array, "all_reduce", algorithm=algorithm)  # no formatting unless bad
         if tag:
             tag = self._stream(tag, f'all_reduce(algorithm="{algorithm}")')
+        if self._worker is not None:  # queued async collectives first (see _begin)
+            self._drain()
         if algorithm == "auto":
             shm = self._shm if type(flat) is np.ndarray else None
             shared = shm is not None and bool(shm.user_windows) and id(flat.base) in _owners(shm)
@@ -469,6 +486,8 @@ class ProcessGroup:
         window, so ``all_reduce`` on them can take the zero-copy "shm" path (algorithms/shm.py).
         """
         xp = xp or backend.default_array_module()
+        if self._worker is not None:
+            self._drain()
         if xp is np and self._shm is not None:
             dt = np.dtype(dtype)
             row = (self.ledger.begin("alloc_buffer", 0, int(numel), dt, (int(numel),), None, -1,
@@ -498,11 +517,16 @@ class ProcessGroup:
         more collectives than the others.
         """
         self._explainer.flush()
+        if self._worker is not None:
+            self._drain()
         farewell(self)
 
     def close(self) -> None:
         """Write the ledger (``MINIDIST_LEDGER_DUMP``), release the transport and the cached
         scratch buffers. Idempotent."""
+        if self._worker is not None:
+            self._worker.close()  # after the queued collectives (each has its own deadline)
+            self._worker = None
         d = dump_dir()
         if d and self.ledger.enabled:
             try:
@@ -511,6 +535,63 @@ class ProcessGroup:
                 log.warning("could not write the ledger to %s: %s", d, e)
         clear_scratch(self.transport)
         self.transport.close()
+
+    # -- async collectives and sub-groups ----------------------------------------------------
+    def run_async(self, name: str, fn: Callable[[], Any], result: Any = None) -> Work:
+        """Run ``fn`` (a collective of this group) on the group's worker thread; return its Work.
+
+        Collectives run in the order they were submitted, and every synchronous collective of
+        the group waits for them first (comm/work.py). On a transport that is not
+        ``thread_safe`` (MPI without MPI_THREAD_MULTIPLE), and in a one-rank group, ``fn`` runs
+        here and now and the Work returned is already completed (an error raises at the call).
+        """
+        where = f"[rank {self.rank}/{self.size}]"
+        if self.size == 1 or not self.transport.thread_safe:
+            fn()
+            return completed(name, where, result)
+        if self._worker is None:
+            self._worker = AsyncWorker(f"minidist-async-{self.backend}-{self.rank}")
+        work = Work(name, where, result, self.transport.timeout_s)
+        return self._worker.submit(work, fn)
+
+    def _drain(self) -> None:
+        """Wait until the group's queued async collectives have finished (not on the worker)."""
+        worker = self._worker
+        if worker is not None and worker.pending:
+            worker.drain()
+
+    def new_group(self, ranks: list[int] | None = None, timeout_s: float | None = None
+                  ) -> ProcessGroup | None:
+        """A group of some of this group's ranks (``minidist.new_group`` on the world).
+
+        COLLECTIVE over this group: every rank calls it with the same ``ranks`` in the same
+        order as its other ``new_group`` calls. Rank ``ranks[i]`` is rank ``i`` of the new
+        group; ranks outside ``ranks`` get None. MPI splits its communicator; other transports
+        give the group a ``SubgroupTransport`` view that shares this group's connections in a
+        tag space of its own, so every collective (and DDP) works on it unchanged.
+
+        Args:
+            ranks: distinct ranks of this group (default: all of them).
+            timeout_s: deadline of the new group's waits (default: this group's).
+
+        Raises:
+            ValueError: ``ranks`` are not distinct ranks of this group.
+        """
+        members = list(range(self.size)) if ranks is None else list(ranks)
+        if len(set(members)) != len(members) or not members or any(
+                isinstance(r, bool) or not isinstance(r, (int, np.integer))
+                or not 0 <= r < self.size for r in members):
+            raise ValueError(f"{self._where(f'new_group(ranks={ranks!r})')}: ranks must be "
+                             f"distinct integers in [0, {self.size}), at least one.")
+        members = [int(r) for r in members]
+        if self.size == 1:
+            return self
+        self._drain()
+        sub = self.transport.split(members, self.transport.timeout_s if timeout_s is None
+                                   else float(timeout_s))
+        if sub is None:
+            return None
+        return ProcessGroup(sub, algorithm=self.algorithm, backend=self.backend)
 
     def __repr__(self) -> str:
         return (f"ProcessGroup(backend={self.backend!r}, rank={self.rank}, size={self.size}, "

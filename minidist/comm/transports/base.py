@@ -42,6 +42,8 @@ transport without the feature), so callers use them directly instead of probing:
     t.shared_memory_comm()       an MPI communicator for shared windows (MPI), else None
     t.side_comm()                the MPI communicator of the side channel (MPI), else None
     t.guard_node                 the shared-memory node that guards native collectives, or None
+    t.thread_safe                True when several threads may call it at once (async work)
+    t.split(members, timeout_s)  a transport over some ranks (sub-groups; see ``split``)
 
 Polling: waits that outlast their spin phase call ``t.poll_hook(src, tag)`` every ``POLL_S``
 (the process group installs it; ``src`` None for collective waits). It returns an exception
@@ -66,6 +68,12 @@ DEFAULT_TIMEOUT_S = float(os.environ.get("MINIDIST_TIMEOUT_S", "300"))
 STREAM_BITS = 10
 MAX_STREAMS = 1 << STREAM_BITS
 _STREAM_MASK = MAX_STREAMS - 1
+# Sub-groups made by ``Transport.split`` over one transport (TCP, threads) share its messages:
+# each group's tags carry its group number in the bits from GROUP_SHIFT up, the world's tags
+# stay below (``Transport.max_tag``), so no group ever matches another group's message.
+GROUP_SHIFT = 40
+MAX_GROUPS = (1 << 22) - 1  # group numbers 1..MAX_GROUPS (tags stay below 2**62)
+_GROUP_MASK = MAX_GROUPS << GROUP_SHIFT
 
 # Side-channel message kinds.
 SIDE_FAIL = 1  # "my collective failed; here is my ledger"
@@ -75,8 +83,9 @@ SIDE_KINDS = (SIDE_FAIL, SIDE_BYE, SIDE_DONE)
 
 
 def stream_of(tag: int) -> int:
-    """The stream (the caller's ``tag``) of a message tag built by ``wire_tag``."""
-    return tag & _STREAM_MASK
+    """The stream of a message tag built by ``wire_tag``: the caller's ``tag``, plus the bits
+    of the sub-group that sent it (so streams of different groups never compare equal)."""
+    return tag & (_STREAM_MASK | _GROUP_MASK)
 
 
 def has_fingerprint(tag: int) -> bool:
@@ -145,11 +154,17 @@ class Transport(abc.ABC):
     rank: int
     size: int
     name: str = "transport"
-    max_tag: int = (1 << 62) - 1  # the largest message tag (MPI: its TAG_UB attribute)
+    # The largest message tag (MPI: its TAG_UB attribute); the bits above it carry sub-group
+    # numbers on transports that split generically (see GROUP_SHIFT).
+    max_tag: int = (1 << GROUP_SHIFT) - 1
     poll_hook: PollHook | None = None  # installed by the process group (see "Polling")
     timeout_s: float = DEFAULT_TIMEOUT_S  # deadline of every blocking wait (set per instance)
     abort_ends_job: bool = False  # abort() ends every rank (MPI), not only this one
     has_native_all_reduce: bool = False  # native_all_reduce runs the library's own all-reduce
+    # Calls from several threads at once are safe (async collectives run on a worker thread;
+    # MPI: only with MPI_THREAD_MULTIPLE).
+    thread_safe: bool = True
+    subgroups_made: int = 0  # how many ``split`` calls this rank made (numbers the groups)
     guard_node: Any = None  # shm_window's node that guards native collectives (MPI, one node)
 
     def poller(self, src: int | None, tag: int) -> Callable[[], Any] | None:
@@ -235,16 +250,23 @@ class Transport(abc.ABC):
     def split(self, members: list[int], timeout_s: float) -> Transport | None:
         """A transport over ``members`` (ranks of this one; index = rank in the new one).
 
-        Collective: every rank of this transport calls it with the same ``members``; ranks
-        outside ``members`` get None. ``new_group`` builds sub-groups through it.
+        Collective: every rank of this transport calls it with the same ``members``, in the
+        same order as its other ``split`` calls; ranks outside ``members`` get None (and still
+        count the call, so group numbers agree everywhere). ``new_group`` builds sub-groups
+        through it. The default is a ``SubgroupTransport`` view that shares this transport's
+        messages in a tag space of its own; MPI overrides it with ``MPI_Comm_split``.
 
         Raises:
-            NotImplementedError: this transport cannot make sub-transports.
+            ValueError: more than ``MAX_GROUPS`` sub-groups on this transport.
         """
-        raise NotImplementedError(
-            f"[rank {self.rank}/{self.size}] new_group(ranks={members}): the {self.name!r} "
-            "transport does not support sub-groups. Run under mpiexec (backend 'mpi'), or use "
-            "the default group.")
+        from minidist.comm.transports.subgroup import SubgroupTransport
+        self.subgroups_made += 1
+        if self.subgroups_made > MAX_GROUPS:
+            raise ValueError(f"[rank {self.rank}/{self.size}] new_group: more than {MAX_GROUPS} "
+                             "sub-groups on one transport. Reuse the groups you made.")
+        if self.rank not in members:
+            return None
+        return SubgroupTransport(self, members, self.subgroups_made, timeout_s)
 
     def abort(self, code: int = 1) -> None:
         """End this rank's part of the job now, after an uncaught exception or Ctrl-C.

@@ -198,6 +198,8 @@ class MPITransport(Transport):
         self.side, req = base.Idup()  # failure notices: never blocked behind a stuck call
         _wait_local(req, self.timeout_s, what)
         self.max_tag = int(base.Get_attr(MPI.TAG_UB))
+        # Async collectives run on a worker thread while other threads may call MPI too.
+        self.thread_safe = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         self._status = MPI.Status()
         self.guard_node: Any = None  # the ShmNode when every rank shares one node (shm_window)
         self._guard = np.zeros(2, np.int64)  # across nodes: [fp, -fp] reduced with MAX
