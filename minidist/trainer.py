@@ -52,7 +52,7 @@ from minidist.checkpoint import (CheckpointError, check_state_dict, checkpoint_p
 from minidist.data import DataLoader, DistributedSampler, random_split
 from minidist.ddp import DistributedDataParallel, check_manifest
 from minidist.log import get_logger, rank_prefix
-from minidist.optim import LambdaLR
+from minidist.optim import LinearWarmup, WarmupCosine
 from minidist.tensor import Tensor, no_grad
 from minidist.tensor import random as tensor_random
 
@@ -403,23 +403,13 @@ class Trainer:
         warmup = int(cfg.warmup_steps + round(cfg.warmup_epochs * steps_per_epoch))
         if cfg.schedule == "constant" and warmup == 0:
             return
-        warmup = min(warmup, max(total_steps - 1, 0))
-        cosine = cfg.schedule == "cosine"
-
-        def make(base_lr: float) -> Callable[[int], float]:
-            floor = min(cfg.min_lr / base_lr, 1.0) if base_lr > 0 else 0.0
-
-            def factor(step: int) -> float:  # multiplier of the group's initial rate
-                if step < warmup:
-                    return (step + 1) / (warmup + 1)
-                if not cosine:
-                    return 1.0
-                r = min((step - warmup) / max(total_steps - warmup, 1), 1.0)
-                return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * r))
-            return factor
-
-        self.scheduler = LambdaLR(self.optimizer, [make(g["lr"]) for g in
-                                                   self.optimizer.param_groups])
+        if total_steps < 1:
+            return
+        warmup = min(warmup, total_steps - 1)
+        if cfg.schedule == "cosine":
+            self.scheduler = WarmupCosine(self.optimizer, warmup, total_steps, cfg.min_lr)
+        else:
+            self.scheduler = LinearWarmup(self.optimizer, warmup)
 
     def _train_epoch(self, loader: DataLoader, epoch: int) -> tuple[float, float, int]:
         cfg = self.config
@@ -510,7 +500,10 @@ class Trainer:
                                   f"not fit this optimizer ({e}). Build the same optimizer "
                                   "(type and parameter groups) to resume.") from e
         if self.scheduler is not None and ckpt.get("scheduler") is not None:
-            self.scheduler.load_state_dict(ckpt["scheduler"])
+            # Only the position: the shape (warm-up, total steps, min_lr) is this run's config,
+            # so a resumed run given more epochs decays over the new total.
+            self.scheduler.load_state_dict({k: v for k, v in ckpt["scheduler"].items()
+                                            if k in ("last_epoch", "base_lrs", "_last_lr")})
         if self.scaler.is_enabled():
             if ckpt.get("scaler"):
                 self.scaler.load_state_dict(ckpt["scaler"])

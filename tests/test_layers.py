@@ -4,7 +4,10 @@
         <-  ddp  <-  checkpoint  <-  trainer  <-  launch, multiprocessing
 
 plus: comm never imports tensor (collectives move plain xp arrays in place). A new top-level
-module must be placed in LAYERS, so the contract cannot be skipped by accident.
+module must be placed in LAYERS, so the contract cannot be skipped by accident, and LAYERS names
+only modules that exist. Imports through public names count: ``from minidist import Tensor``
+is an import of minidist.tensor (where minidist/__init__.py takes Tensor from), and ``import
+minidist`` followed by ``minidist.Trainer`` an import of minidist.trainer.
 """
 
 import ast
@@ -34,31 +37,96 @@ def top_component(module: str) -> str | None:
     return parts[1]
 
 
-def imports_of(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+def public_names() -> dict[str, str]:
+    """Each name minidist/__init__.py exports -> the module it comes from (read from its imports).
+
+    ``from minidist.tensor import Tensor`` gives Tensor -> minidist.tensor; ``from minidist import
+    nn`` gives nn -> minidist.nn.
+    """
+    tree = ast.parse((PKG / "__init__.py").read_text())
+    names = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for a in node.names:
+                src = f"minidist.{a.name}" if node.module == "minidist" else node.module
+                names[a.asname or a.name] = src
+    return names
+
+
+PUBLIC = public_names()
+
+
+def resolve(mod: str) -> str:
+    """``minidist.X`` where X is a public name, not a submodule: the module X comes from."""
+    top = top_component(mod)
+    if top is not None and top not in LAYERS and top in PUBLIC:
+        return PUBLIC[top]
+    return mod
+
+
+def imports_of(path: Path, text: str | None = None) -> list[str]:
+    """The minidist modules ``path`` imports, with public names resolved to their modules.
+
+    ``from minidist import Tensor`` counts as an import of minidist.tensor (where Tensor is
+    defined), and ``import minidist`` as an import of each ``minidist.X`` the file uses.
+    """
+    tree = ast.parse(path.read_text() if text is None else text, filename=str(path))
     rel = path.relative_to(PKG.parent).with_suffix("")
-    pkg_parts = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
+    pkg_parts = list(rel.parts[:-1])
     out = []
+    plain = set()  # names bound by `import minidist` (as itself or an alias)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out += [a.name for a in node.names]
+            for a in node.names:
+                out.append(a.name)
+                if a.name == "minidist":
+                    plain.add(a.asname or "minidist")
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = pkg_parts[: len(pkg_parts) - (node.level - 1)]
                 mod = ".".join(base + ([node.module] if node.module else []))
-                if node.module is None:  # from . import x  -> each x may be a module
-                    out += [mod + "." + a.name for a in node.names]
-                    continue
             else:
                 mod = node.module or ""
-            out.append(mod)
-    return out
+            if mod == "minidist" or node.module is None:  # from minidist import X / from . import X
+                out += [mod + "." + a.name for a in node.names]
+            else:
+                out.append(mod)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in plain):
+            out.append("minidist." + node.attr)
+    return [resolve(m) for m in out]
 
 
 def test_every_module_is_in_a_layer():
     unknown = sorted({p.relative_to(PKG).parts[0].removesuffix(".py") for p in PKG.rglob("*.py")}
                      - set(LAYERS) - {"__init__"})
     assert not unknown, f"place these modules in LAYERS (tests/test_layers.py): {unknown}"
+
+
+def test_every_layer_exists():
+    missing = sorted(n for n in LAYERS
+                     if not (PKG / n).is_dir() and not (PKG / f"{n}.py").is_file())
+    assert not missing, f"LAYERS (tests/test_layers.py) lists modules that do not exist: {missing}"
+
+
+def test_public_names_resolve_to_modules_in_a_layer():
+    bad = {n: m for n, m in PUBLIC.items() if n != "__version__" and top_component(m) not in LAYERS}
+    assert not bad, f"public names whose module is in no layer: {bad}"
+    assert PUBLIC["Tensor"] == "minidist.tensor" and PUBLIC["nn"] == "minidist.nn"
+
+
+def test_the_package_docstring_states_the_same_order():
+    """minidist/__init__.py documents the layers as `a -> b, c -> ...`; LAYERS must agree."""
+    doc = ast.get_docstring(ast.parse((PKG / "__init__.py").read_text()))
+    line = next(x for x in " ".join(doc.split("\n")).split(": ") if "->" in x)
+    groups = [[n.strip(" .") for n in g.split(",")] for g in line.split("->")]
+    for lower, upper in zip(groups, groups[1:]):
+        for a in lower:
+            for b in upper:
+                assert LAYERS[a] < LAYERS[b], f"__init__ says {a} -> {b}, LAYERS says otherwise"
+    for g in groups:
+        assert len({LAYERS[n] for n in g}) == 1, f"__init__ groups {g}; LAYERS splits them"
 
 
 def test_imports_go_downward():
@@ -74,3 +142,13 @@ def test_imports_go_downward():
             if LAYERS[dst] >= LAYERS[src] or (src, dst) in FORBIDDEN:
                 bad.append(f"{path.relative_to(PKG.parent)} imports {mod} ({src} -> {dst})")
     assert not bad, "imports that break the layer order:\n" + "\n".join(bad)
+
+
+def test_public_name_imports_are_seen():
+    """The resolver catches the forms that used to slip through."""
+    seen = imports_of(PKG / "nn" / "probe.py",  # as if in minidist/nn (never written)
+                      "import minidist\nfrom minidist import Trainer\nfrom .. import Tensor\n"
+                      "x = minidist.DistributedDataParallel\n")
+    assert {"minidist.trainer", "minidist.tensor"} <= set(seen)
+    assert top_component(resolve("minidist.DistributedDataParallel")) == "ddp"
+    assert any(top_component(m) == "ddp" for m in seen), seen

@@ -34,7 +34,6 @@ from minidist.comm.api import (
     new_group,
     reduce,
     reduce_scatter,
-    Work,
 )
 from minidist.comm.env import LaunchInfo, detect_launch
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
@@ -43,6 +42,7 @@ from minidist.comm.group import ProcessGroup, new_group_from_transport
 from minidist.comm.ledger import CallStatus, Ledger, LedgerEntry, ledger_label
 from minidist.comm.ops import ReduceOp
 from minidist.comm.topology import Topology
+from minidist.comm.work import Work
 
 __all__ = [
     "all_gather", "all_gather_into", "all_gather_object", "all_reduce", "barrier", "broadcast",

@@ -85,8 +85,8 @@ def _make_transport(backend: str, info: LaunchInfo, timeout_s: float) -> Transpo
                          "minidist.launch set them), or rank=, world_size= and "
                          "init_method='tcp://host:port'; "
                          f"detected launcher={info.launcher!r}, MASTER_PORT={info.master_port}.")
-    return TCPTransport(info.rank, info.world_size, info.master_addr, rendezvous_port(info),
-                        timeout_s)
+    return TCPTransport(info.rank, info.world_size, info.master_addr or "127.0.0.1",
+                        rendezvous_port(info), timeout_s)
 
 
 def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
@@ -110,6 +110,9 @@ def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
                      "rendezvous uses port %d (set MINIDIST_RENDEZVOUS_PORT to choose another)",
                      info.master_port, port)
         return port
+    if info.master_port is None:
+        raise ValueError("init_process_group(backend='tcp'): MASTER_PORT is not set; set it to "
+                         "the same free port on every rank (or pass init_method='tcp://host:port').")
     return int(info.master_port)
 
 
@@ -171,8 +174,8 @@ def _install_excepthooks(group: ProcessGroup) -> None:
         sys.stderr.write(f"{mdlog.rank_prefix()} interrupted (SIGINT): ending the job on all "
                          f"{group.size} ranks with exit code {INTERRUPT_EXIT_CODE}.\n")
         sys.stderr.flush()
-        abort = getattr(group.transport, "abort", None)
-        if callable(abort):
+        transport = group.transport
+        if transport.abort_ends_job:
             # MPI Abort ends every rank, even those inside a blocking call, and mpiexec exits
             # with our code. The launcher relays our stderr through a pipe, and the abort can
             # tear that down before it has read the line above: give it a moment. MPI prints
@@ -180,7 +183,7 @@ def _install_excepthooks(group: ProcessGroup) -> None:
             # quiet first.
             time.sleep(ABORT_FLUSH_S)
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-            abort(INTERRUPT_EXIT_CODE)
+            transport.abort(INTERRUPT_EXIT_CODE)
         os._exit(INTERRUPT_EXIT_CODE)  # TCP and others: peers see the closed connections
 
     def end_world(exc_type: Any, exc: Any, tb: Any, where: str) -> None:
@@ -192,11 +195,11 @@ def _install_excepthooks(group: ProcessGroup) -> None:
         sys.stderr.write(f"{prefix} uncaught exception {where}; ending the job on all "
                          f"{group.size} ranks.\n")
         sys.stderr.flush()
-        abort = getattr(group.transport, "abort", None)
-        if callable(abort):
+        if group.transport.abort_ends_job:
             time.sleep(ABORT_FLUSH_S)  # let the launcher relay the traceback first
-            abort(1)  # MPI: takes every rank down (does not return)
-        group.transport.close()  # TCP and others: peers see the closed connection
+        # MPI: takes every rank down (does not return); TCP and others close, so peers see
+        # the closed connection.
+        group.transport.abort(1)
 
     def caused_by_interrupt(exc: Any) -> bool:
         """KeyboardInterrupt itself, or an error raised while one was being handled."""
@@ -424,59 +427,18 @@ def _g(group: ProcessGroup | None) -> ProcessGroup:
     return group if group is not None else get_default_group()
 
 
-def barrier(group: ProcessGroup | None = None) -> None:
-    """Wait until every rank of the group arrives."""
-    _g(group).barrier()
+def barrier(group: ProcessGroup | None = None, async_op: bool = False) -> Any:
+    """Wait until every rank of the group arrives (``async_op=True``: a :class:`Work`)."""
+    g = _g(group)
+    return _run(g, "barrier", g.barrier, None, async_op)
 
 
-class Work:
-    """The handle an ``async_op=True`` collective returns (torch's ``Work``).
-
-    minidist completes async collectives EAGERLY: the call runs the collective to the end and
-    returns a Work that is already completed. Why not a background thread: the transports'
-    fastest paths (MPI's own Allreduce, the shared-memory windows) must not run two
-    collectives of one communicator at once from two threads, and a thread per group would
-    have to give up those paths or serialize behind them anyway. Eager completion keeps every
-    rank's ledger in program order, which is what the fingerprints check. It is honest about
-    overlap: there is none; a script written for torch's ``work = all_reduce(..., async_op=True);
-    ...; work.wait()`` runs unchanged and gets the same numbers.
-
-        work = minidist.all_reduce(buf, async_op=True)
-        work.wait(timeout=5.0)          # True: done (a failure raised at the call already)
-        assert work.is_completed()
-    """
-
-    def __init__(self, result: Any, name: str) -> None:
-        self._result, self._name = result, name
-
-    def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
-        """Return True once the collective is done (always at once: it completed eagerly).
-
-        Raises:
-            ValueError: ``timeout`` is negative.
-        """
-        if timeout is not None:
-            seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) \
-                else float(timeout)
-            if seconds < 0:
-                raise ValueError(f"{mdlog.rank_prefix()} Work.wait({self._name}): timeout="
-                                 f"{timeout!r} is negative; pass seconds >= 0 or None.")
-        return True
-
-    def is_completed(self) -> bool:
-        """True: the collective has finished."""
-        return True
-
-    def result(self) -> list:
-        """The output arrays (torch's ``Work.result()``)."""
-        return [self._result]
-
-    def __repr__(self) -> str:
-        return f"Work({self._name}, completed)"
-
-
-def _done(result: Any, name: str, async_op: bool) -> Any:
-    return Work(result, name) if async_op else result
+def _run(group: ProcessGroup | None, name: str, fn: Any, result: Any, async_op: bool) -> Any:
+    """``fn()`` now, or queued on the group's async worker (``async_op=True``: a Work)."""
+    if not async_op:
+        fn()
+        return result
+    return _g(group).run_async(name, fn, result)
 
 
 def all_reduce(array: Any, op: str | ReduceOp = "sum", algorithm: str | None = None,
@@ -485,22 +447,28 @@ def all_reduce(array: Any, op: str | ReduceOp = "sum", algorithm: str | None = N
     """Reduce ``array`` in place across ranks and return it; see ``ProcessGroup.all_reduce``.
 
     ``label`` (e.g. ``"bucket=3"``) is kept in this call's ledger entry. ``async_op=True``
-    returns a completed :class:`Work` instead (see there: minidist completes it eagerly).
+    queues it on the group's worker and returns a :class:`Work` at once (comm/work.py); do not
+    touch ``array`` until ``work.wait()`` returns.
     """
-    return _done(_g(group).all_reduce(array, op, algorithm, label=label), "all_reduce", async_op)
+    g = _g(group)
+    return _run(g, "all_reduce", lambda: g.all_reduce(array, op, algorithm, label=label), array,
+                async_op)
 
 
 def broadcast(array: Any, src: int = 0, group: ProcessGroup | None = None,
               async_op: bool = False) -> Any:
     """Copy rank ``src``'s ``array`` into ``array`` on every rank (in place); returns it
-    (``async_op=True``: a completed :class:`Work`)."""
-    return _done(_g(group).broadcast(array, src), "broadcast", async_op)
+    (``async_op=True``: a :class:`Work`)."""
+    g = _g(group)
+    return _run(g, "broadcast", lambda: g.broadcast(array, src), array, async_op)
 
 
 def reduce(array: Any, dst: int = 0, op: str | ReduceOp = "sum",
-           group: ProcessGroup | None = None) -> Any:
-    """Reduce into ``array`` on rank ``dst`` only; other ranks keep their data."""
-    return _g(group).reduce(array, dst, op)
+           group: ProcessGroup | None = None, async_op: bool = False) -> Any:
+    """Reduce into ``array`` on rank ``dst`` only; other ranks keep their data
+    (``async_op=True``: a :class:`Work`)."""
+    g = _g(group)
+    return _run(g, "reduce", lambda: g.reduce(array, dst, op), array, async_op)
 
 
 def all_gather(array: Any, group: ProcessGroup | None = None) -> Any:
@@ -511,15 +479,19 @@ def all_gather(array: Any, group: ProcessGroup | None = None) -> Any:
 def all_gather_into(output: Any, array: Any, group: ProcessGroup | None = None,
                     async_op: bool = False) -> Any:
     """Fill ``output`` (world_size * array.size elements) with every rank's ``array``
-    (``async_op=True``: a completed :class:`Work`)."""
-    return _done(_g(group).all_gather_into(output, array), "all_gather_into", async_op)
+    (``async_op=True``: a :class:`Work`)."""
+    g = _g(group)
+    return _run(g, "all_gather_into", lambda: g.all_gather_into(output, array), output,
+                async_op)
 
 
 def reduce_scatter(output: Any, input: Any, op: str | ReduceOp = "sum",
                    group: ProcessGroup | None = None, async_op: bool = False) -> Any:
     """Rank r gets chunk r of the reduction of ``input`` (world_size * output.size elements)
-    (``async_op=True``: a completed :class:`Work`)."""
-    return _done(_g(group).reduce_scatter(output, input, op), "reduce_scatter", async_op)
+    (``async_op=True``: a :class:`Work`)."""
+    g = _g(group)
+    return _run(g, "reduce_scatter", lambda: g.reduce_scatter(output, input, op), output,
+                async_op)
 
 
 def new_group(ranks: list[int] | None = None, timeout: float | datetime.timedelta | None = None
@@ -534,8 +506,9 @@ def new_group(ranks: list[int] | None = None, timeout: float | datetime.timedelt
         if evens is not None:                     # None on ranks outside the group
             minidist.all_reduce(x, group=evens)
 
-    Supported on the MPI transport (``MPI_Comm_split`` of the world's communicator) and for
-    the whole world or a one-rank world on any transport; TCP and threads raise.
+    Every transport supports it: MPI splits the world's communicator (``MPI_Comm_split``);
+    TCP and threads give the group a view of the world's connections with a tag space of its
+    own (comm/transports/subgroup.py), so its messages never meet the world's.
 
     Returns:
         The new ProcessGroup on its member ranks; None on the others (torch returns a
@@ -543,34 +516,9 @@ def new_group(ranks: list[int] | None = None, timeout: float | datetime.timedelt
 
     Raises:
         ValueError: ``ranks`` are not distinct ranks of the world.
-        NotImplementedError: a strict sub-group on a transport without sub-communicators.
     """
     world = get_default_group()
-    members = list(range(world.size)) if ranks is None else list(ranks)
-    if len(set(members)) != len(members) or not members or any(
-            isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world.size
-            for r in members):
-        raise ValueError(f"{mdlog.rank_prefix()} new_group(ranks={ranks!r}): ranks must be "
-                         f"distinct integers in [0, {world.size}), at least one.")
-    timeout_s = _timeout_s(timeout) if timeout is not None else \
-        getattr(world.transport, "timeout_s", DEFAULT_TIMEOUT_S)
-    base = getattr(world.transport, "comm", None)
-    if world.transport.name == "mpi" and base is not None:
-        from minidist.comm.transports.mpi import MPITransport
-        mpi = world.transport.MPI
-        color = 0 if world.rank in members else mpi.UNDEFINED
-        key = members.index(world.rank) if world.rank in members else 0
-        sub = base.Split(color, key)  # collective over the world's communicator
-        if world.rank not in members:
-            return None
-        return ProcessGroup(MPITransport(sub, timeout_s), algorithm=world.algorithm,
-                            backend="mpi")
-    if members == list(range(world.size)) and world.size == 1:
-        return world
-    raise NotImplementedError(
-        f"{mdlog.rank_prefix()} new_group(ranks={members}): the {world.backend!r} transport "
-        "does not support sub-groups yet. Run under mpiexec (backend 'mpi'), or use the "
-        "default group.")
+    return world.new_group(ranks, _timeout_s(timeout) if timeout is not None else None)
 
 
 def broadcast_object(obj: Any = None, src: int = 0, group: ProcessGroup | None = None) -> Any:

@@ -37,8 +37,8 @@ from minidist.comm.diagnose import diagnose
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
                                   CommTimeout, PeerFailed)
 from minidist.comm.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, dump_dir
-from minidist.comm.transports.base import (SIDE_BYE, SIDE_DONE, SIDE_FAIL, Transport,
-                                           has_fingerprint)
+from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_DONE, SIDE_FAIL,
+                                           Transport, has_fingerprint)
 from minidist.log import get_logger
 
 log = get_logger(__name__)
@@ -50,7 +50,7 @@ _POLL_S = 0.001
 
 def exchange_timeout_s(transport: Transport) -> float:
     """How long to wait for the peers' reports: ``min(EXCHANGE_S, the transport's timeout)``."""
-    return min(EXCHANGE_S, float(getattr(transport, "timeout_s", None) or EXCHANGE_S))
+    return min(EXCHANGE_S, float(transport.timeout_s or EXCHANGE_S))
 
 
 def _collect(t: Transport, kind: int, peers: list[int], timeout_s: float
@@ -268,7 +268,7 @@ def farewell(group: Any) -> None:
     data = json.dumps({str(k): v for k, v in counts.items()}).encode()
     for p in peers:
         t.side_send(p, SIDE_BYE, data)
-    timeout_s = float(getattr(t, "timeout_s", None) or 300.0) + exchange_timeout_s(t)
+    timeout_s = float(t.timeout_s or DEFAULT_TIMEOUT_S) + exchange_timeout_s(t)
     deadline = time.monotonic() + timeout_s
     theirs: dict[int, dict] = dict(group._byes)  # what the poll hook already read
     pending = [p for p in peers if p not in theirs]

@@ -31,6 +31,13 @@ Streams: ``tag`` (0 <= tag < MAX_STREAMS = 1024) names an independent stream wit
 numbers, for collectives that run concurrently from different threads; one stream must be used
 by one thread at a time. ``barrier`` and the ``*_object`` collectives use stream 0.
 
+Async collectives (``run_async``; comm/work.py): one worker thread per group runs them in issue
+order; every synchronous collective of the group first waits for the queued ones (drain), so
+all ranks still make the group's collectives in program order.
+
+Sub-groups (``new_group``): the transport's ``split`` (MPI: ``MPI_Comm_split``; elsewhere a
+``SubgroupTransport`` view with its own tag space) under a new ProcessGroup.
+
 Arrays that differ across ranks are caught by the fingerprints (a different count, dtype, op,
 root or collective never matches); with ``check_consistency=True`` (default:
 ``MINIDIST_DEBUG>=1``) each collective also all-gathers (numel, dtype, op, algorithm, root)
@@ -41,7 +48,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -65,6 +72,7 @@ from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, p
 from minidist.comm.topology import Topology, detect_topology
 from minidist.comm.transports.base import MAX_STREAMS, Transport, wire_tag
 from minidist.comm.transports.shm_window import shm_free_buffer
+from minidist.comm.work import AsyncWorker, Work, completed
 from minidist.log import debug_level, get_logger
 
 log = get_logger(__name__)
@@ -102,7 +110,7 @@ class ProcessGroup:
         self.check_consistency = (debug_level() >= 1 if check_consistency is None
                                   else check_consistency)
         self._debug = debug_level()
-        self._max_tag = int(getattr(transport, "max_tag", (1 << 62) - 1))
+        self._max_tag = int(transport.max_tag)
         self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled(),
                              self._max_tag)
         self._native = supports_native(transport)
@@ -116,6 +124,7 @@ class ProcessGroup:
         self._byes: dict[int, dict[int, int]] = {}  # peer -> its final counts (SIDE_BYE)
         self._token = np.zeros(1, np.uint8)
         self._token_in = np.zeros(1, np.uint8)
+        self._worker: AsyncWorker | None = None  # started by the first run_async
         transport.poll_hook = self._poll
         # auto's table: a calibration every rank holds alike (collective), else the shipped one
         self._calibration = self._explainer.calibration = agreed_calibration(self)
@@ -183,7 +192,13 @@ class ProcessGroup:
 
     def _begin(self, collective: str, stream: int, flat: Any, shape: Any, op: ReduceOp | None,
                root: int, algorithm: str, reason: str | None) -> tuple:
-        """``(row, message tag)`` of a call that is not all_reduce (the ledger's slower path)."""
+        """``(row, message tag)`` of a call that is not all_reduce (the ledger's slower path).
+
+        Every such call comes here before its first message: queued async collectives of the
+        group run first (drain), so the order on the wire is the program's order.
+        """
+        if self._worker is not None:
+            self._drain()
         if not self.ledger.enabled:
             return None, stream
         count, dtype = (0, None) if flat is None else (flat.size, flat.dtype)
@@ -211,9 +226,11 @@ class ProcessGroup:
             diff = [i for i in range(len(mine)) if rows[r, i] != rows[0, i]]
             if diff:
                 i = diff[0]
-                show = {0: lambda v: f"{v} elements", 1: lambda v: SUPPORTED_DTYPES[v],
-                        2: lambda v: _OPS[v].value if v >= 0 else "-",
-                        3: lambda v: algos[v] if v < len(algos) else "?", 4: str}[i]
+                shows: dict[int, Callable[[int], str]] = {
+                    0: lambda v: f"{v} elements", 1: lambda v: SUPPORTED_DTYPES[v],
+                    2: lambda v: _OPS[v].value if v >= 0 else "-",
+                    3: lambda v: algos[v] if v < len(algos) else "?", 4: str}
+                show = shows[i]
                 err = CollectiveMismatch(
                     f"{self._where(call)}: rank {r} passed {fields[i]}={show(int(rows[r, i]))} "
                     f"but rank 0 passed {fields[i]}={show(int(rows[0, i]))}. Every rank must pass "
@@ -256,12 +273,14 @@ class ProcessGroup:
         """
         algorithm = self.algorithm if algorithm is None else algorithm
         try:
-            op = _FAST_OPS[op]
+            rop: ReduceOp = _FAST_OPS[op]
         except (KeyError, TypeError):
-            op = self._op(op, f'all_reduce(algorithm="{algorithm}")')
+            rop = self._op(op, f'all_reduce(algorithm="{algorithm}")')
         flat = self._flat(array, "all_reduce", algorithm=algorithm)  # no formatting unless bad
         if tag:
             tag = self._stream(tag, f'all_reduce(algorithm="{algorithm}")')
+        if self._worker is not None:  # queued async collectives first (see _begin)
+            self._drain()
         shared = False
         if algorithm == "auto":
             shm = self._shm if type(flat) is np.ndarray and not tag else None  # shm: stream 0
@@ -271,9 +290,9 @@ class ProcessGroup:
         if self._plan_epoch != _select.EPOCH:  # the model or rules changed (load_model, tune)
             self._plans.clear()
             self._plan_epoch = _select.EPOCH
-        plan = self._plans.get((algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag))
+        plan = self._plans.get((algorithm, flat.nbytes, flat.dtype, rop.code, shared, not tag))
         if plan is None:
-            plan = self._plan(algorithm, flat, op, shared, tag)
+            plan = self._plan(algorithm, flat, rop, shared, tag)
         name, reason, fn, call, native = plan
         ledger = self.ledger
         row = None
@@ -283,12 +302,12 @@ class ProcessGroup:
             wire = tag
         if self._debug >= 1:
             log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
-                      name, flat.size, flat.dtype.name, flat.nbytes, op.value, self.size)
+                      name, flat.size, flat.dtype.name, flat.nbytes, rop.value, self.size)
         t0 = time.perf_counter()
         try:
             if native and not self.check_consistency:
                 # MPI's Allreduce: post it, write the ledger row while the data moves, wait.
-                pending = self.transport.native_post(flat, op, wire)
+                pending = self.transport.native_post(flat, rop, wire)
                 if ledger.enabled:
                     row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
                 self.transport.native_wait(pending)
@@ -296,9 +315,9 @@ class ProcessGroup:
                 if ledger.enabled:
                     row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
                 if self.check_consistency:
-                    self._agree(f'all_reduce(algorithm="{algorithm}")', flat, op, algorithm, 0,
+                    self._agree(f'all_reduce(algorithm="{algorithm}")', flat, rop, algorithm, 0,
                                 row, tag)
-                fn(self.transport, flat, op, wire)
+                fn(self.transport, flat, rop, wire)
         except CommError as e:
             if row is None and ledger.enabled:  # posting failed before the row was written
                 row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
@@ -322,11 +341,12 @@ class ProcessGroup:
                                               shm is not None, shared, self._calibration)
             fn = ALGORITHMS[name]
         else:
-            name, reason, fn = algorithm, "explicit", ALGORITHMS.get(algorithm)
-            if fn is None:
+            name, reason = algorithm, "explicit"
+            if name not in ALGORITHMS:
                 raise ValueError(f'{self._where(f"all_reduce(algorithm={algorithm!r})")}: '
                                  f"unknown algorithm {algorithm!r}; use one of "
                                  f"{', '.join(repr(k) for k in [*ALGORITHMS, 'auto'])}.")
+            fn = ALGORITHMS[name]
             if name == "mpi" and not self._native:
                 mpi_all_reduce(self.transport, flat, op, 0)  # the clear "no MPI here" error
         plan = (name, reason, fn,
@@ -556,6 +576,8 @@ class ProcessGroup:
         window, so ``all_reduce`` on them can take the zero-copy "shm" path (algorithms/shm.py).
         """
         xp = xp or backend.default_array_module()
+        if self._worker is not None:
+            self._drain()
         if xp is np and self._shm is not None:
             dt = np.dtype(dtype)
             row = (self.ledger.begin("alloc_buffer", 0, int(numel), dt, (int(numel),), None, -1,
@@ -585,11 +607,16 @@ class ProcessGroup:
         more collectives than the others.
         """
         self._explainer.flush()
+        if self._worker is not None:
+            self._drain()
         farewell(self)
 
     def close(self) -> None:
         """Write the ledger (``MINIDIST_LEDGER_DUMP``), release the transport and the cached
         scratch buffers. Idempotent."""
+        if self._worker is not None:
+            self._worker.close()  # after the queued collectives (each has its own deadline)
+            self._worker = None
         d = dump_dir()
         if d and self.ledger.enabled:
             try:
@@ -598,6 +625,63 @@ class ProcessGroup:
                 log.warning("could not write the ledger to %s: %s", d, e)
         clear_scratch(self.transport)
         self.transport.close()
+
+    # -- async collectives and sub-groups ----------------------------------------------------
+    def run_async(self, name: str, fn: Callable[[], Any], result: Any = None) -> Work:
+        """Run ``fn`` (a collective of this group) on the group's worker thread; return its Work.
+
+        Collectives run in the order they were submitted, and every synchronous collective of
+        the group waits for them first (comm/work.py). On a transport that is not
+        ``thread_safe`` (MPI without MPI_THREAD_MULTIPLE), and in a one-rank group, ``fn`` runs
+        here and now and the Work returned is already completed (an error raises at the call).
+        """
+        where = f"[rank {self.rank}/{self.size}]"
+        if self.size == 1 or not self.transport.thread_safe:
+            fn()
+            return completed(name, where, result)
+        if self._worker is None:
+            self._worker = AsyncWorker(f"minidist-async-{self.backend}-{self.rank}")
+        work = Work(name, where, result, self.transport.timeout_s)
+        return self._worker.submit(work, fn)
+
+    def _drain(self) -> None:
+        """Wait until the group's queued async collectives have finished (not on the worker)."""
+        worker = self._worker
+        if worker is not None and worker.pending:
+            worker.drain()
+
+    def new_group(self, ranks: list[int] | None = None, timeout_s: float | None = None
+                  ) -> ProcessGroup | None:
+        """A group of some of this group's ranks (``minidist.new_group`` on the world).
+
+        COLLECTIVE over this group: every rank calls it with the same ``ranks`` in the same
+        order as its other ``new_group`` calls. Rank ``ranks[i]`` is rank ``i`` of the new
+        group; ranks outside ``ranks`` get None. MPI splits its communicator; other transports
+        give the group a ``SubgroupTransport`` view that shares this group's connections in a
+        tag space of its own, so every collective (and DDP) works on it unchanged.
+
+        Args:
+            ranks: distinct ranks of this group (default: all of them).
+            timeout_s: deadline of the new group's waits (default: this group's).
+
+        Raises:
+            ValueError: ``ranks`` are not distinct ranks of this group.
+        """
+        members = list(range(self.size)) if ranks is None else list(ranks)
+        if len(set(members)) != len(members) or not members or any(
+                isinstance(r, bool) or not isinstance(r, (int, np.integer))
+                or not 0 <= r < self.size for r in members):
+            raise ValueError(f"{self._where(f'new_group(ranks={ranks!r})')}: ranks must be "
+                             f"distinct integers in [0, {self.size}), at least one.")
+        members = [int(r) for r in members]
+        if self.size == 1:
+            return self
+        self._drain()
+        sub = self.transport.split(members, self.transport.timeout_s if timeout_s is None
+                                   else float(timeout_s))
+        if sub is None:
+            return None
+        return ProcessGroup(sub, algorithm=self.algorithm, backend=self.backend)
 
     def __repr__(self) -> str:
         return (f"ProcessGroup(backend={self.backend!r}, rank={self.rank}, size={self.size}, "

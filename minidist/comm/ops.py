@@ -38,6 +38,10 @@ class ReduceOp(enum.Enum):
     MIN = "min"
     PROD = "prod"
 
+    # Set on every member below (annotations only: they are not members).
+    code: int
+    ufunc: Any
+
 
 # The ufunc that combines two partial results; AVG combines like SUM and divides at the end.
 _UFUNCS = {

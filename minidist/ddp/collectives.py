@@ -54,9 +54,10 @@ def reduce_scatter(output: Any, input: Any, op: Any = "sum", group: Any = None,
                                              async_op=async_op))
 
 
-def reduce(tensor: Any, dst: int = 0, op: Any = "sum", group: Any = None) -> Any:
+def reduce(tensor: Any, dst: int = 0, op: Any = "sum", group: Any = None,
+           async_op: bool = False) -> Any:
     """``comm.reduce`` on a Tensor or array (in place on ``dst``)."""
-    return _same(tensor, comm.reduce(_array(tensor), dst, op, group))
+    return _same(tensor, comm.reduce(_array(tensor), dst, op, group, async_op=async_op))
 
 
 def all_gather(tensor: Any, group: Any = None) -> Any:

@@ -146,7 +146,7 @@ class LinearWarmup(LRScheduler):
 
     def lr_at(self, base_lr: float, step: int) -> float:
         if step < self.warmup_steps:
-            return base_lr * (step + 1) / (self.warmup_steps + 1)
+            return base_lr * ((step + 1) / (self.warmup_steps + 1))  # base x factor, as below
         return base_lr
 
 
@@ -196,8 +196,17 @@ class CosineAnnealingLR(LRScheduler):
 class WarmupCosine(LRScheduler):
     """Linear warm-up, then cosine decay to ``min_lr`` at ``total_steps``, then ``min_lr``.
 
-    Warm-up as ``LinearWarmup``; afterwards with ``r = (step - warmup) / (total - warmup)``:
-    ``lr = min_lr + (base_lr - min_lr) * (1 + cos(pi r)) / 2`` (nanoGPT's ``get_lr``).
+    Every rate is ``base_lr x factor(step)`` (the Trainer's schedule, bit for bit)::
+
+        warm-up (step < w):  factor = (step + 1) / (w + 1)
+        after:               factor = f + (1 - f) (1 + cos(pi r)) / 2
+                             r = min((step - w) / (total - w), 1),  f = min(min_lr / base_lr, 1)
+
+    The curve is nanoGPT's ``get_lr``. Computing ``base_lr x factor`` rather than ``min_lr +
+    (base_lr - min_lr) x ...`` keeps one rounding order everywhere, so a run resumed from a
+    checkpoint repeats the same rates to the last bit. After ``total_steps`` the rate stays at
+    ``base_lr x f`` (``min_lr`` up to rounding); a ``min_lr`` above ``base_lr`` keeps the
+    group at ``base_lr`` (``f`` is capped at 1), and a group with ``base_lr`` 0 stays at 0.
 
     Args:
         optimizer: the optimizer to schedule.
@@ -216,10 +225,14 @@ class WarmupCosine(LRScheduler):
         self.min_lr = float(min_lr)
         super().__init__(optimizer, last_epoch)
 
+    def factor(self, base_lr: float, step: int) -> float:
+        """The multiplier of ``base_lr`` at ``step`` (see the class docstring)."""
+        warmup = self.warmup_steps
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        floor = min(self.min_lr / base_lr, 1.0) if base_lr > 0 else 0.0
+        r = min((step - warmup) / max(self.total_steps - warmup, 1), 1.0)
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * r))
+
     def lr_at(self, base_lr: float, step: int) -> float:
-        if step < self.warmup_steps:
-            return base_lr * (step + 1) / (self.warmup_steps + 1)
-        if step >= self.total_steps:
-            return self.min_lr
-        ratio = (step - self.warmup_steps) / (self.total_steps - self.warmup_steps)
-        return self.min_lr + (base_lr - self.min_lr) * (1.0 + math.cos(math.pi * ratio)) / 2.0
+        return base_lr * self.factor(base_lr, step)

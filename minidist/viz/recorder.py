@@ -133,6 +133,7 @@ class RecordingTransport(Transport):
     def __init__(self, inner: Transport, recorder: Recorder, watch: Any = None) -> None:
         self.inner, self.recorder, self.watch = inner, recorder, watch
         self.rank, self.size = inner.rank, inner.size
+        self.timeout_s = inner.timeout_s
 
     def isend(self, buf: Any, dst: int, tag: int = 0) -> Request:
         # Stamp first: the receiver may complete as soon as the inner send has queued the bytes.

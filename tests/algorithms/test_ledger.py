@@ -241,7 +241,10 @@ def test_a_timeout_with_nothing_different_says_so():
             g.all_reduce(np.ones(4, np.float32), algorithm="tree")
         else:  # rank 1 arrives too late, in the same call, after rank 0's deadline
             import time
-            time.sleep(1.0)
+
+            from minidist.comm.transports.base import SIDE_FAIL
+            while g.transport.side_pending(SIDE_FAIL) is None:  # rank 0 has given up
+                time.sleep(0.01)
             g.all_reduce(np.ones(4, np.float32), algorithm="tree")
 
     errors = failure(2, body, timeout_s=0.5)

@@ -1,11 +1,12 @@
-"""new_group, async collectives and Tensors under mpiexec n=4 (rank body); rank 0 prints
-``RESULT {...}``.
+"""new_group, async collectives and Tensors on 4 ranks (rank body); rank 0 prints ``RESULT {...}``.
 
-    ./mpirun.sh -n 4 python tests/mpi/subgroup_body.py     # tests/mpi/test_subgroups_mpi.py
+    ./mpirun.sh -n 4 python tests/mpi/subgroup_body.py     # tests/test_subgroups_mpi.py
+    # or 4 TCP ranks started torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 
 Two sub-groups of 2 ranks, {0, 1} and {2, 3}: collectives inside each see only its members;
 a DDP model over each sub-group ends identical inside the group and different across groups
-(different data); async_op=True returns a completed Work; a Tensor goes where an array does.
+(different data); async_op=True returns a Work that completes; a Tensor goes where an array
+does; world collectives in between never mix with the sub-groups' messages.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ def main() -> None:
     work = minidist.all_reduce(x, group=mine, async_op=True)
     res["waited"] = work.wait(timeout=5.0) and work.is_completed()
     res["sum"] = float(x[0])                          # 1+2=3 on {0,1}, 3+4=7 on {2,3}
+    y = np.array([float(rank + 1)])
+    queued = [minidist.all_reduce(y, group=mine, async_op=True) for _ in range(3)]
+    w_sum = np.array([1.0])
+    minidist.all_reduce(w_sum)                        # world, synchronous, between them
+    z = np.array([float(rank)])
+    minidist.all_reduce(z, group=mine)                # synchronous: after the queued ones
+    res["queued"] = [q.wait() for q in queued] == [True] * 3 and float(y[0])
+    res["world_sum"], res["z"] = float(w_sum[0]), float(z[0])
     res["group_rank"] = mine.rank
     t = minidist.tensor(np.full(2, float(rank), np.float32))
     w = minidist.broadcast(t, src=0, group=mine, async_op=True)

@@ -19,7 +19,7 @@ from minidist.comm.transports.base import Transport
 
 def supports_native(transport: Transport) -> bool:
     """True when the transport can run MPI's own Allreduce."""
-    return callable(getattr(transport, "native_all_reduce", None))
+    return transport.has_native_all_reduce
 
 
 def mpi_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -> None:

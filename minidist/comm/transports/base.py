@@ -32,6 +32,20 @@ data messages, so they get through while a collective is stuck::
     t.peer_lost(src)                         # why ``src`` is unreachable, or None
     t.stray_tag(src, tag)                    # a message from src on tag's stream, other tag
 
+Capabilities: every transport has these attributes and methods (the defaults below suit a
+transport without the feature), so callers use them directly instead of probing::
+
+    t.timeout_s                  deadline of every blocking wait (seconds)
+    t.abort(code)                end this rank's part of the job now (default: ``close()``)
+    t.abort_ends_job             True when ``abort`` takes every rank down at once (MPI Abort)
+    t.has_native_all_reduce      True when ``t.native_all_reduce(buf, op, tag)`` exists (MPI)
+    t.shared_memory_comm()       an MPI communicator for shared windows (MPI), else None
+    t.side_comm()                the MPI communicator of the side channel (MPI), else None
+    t.guard_node                 the shared-memory node that guards native collectives, or None
+    t.thread_safe                True when several threads may call it at once (async work)
+    t.split(members, timeout_s)  a transport over some ranks (sub-groups; see ``split``)
+    t.split_by_color(color, key) MPI_Comm_split's form, where the transport has it, else None
+
 Byte counters: every transport counts the payload bytes it sends, split by where the peer
 lives (``set_peer_nodes``: the node of every rank, from ``minidist.comm.topology``)::
 
@@ -61,6 +75,12 @@ DEFAULT_TIMEOUT_S = float(os.environ.get("MINIDIST_TIMEOUT_S", "300"))
 STREAM_BITS = 10
 MAX_STREAMS = 1 << STREAM_BITS
 _STREAM_MASK = MAX_STREAMS - 1
+# Sub-groups made by ``Transport.split`` over one transport (TCP, threads) share its messages:
+# each group's tags carry its group number in the bits from GROUP_SHIFT up, the world's tags
+# stay below (``Transport.max_tag``), so no group ever matches another group's message.
+GROUP_SHIFT = 40
+MAX_GROUPS = (1 << 22) - 1  # group numbers 1..MAX_GROUPS (tags stay below 2**62)
+_GROUP_MASK = MAX_GROUPS << GROUP_SHIFT
 
 # Side-channel message kinds.
 SIDE_FAIL = 1  # "my collective failed; here is my ledger"
@@ -70,8 +90,9 @@ SIDE_KINDS = (SIDE_FAIL, SIDE_BYE, SIDE_DONE)
 
 
 def stream_of(tag: int) -> int:
-    """The stream (the caller's ``tag``) of a message tag built by ``wire_tag``."""
-    return tag & _STREAM_MASK
+    """The stream of a message tag built by ``wire_tag``: the caller's ``tag``, plus the bits
+    of the sub-group that sent it (so streams of different groups never compare equal)."""
+    return tag & (_STREAM_MASK | _GROUP_MASK)
 
 
 def has_fingerprint(tag: int) -> bool:
@@ -140,8 +161,18 @@ class Transport(abc.ABC):
     rank: int
     size: int
     name: str = "transport"
-    max_tag: int = (1 << 62) - 1  # the largest message tag (MPI: its TAG_UB attribute)
+    # The largest message tag (MPI: its TAG_UB attribute); the bits above it carry sub-group
+    # numbers on transports that split generically (see GROUP_SHIFT).
+    max_tag: int = (1 << GROUP_SHIFT) - 1
     poll_hook: PollHook | None = None  # installed by the process group (see "Polling")
+    timeout_s: float = DEFAULT_TIMEOUT_S  # deadline of every blocking wait (set per instance)
+    abort_ends_job: bool = False  # abort() ends every rank (MPI), not only this one
+    has_native_all_reduce: bool = False  # native_all_reduce runs the library's own all-reduce
+    # Calls from several threads at once are safe (async collectives run on a worker thread;
+    # MPI: only with MPI_THREAD_MULTIPLE).
+    thread_safe: bool = True
+    subgroups_made: int = 0  # how many ``split`` calls this rank made (numbers the groups)
+    guard_node: Any = None  # shm_window's node that guards native collectives (MPI, one node)
 
     # Class defaults: a transport needs no constructor call for these.
     one_process: bool = False  # every rank lives in this process (threads, local): one node
@@ -165,7 +196,7 @@ class Transport(abc.ABC):
         digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=7).digest()
         return int.from_bytes(digest, "little")
 
-    def split(self, color: int, key: int) -> "Transport | None":
+    def split_by_color(self, color: int, key: int) -> "Transport | None":
         """A transport over the ranks that pass the same ``color`` (ranked by ``key``), or None
         where this transport has no sub-communicators (the default). Collective: every rank."""
         return None
@@ -256,6 +287,57 @@ class Transport(abc.ABC):
     def peer_lost(self, src: int) -> str | None:
         """Why rank ``src`` can no longer be reached (connection closed), or None."""
         return None
+
+    # -- capabilities (see the module docstring); the defaults describe "not supported" ------
+    def native_all_reduce(self, buf: Any, op: Any, tag: int = 0,
+                          timeout_s: float | None = None) -> None:
+        """All-reduce ``buf`` in place with the library's own collective (``has_native_all_reduce``).
+
+        Raises:
+            NotImplementedError: this transport has none (only MPI does).
+        """
+        raise NotImplementedError(
+            f"[rank {self.rank}/{self.size}] native_all_reduce: the {self.name!r} transport has "
+            "no library all-reduce (check has_native_all_reduce first).")
+
+    def shared_memory_comm(self) -> Any | None:
+        """An MPI communicator whose node-local ranks can share memory windows, or None."""
+        return None
+
+    def side_comm(self) -> Any | None:
+        """The MPI communicator that carries the side channel (for barriers beside it), or None."""
+        return None
+
+    def split(self, members: list[int], timeout_s: float) -> Transport | None:
+        """A transport over ``members`` (ranks of this one; index = rank in the new one).
+
+        Collective: every rank of this transport calls it with the same ``members``, in the
+        same order as its other ``split`` calls; ranks outside ``members`` get None (and still
+        count the call, so group numbers agree everywhere). ``new_group`` builds sub-groups
+        through it. The default is a ``SubgroupTransport`` view that shares this transport's
+        messages in a tag space of its own; MPI overrides it with ``MPI_Comm_split``.
+
+        Raises:
+            ValueError: more than ``MAX_GROUPS`` sub-groups on this transport.
+        """
+        from minidist.comm.transports.subgroup import SubgroupTransport
+        self.subgroups_made += 1
+        if self.subgroups_made > MAX_GROUPS:
+            raise ValueError(f"[rank {self.rank}/{self.size}] new_group: more than {MAX_GROUPS} "
+                             "sub-groups on one transport. Reuse the groups you made.")
+        if self.rank not in members:
+            return None
+        return SubgroupTransport(self, members, self.subgroups_made, timeout_s)
+
+    def abort(self, code: int = 1) -> None:
+        """End this rank's part of the job now, after an uncaught exception or Ctrl-C.
+
+        The default closes the transport, so peers blocked on this rank fail fast with a
+        closed connection instead of waiting for their deadline, and returns (the caller then
+        exits). MPI overrides it with ``MPI_Abort``, which ends every rank and does not return
+        (``abort_ends_job`` is True there).
+        """
+        self.close()
 
     def close(self) -> None:
         """Release sockets, windows, threads. Idempotent."""

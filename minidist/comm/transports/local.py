@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist.comm.transports.base import Request, Transport
+from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Request, Transport
 
 
 class LocalTransport(Transport):
@@ -23,7 +23,7 @@ class LocalTransport(Transport):
     def __init__(self, timeout_s: float | None = None) -> None:
         self.rank = 0
         self.size = 1
-        self.timeout_s = timeout_s
+        self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
 
     def _no_peer(self, op: str, peer: int) -> ValueError:
         return ValueError(f"[rank 0/1] {op}(peer={peer}): the local transport has a single rank, "

@@ -184,6 +184,8 @@ class MPITransport(Transport):
     """Point-to-point over a duplicate of ``MPI.COMM_WORLD`` (or of the communicator given)."""
 
     name = "mpi"
+    abort_ends_job = True  # MPI_Abort ends every rank
+    has_native_all_reduce = True
 
     def __init__(self, comm: Any = None, timeout_s: float | None = None) -> None:
         self.MPI = MPI = load_mpi()
@@ -196,6 +198,8 @@ class MPITransport(Transport):
         self.side, req = base.Idup()  # failure notices: never blocked behind a stuck call
         _wait_local(req, self.timeout_s, what)
         self.max_tag = int(base.Get_attr(MPI.TAG_UB))
+        # Async collectives run on a worker thread while other threads may call MPI too.
+        self.thread_safe = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         self._status = MPI.Status()
         self.guard_node: Any = None  # the ShmNode when every rank shares one node (shm_window)
         self._guard = np.zeros(2, np.int64)  # across nodes: [fp, -fp] reduced with MAX
@@ -226,7 +230,7 @@ class MPITransport(Transport):
             node.Free()
         return int(leader[0])
 
-    def split(self, color: int, key: int) -> "MPITransport":
+    def split_by_color(self, color: int, key: int) -> "MPITransport":
         """``MPI_Comm_split`` of this transport's communicator (after an Ibarrier with the
         deadline): an MPITransport over the ranks with the same ``color``."""
         req = self.comm.Ibarrier()
@@ -444,6 +448,19 @@ class MPITransport(Transport):
             if other != tag and stream_of(other) == stream_of(tag):
                 return other
         return None
+
+    def shared_memory_comm(self) -> Any | None:
+        return self.comm
+
+    def side_comm(self) -> Any | None:
+        return self.side
+
+    def split(self, members: list[int], timeout_s: float) -> Transport | None:
+        """A transport over an ``MPI_Comm_split`` of this one (collective over every rank)."""
+        color = 0 if self.rank in members else self.MPI.UNDEFINED
+        key = members.index(self.rank) if self.rank in members else 0
+        sub = self.comm.Split(color, key)
+        return None if self.rank not in members else MPITransport(sub, timeout_s)
 
     def abort(self, code: int = 1) -> None:
         """End the whole job now (every rank), e.g. after an uncaught exception on this rank."""

@@ -99,9 +99,9 @@ class ShmNode:
     """
 
     def __init__(self, transport: Transport, timeout_s: float | None = None) -> None:
-        comm = getattr(transport, "comm", None)
+        comm = transport.shared_memory_comm()
         prefix = f"[rank {transport.rank}/{transport.size}]"
-        if comm is None or not hasattr(comm, "Split_type"):
+        if comm is None:
             raise CommError(
                 f"{prefix} all_reduce(algorithm=\"shm\"): the shared-memory path needs the MPI "
                 f"transport (an MPI-3 shared window), got the {transport.name!r} transport. Use "
@@ -110,11 +110,11 @@ class ShmNode:
 
         self.prefix = prefix
         if timeout_s is None:
-            timeout_s = getattr(transport, "timeout_s", None) or DEFAULT_TIMEOUT_S
+            timeout_s = transport.timeout_s or DEFAULT_TIMEOUT_S
         self.timeout_s = float(timeout_s)
         # The side communicator and (weakly) the transport, whose poll hook the waits here run:
         # this object is cached per transport in a weak dictionary, so it must not keep it alive.
-        self.side = getattr(transport, "side", None)
+        self.side = transport.side_comm()
         self._transport = weakref.ref(transport)
         self.arrive("shared-memory set-up")
         self.comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
@@ -247,7 +247,7 @@ def shm_node(transport: Transport) -> ShmNode:
     node = _NODES.get(transport)
     if node is None:
         node = _NODES[transport] = ShmNode(transport)
-        if hasattr(transport, "guard_node"):  # MPI's Allreduce guards fingerprints through it
+        if transport.has_native_all_reduce:  # MPI's Allreduce guards fingerprints through it
             transport.guard_node = node
     return node
 
@@ -292,6 +292,6 @@ def shm_close(transport: Transport) -> None:
     """Free the transport's shared windows (collective); call before closing the transport."""
     node = _NODES.pop(transport, None)
     if node is not None:
-        if getattr(transport, "guard_node", None) is node:
+        if transport.guard_node is node:
             transport.guard_node = None
         node.free()

@@ -102,6 +102,9 @@ class _RecvRequest(Request):
         timeout_s = self.t.world.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         world = self.t.world
+        # The first wait is short: a side message that came before this wait began notified
+        # nobody, and the poll hook after it must see it soon (a peer's failure report).
+        nap_s = 0.01
         while True:
             with world.cond:
                 if self._take():
@@ -115,7 +118,8 @@ class _RecvRequest(Request):
                         f"[rank {self.t.rank}/{self.t.size}] recv(src={self.src}, tag={self.tag}): "
                         f"no message after {timeout_s:.1f} s. Rank {self.src} is late or stuck; "
                         "check that every rank calls the same collectives in the same order.")
-                world.cond.wait(min(left, 0.5))  # every send and side message notifies
+                world.cond.wait(min(left, nap_s))  # every send and side message notifies
+                nap_s = 0.5
                 if self._take():
                     return
             hook = self.t.poll_hook  # outside the lock: it reads side messages
@@ -137,6 +141,7 @@ class ThreadTransport(Transport):
         if not 0 <= rank < world.size:
             raise ValueError(f"ThreadTransport: rank {rank} out of range [0, {world.size})")
         self.world, self.rank, self.size = world, rank, world.size
+        self.timeout_s = world.timeout_s
         self.messages_sent = 0
         self.bytes_sent = 0
 
