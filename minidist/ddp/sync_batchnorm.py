@@ -36,7 +36,7 @@ class SyncBatchNorm(BatchNormBase):
         process_group: the ranks whose batches are normalized together (default: the world).
     """
 
-    _dims = ()  # any rank >= 2
+    _dims: tuple[int, ...] = ()  # any rank >= 2
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True,

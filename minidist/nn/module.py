@@ -60,6 +60,8 @@ class IncompatibleKeys(NamedTuple):
 class Module:
     """Base class of every layer and model: registers parameters, buffers and sub-modules."""
 
+    training: bool  # set by __init__ and train()/eval()
+
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())

@@ -18,6 +18,7 @@ See docs/tensor.md for how the tape works and the two contracts DDP relies on.
 
 from __future__ import annotations
 
+import builtins
 import sys
 import types
 from typing import Any
@@ -83,7 +84,7 @@ class _CallablePackage(types.ModuleType):
     """
 
     def __call__(self, data: Any, dtype: Any = None, device: Any = None,
-                 requires_grad: bool = False) -> Tensor:
+                 requires_grad: builtins.bool = False) -> Tensor:
         return tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
 
 

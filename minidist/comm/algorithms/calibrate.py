@@ -127,7 +127,7 @@ def validate(data: Any, key: dict) -> str | None:
         if name not in select.COST:
             return f"unknown algorithm {name!r} in its model"
         if not isinstance(consts, dict) or any(
-                not isinstance(consts.get(c), (int, float)) or not consts.get(c) >= 0
+                not isinstance(consts.get(c), (int, float)) or not consts[c] >= 0
                 for c in ("alpha_us", "beta_us_per_byte", "gamma_us_per_byte")):
             return f"the model of {name!r} lacks a non-negative alpha, beta or gamma"
     for k, rule in rules.items():
@@ -149,6 +149,7 @@ def load(transport: str, world_size: int, warn: bool = True) -> Calibration | No
     the file and how to regenerate it (once per file and process; ``warn=False``: debug only).
     """
     path = cache_path(transport, world_size)
+    why: str | None
     try:
         text = path.read_text()
     except FileNotFoundError:

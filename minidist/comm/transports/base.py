@@ -300,6 +300,22 @@ class Transport(abc.ABC):
             f"[rank {self.rank}/{self.size}] native_all_reduce: the {self.name!r} transport has "
             "no library all-reduce (check has_native_all_reduce first).")
 
+    def native_post(self, buf: Any, op: Any, tag: int = 0) -> tuple:
+        """Start ``native_all_reduce`` without waiting; finish it with ``native_wait``.
+
+        Raises:
+            NotImplementedError: this transport has none (only MPI does).
+        """
+        raise NotImplementedError(
+            f"[rank {self.rank}/{self.size}] native_post: the {self.name!r} transport has "
+            "no library all-reduce (check has_native_all_reduce first).")
+
+    def native_wait(self, pending: tuple, timeout_s: float | None = None) -> None:
+        """Wait for a ``native_post`` to complete (same deadline rules as every wait)."""
+        raise NotImplementedError(
+            f"[rank {self.rank}/{self.size}] native_wait: the {self.name!r} transport has "
+            "no library all-reduce (check has_native_all_reduce first).")
+
     def shared_memory_comm(self) -> Any | None:
         """An MPI communicator whose node-local ranks can share memory windows, or None."""
         return None
