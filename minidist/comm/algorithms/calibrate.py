@@ -211,8 +211,8 @@ def agreed(group: Any) -> Calibration | None:
         return None
     mine = load(transport, n, warn=group.rank == 0)
     d = mine.digest if mine is not None else 0
-    comm = getattr(group.transport, "comm", None)
-    if comm is not None and hasattr(comm, "allreduce"):  # MPI: compare, no transport message
+    comm = group.transport.mpi_comm()
+    if comm is not None:  # MPI: compare, no transport message
         lo, hi = -comm.allreduce(-d, op=group.transport.MPI.MAX), comm.allreduce(
             d, op=group.transport.MPI.MAX)
     else:  # one host (threads), or TCP: each host reads its own file (see the module doc)

@@ -39,6 +39,7 @@ transport without the feature), so callers use them directly instead of probing:
     t.abort(code)                end this rank's part of the job now (default: ``close()``)
     t.abort_ends_job             True when ``abort`` takes every rank down at once (MPI Abort)
     t.has_native_all_reduce      True when ``t.native_all_reduce(buf, op, tag)`` exists (MPI)
+    t.mpi_comm()                 the MPI communicator the transport sends on (MPI), else None
     t.shared_memory_comm()       an MPI communicator for shared windows (MPI), else None
     t.side_comm()                the MPI communicator of the side channel (MPI), else None
     t.guard_node                 the shared-memory node that guards native collectives, or None
@@ -315,6 +316,11 @@ class Transport(abc.ABC):
         raise NotImplementedError(
             f"[rank {self.rank}/{self.size}] native_wait: the {self.name!r} transport has "
             "no library all-reduce (check has_native_all_reduce first).")
+
+    def mpi_comm(self) -> Any | None:
+        """The MPI communicator this transport sends on (MPI), else None: for a collective
+        that must send no transport message (e.g. ranks comparing a digest at set-up)."""
+        return None
 
     def shared_memory_comm(self) -> Any | None:
         """An MPI communicator whose node-local ranks can share memory windows, or None."""

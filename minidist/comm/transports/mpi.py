@@ -449,6 +449,9 @@ class MPITransport(Transport):
                 return other
         return None
 
+    def mpi_comm(self) -> Any | None:
+        return self.comm
+
     def shared_memory_comm(self) -> Any | None:
         return self.comm
 
