@@ -115,7 +115,7 @@ class ProcessGroup:
                              self._max_tag)
         self._native = supports_native(transport)
         self.topology: Topology = detect_topology(transport)  # collective (MPI, TCP)
-        self._by_nodes = choose_for_nodes(self.topology.num_nodes)  # auto on several nodes
+        self._nodes = self.topology.num_nodes  # auto on several nodes: choose_for_nodes
         self._shm = (shm_node(transport) if self.topology.is_single_node()
                      and shm_available(transport) else None)  # collective
         self._explainer = Explainer(self.size)  # MINIDIST_DEBUG: auto, once per size class
@@ -332,8 +332,9 @@ class ProcessGroup:
         """``(name, reason, fn, ledger.call_plan, native)`` of an all-reduce of this shape on
         stream ``tag``; validates ``algorithm`` (ValueError before anything is sent) and
         memoizes the plan."""
-        if algorithm == "auto" and self._by_nodes is not None:  # several nodes: hier
-            name, reason = self._by_nodes
+        by_nodes = choose_for_nodes(self._nodes, flat.nbytes) if algorithm == "auto" else None
+        if by_nodes is not None:  # several nodes: hier (or rd for small messages)
+            name, reason = by_nodes
             fn = ALGORITHMS[name]
         elif algorithm == "auto":
             shm = self._shm if type(flat) is np.ndarray and not tag else None  # shm: stream 0
@@ -541,9 +542,10 @@ class ProcessGroup:
         """
         t = select_table(self.size, self._native, self._shm is not None,
                          calibration=self._calibration)
-        if self._by_nodes is not None:  # several nodes: "hier" at every size
-            for row in t["sizes"]:
-                row["plain"] = {"algorithm": self._by_nodes[0], "reason": self._by_nodes[1],
+        for row in t["sizes"]:  # several nodes: hier from HIER_MIN_BYTES up, rd below
+            by_nodes = choose_for_nodes(self._nodes, row["nbytes"])
+            if by_nodes is not None:
+                row["plain"] = {"algorithm": by_nodes[0], "reason": by_nodes[1],
                                 "predicted_us": None}
         return {"backend": self.backend, "transport": self.transport.name,
                 "num_nodes": self.topology.num_nodes, **t}

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from minidist.comm.algorithms import ALGORITHMS
+from minidist.comm.algorithms.select import HIER_MIN_BYTES
 from minidist.comm.group import ProcessGroup
 from minidist.comm.ops import ReduceOp, reference_reduce
 from minidist.comm.topology import Topology, detect_topology, ranks_per_node
@@ -83,16 +84,21 @@ def test_hier_inter_node_bytes_once_per_node(monkeypatch):
 
 
 def test_auto_picks_hier_on_several_nodes_only(monkeypatch):
+    """On several nodes: rd below HIER_MIN_BYTES (latency-bound), hier from there up."""
     def body(t):
         g = ProcessGroup(t)
-        g.all_reduce(np.ones(10, np.float32))
-        return g.ledger.entries()[-1].algorithm, g.ledger.entries()[-1].reason
+        picked = []
+        for count in (10, HIER_MIN_BYTES // 4):
+            g.all_reduce(np.ones(count, np.float32))
+            picked.append((g.ledger.entries()[-1].algorithm, g.ledger.entries()[-1].reason))
+        return picked
 
     monkeypatch.setenv("MINIDIST_RANKS_PER_NODE", "2")
-    algo, reason = run_threads(4, body, timeout_s=30)[0]
-    assert algo == "hier" and "2 nodes" in reason
+    (small, why_small), (large, why_large) = run_threads(4, body, timeout_s=60)[0]
+    assert small == "rd" and "2 nodes" in why_small
+    assert large == "hier" and "2 nodes" in why_large
     monkeypatch.delenv("MINIDIST_RANKS_PER_NODE")
-    assert run_threads(4, body, timeout_s=30)[0][0] != "hier"
+    assert all(algo != "hier" for algo, _ in run_threads(4, body, timeout_s=60)[0])
 
 
 def test_topology_numbering_and_errors(monkeypatch):

@@ -42,7 +42,7 @@ def resolve(name: str, transport: Transport, buf: Any) -> tuple:
     """
     reason = "explicit"
     if name == "auto":
-        by_nodes = choose_for_nodes(detect_topology(transport).num_nodes)  # several nodes
+        by_nodes = choose_for_nodes(detect_topology(transport).num_nodes, buf.nbytes)
         if by_nodes is not None:
             return by_nodes[0], ALGORITHMS[by_nodes[0]], by_nodes[1]
         has_shm = shm_available(transport, buf)  # collective the first time (all ranks resolve)
