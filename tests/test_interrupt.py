@@ -87,15 +87,18 @@ def test_ctrl_c_ends_the_job_with_one_line_and_exit_code_130(mode):
         job.wait()
 
 
-def test_ctrl_c_over_tcp_ends_every_rank_with_exit_code_130():
-    """torchrun-style ranks: the terminal signals each process; each exits with 130."""
+@pytest.mark.parametrize("mode", ["train", "stuck"])
+def test_ctrl_c_over_tcp_ends_every_rank_with_exit_code_130(mode):
+    """torchrun-style ranks: the terminal signals each process; each exits with 130. "stuck":
+    each rank takes the KeyboardInterrupt and hangs in its handler; the SIGINT watcher ends it
+    INTERRUPT_UNWIND_S later."""
     port = free_port()
     procs = []
     try:
         for r in range(N):
             env = job_env({"RANK": str(r), "WORLD_SIZE": str(N), "LOCAL_RANK": str(r),
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-            procs.append(subprocess.Popen([sys.executable, str(SCRIPT), "train"], env=env,
+            procs.append(subprocess.Popen([sys.executable, str(SCRIPT), mode], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True, cwd=str(REPO), start_new_session=True))
         for p in procs:   # each prints READY once it trains

@@ -121,6 +121,10 @@ INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd c
 # Allreduce) runs no Python code, so Python's SIGINT handler cannot raise KeyboardInterrupt
 # there. The watcher thread gives the main thread this long to take the interrupt itself.
 INTERRUPT_GRACE_S = 1.0
+# Python took the interrupt but the rank is still alive this long after: something on the way
+# out (a handler, a ``finally``, a thread the exit waits for) is stuck. The watcher ends it, so
+# Ctrl-C always ends every rank in bounded time.
+INTERRUPT_UNWIND_S = 15.0
 # Ranks other than 0 wait this long before ending: rank 0's exit usually makes the launcher end
 # them first, so a Ctrl-C prints one line, not one per rank. Longer than INTERRUPT_GRACE_S so
 # rank 0, even in a blocking call, gets there first.
@@ -148,6 +152,9 @@ def _install_excepthooks(group: ProcessGroup) -> None:
                                  '--> wakeup fd -> watcher: Python saw it within 1 s? no ----+
                                                                                              v
                                                  "[rank r/N] interrupted ..."; abort(130)
+
+    The watcher is also the backstop when Python did take the interrupt: a rank still alive
+    ``INTERRUPT_UNWIND_S`` later (stuck on its way out) is ended the same way.
 
     The Ctrl-C part applies at world size > 1, when SIGINT still has Python's default handler
     and no wakeup fd is set (asyncio), and in the main thread; otherwise Python's behaviour
@@ -244,6 +251,8 @@ def _watch_sigint(python_saw: threading.Event, end: Any) -> Any:
         os.close(wfd)
         return None
 
+    stopped = threading.Event()  # set by restore(): the group is gone, the watcher stands down
+
     def on_sigint(signum: int, frame: Any) -> None:
         python_saw.set()
         raise KeyboardInterrupt
@@ -261,11 +270,14 @@ def _watch_sigint(python_saw: threading.Event, end: Any) -> Any:
                 if not python_saw.wait(INTERRUPT_GRACE_S):
                     end()  # the main thread is stuck in C: end from here
                 python_saw.clear()  # Python raised KeyboardInterrupt; the next Ctrl-C is new
+                if not stopped.wait(INTERRUPT_UNWIND_S):  # normally the rank has ended by now
+                    end()  # still here, group not destroyed: stuck on the way out
 
     signal.signal(signal.SIGINT, on_sigint)
     threading.Thread(target=watch, name="minidist-sigint-watcher", daemon=True).start()
 
     def restore() -> None:
+        stopped.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.set_wakeup_fd(-1)
         os.write(wfd, b"\0")

@@ -3,6 +3,7 @@
     mpiexec -n 2 python tests/mpi/interrupted_rank.py train     # both ranks in Trainer.fit
     mpiexec -n 2 python tests/mpi/interrupted_rank.py blocked   # both inside blocking MPI calls
     mpiexec -n 2 python tests/mpi/interrupted_rank.py restore   # no signal: hooks come and go
+    ... interrupted_rank.py stuck     # a KeyboardInterrupt handler that never finishes
 
 Every rank prints ``READY rank=<r> pid=<pid>.`` once it is where the signal should find it (for
 ``blocked``: just before the blocking call, which never returns on its own). In ``blocked``
@@ -53,6 +54,19 @@ def blocked() -> None:
         world.Recv(np.zeros(1), source=0)  # rank 0 never sends
 
 
+def stuck() -> None:
+    """Takes the KeyboardInterrupt and then hangs on its way out: the watcher's backstop must
+    end the rank anyway (exit 130)."""
+    import time
+
+    print(f"READY rank={comm.get_rank()} pid={os.getpid()}.", flush=True)
+    try:
+        while True:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        time.sleep(600)
+
+
 def restore() -> None:
     """The SIGINT handler and watcher exist only between init and destroy_process_group."""
     def watchers():
@@ -72,5 +86,5 @@ def restore() -> None:
 
 if __name__ == "__main__":
     comm.init_process_group()
-    {"train": train, "blocked": blocked, "restore": restore}[sys.argv[1]]()
+    {"train": train, "blocked": blocked, "restore": restore, "stuck": stuck}[sys.argv[1]]()
     print("unreachable", flush=True)
