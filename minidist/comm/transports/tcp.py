@@ -1054,7 +1054,7 @@ class TCPTransport(Transport):
     # ------------------------------------------------------------ teardown
 
     def close(self) -> None:
-        """Shut down sockets and reader threads. Idempotent."""
+        """Shut down the sockets; every receive still waiting fails at once. Idempotent."""
         if self._closed:
             return
         self._closed = True
