@@ -33,6 +33,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _sigint_live() -> None:
+    """In the child before exec: SIGINT back to its default, as in a terminal. A suite started
+    in the background (``cmd &`` in a script) runs with SIGINT ignored, and an ignored signal
+    stays ignored across exec, so the ranks would never see the Ctrl-C this file sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _kill_all(job: subprocess.Popen, pids: list[int]) -> None:
     for target in [job.pid, *pids]:   # mpiexec's group, then each rank's own session
         try:
@@ -100,7 +107,8 @@ def test_ctrl_c_over_tcp_ends_every_rank_with_exit_code_130(mode):
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
             procs.append(subprocess.Popen([sys.executable, str(SCRIPT), mode], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True, cwd=str(REPO), start_new_session=True))
+                                          text=True, cwd=str(REPO), start_new_session=True,
+                                          preexec_fn=_sigint_live))
         for p in procs:   # each prints READY once it trains
             assert "READY" in p.stdout.readline(), p.stderr.read()
         for p in procs:
