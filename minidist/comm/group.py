@@ -56,18 +56,17 @@ from minidist import xp as backend
 from minidist.comm.algorithms import ALGORITHMS
 from minidist.comm.algorithms import select as _select
 from minidist.comm.algorithms.calibrate import agreed as agreed_calibration
-from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.algorithms.ring import ring_all_gather, ring_reduce_scatter
 from minidist.comm.algorithms.scratch import clear as clear_scratch
 from minidist.comm.algorithms.scratch import scratch
-from minidist.comm.algorithms.select import Explainer, choose_for_nodes, choose_with_reason
-from minidist.comm.algorithms.select import table as select_table
-from minidist.comm.algorithms.shm import _owners, shm_alloc_buffer, shm_available, shm_node
+from minidist.comm.algorithms.select import Explainer
+from minidist.comm.algorithms.shm import shm_alloc_buffer, shm_available, shm_node
 from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
 from minidist.comm.errors import CollectiveMismatch, CommError
 from minidist.comm.failure import farewell, on_failure, poll
 from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
-                                  call_plan, ledger_enabled)
+                                  ledger_enabled)
+from minidist.comm.planner import Plan, Planner
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
 from minidist.comm.topology import Topology, detect_topology
 from minidist.comm.transports.base import MAX_STREAMS, Transport, wire_tag
@@ -113,24 +112,21 @@ class ProcessGroup:
         self._max_tag = int(transport.max_tag)
         self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled(),
                              self._max_tag)
-        self._native = supports_native(transport)
         self.topology: Topology = detect_topology(transport)  # collective (MPI, TCP)
-        self._nodes = self.topology.num_nodes  # auto on several nodes: choose_for_nodes
         self._shm = (shm_node(transport) if self.topology.is_single_node()
                      and shm_available(transport) else None)  # collective
         self._explainer = Explainer(self.size)  # MINIDIST_DEBUG: auto, once per size class
-        self._plans: dict = {}  # all_reduce: (algorithm, nbytes, dtype, op, shared) -> plan
-        self._plan_epoch = _select.EPOCH
         self._byes: dict[int, dict[int, int]] = {}  # peer -> its final counts (SIDE_BYE)
         self._token = np.zeros(1, np.uint8)
         self._token_in = np.zeros(1, np.uint8)
         self._worker: AsyncWorker | None = None  # started by the first run_async
         transport.poll_hook = self._poll
         # auto's table: a calibration every rank holds alike (collective), else the shipped one
-        self._calibration = self._explainer.calibration = agreed_calibration(self)
+        self.planner = Planner(transport, self.topology.num_nodes, self._shm, None)
+        self.use_calibration(agreed_calibration(self))
         if self._debug >= 1:
-            log.debug("auto uses the %s (n=%d, transport %s)", _select.source(self._calibration),
-                      self.size, transport.name)
+            log.debug("auto uses the %s (n=%d, transport %s)", self.auto_source(), self.size,
+                      transport.name)
 
     # -- helpers -----------------------------------------------------------------------------
     def _where(self, call: str) -> str:
@@ -272,6 +268,15 @@ class ProcessGroup:
                 CommError: a peer failed.
         """
         algorithm = self.algorithm if algorithm is None else algorithm
+        flat, rop, tag = self._check_all_reduce(array, op, algorithm, tag)  # 1. validate
+        if self._worker is not None:  # queued async collectives first (see _begin)
+            self._drain()
+        plan = self.planner.plan(algorithm, flat, rop, tag)  # 2. plan (memoized per shape)
+        self._run_all_reduce(plan, flat, rop, tag, array.shape, label, algorithm)  # 3. run
+        return array
+
+    def _check_all_reduce(self, array: Any, op: Any, algorithm: str, tag: Any) -> tuple:
+        """``(flat view, ReduceOp, stream)`` of an all_reduce call, or ValueError."""
         try:
             rop: ReduceOp = _FAST_OPS[op]
         except (KeyError, TypeError):
@@ -279,84 +284,61 @@ class ProcessGroup:
         flat = self._flat(array, "all_reduce", algorithm=algorithm)  # no formatting unless bad
         if tag:
             tag = self._stream(tag, f'all_reduce(algorithm="{algorithm}")')
-        if self._worker is not None:  # queued async collectives first (see _begin)
-            self._drain()
-        shared = False
-        if algorithm == "auto":
-            shm = self._shm if type(flat) is np.ndarray and not tag else None  # shm: stream 0
-            shared = shm is not None and bool(shm.user_windows) and id(flat.base) in _owners(shm)
-        # The plan of this call shape (memoized: a training loop repeats a few shapes):
-        # (algorithm that runs, why, its function, the ledger's call plan, MPI's Allreduce?)
-        if self._plan_epoch != _select.EPOCH:  # the model or rules changed (load_model, tune)
-            self._plans.clear()
-            self._plan_epoch = _select.EPOCH
-        plan = self._plans.get((algorithm, flat.nbytes, flat.dtype, rop.code, shared, not tag))
-        if plan is None:
-            plan = self._plan(algorithm, flat, rop, shared, tag)
-        name, reason, fn, call, native = plan
+        return flat, rop, tag
+
+    def _run_all_reduce(self, plan: Plan, flat: Any, op: ReduceOp, tag: int, shape: Any,
+                        label: str | None, algorithm: str) -> None:
+        """Run ``plan`` on ``flat`` under the ledger (module docstring: claim, record, run).
+
+        A CommError goes to the diagnosis (``on_failure``): every rank raises the same finding.
+        """
         ledger = self.ledger
         row = None
         if ledger.enabled:
-            seq, wire = ledger.claim(tag, call[0])
+            seq, wire = ledger.claim(tag, plan.call[0])
         else:
             wire = tag
         if self._debug >= 1:
             log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
-                      name, flat.size, flat.dtype.name, flat.nbytes, rop.value, self.size)
+                      plan.algorithm, flat.size, flat.dtype.name, flat.nbytes, op.value,
+                      self.size)
         t0 = time.perf_counter()
         try:
-            if native and not self.check_consistency:
+            if plan.native and not self.check_consistency:
                 # MPI's Allreduce: post it, write the ledger row while the data moves, wait.
-                pending = self.transport.native_post(flat, rop, wire)
+                pending = self.transport.native_post(flat, op, wire)
                 if ledger.enabled:
-                    row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
+                    row = ledger.record(seq, wire, t0, tag, shape, label, plan.call)
                 self.transport.native_wait(pending)
             else:
                 if ledger.enabled:
-                    row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
+                    row = ledger.record(seq, wire, t0, tag, shape, label, plan.call)
                 if self.check_consistency:
-                    self._agree(f'all_reduce(algorithm="{algorithm}")', flat, rop, algorithm, 0,
+                    self._agree(f'all_reduce(algorithm="{algorithm}")', flat, op, algorithm, 0,
                                 row, tag)
-                fn(self.transport, flat, rop, wire)
+                plan.run(self.transport, flat, op, wire)
         except CommError as e:
             if row is None and ledger.enabled:  # posting failed before the row was written
-                row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
+                row = ledger.record(seq, wire, t0, tag, shape, label, plan.call)
             raise self._failed(row, e, f'all_reduce(algorithm="{algorithm}")') from e
         if row is not None:
             row[T1] = time.perf_counter()
             if self._debug and algorithm == "auto":
-                self._explainer.add(name, reason, flat.nbytes, shared, row[T1] - row[T0])
-        return array
+                self._explainer.add(plan.algorithm, plan.reason, flat.nbytes,
+                                    self.planner.is_shared(flat, tag), row[T1] - row[T0])
 
-    def _plan(self, algorithm: str, flat: Any, op: ReduceOp, shared: bool, tag: int = 0) -> tuple:
-        """``(name, reason, fn, ledger.call_plan, native)`` of an all-reduce of this shape on
-        stream ``tag``; validates ``algorithm`` (ValueError before anything is sent) and
-        memoizes the plan."""
-        by_nodes = choose_for_nodes(self._nodes, flat.nbytes) if algorithm == "auto" else None
-        if by_nodes is not None:  # several nodes: hier (or rd for small messages)
-            name, reason = by_nodes
-            fn = ALGORITHMS[name]
-        elif algorithm == "auto":
-            shm = self._shm if type(flat) is np.ndarray and not tag else None  # shm: stream 0
-            name, reason = choose_with_reason(self.size, flat.nbytes, self._native,
-                                              shm is not None, shared, self._calibration)
-            fn = ALGORITHMS[name]
-        else:
-            name, reason = algorithm, "explicit"
-            if name not in ALGORITHMS:
-                raise ValueError(f'{self._where(f"all_reduce(algorithm={algorithm!r})")}: '
-                                 f"unknown algorithm {algorithm!r}; use one of "
-                                 f"{', '.join(repr(k) for k in [*ALGORITHMS, 'auto'])}.")
-            fn = ALGORITHMS[name]
-            if name == "mpi" and not self._native:
-                mpi_all_reduce(self.transport, flat, op, 0)  # the clear "no MPI here" error
-        plan = (name, reason, fn,
-                call_plan("all_reduce", flat.size, flat.dtype, op, -1, name, reason),
-                name == "mpi" and self._native and self.size > 1)
-        if len(self._plans) >= 256:
-            self._plans.clear()
-        self._plans[(algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag)] = plan
-        return plan
+    def plan_all_reduce(self, array: Any, algorithm: str | None = None,
+                        op: str | ReduceOp = "sum", tag: int = 0) -> Plan:
+        """The :class:`~minidist.comm.planner.Plan` that ``all_reduce(array, op, algorithm,
+        tag)`` runs: ``plan.algorithm`` names it ("auto" resolved, with the calibration),
+        ``plan.reason`` says why. Not collective, sends nothing.
+
+        Raises:
+            ValueError: a bad array, op, algorithm or tag (as ``all_reduce`` would).
+        """
+        algorithm = self.algorithm if algorithm is None else algorithm
+        flat, rop, tag = self._check_all_reduce(array, op, algorithm, tag)
+        return self.planner.plan(algorithm, flat, rop, tag)
 
     def broadcast(self, array: Any, src: int = 0, tag: int = 0) -> Any:
         """Copy rank ``src``'s ``array`` into ``array`` on every rank (binomial tree); return it."""
@@ -540,34 +522,26 @@ class ProcessGroup:
         shipped table decides), plus the group's backend and transport; not collective (the
         shared-memory facts and the calibration were settled when the group was made).
         """
-        t = select_table(self.size, self._native, self._shm is not None,
-                         calibration=self._calibration)
-        for row in t["sizes"]:  # several nodes: hier from HIER_MIN_BYTES up, rd below
-            by_nodes = choose_for_nodes(self._nodes, row["nbytes"])
-            if by_nodes is not None:
-                row["plain"] = {"algorithm": by_nodes[0], "reason": by_nodes[1],
-                                "predicted_us": None}
         return {"backend": self.backend, "transport": self.transport.name,
-                "num_nodes": self.topology.num_nodes, **t}
+                "num_nodes": self.topology.num_nodes, **self.planner.table()}
 
     def auto_source(self) -> str:
         """Which table ``algorithm="auto"`` uses on this group: ``"calibration <file>"`` (a
         ``python -m minidist.tune`` result every rank holds) or the shipped table."""
-        return _select.source(self._calibration)
+        return _select.source(self.planner.calibration)
 
     def use_calibration(self, calibration: Any) -> None:
         """Make "auto" on this group use ``calibration`` (a ``calibrate.Calibration``; None:
         the shipped table). Every rank must pass the same one, as ``calibrate`` returns it."""
-        self._calibration = self._explainer.calibration = calibration
-        self._plans.clear()
+        self.planner.use_calibration(calibration)
+        self._explainer.calibration = calibration
 
     def auto_choice(self, array: Any) -> tuple[str, str]:
         """``(algorithm, reason)``: what ``all_reduce(array)`` with "auto" runs, and why; not
         collective, sends nothing."""
         flat = self._flat(array, "auto_choice", writable=False)
-        shm = self._shm if type(flat) is np.ndarray else None
-        shared = shm is not None and bool(shm.user_windows) and id(flat.base) in _owners(shm)
-        return self._plan("auto", flat, ReduceOp.SUM, shared)[:2]
+        plan = self.planner.plan("auto", flat, ReduceOp.SUM)
+        return plan.algorithm, plan.reason
 
     # -- memory and lifecycle ----------------------------------------------------------------
     def alloc_buffer(self, numel: int, dtype: Any, xp: Any = None) -> Any:

@@ -47,7 +47,7 @@ import numpy as np
 from minidist import comm, trace
 from minidist import xp as backend
 from minidist.amp import owner_of
-from minidist.comm.algorithms import resolve
+from minidist.comm.planner import check_algorithm
 from minidist.ddp.bucket import Bucket, BucketSpec, ParamMeta, plan_buckets
 from minidist.ddp.hooks import allreduce_hook
 from minidist.ddp.preflight import allreduce_table, check_manifest, library_manifest
@@ -189,6 +189,7 @@ class DistributedDataParallel:
         self.buckets = [Bucket(s, self._params, self._names,
                                self._alloc(s.numel, np.dtype(s.dtype), xp)) for s in specs]
         algorithms = self._bucket_algorithms(group)
+        self.manifest["all-reduce"]["buckets"] = algorithms  # what runs (after the check)
         if broadcast_parameters and self.world_size > 1:
             self._broadcast_state()
         self._buffer_packs = self._pack_buffers() if broadcast_buffers and \
@@ -240,7 +241,7 @@ class DistributedDataParallel:
             name, algo = f"all_reduce bucket {index}", self.reducer.bucket_algorithms[index]
         else:  # a comm hook's own array (fp16 copy, PowerSGD factors)
             group = self.process_group or comm.get_default_group()
-            name, algo = "all_reduce", resolve(self.algorithm, group.transport, array)[0]
+            name, algo = "all_reduce", group.plan_all_reduce(array, self.algorithm).algorithm
         busbw = 2 * (n - 1) / n * array.nbytes / max(t1 - t0, 1e-9) / 1e9 if n > 1 else 0.0
         args = {"step": self.reducer.num_syncs, "bytes": int(array.nbytes), "algorithm": algo,
                 "op": op, "busbw_GBps": round(busbw, 3)}
@@ -267,11 +268,13 @@ class DistributedDataParallel:
                 "all-reduce": allreduce_table(self.algorithm, group)}
 
     def _bucket_algorithms(self, group: Any) -> list[str]:
-        """The algorithm each bucket's all-reduce runs (what "auto" resolves to), for traces."""
+        """The algorithm each bucket's all-reduce runs (the group's planner: "auto" resolved
+        with the calibration it runs with), for traces and the manifest."""
         try:
-            return [resolve(self.algorithm, group.transport, b.buffer)[0] for b in self.buckets]
+            check_algorithm(self.algorithm)
         except ValueError as e:  # an unknown name: the same on every rank, before any message
             raise ValueError(f"{rank_prefix()} DistributedDataParallel: {e}.") from None
+        return [group.plan_all_reduce(b.buffer, self.algorithm).algorithm for b in self.buckets]
 
     def _broadcast_state(self, src: int = 0) -> None:
         """Rank ``src``'s parameters (packed per bucket) and buffers go to every rank."""

@@ -322,7 +322,7 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
     while s <= max_bytes:
         sizes.append(s)
         s *= 4
-    native, has_shm = group._native, group._shm is not None
+    native, has_shm = group.planner.native, group.planner.shm is not None
     names = [c for c in select.CANDIDATES if (c != "mpi" or native) and (c != "shm" or has_shm)]
     count = max_bytes // 4
     kinds = {"plain": np.zeros(count, np.float32)}

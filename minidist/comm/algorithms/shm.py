@@ -112,6 +112,11 @@ def _owners(node: ShmNode) -> frozenset:
     return cached[1]
 
 
+def shm_owns(node: ShmNode, flat: Any) -> bool:
+    """True when ``flat`` (a NumPy array) views one of this rank's shared windows."""
+    return bool(node.user_windows) and id(flat.base) in _owners(node)
+
+
 def _where(node: ShmNode, flat: np.ndarray) -> tuple[int, int]:
     """(window index, byte offset) of ``flat`` in this rank's shared buffers, or (-1, -1)."""
     if not node.user_windows or id(flat.base) not in _owners(node):
@@ -356,7 +361,7 @@ def shm_available(transport: Transport, buf: Any = None) -> bool:
     (if given) a NumPy ``buf``.
 
     The first call per transport is collective (it splits the communicator by node), so call it
-    on every rank alike, as ``resolve("auto", ...)`` does; later calls are a dictionary lookup.
+    on every rank alike, as ``ProcessGroup`` construction does; later calls are a dictionary lookup.
     """
     if buf is not None and not isinstance(buf, np.ndarray):
         return False
@@ -377,12 +382,12 @@ def shm_available(transport: Transport, buf: Any = None) -> bool:
 def shm_is_shared(transport: Transport, buf: Any) -> bool:
     """True when ``buf`` lies in one of this rank's shared windows (shm_alloc_buffer)."""
     node = shm_node(transport)
-    return (isinstance(buf, np.ndarray) and bool(node.user_windows)
-            and id(buf.base) in _owners(node))
+    return isinstance(buf, np.ndarray) and shm_owns(node, buf)
 
 
 _AVAILABLE: "weakref.WeakKeyDictionary[Transport, bool]" = weakref.WeakKeyDictionary()
 
 
 __all__ = ["shm_all_reduce", "shm_all_gather", "shm_alloc_buffer", "shm_close", "shm_available", "shm_is_shared",
+           "shm_owns",
            "CHUNK_BYTES"]
