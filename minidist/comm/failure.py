@@ -65,12 +65,12 @@ def _collect(t: Transport, kind: int, peers: list[int], timeout_s: float
     deadline = time.monotonic() + timeout_s
     while pending:
         for p in list(pending):
-            data = t.side_try_recv(p, kind)
+            data = t.side_channel.try_recv(p, kind)
             if data is not None:
                 got[p] = data
                 pending.remove(p)
                 continue
-            if t.peer_lost(p) is not None:
+            if t.side_channel.peer_lost(p) is not None:
                 missing[p] = "is dead: its connection closed (it exited or crashed)"
                 pending.remove(p)
         if not pending or time.monotonic() > deadline:
@@ -122,7 +122,7 @@ def exchange(group: Any, stream: int, state: str, error: BaseException) -> tuple
     peers = [p for p in range(group.size) if p != group.rank]
     data = json.dumps(mine).encode()
     for p in peers:
-        t.side_send(p, SIDE_FAIL, data)
+        t.side_channel.send(p, SIDE_FAIL, data)
     got, missing = _collect(t, SIDE_FAIL, peers, exchange_timeout_s(t))
     reports = {group.rank: mine}
     for p, raw in got.items():
@@ -136,7 +136,7 @@ def exchange(group: Any, stream: int, state: str, error: BaseException) -> tuple
 def _done(t: Transport, answered: list[int]) -> None:
     """Tell the ranks that answered that this rank has its finding; wait for theirs."""
     for p in answered:
-        t.side_send(p, SIDE_DONE, b"1")
+        t.side_channel.send(p, SIDE_DONE, b"1")
     _collect(t, SIDE_DONE, answered, exchange_timeout_s(t) + 1.0)
 
 
@@ -204,14 +204,14 @@ def poll(group: Any, src: int | None, tag: int) -> CommError | None:
     this rank has started.
     """
     t = group.transport
-    failed = t.side_pending(SIDE_FAIL)
+    failed = t.side_channel.pending(SIDE_FAIL)
     if failed is not None:
         return PeerFailed(f"{group._where('wait')}: rank {failed} reported a failed "
                           "collective.", failed)
     if not group.ledger.enabled or group.size == 1:
         return None
     if src is not None and has_fingerprint(tag):
-        other = t.stray_tag(src, tag)
+        other = t.side_channel.stray_tag(src, tag)
         if other is not None:
             err = CollectiveMismatch(
                 f"{group._where('wait')}: rank {src} sent a message of another collective "
@@ -229,13 +229,13 @@ def poll(group: Any, src: int | None, tag: int) -> CommError | None:
                 "message: the ranks called different collectives.")
             err.how = f"when rank {src} started an MPI collective this rank has not called"
             return err
-    peer = t.side_pending(SIDE_BYE)
+    peer = t.side_channel.pending(SIDE_BYE)
     while peer is not None:
-        raw = t.side_try_recv(peer, SIDE_BYE)
+        raw = t.side_channel.try_recv(peer, SIDE_BYE)
         if raw is None:
             break
         group._byes[peer] = {int(k): v for k, v in json.loads(raw.decode()).items()}
-        peer = t.side_pending(SIDE_BYE)
+        peer = t.side_channel.pending(SIDE_BYE)
     if group._byes:
         mine = group.ledger.counts()
         for p, theirs in group._byes.items():
@@ -267,23 +267,23 @@ def farewell(group: Any) -> None:
     counts = ledger.counts()
     data = json.dumps({str(k): v for k, v in counts.items()}).encode()
     for p in peers:
-        t.side_send(p, SIDE_BYE, data)
+        t.side_channel.send(p, SIDE_BYE, data)
     timeout_s = float(t.timeout_s or DEFAULT_TIMEOUT_S) + exchange_timeout_s(t)
     deadline = time.monotonic() + timeout_s
     theirs: dict[int, dict] = dict(group._byes)  # what the poll hook already read
     pending = [p for p in peers if p not in theirs]
     while pending and time.monotonic() < deadline:
-        failed = t.side_pending(SIDE_FAIL)
+        failed = t.side_channel.pending(SIDE_FAIL)
         if failed is not None:
             raise on_failure(group, None, PeerFailed(
                 f"{group._where('destroy_process_group')}: rank {failed} reported a failed "
                 "collective.", failed), "destroy_process_group")
         for p in list(pending):
-            raw = t.side_try_recv(p, SIDE_BYE)
+            raw = t.side_channel.try_recv(p, SIDE_BYE)
             if raw is not None:
                 theirs[p] = {int(k): v for k, v in json.loads(raw.decode()).items()}
                 pending.remove(p)
-            elif t.peer_lost(p) is not None:
+            elif t.side_channel.peer_lost(p) is not None:
                 pending.remove(p)
         time.sleep(_POLL_S)
     if pending:

@@ -304,12 +304,12 @@ class ProcessGroup:
                       self.size)
         t0 = time.perf_counter()
         try:
-            if plan.native and not self.check_consistency:
+            if plan.native is not None and not self.check_consistency:
                 # MPI's Allreduce: post it, write the ledger row while the data moves, wait.
-                pending = self.transport.native_post(flat, op, wire)
+                in_flight = plan.native.post(flat, op, wire)
                 if ledger.enabled:
                     row = ledger.record(seq, wire, t0, tag, shape, label, plan.call)
-                self.transport.native_wait(pending)
+                plan.native.wait(in_flight)
             else:
                 if ledger.enabled:
                     row = ledger.record(seq, wire, t0, tag, shape, label, plan.call)

@@ -25,7 +25,8 @@ import numpy as np
 
 from minidist.comm.algorithms import ALGORITHMS
 from minidist.comm.algorithms import select
-from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
+from minidist.comm.algorithms.mpi_native import (NativeAllReduce, mpi_all_reduce,
+                                                 native_all_reduce, supports_native)
 from minidist.comm.algorithms.shm import shm_owns
 from minidist.comm.ledger import call_plan
 from minidist.comm.ops import ReduceOp
@@ -43,14 +44,15 @@ class Plan:
         reason: why ("explicit", or select.py's words for "auto").
         run: its function, ``run(transport, flat, op, tag)``.
         call: the ledger's fixed part of this call (``ledger.call_plan``).
-        native: MPI's own Allreduce, posted and waited around the ledger row.
+        native: MPI's own Allreduce (algorithms/mpi_native.py) when the plan is "mpi" on an
+            MPI transport of 2+ ranks: posted and waited around the ledger row; else None.
     """
 
     algorithm: str
     reason: str
     run: Callable[..., None]
     call: tuple
-    native: bool
+    native: NativeAllReduce | None
 
 
 def check_algorithm(name: str) -> None:
@@ -77,6 +79,7 @@ class Planner:
         self.num_nodes = num_nodes
         self.shm = shm
         self.native = supports_native(transport)
+        self.mpi = native_all_reduce(transport) if self.native else None  # MPI's Allreduce
         self.calibration = calibration
         self._plans: dict = {}
         self._epoch = select.EPOCH
@@ -128,7 +131,7 @@ class Planner:
                 mpi_all_reduce(self.transport, flat, op, 0)  # the clear "no MPI here" error
         return Plan(name, reason, ALGORITHMS[name],
                     call_plan("all_reduce", flat.size, flat.dtype, op, -1, name, reason),
-                    name == "mpi" and self.native and self.size > 1)
+                    self.mpi if name == "mpi" and self.size > 1 else None)
 
     def choose(self, flat: Any, shared: bool, tag: int = 0) -> tuple[str, str]:
         """``(algorithm, reason)`` that "auto" picks for ``flat``."""

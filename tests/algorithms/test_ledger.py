@@ -243,7 +243,7 @@ def test_a_timeout_with_nothing_different_says_so():
             import time
 
             from minidist.comm.transports.base import SIDE_FAIL
-            while g.transport.side_pending(SIDE_FAIL) is None:  # rank 0 has given up
+            while g.transport.side_channel.pending(SIDE_FAIL) is None:  # rank 0 has given up
                 time.sleep(0.01)
             g.all_reduce(np.ones(4, np.float32), algorithm="tree")
 

@@ -211,10 +211,9 @@ def agreed(group: Any) -> Calibration | None:
         return None
     mine = load(transport, n, warn=group.rank == 0)
     d = mine.digest if mine is not None else 0
-    comm = group.transport.mpi_comm()
-    if comm is not None:  # MPI: compare, no transport message
-        lo, hi = -comm.allreduce(-d, op=group.transport.MPI.MAX), comm.allreduce(
-            d, op=group.transport.MPI.MAX)
+    mpi = group.transport.mpi
+    if mpi is not None:  # MPI: compare, no transport message
+        lo, hi = -mpi.comm.allreduce(-d, op=mpi.MPI.MAX), mpi.comm.allreduce(d, op=mpi.MPI.MAX)
     else:  # one host (threads), or TCP: each host reads its own file (see the module doc)
         lo = hi = d
     if lo != hi and group.rank == 0:

@@ -368,7 +368,7 @@ def shm_available(transport: Transport, buf: Any = None) -> bool:
     ok = _AVAILABLE.get(transport)
     if ok is None:
         ok = False
-        if (transport.size >= 2 and transport.shared_memory_comm() is not None
+        if (transport.size >= 2 and transport.mpi is not None
                 and detect_topology(transport).is_single_node()):
             try:
                 shm_node(transport)

@@ -49,9 +49,9 @@ from the wire is checked against a bound (``MAX_JSON_BYTES``, ``MAX_SIDE_BYTES``
 the handshake only proves a peer speaks minidist's protocol: on a shared network, set one.
 
 Side channel: the same sockets with negative tags (``-kind``), queued apart from the data;
-``side_try_recv``, ``side_pending``, ``peer_lost`` and ``stray_tag`` read what has arrived
-first. A receive waiting longer than ``POLL_S`` runs the transport's
-``poll_hook`` every ``POLL_S`` (base.py). A lost connection is ``peer_lost(src)``.
+its ``side_channel`` (``try_recv``, ``pending``, ``peer_lost``, ``stray_tag``) reads what has
+arrived first. A receive waiting longer than ``POLL_S`` runs the transport's
+``poll_hook`` every ``POLL_S`` (base.py). A lost connection is ``side_channel.peer_lost(src)``.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ from typing import Any
 import numpy as np
 
 from minidist.comm.errors import CommError, CommTimeout
-from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, POLL_S, Request, Transport, stream_of
+from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, POLL_S, Request, SideChannel,
+                                           Transport, stream_of)
 from minidist.log import get_logger
 
 log = get_logger(__name__)
@@ -314,6 +315,52 @@ class _Peer:
 
 # ---------------------------------------------------------------- the transport
 
+class _TCPSideChannel(SideChannel):
+    """The TCP side channel: frames with a negative kind on the data sockets, kept apart on arrival."""
+
+    def __init__(self, t: "TCPTransport") -> None:
+        self.t = t
+
+    def send(self, dst: int, kind: int, payload: bytes) -> None:
+        t = self.t
+        if dst == t.rank or t._closed or dst in t._peer_error:
+            return
+        try:
+            t._send(dst, _HEADER.pack(-kind, len(payload)), memoryview(payload))
+        except (OSError, socket.timeout):  # the peer is gone: peer_lost() will say so
+            pass
+
+    def try_recv(self, src: int, kind: int) -> bytes | None:
+        t = self.t
+        t._poke()
+        with t._lock:
+            q = t._side.get((src, kind))
+            return q.popleft() if q else None
+
+    def pending(self, kind: int) -> int | None:
+        t = self.t
+        t._poke()
+        with t._lock:
+            return next((p for (p, k), q in t._side.items() if k == kind and q), None)
+
+    def stray_tag(self, src: int, tag: int) -> int | None:
+        t = self.t
+        stream = stream_of(tag)
+        t._poke()
+        with t._lock:
+            for (p, other), q in t._unexpected.items():
+                if p == src and q and other != tag and stream_of(other) == stream:
+                    return other
+        return None
+
+    def peer_lost(self, src: int) -> str | None:
+        t = self.t
+        t._poke()
+        with t._lock:
+            err = t._peer_error.get(src)
+        return None if err is None else str(err)
+
+
 class TCPTransport(Transport):
     """A Transport over TCP sockets (one per peer pair) with MASTER_ADDR/MASTER_PORT rendezvous.
 
@@ -352,6 +399,7 @@ class TCPTransport(Transport):
         self._peer_error: dict[int, Exception] = {}
         self._side: dict[tuple[int, int], collections.deque] = collections.defaultdict(
             collections.deque)  # (peer, kind) -> payloads, under _lock
+        self.side_channel = _TCPSideChannel(self)
         # Receiving: whichever thread waits progresses every socket (see "Progress" above).
         self._progress_lock = threading.Lock()
         self._peers: dict[int, _Peer] = {}       # fd -> peer, live sockets only
@@ -923,40 +971,6 @@ class TCPTransport(Transport):
         with self._lock:
             self._side[(peer, kind)].append(payload)
 
-    def side_send(self, dst: int, kind: int, payload: bytes) -> None:
-        if dst == self.rank or self._closed or dst in self._peer_error:
-            return
-        try:
-            self._send(dst, _HEADER.pack(-kind, len(payload)), memoryview(payload))
-        except (OSError, socket.timeout):  # the peer is gone: peer_lost() will say so
-            pass
-
-    def side_try_recv(self, src: int, kind: int) -> bytes | None:
-        self._poke()
-        with self._lock:
-            q = self._side.get((src, kind))
-            return q.popleft() if q else None
-
-    def side_pending(self, kind: int) -> int | None:
-        self._poke()
-        with self._lock:
-            return next((p for (p, k), q in self._side.items() if k == kind and q), None)
-
-    def stray_tag(self, src: int, tag: int) -> int | None:
-        stream = stream_of(tag)
-        self._poke()
-        with self._lock:
-            for (p, t), q in self._unexpected.items():
-                if p == src and q and t != tag and stream_of(t) == stream:
-                    return t
-        return None
-
-    def peer_lost(self, src: int) -> str | None:
-        self._poke()
-        with self._lock:
-            err = self._peer_error.get(src)
-        return None if err is None else str(err)
-
     # ------------------------------------------------------------ sending
 
     def isend(self, buf: Any, dst: int, tag: int = 0) -> Request:
@@ -978,7 +992,7 @@ class TCPTransport(Transport):
                 req.view[:] = view
                 req.done.set()
             return _DoneRequest()
-        self.count_sent(dst, len(view))
+        self._count_sent(dst, len(view))
         try:
             self._send(dst, _HEADER.pack(tag, len(view)), view)
         except socket.timeout:
