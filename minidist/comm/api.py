@@ -31,7 +31,7 @@ from minidist.comm import interrupts
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
                                detect_launch, warn_if_single)
 from minidist.comm.group import ProcessGroup
-from minidist.comm.ledger import LedgerEntry
+from minidist.comm.diagnosis.ledger import LedgerEntry
 from minidist.comm.ops import ReduceOp
 from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Transport
 

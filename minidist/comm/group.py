@@ -63,8 +63,8 @@ from minidist.comm.algorithms.select import Explainer
 from minidist.comm.algorithms.shm import shm_alloc_buffer, shm_available, shm_node
 from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
 from minidist.comm.errors import CollectiveMismatch, CommError
-from minidist.comm.failure import farewell, on_failure, poll
-from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
+from minidist.comm.diagnosis.failure import farewell, on_failure, poll
+from minidist.comm.diagnosis.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
                                   ledger_enabled)
 from minidist.comm.planner import Plan, Planner
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op

@@ -28,7 +28,7 @@ from minidist.comm.algorithms import select
 from minidist.comm.algorithms.mpi_native import (NativeAllReduce, mpi_all_reduce,
                                                  native_all_reduce, supports_native)
 from minidist.comm.algorithms.shm import shm_owns
-from minidist.comm.ledger import call_plan
+from minidist.comm.diagnosis.ledger import call_plan
 from minidist.comm.ops import ReduceOp
 from minidist.comm.transports.base import Transport
 

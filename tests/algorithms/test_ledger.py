@@ -12,8 +12,8 @@ import pytest
 import minidist as md
 from minidist.comm import (CollectiveMismatch, CommError, ProcessGroup, ledger_label,
                            new_group_from_transport)
-from minidist.comm.diagnose import diagnose
-from minidist.comm.ledger import Ledger, fingerprint
+from minidist.comm.diagnosis.diagnose import diagnose
+from minidist.comm.diagnosis.ledger import Ledger, fingerprint
 from minidist.comm.ops import ReduceOp
 from minidist.comm.transports.base import has_fingerprint, stream_of, wire_tag
 from minidist.comm.transports.local import LocalTransport

@@ -33,15 +33,15 @@ import sys
 import time
 from typing import Any
 
-from minidist.comm.diagnose import diagnose
+from minidist.comm.diagnosis.diagnose import diagnose
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
                                   CommTimeout, PeerFailed)
-from minidist.comm.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, dump_dir
+from minidist.comm.diagnosis.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, dump_dir
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_DONE, SIDE_FAIL,
                                            Transport, has_fingerprint)
 from minidist.log import get_logger
 
-log = get_logger(__name__)
+log = get_logger("minidist.comm.failure")  # the name users filter on (docs/troubleshooting.md)
 
 EXCHANGE_S = 5.0       # at most this long for the peers' reports (less with a shorter timeout)
 REPORT_ENTRIES = 64    # ledger entries each rank sends (the dump has all of them)
