@@ -116,7 +116,8 @@ class ProcessGroup:
         self._shm = (shm_node(transport) if self.topology.is_single_node()
                      and shm_available(transport) else None)  # collective
         self._explainer = Explainer(self.size)  # MINIDIST_DEBUG: auto, once per size class
-        self._byes: dict[int, dict[int, int]] = {}  # peer -> its final counts (SIDE_BYE)
+        # peer -> its final collective counts per stream, from its farewell (SIDE_BYE)
+        self.farewells: dict[int, dict[int, int]] = {}
         self._token = np.zeros(1, np.uint8)
         self._token_in = np.zeros(1, np.uint8)
         self._worker: AsyncWorker | None = None  # started by the first run_async
@@ -129,8 +130,14 @@ class ProcessGroup:
                       transport.name)
 
     # -- helpers -----------------------------------------------------------------------------
-    def _where(self, call: str) -> str:
+    def where(self, call: str) -> str:
+        """``"[rank r/N] call"``: how every message about ``call`` on this group begins."""
         return f"[rank {self.rank}/{self.size}] {call}"
+
+    def mpi_calls_ahead(self, peer: int) -> int:
+        """The MPI collective call number ``peer`` has posted beyond this rank's, else 0
+        (ranks on one node, MPI transport: the shared guard lines; elsewhere always 0)."""
+        return self._shm.native_ahead(peer) if self._shm is not None else 0
 
     def _flat(self, array: Any, call: str, writable: bool = True, algorithm: str | None = None
               ) -> Any:
@@ -146,18 +153,18 @@ class ProcessGroup:
         if algorithm is not None:
             call = f'{call}(algorithm="{algorithm}")'
         if not hasattr(array, "dtype") or not hasattr(array, "flags"):
-            raise ValueError(f"{self._where(call)}: expected a numpy or cupy array, got "
+            raise ValueError(f"{self.where(call)}: expected a numpy or cupy array, got "
                              f"{type(array).__name__}. Wrap the data with np.asarray(...) first.")
         if array.dtype not in SUPPORTED:
-            raise ValueError(f"{self._where(call)}: dtype {array.dtype.name} is not supported; "
+            raise ValueError(f"{self.where(call)}: dtype {array.dtype.name} is not supported; "
                              f"use one of {', '.join(SUPPORTED_DTYPES)} "
                              "(e.g. .astype(np.float32)).")
         if not array.flags.c_contiguous:
-            raise ValueError(f"{self._where(call)}: the array (shape {tuple(array.shape)}, strides "
+            raise ValueError(f"{self.where(call)}: the array (shape {tuple(array.shape)}, strides "
                              f"{tuple(array.strides)}) is not C-contiguous, so it cannot be "
                              "reduced in place. Pass np.ascontiguousarray(x) and copy the result back.")
         if writable and not getattr(array.flags, "writeable", True):
-            raise ValueError(f"{self._where(call)}: the array is read-only (flags.writeable is "
+            raise ValueError(f"{self.where(call)}: the array is read-only (flags.writeable is "
                              "False) but the result is written into it. Pass a writable copy "
                              "(x.copy()).")
         return array.reshape(-1)
@@ -165,7 +172,7 @@ class ProcessGroup:
     def _root(self, root: int, name: str, call: str) -> int:
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or \
                 not 0 <= root < self.size:
-            raise ValueError(f"{self._where(call)}: {name}={root!r} is out of range; it must be "
+            raise ValueError(f"{self.where(call)}: {name}={root!r} is out of range; it must be "
                              f"a rank in [0, {self.size}).")
         return int(root)
 
@@ -177,12 +184,12 @@ class ProcessGroup:
         try:
             return parse_op(op)
         except ValueError as e:
-            raise ValueError(f"{self._where(call)}: {e}.") from None
+            raise ValueError(f"{self.where(call)}: {e}.") from None
 
     def _stream(self, tag: Any, call: str) -> int:
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or \
                 not 0 <= tag < MAX_STREAMS:
-            raise ValueError(f"{self._where(call)}: tag={tag!r} is out of range; a stream tag "
+            raise ValueError(f"{self.where(call)}: tag={tag!r} is out of range; a stream tag "
                              f"must be an integer in [0, {MAX_STREAMS}).")
         return int(tag)
 
@@ -228,7 +235,7 @@ class ProcessGroup:
                     3: lambda v: algos[v] if v < len(algos) else "?", 4: str}
                 show = shows[i]
                 err = CollectiveMismatch(
-                    f"{self._where(call)}: rank {r} passed {fields[i]}={show(int(rows[r, i]))} "
+                    f"{self.where(call)}: rank {r} passed {fields[i]}={show(int(rows[r, i]))} "
                     f"but rank 0 passed {fields[i]}={show(int(rows[0, i]))}. Every rank must pass "
                     "the same shape, dtype, op and algorithm; check that all ranks build the same "
                     "model and call the same collectives in the same order.")
@@ -388,7 +395,7 @@ class ProcessGroup:
         out = self._flat(output, call)
         tag = self._stream(tag, call) if tag else 0
         if out.size != self.size * flat.size or out.dtype != flat.dtype:
-            raise ValueError(f"{self._where(call)}: output has {out.size} x {out.dtype.name} but "
+            raise ValueError(f"{self.where(call)}: output has {out.size} x {out.dtype.name} but "
                              f"needs world_size * input = {self.size} * {flat.size} x "
                              f"{flat.dtype.name}. Allocate it with size {self.size * flat.size}.")
         row, wire = self._begin("all_gather", tag, flat, array.shape, None, -1, "ring", None)
@@ -422,7 +429,7 @@ class ProcessGroup:
         out = self._flat(output, call)
         tag = self._stream(tag, call) if tag else 0
         if src.size != self.size * out.size or out.dtype != src.dtype:
-            raise ValueError(f"{self._where(call)}: input has {src.size} x {src.dtype.name} but "
+            raise ValueError(f"{self.where(call)}: input has {src.size} x {src.dtype.name} but "
                              f"must be world_size * output = {self.size} * {out.size} x "
                              f"{out.dtype.name}.")
         row, wire = self._begin("reduce_scatter", tag, src, input.shape, op, -1, "ring", None)
@@ -458,7 +465,7 @@ class ProcessGroup:
         try:
             return np.frombuffer(json.dumps(obj).encode("utf-8"), dtype=np.uint8)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{self._where(call)}: the object is not JSON-serializable ({e}). "
+            raise ValueError(f"{self.where(call)}: the object is not JSON-serializable ({e}). "
                              "Send numbers, strings, lists and dicts only (arrays: use "
                              "broadcast/all_gather).") from None
 
@@ -490,7 +497,7 @@ class ProcessGroup:
         if error is not None:
             raise error
         if buf is None:
-            raise CommError(f"{self._where(call)}: rank {src} could not encode its object (its "
+            raise CommError(f"{self.where(call)}: rank {src} could not encode its object (its "
                             "own error says why); nothing was broadcast.")
         return json.loads(buf.tobytes().decode("utf-8"))
 
@@ -647,7 +654,7 @@ class ProcessGroup:
         if len(set(members)) != len(members) or not members or any(
                 isinstance(r, bool) or not isinstance(r, (int, np.integer))
                 or not 0 <= r < self.size for r in members):
-            raise ValueError(f"{self._where(f'new_group(ranks={ranks!r})')}: ranks must be "
+            raise ValueError(f"{self.where(f'new_group(ranks={ranks!r})')}: ranks must be "
                              f"distinct integers in [0, {self.size}), at least one.")
         members = [int(r) for r in members]
         if self.size == 1:

@@ -181,7 +181,7 @@ def on_failure(group: Any, row: list | None, error: CommError, call: str) -> Com
     else:
         cls = type(error) if not isinstance(error, PeerFailed) else CommError
     what = "the ranks called different collectives: " if diag["kind"] == "mismatch" else ""
-    message = f"{group._where(where)}: {what}{text}. {fix}."
+    message = f"{group.where(where)}: {what}{text}. {fix}."
     try:
         out = cls(message)
     except TypeError:  # an error class with another constructor
@@ -206,7 +206,7 @@ def poll(group: Any, src: int | None, tag: int) -> CommError | None:
     t = group.transport
     failed = t.side_channel.pending(SIDE_FAIL)
     if failed is not None:
-        return PeerFailed(f"{group._where('wait')}: rank {failed} reported a failed "
+        return PeerFailed(f"{group.where('wait')}: rank {failed} reported a failed "
                           "collective.", failed)
     if not group.ledger.enabled or group.size == 1:
         return None
@@ -214,17 +214,16 @@ def poll(group: Any, src: int | None, tag: int) -> CommError | None:
         other = t.side_channel.stray_tag(src, tag)
         if other is not None:
             err = CollectiveMismatch(
-                f"{group._where('wait')}: rank {src} sent a message of another collective "
+                f"{group.where('wait')}: rank {src} sent a message of another collective "
                 f"(tag {other}, awaited tag {tag}): the ranks called different collectives.")
             err.how = f"when rank {src} sent a message of another call"
             return err
         # src already posted an MPI Allreduce this rank has not: it is past this call
         # (only with one stream: another thread's MPI calls would look the same).
-        ahead = (group._shm.native_ahead(src) if group._shm is not None
-                 and len(group.ledger.counts()) == 1 else 0)
+        ahead = group.mpi_calls_ahead(src) if len(group.ledger.counts()) == 1 else 0
         if ahead:
             err = CollectiveMismatch(
-                f"{group._where('wait')}: rank {src} is already in MPI collective call "
+                f"{group.where('wait')}: rank {src} is already in MPI collective call "
                 f"{ahead}, which this rank has not called, instead of sending the awaited "
                 "message: the ranks called different collectives.")
             err.how = f"when rank {src} started an MPI collective this rank has not called"
@@ -234,15 +233,15 @@ def poll(group: Any, src: int | None, tag: int) -> CommError | None:
         raw = t.side_channel.try_recv(peer, SIDE_BYE)
         if raw is None:
             break
-        group._byes[peer] = {int(k): v for k, v in json.loads(raw.decode()).items()}
+        group.farewells[peer] = {int(k): v for k, v in json.loads(raw.decode()).items()}
         peer = t.side_channel.pending(SIDE_BYE)
-    if group._byes:
+    if group.farewells:
         mine = group.ledger.counts()
-        for p, theirs in group._byes.items():
+        for p, theirs in group.farewells.items():
             for stream, n in mine.items():
                 if theirs.get(stream, 0) < n:
                     err = CollectiveMismatch(
-                        f"{group._where('wait')}: rank {p} has finished (it called "
+                        f"{group.where('wait')}: rank {p} has finished (it called "
                         f"destroy_process_group after {theirs.get(stream, 0)} collectives "
                         f"on stream {stream}), so it will not join collective #{n}.")
                     err.how = f"when rank {p} reached destroy_process_group"
@@ -270,13 +269,13 @@ def farewell(group: Any) -> None:
         t.side_channel.send(p, SIDE_BYE, data)
     timeout_s = float(t.timeout_s or DEFAULT_TIMEOUT_S) + exchange_timeout_s(t)
     deadline = time.monotonic() + timeout_s
-    theirs: dict[int, dict] = dict(group._byes)  # what the poll hook already read
+    theirs: dict[int, dict] = dict(group.farewells)  # what the poll hook already read
     pending = [p for p in peers if p not in theirs]
     while pending and time.monotonic() < deadline:
         failed = t.side_channel.pending(SIDE_FAIL)
         if failed is not None:
             raise on_failure(group, None, PeerFailed(
-                f"{group._where('destroy_process_group')}: rank {failed} reported a failed "
+                f"{group.where('destroy_process_group')}: rank {failed} reported a failed "
                 "collective.", failed), "destroy_process_group")
         for p in list(pending):
             raw = t.side_channel.try_recv(p, SIDE_BYE)
@@ -292,7 +291,7 @@ def farewell(group: Any) -> None:
     differ = [p for p, c in theirs.items() if c != counts]
     if differ:
         error = CollectiveMismatch(
-            f"{group._where('destroy_process_group')}: rank {differ[0]} made "
+            f"{group.where('destroy_process_group')}: rank {differ[0]} made "
             f"{theirs[differ[0]].get(0, 0)} collectives but this rank made {counts.get(0, 0)}.")
         error.how = "at destroy_process_group, where the ranks' collective counts differ"
         raise on_failure(group, None, error, "destroy_process_group")

@@ -169,7 +169,7 @@ def ledger_label(text: str) -> Iterator[None]:
         _LABEL.reset(token)
 
 
-_PACKAGE_DIR = str(Path(__file__).resolve().parents[2]) + os.sep  # minidist/
+_PACKAGE_DIR = str(Path(os.path.abspath(__file__)).parents[2]) + os.sep  # minidist/
 _THREADING_FILE = threading.__file__
 _internal: dict[str, bool] = {}
 
