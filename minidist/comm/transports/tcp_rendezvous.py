@@ -134,7 +134,7 @@ class Mesh:
         self.master_addr, self.master_port = master_addr, int(master_port)
         self.timeout_s = float(timeout_s)
         self._socks: dict[int, socket.socket] = {}
-        self._listener: socket.socket | None = None
+        self._listener: Any = None  # my data port (rank 0 also serves MASTER_PORT)
 
     def connect(self) -> dict[int, socket.socket]:
         """Rendezvous, then connect to every peer: ``{peer: socket}`` (blocking sockets).
@@ -334,6 +334,7 @@ class Mesh:
         wake_r, wake_w = socket.socketpair()
 
         def check(conn: socket.socket, addr: Any) -> None:
+            out: tuple[Any, ...]
             try:
                 out = (conn, addr, handle(conn), None)
             except BaseException as e:  # handed to the main thread
