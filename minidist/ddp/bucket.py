@@ -157,7 +157,7 @@ class Bucket:
         self.pending = len(self.params)
         self._done = [False] * len(self.params)  # which grads reported this step
         self.finite = True  # the last reduced contents held no NaN/inf (set by the reducer)
-        self.prescaled = False  # this step: grads divided by the world size on the way in
+        self.is_float = np.dtype(spec.dtype).kind == "f"  # can hold grad / n (not integers)
         self.scaler: Any = None  # this step: the GradScaler that unscales it after reduction
 
     def __repr__(self) -> str:

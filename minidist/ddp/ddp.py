@@ -49,7 +49,7 @@ from minidist import xp as backend
 from minidist.amp import owner_of
 from minidist.comm.planner import check_algorithm
 from minidist.ddp.bucket import Bucket, BucketSpec, ParamMeta, plan_buckets
-from minidist.ddp.hooks import allreduce_hook
+from minidist.ddp.hooks import wants_prescaled
 from minidist.ddp.preflight import allreduce_table, check_manifest, library_manifest
 from minidist.ddp.reducer import Reducer, unused_param_indices
 from minidist.ddp.sync_batchnorm import SyncBatchNorm
@@ -411,7 +411,7 @@ class DistributedDataParallel:
             raise ValueError(f"{rank_prefix()} DistributedDataParallel.join: "
                              "throw_on_early_termination=True is not supported; use the "
                              "default (ranks that run out of batches shadow the others).")
-        if self.reducer.comm_hook is not allreduce_hook:
+        if not wants_prescaled(self.reducer.comm_hook):
             raise ValueError(f"{rank_prefix()} DistributedDataParallel.join: a comm hook "
                              f"({getattr(self.reducer.comm_hook, '__name__', '?')}) is "
                              "registered; join shadows the plain all-reduce only. Remove the "

@@ -76,7 +76,7 @@ from minidist import comm, trace
 from minidist import xp as backend
 from minidist.amp import active_scaler
 from minidist.ddp.bucket import Bucket, BucketState
-from minidist.ddp.hooks import GradBucket, allreduce_hook
+from minidist.ddp.hooks import GradBucket, allreduce_hook, wants_prescaled
 from minidist.log import get_logger, rank_prefix
 from minidist.tensor import GradDestination, queue_callback
 
@@ -101,6 +101,26 @@ class StepState(enum.Enum):
     IDLE = "idle"              # no synced step in progress
     PREPARED = "prepared"      # forward prepared a synced step; no gradient has arrived yet
     BACKWARD = "backward"      # gradients are arriving; the end-of-backward check is queued
+
+
+class SyncMode(enum.Enum):
+    """Where this step's gradients go, decided once per step (``prepare_for_forward``)::
+
+        no_sync()                        -> NO_SYNC    accumulate in the buckets, reduce nothing
+        hook declares prescale, n > 1    -> PRESCALED  backward writes grad / n into the slots;
+                                                       the hook's SUM is the average
+        hook declares prescale, n == 1   -> LOCAL      nothing to average; each gradient is
+                                                       checked for NaN/inf as it is written
+        any other hook (fp16, PowerSGD)  -> RAW        the hook gets the gradients as written
+
+    In every synced mode each ready bucket goes to ``comm_hook`` (default:
+    ``hooks.allreduce_hook``), which leaves the average in the bucket.
+    """
+
+    NO_SYNC = "no_sync"
+    PRESCALED = "prescaled"
+    LOCAL = "local"
+    RAW = "raw"
 
 
 class _CommThread:
@@ -185,6 +205,7 @@ class Reducer:
         self.find_unused_parameters = find_unused_parameters
         self.nonfinite_grads = nonfinite_grads
         self.require_sync = True  # False inside no_sync()
+        self.mode = SyncMode.NO_SYNC  # this step's (prepare_for_forward decides)
         self.comm_hook: Callable[[Any, GradBucket], None] = allreduce_hook
         self.hook_state: Any = None
         self.num_syncs = 0  # completed synced backward passes (the "step" in messages)
@@ -227,28 +248,40 @@ class Reducer:
             # None grads stay None: backward writes them into their reserved slots.
             if b.attach_grads(zero_missing=False):
                 log.debug("bucket %d: user-assigned grads copied into the bucket", b.index)
-        if not self.require_sync:
+        self.mode = self._step_mode()
+        if self.mode is SyncMode.NO_SYNC:
             self._reset_scales()  # no_sync: gradients accumulate as they are
             self.step_state = StepState.IDLE
             return
-        # The default hook's average is folded into the write into the bucket (backward writes
-        # grad / n into the slot, then an all-reduce SUM): no separate pass to divide it.
-        prescale = self.comm_hook is allreduce_hook and self.world_size > 1
+        # PRESCALED: the average is folded into the write into the bucket (backward writes
+        # grad / n into the slot, then the hook's all-reduce SUM): no separate pass to divide.
         scale = 1.0 / self.divisor
         self._check_in_hook = False  # decided at the first gradient (a GradScaler is known then)
         self._unused = []
         for b in self.buckets:
             b.reset()
             b.finite = True
-            b.prescaled = prescale and np.dtype(b.spec.dtype).kind == "f"
+            prescaled = self._prescaled(b)
             for p, i in zip(b.params, b.spec.param_indices):
                 # A slot that already holds a gradient (no_sync accumulation, zero_grad with
                 # set_to_none=False) is divided in place when ready; an empty one gets grad / n.
-                self._dests[i].scale = scale if b.prescaled and p.grad is None else 1.0
+                self._dests[i].scale = scale if prescaled and p.grad is None else 1.0
         self._next_launch = 0
         self.step_state = StepState.PREPARED
         self._comm_busy_s = 0.0
         self.stats = {"wait_s": 0.0, "comm_s": 0.0}
+
+    def _step_mode(self) -> SyncMode:
+        """This step's SyncMode (see its docstring)."""
+        if not self.require_sync:
+            return SyncMode.NO_SYNC
+        if wants_prescaled(self.comm_hook):
+            return SyncMode.PRESCALED if self.world_size > 1 else SyncMode.LOCAL
+        return SyncMode.RAW
+
+    def _prescaled(self, bucket: Bucket) -> bool:
+        """This step, ``bucket``'s gradients are written divided by n (PRESCALED, floats)."""
+        return self.mode is SyncMode.PRESCALED and bucket.is_float
 
     def mark_unused(self, unused: Sequence[int]) -> None:
         """Mark parameters that will get no gradient this step as ready (reduced as they are).
@@ -282,8 +315,8 @@ class Reducer:
                     queue_callback(self._end_of_backward)
                     # One rank with the default hook reduces nothing: check each gradient as
                     # soon as it is written (still in cache), not the buckets afterwards.
-                    self._check_in_hook = (self.world_size == 1 and active_scaler() is None
-                                           and self.comm_hook is allreduce_hook
+                    self._check_in_hook = (self.mode is SyncMode.LOCAL
+                                           and active_scaler() is None
                                            and self.nonfinite_grads != "ignore")
                     if self._check_in_hook:
                         for j in self._unused:  # marked ready before backward started
@@ -337,18 +370,19 @@ class Reducer:
             return
         p, view, dest = self.params[i], bucket.views[k], self._dests[i]
         g = p.grad
-        # The gradient must be in its bucket slot, divided by n when the default hook reduces
-        # with SUM (``prescaled``, like torch's div_factor). Usually backward wrote it there
-        # already, divided (the slot is its destination, with scale 1/n): nothing to do.
+        # The gradient must be in its bucket slot, divided by n in PRESCALED mode (the hook
+        # then sums, like torch's div_factor). Usually backward wrote it there already,
+        # divided (the slot is its destination, with scale 1/n): nothing to do.
+        prescaled = self._prescaled(bucket)
         if g is None:  # unused parameter (find_unused_parameters): reduced as zeros
             view[...] = 0
         elif g is not view:  # not in the slot (assigned after forward?): copy it in, one pass
-            if bucket.prescaled and dest.scale == 1.0:
+            if prescaled and dest.scale == 1.0:
                 backend.get_array_module(view).divide(g, view.dtype.type(self.divisor),
                                                       out=view)
             else:
                 view[...] = g
-        elif bucket.prescaled and dest.scale == 1.0:  # accumulated before this backward
+        elif prescaled and dest.scale == 1.0:  # accumulated before this backward
             view /= view.dtype.type(self.divisor)     # (no_sync, zero_grad(set_to_none=False))
         dest.scale = 1.0  # this step's gradient is complete: a later backward is not averaged
         p.grad = view
@@ -418,12 +452,10 @@ class Reducer:
         # The ledger names this bucket in every collective it runs (a diagnosis then says
         # "bucket=2" beside the call site).
         with comm.ledger_label(f"bucket={bucket.index}"):
-            if bucket.prescaled:  # grads were divided by n in _grad_ready: sum = average
-                self.all_reduce(bucket.buffer, "sum")
-            else:
-                grad_bucket = GradBucket(bucket, self.all_reduce, self.world_size,
-                                         is_last=bucket.index == len(self.buckets) - 1)
-                self.comm_hook(self.hook_state, grad_bucket)
+            grad_bucket = GradBucket(bucket, self.all_reduce, self.world_size,
+                                     is_last=bucket.index == len(self.buckets) - 1,
+                                     prescaled=self._prescaled(bucket))
+            self.comm_hook(self.hook_state, grad_bucket)  # default: hooks.allreduce_hook
         if bucket.scaler is not None and bucket.scaler.unscale_bucket_(
                 bucket.buffer, bucket.params, bucket.names):
             bucket.finite = True  # unscaled + checked in one pass; the scaler reports inf/NaN
