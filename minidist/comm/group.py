@@ -2,75 +2,52 @@
 
     group = ProcessGroup(transport)                 # any Transport: mpi, tcp, threads, local
     group.all_reduce(grad, op="sum")                # in place; algorithm="auto" by default
-    group.broadcast(weights, src=0)
-    out = group.all_gather(x)                       # shape (world_size, *x.shape)
-    group.reduce_scatter(out_chunk, full, op="avg") # rank r gets chunk r of the reduction
-    names = group.all_gather_object({"host": h})    # small JSON-able values, no pickle
+    group.plan_all_reduce(grad).algorithm           # what that runs ("auto" resolved)
     group.ledger.entries()[-1]                      # what this rank called last (ledger.py)
 
 The module-level functions in ``minidist.comm.api`` (``all_reduce``, ``get_rank``, ...) call the
 default group that ``init_process_group`` creates; tests build groups over the threads transport.
+The other collectives (broadcast, all_gather, reduce_scatter, ``*_object``, ``new_group``) live
+in collectives.py; this module is the spine: ``all_reduce`` reads as validate, plan, run::
 
-Every collective takes the same path, the one choke point of the ledger::
-
-    validate on this rank (ValueError before any message: bad array, op, algorithm, root, tag)
-    -> resolve the algorithm (auto: select.py, with its reason)
-    -> ledger.begin: call number on the stream, fingerprint -> message tag (wire_tag)
-    -> run it; a CommError (timeout, peer failure, fingerprint mismatch) goes to
-       failure.on_failure: the ranks exchange ledgers and every rank raises the same finding
-    -> ledger row marked ok
-
-``all_reduce`` takes a faster form of the same path, for the small messages where Python is
-most of the time: its plan (algorithm, reason, function, the fingerprint's fixed part) is
-memoized per (algorithm, bytes, dtype, op, buffer kind), the ledger's ``begin`` is split into
-``claim`` (call number and message tag, before the first message) and ``record`` (the row),
-and on MPI's own Allreduce the row is written while the data is in flight (post, record,
-wait).
+    validate on this rank (ValueError before any message: bad array, op, algorithm, tag)
+    -> plan: planner.py, memoized per (algorithm, bytes, dtype, op, buffer kind): the algorithm
+       that runs ("auto": select.py's rules with the calibration), why, its function
+    -> run under the ledger: ``claim`` the call number and message tag (the call's fingerprint)
+       before the first message, ``record`` the row (on MPI's own Allreduce: while the data is
+       in flight), run; a CommError (timeout, peer failure, fingerprint mismatch) goes to
+       diagnosis/failure.py: the ranks exchange ledgers and every rank raises the same finding
 
 Streams: ``tag`` (0 <= tag < MAX_STREAMS = 1024) names an independent stream with its own call
 numbers, for collectives that run concurrently from different threads; one stream must be used
-by one thread at a time. ``barrier`` and the ``*_object`` collectives use stream 0.
-
-Async collectives (``run_async``; comm/work.py): one worker thread per group runs them in issue
-order; every synchronous collective of the group first waits for the queued ones (drain), so
-all ranks still make the group's collectives in program order.
-
-Sub-groups (``new_group``): the transport's ``split`` (MPI: ``MPI_Comm_split``; elsewhere a
-``SubgroupTransport`` view with its own tag space) under a new ProcessGroup.
-
-Arrays that differ across ranks are caught by the fingerprints (a different count, dtype, op,
-root or collective never matches); with ``check_consistency=True`` (default:
-``MINIDIST_DEBUG>=1``) each collective also all-gathers (numel, dtype, op, algorithm, root)
-first and raises CollectiveMismatch naming the rank that differs, before any data moves.
+by one thread at a time. Async collectives (``run_async``; comm/work.py): one worker thread
+per group runs them in issue order; every synchronous collective of the group first waits for
+the queued ones (drain), so all ranks still make the group's collectives in program order.
+Debug mode (``check_consistency``): diagnosis/consistency.py.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Callable
 
 import numpy as np
 
-from minidist import xp as backend
-from minidist.comm.algorithms import ALGORITHMS
 from minidist.comm.algorithms import select as _select
 from minidist.comm.algorithms.calibrate import agreed as agreed_calibration
-from minidist.comm.algorithms.ring import ring_all_gather, ring_reduce_scatter
 from minidist.comm.algorithms.scratch import clear as clear_scratch
-from minidist.comm.algorithms.scratch import scratch
 from minidist.comm.algorithms.select import Explainer
-from minidist.comm.algorithms.shm import shm_alloc_buffer, shm_available, shm_node
-from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
-from minidist.comm.errors import CollectiveMismatch, CommError
+from minidist.comm.algorithms.shm import shm_available, shm_node
+from minidist.comm.collectives import Collectives
+from minidist.comm.diagnosis.consistency import check_agreement
 from minidist.comm.diagnosis.failure import farewell, on_failure, poll
-from minidist.comm.diagnosis.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
-                                  ledger_enabled)
+from minidist.comm.diagnosis.ledger import (T0, T1, TAG, Ledger, dump_dir, ledger_capacity,
+                                            ledger_enabled)
+from minidist.comm.errors import CommError
+from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, parse_op
 from minidist.comm.planner import Plan, Planner
-from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
 from minidist.comm.topology import Topology, detect_topology
-from minidist.comm.transports.base import MAX_STREAMS, Transport, wire_tag
-from minidist.comm.transports.shm_window import shm_free_buffer
+from minidist.comm.transports.base import MAX_STREAMS, Transport
 from minidist.comm.work import AsyncWorker, Work, completed
 from minidist.log import debug_level, get_logger
 
@@ -80,7 +57,7 @@ _OPS = list(ReduceOp)
 _FAST_OPS: dict = {**{o.value: o for o in ReduceOp}, **{o: o for o in ReduceOp}}
 
 
-class ProcessGroup:
+class ProcessGroup(Collectives):
     """The ranks of one transport and the collectives over them.
 
     Args:
@@ -209,39 +186,6 @@ class ProcessGroup:
                                 reason)
         return row, row[TAG]
 
-    def _agree(self, call: str, flat: Any, op: ReduceOp | None, algo: str, root: int,
-               row: list | None, stream: int) -> None:
-        """Debug mode: all-gather (numel, dtype, op, algorithm, root) and compare with rank 0."""
-        if not self.check_consistency or self.size == 1:
-            return
-        fields = ("numel", "dtype", "op", "algorithm", "root")
-        algos = tuple(dict.fromkeys(("auto", *ALGORITHMS, "dissemination")))
-        mine = [flat.size, SUPPORTED_DTYPES.index(flat.dtype.name),
-                -1 if op is None else _OPS.index(op),
-                algos.index(algo) if algo in algos else len(algos), root]
-        table = np.zeros(self.size * len(mine), np.int64)
-        table[self.rank * len(mine):(self.rank + 1) * len(mine)] = mine
-        check = (fingerprint(row[SEQ], "consistency_check", None, None, 0, -1, None)
-                 if row is not None else 1)
-        ring_all_gather(self.transport, table, wire_tag(stream, check, self._max_tag))
-        rows = table.reshape(self.size, len(mine))
-        for r in range(1, self.size):
-            diff = [i for i in range(len(mine)) if rows[r, i] != rows[0, i]]
-            if diff:
-                i = diff[0]
-                shows: dict[int, Callable[[int], str]] = {
-                    0: lambda v: f"{v} elements", 1: lambda v: SUPPORTED_DTYPES[v],
-                    2: lambda v: _OPS[v].value if v >= 0 else "-",
-                    3: lambda v: algos[v] if v < len(algos) else "?", 4: str}
-                show = shows[i]
-                err = CollectiveMismatch(
-                    f"{self.where(call)}: rank {r} passed {fields[i]}={show(int(rows[r, i]))} "
-                    f"but rank 0 passed {fields[i]}={show(int(rows[0, i]))}. Every rank must pass "
-                    "the same shape, dtype, op and algorithm; check that all ranks build the same "
-                    "model and call the same collectives in the same order.")
-                err.diagnosis = {"kind": "mismatch", "rank": r, "field": fields[i]}
-                raise err
-
     def _failed(self, row: list | None, error: CommError, call: str) -> CommError:
         return on_failure(self, row, error, call)
 
@@ -321,8 +265,8 @@ class ProcessGroup:
                 if ledger.enabled:
                     row = ledger.record(seq, wire, t0, tag, shape, label, plan.call)
                 if self.check_consistency:
-                    self._agree(f'all_reduce(algorithm="{algorithm}")', flat, op, algorithm, 0,
-                                row, tag)
+                    check_agreement(self, f'all_reduce(algorithm="{algorithm}")', flat, op,
+                                    algorithm, 0, row, tag)
                 plan.run(self.transport, flat, op, wire)
         except CommError as e:
             if row is None and ledger.enabled:  # posting failed before the row was written
@@ -346,180 +290,6 @@ class ProcessGroup:
         algorithm = self.algorithm if algorithm is None else algorithm
         flat, rop, tag = self._check_all_reduce(array, op, algorithm, tag)
         return self.planner.plan(algorithm, flat, rop, tag)
-
-    def broadcast(self, array: Any, src: int = 0, tag: int = 0) -> Any:
-        """Copy rank ``src``'s ``array`` into ``array`` on every rank (binomial tree); return it."""
-        call = f"broadcast(src={src})"
-        src = self._root(src, "src", call)
-        flat = self._flat(array, call)
-        tag = self._stream(tag, call) if tag else 0
-        row, wire = self._begin("broadcast", tag, flat, array.shape, None, src, "tree", None)
-        try:
-            self._agree(call, flat, None, "tree", src, row, tag)
-            if self.size > 1 and flat.size > 0:
-                tree_broadcast(self.transport, flat, src, wire)
-        except CommError as e:
-            raise self._failed(row, e, call) from e
-        if row is not None:
-            Ledger.end(row)
-        return array
-
-    def reduce(self, array: Any, dst: int = 0, op: str | ReduceOp = "sum", tag: int = 0) -> Any:
-        """Reduce into ``array`` on rank ``dst`` (binomial tree); other ranks keep their data."""
-        call = f"reduce(dst={dst})"
-        op = self._op(op, call)
-        dst = self._root(dst, "dst", call)
-        flat = self._flat(array, call)
-        tag = self._stream(tag, call) if tag else 0
-        row, wire = self._begin("reduce", tag, flat, array.shape, op, dst, "tree", None)
-        try:
-            self._agree(call, flat, op, "tree", dst, row, tag)
-            if self.size > 1 and flat.size > 0:
-                work = flat
-                if self.rank != dst:  # the tree leaves partial sums behind; keep the caller's
-                    work = scratch(self.transport, flat, flat.size, wire, slot=1)
-                    work[...] = flat
-                tree_reduce(self.transport, work, op, dst, wire)
-        except CommError as e:
-            raise self._failed(row, e, call) from e
-        if self.rank == dst:
-            finalize(flat, op, self.size)
-        if row is not None:
-            Ledger.end(row)
-        return array
-
-    def all_gather_into(self, output: Any, array: Any, tag: int = 0) -> Any:
-        """Fill ``output`` (world_size * array.size elements) with every rank's ``array``."""
-        call = "all_gather_into"
-        flat = self._flat(array, call, writable=False)
-        out = self._flat(output, call)
-        tag = self._stream(tag, call) if tag else 0
-        if out.size != self.size * flat.size or out.dtype != flat.dtype:
-            raise ValueError(f"{self.where(call)}: output has {out.size} x {out.dtype.name} but "
-                             f"needs world_size * input = {self.size} * {flat.size} x "
-                             f"{flat.dtype.name}. Allocate it with size {self.size * flat.size}.")
-        row, wire = self._begin("all_gather", tag, flat, array.shape, None, -1, "ring", None)
-        try:
-            self._agree(call, flat, None, "ring", 0, row, tag)
-            out[self.rank * flat.size:(self.rank + 1) * flat.size] = flat
-            if self.size > 1 and flat.size > 0:
-                ring_all_gather(self.transport, out, wire)
-        except CommError as e:
-            raise self._failed(row, e, call) from e
-        if row is not None:
-            Ledger.end(row)
-        return output
-
-    def all_gather(self, array: Any, tag: int = 0) -> Any:
-        """A new array of shape ``(world_size, *array.shape)``: row r is rank r's ``array``."""
-        xp = backend.get_array_module(array)
-        out = xp.empty((self.size,) + tuple(array.shape), dtype=array.dtype)
-        self.all_gather_into(out, array, tag)
-        return out
-
-    def reduce_scatter(self, output: Any, input: Any, op: str | ReduceOp = "sum",
-                       tag: int = 0) -> Any:
-        """Reduce ``input`` (world_size * output.size elements); rank r gets chunk r in ``output``.
-
-        ``input`` is left unchanged (the ring works on a cached scratch copy).
-        """
-        call = "reduce_scatter"
-        op = self._op(op, call)
-        src = self._flat(input, call, writable=False)
-        out = self._flat(output, call)
-        tag = self._stream(tag, call) if tag else 0
-        if src.size != self.size * out.size or out.dtype != src.dtype:
-            raise ValueError(f"{self.where(call)}: input has {src.size} x {src.dtype.name} but "
-                             f"must be world_size * output = {self.size} * {out.size} x "
-                             f"{out.dtype.name}.")
-        row, wire = self._begin("reduce_scatter", tag, src, input.shape, op, -1, "ring", None)
-        try:
-            self._agree(call, src, op, "ring", 0, row, tag)
-            work = scratch(self.transport, src, src.size, wire, slot=1)
-            work[...] = src
-            b = ring_reduce_scatter(self.transport, work, op, wire)
-        except CommError as e:
-            raise self._failed(row, e, call) from e
-        out[...] = work[b[self.rank]:b[self.rank + 1]]
-        finalize(out, op, self.size)
-        if row is not None:
-            Ledger.end(row)
-        return output
-
-    def barrier(self) -> None:
-        """Return once every rank has entered (dissemination: ceil(log2 N) rounds of 1 byte)."""
-        row, wire = self._begin("barrier", 0, None, None, None, -1, "dissemination", None)
-        try:
-            dist = 1
-            while dist < self.size:
-                self.transport.sendrecv(self._token, (self.rank + dist) % self.size,
-                                        self._token_in, (self.rank - dist) % self.size, wire)
-                dist <<= 1
-        except CommError as e:
-            raise self._failed(row, e, "barrier") from e
-        if row is not None:
-            Ledger.end(row)
-
-    # -- small Python values (JSON, never pickle) --------------------------------------------
-    def _encode(self, obj: Any, call: str) -> np.ndarray:
-        try:
-            return np.frombuffer(json.dumps(obj).encode("utf-8"), dtype=np.uint8)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{self.where(call)}: the object is not JSON-serializable ({e}). "
-                             "Send numbers, strings, lists and dicts only (arrays: use "
-                             "broadcast/all_gather).") from None
-
-    def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
-        """Rank ``src``'s ``obj`` on every rank (JSON round trip: tuples come back as lists)."""
-        call = f"broadcast_object(src={src})"
-        src = self._root(src, "src", call)
-        data, error = None, None
-        if self.rank == src:
-            try:
-                data = self._encode(obj, call)
-            except ValueError as e:
-                error = e
-        row, wire = self._begin("broadcast_object", 0, None, None, None, src, "tree", None)
-        buf = None
-        try:
-            # A length of -1 tells the other ranks that src failed, so they raise, not hang.
-            length = np.array([-1 if error else (0 if data is None else data.size)], np.int64)
-            if self.size > 1:
-                tree_broadcast(self.transport, length, src, wire)
-            if length[0] >= 0:
-                buf = data.copy() if data is not None else np.empty(int(length[0]), np.uint8)
-                if self.size > 1 and buf.size:
-                    tree_broadcast(self.transport, buf, src, wire)
-        except CommError as e:
-            raise self._failed(row, e, call) from e
-        if row is not None:
-            Ledger.end(row)  # a failed encode too: every rank raises alike, still in step
-        if error is not None:
-            raise error
-        if buf is None:
-            raise CommError(f"{self.where(call)}: rank {src} could not encode its object (its "
-                            "own error says why); nothing was broadcast.")
-        return json.loads(buf.tobytes().decode("utf-8"))
-
-    def all_gather_object(self, obj: Any) -> list:
-        """``[obj of rank 0, obj of rank 1, ...]`` on every rank (JSON: lengths, then bytes)."""
-        data = self._encode(obj, "all_gather_object")
-        row, wire = self._begin("all_gather_object", 0, None, None, None, -1, "ring", None)
-        try:
-            lengths = np.zeros(self.size, np.int64)
-            lengths[self.rank] = data.size
-            ring_all_gather(self.transport, lengths, wire)
-            width = int(lengths.max())
-            table = np.zeros(self.size * width, np.uint8)
-            table[self.rank * width:self.rank * width + data.size] = data
-            if width:
-                ring_all_gather(self.transport, table, wire)
-        except CommError as e:
-            raise self._failed(row, e, "all_gather_object") from e
-        if row is not None:
-            Ledger.end(row)
-        return [json.loads(table[r * width:r * width + int(lengths[r])].tobytes().decode("utf-8"))
-                for r in range(self.size)]
 
     # -- auto, explained ---------------------------------------------------------------------
     def auto_table(self) -> dict:
@@ -551,38 +321,6 @@ class ProcessGroup:
         return plan.algorithm, plan.reason
 
     # -- memory and lifecycle ----------------------------------------------------------------
-    def alloc_buffer(self, numel: int, dtype: Any, xp: Any = None) -> Any:
-        """A 1-D communication buffer placed where the transport moves data best.
-
-        Collective: every rank calls it alike (DDP allocates its buckets at construction).
-        On the MPI transport with every rank on one node, NumPy buffers go into a shared-memory
-        window, so ``all_reduce`` on them can take the zero-copy "shm" path (algorithms/shm.py).
-        """
-        xp = xp or backend.default_array_module()
-        if self._worker is not None:
-            self._drain()
-        if xp is np and self._shm is not None:
-            dt = np.dtype(dtype)
-            row = (self.ledger.begin("alloc_buffer", 0, int(numel), dt, (int(numel),), None, -1,
-                                     "shm", None) if self.ledger.enabled else None)
-            try:
-                buf = shm_alloc_buffer(self.transport, numel, dtype)
-            except CommError as e:
-                raise self._failed(row, e, "alloc_buffer") from e
-            if row is not None:
-                Ledger.end(row)
-            return buf
-        return self.transport.alloc_buffer(numel, dtype, xp)
-
-    def free_buffer(self, buf: Any) -> bool:
-        """Release a buffer from ``alloc_buffer`` now instead of at exit (shared windows).
-
-        Collective when ``buf`` lives in a shared-memory window: every rank calls it alike.
-        Every array that views ``buf`` must be dropped first (its memory is unmapped).
-        Returns True if a window was freed, False for an ordinary array (nothing to do).
-        """
-        return shm_free_buffer(self.transport, buf)
-
     def farewell(self) -> None:
         """Compare collective counts with every rank before shutting down (failure.farewell).
 
@@ -632,39 +370,6 @@ class ProcessGroup:
         worker = self._worker
         if worker is not None and worker.pending:
             worker.drain()
-
-    def new_group(self, ranks: list[int] | None = None, timeout_s: float | None = None
-                  ) -> ProcessGroup | None:
-        """A group of some of this group's ranks (``minidist.new_group`` on the world).
-
-        COLLECTIVE over this group: every rank calls it with the same ``ranks`` in the same
-        order as its other ``new_group`` calls. Rank ``ranks[i]`` is rank ``i`` of the new
-        group; ranks outside ``ranks`` get None. MPI splits its communicator; other transports
-        give the group a ``SubgroupTransport`` view that shares this group's connections in a
-        tag space of its own, so every collective (and DDP) works on it unchanged.
-
-        Args:
-            ranks: distinct ranks of this group (default: all of them).
-            timeout_s: deadline of the new group's waits (default: this group's).
-
-        Raises:
-            ValueError: ``ranks`` are not distinct ranks of this group.
-        """
-        members = list(range(self.size)) if ranks is None else list(ranks)
-        if len(set(members)) != len(members) or not members or any(
-                isinstance(r, bool) or not isinstance(r, (int, np.integer))
-                or not 0 <= r < self.size for r in members):
-            raise ValueError(f"{self.where(f'new_group(ranks={ranks!r})')}: ranks must be "
-                             f"distinct integers in [0, {self.size}), at least one.")
-        members = [int(r) for r in members]
-        if self.size == 1:
-            return self
-        self._drain()
-        sub = self.transport.split(members, self.transport.timeout_s if timeout_s is None
-                                   else float(timeout_s))
-        if sub is None:
-            return None
-        return ProcessGroup(sub, algorithm=self.algorithm, backend=self.backend)
 
     def __repr__(self) -> str:
         return (f"ProcessGroup(backend={self.backend!r}, rank={self.rank}, size={self.size}, "
