@@ -51,7 +51,8 @@ from minidist.comm.planner import check_algorithm
 from minidist.ddp.bucket import Bucket, BucketSpec, ParamMeta, plan_buckets
 from minidist.ddp.hooks import wants_prescaled
 from minidist.ddp.preflight import allreduce_table, check_manifest, library_manifest
-from minidist.ddp.reducer import Reducer, unused_param_indices
+from minidist.ddp.grad_checks import unused_param_indices
+from minidist.ddp.reducer import Reducer
 from minidist.ddp.sync_batchnorm import SyncBatchNorm
 from minidist.log import get_logger, rank_prefix
 from minidist.tensor.grad_mode import is_grad_enabled

@@ -47,36 +47,26 @@ Rules that keep every rank in step:
 - an exception in the comm thread is kept and re-raised in the main thread, naming the bucket;
 - under ``no_sync`` the hooks do nothing: gradients just accumulate in the bucket views.
 
-With a GradScaler (mixed precision, minidist.amp): ``scaler.scale(loss)`` makes the scaler
-active; each bucket launched while it is active is UNSCALED right after its all-reduce by the
-scaler's fused kernel (``unscale_bucket_``: unscale + inf/NaN flag in one pass), in place of the
-finiteness dot product, so AMP adds no pass over the gradients. The flags are identical on
-every rank (the buckets are), so every rank skips the same steps. The scaler, not the reducer,
-then reports an inf/NaN (it is expected now and then: the scale was too high).
-
-Without a scaler, a NaN/inf after the reduction is reported once (warning) and then counted
-(``nonfinite_grad_steps``). Every rank sees the same reduced buckets, so all ranks take that
-slow path together, and it may run one small all-reduce: which ranks' forward outputs were
-already non-finite (the references kept by ``watch_output``; nothing is checked on the fast
-path), so the message can name the rank(s) where the NaN/inf started.
+With a GradScaler each bucket is unscaled right after its all-reduce (in place of the NaN/inf
+check); without one, a NaN/inf after the reduction is reported (grad_checks.py).
 """
 
 from __future__ import annotations
 
 import collections
-import enum
-import queue
-import threading
 import time
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 from minidist import comm, trace
 from minidist import xp as backend
 from minidist.amp import active_scaler
 from minidist.ddp.bucket import Bucket, BucketState
+from minidist.ddp.comm_thread import CommThread
+from minidist.ddp.grad_checks import (all_finite_fast, float_arrays, missing_gradients_error,
+                                      nonfinite_names, report_nonfinite, where_it_started)
 from minidist.ddp.hooks import GradBucket, allreduce_hook, wants_prescaled
+from minidist.ddp.states import StepState, SyncMode
 from minidist.log import get_logger, rank_prefix
 from minidist.tensor import GradDestination, queue_callback
 
@@ -84,89 +74,6 @@ log = get_logger(__name__)
 
 NONFINITE_POLICIES = ("warn", "raise", "ignore")
 _MAX_WATCHED_OUTPUTS = 64  # forward outputs kept between syncs (no_sync micro-batches)
-
-
-class StepState(enum.Enum):
-    """Where the Reducer is in a synced step (one explicit state, as BucketState for a bucket)::
-
-        IDLE --prepare_for_forward (sync)--> PREPARED --first gradient hook--> BACKWARD
-          ^   (queues the end-of-backward check)                                  |
-          '--- last bucket reduced (_finalize), or the check/an error ends it ----'
-
-    Under ``no_sync`` (and after forward under ``no_grad``) the Reducer stays IDLE: hooks do
-    nothing. The end-of-backward check raises if it finds the step not IDLE (a gradient never
-    came, so a bucket was never reduced).
-    """
-
-    IDLE = "idle"              # no synced step in progress
-    PREPARED = "prepared"      # forward prepared a synced step; no gradient has arrived yet
-    BACKWARD = "backward"      # gradients are arriving; the end-of-backward check is queued
-
-
-class SyncMode(enum.Enum):
-    """Where this step's gradients go, decided once per step (``prepare_for_forward``)::
-
-        no_sync()                        -> NO_SYNC    accumulate in the buckets, reduce nothing
-        hook declares prescale, n > 1    -> PRESCALED  backward writes grad / n into the slots;
-                                                       the hook's SUM is the average
-        hook declares prescale, n == 1   -> LOCAL      nothing to average; each gradient is
-                                                       checked for NaN/inf as it is written
-        any other hook (fp16, PowerSGD)  -> RAW        the hook gets the gradients as written
-
-    In every synced mode each ready bucket goes to ``comm_hook`` (default:
-    ``hooks.allreduce_hook``), which leaves the average in the bucket.
-    """
-
-    NO_SYNC = "no_sync"
-    PRESCALED = "prescaled"
-    LOCAL = "local"
-    RAW = "raw"
-
-
-class _CommThread:
-    """One daemon thread that runs bucket reductions in the order they are submitted."""
-
-    def __init__(self, work: Callable[[Bucket], None], device: Any = None) -> None:
-        self._work = work
-        self._device = device  # CuPy's current device is per thread: use the buffers' one
-        self._queue: queue.Queue = queue.Queue()
-        self._cond = threading.Condition()
-        self._outstanding = 0
-        self.error: tuple[Bucket, BaseException] | None = None
-        self._thread = threading.Thread(target=self._run, name="minidist-ddp-comm", daemon=True)
-        self._thread.start()
-
-    def submit(self, bucket: Bucket) -> None:
-        with self._cond:
-            self._outstanding += 1
-        self._queue.put(bucket)
-
-    def _run(self) -> None:
-        if self._device is not None:  # pragma: no cover - needs a GPU
-            self._device.use()
-        while True:
-            bucket = self._queue.get()
-            if bucket is None:
-                return
-            try:
-                if self.error is None:  # after a failure the collectives are out of step: skip
-                    self._work(bucket)
-            except BaseException as e:  # kept for the main thread, which re-raises it
-                self.error = (bucket, e)
-            finally:
-                with self._cond:
-                    self._outstanding -= 1
-                    self._cond.notify_all()
-
-    def wait_all(self) -> None:
-        """Block until every submitted bucket is done (each collective has its own deadline)."""
-        with self._cond:
-            while self._outstanding:
-                self._cond.wait(timeout=1.0)
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5.0)
 
 
 class Reducer:
@@ -232,7 +139,7 @@ class Reducer:
                          for i, p in enumerate(self.params)]
         device = self.buckets[0].buffer.device if self.buckets and \
             backend.is_device_array(self.buckets[0].buffer) else None
-        self._thread = _CommThread(self._reduce_bucket, device) if overlap else None
+        self._thread = CommThread(self._reduce_bucket, device) if overlap else None
         for b in self.buckets:
             b.attach_grads()
 
@@ -303,7 +210,7 @@ class Reducer:
         Only if a reduced gradient turns out non-finite are they checked, to tell which
         ranks' forward passes already produced NaN/inf (``_check_finite``).
         """
-        self._outputs.extend(_arrays(output))
+        self._outputs.extend(float_arrays(output))
 
     # ------------------------------------------------------------------ hooks
 
@@ -345,19 +252,8 @@ class Reducer:
                             self._thread.error[1])
                 self._thread.error = None
         self.step_state = StepState.IDLE
-        missing = [n for b in self.buckets for n in b.missing_names()]
-        unreduced = [b.index for b in self.buckets[self._next_launch:]]
-        why = ("They are in the autograd graph of the output but received no gradient"
-               if self.find_unused_parameters else
-               "These parameters were not used to compute the loss on this rank")
-        raise RuntimeError(
-            f"{rank_prefix()} DistributedDataParallel: backward of step {self.num_syncs} "
-            f"finished without a gradient for {len(missing)} parameter(s): {missing[:8]}"
-            f"{'...' if len(missing) > 8 else ''}, so bucket(s) {unreduced} were never "
-            f"all-reduced and this step's gradients are not averaged. {why}. Pass "
-            "find_unused_parameters=True to DistributedDataParallel (they are then reduced as "
-            "zeros), or remove them from the model; if you call backward more than once per "
-            "step, run all but the last inside no_sync().")
+        raise missing_gradients_error(self.buckets, self.buckets[self._next_launch:],
+                                      self.num_syncs, self.find_unused_parameters)
 
     def _reset_scales(self) -> None:
         """Gradient destinations back to scale 1 (outside a synced step nothing is averaged)."""
@@ -471,43 +367,14 @@ class Reducer:
     def _check_finite(self) -> None:
         # Each bucket was checked right after its reduction (_reduce_bucket, one dot product);
         # only a bucket that may hold NaN/inf is searched for the parameters to name.
-        if self.nonfinite_grads == "ignore":
-            return
-        bad = []
-        for b in self.buckets:
-            if b.finite:
-                continue
-            xp = backend.get_array_module(b.buffer)
-            bad += [n for n, v in zip(b.names, b.views) if not bool(xp.isfinite(v).all())]
-        if not bad:
-            return
-        # Every rank is here (the reduced buckets are identical): one small collective is safe.
-        self.nonfinite_grad_steps += 1
-        msg = (f"{rank_prefix()} DistributedDataParallel: non-finite (NaN/inf) averaged gradient "
-               f"at step {self.num_syncs - 1} in {bad[:8]}{'...' if len(bad) > 8 else ''}; "
-               f"{self._where_it_started()}. Lower the learning rate, clip gradients, or check "
-               "the inputs of that step.")
-        if self.nonfinite_grads == "raise":
-            raise FloatingPointError(msg)
-        if self.nonfinite_grad_steps == 1:
-            log.warning("%s Warned once: later non-finite steps are only counted "
-                        "(DistributedDataParallel.nonfinite_grad_steps).", msg)
-        else:
-            log.debug("%s (non-finite step %d)", msg, self.nonfinite_grad_steps)
-
-    def _where_it_started(self) -> str:
-        """Which ranks' forward outputs were non-finite this step (one all-reduce of n flags)."""
-        flags = np.zeros(max(self.world_size, 1), dtype=np.float64)
-        finite = all(bool(backend.get_array_module(a).isfinite(a).all()) for a in self._outputs)
-        flags[self.rank] = 0.0 if finite else 1.0
-        if self.world_size > 1:
-            self.all_reduce(flags, "sum")
-        ranks = [r for r in range(len(flags)) if flags[r] > 0]
-        if ranks:
-            return (f"it started on rank(s) {ranks}, whose forward output was already "
-                    "non-finite (look at the input batch there, or the weights)")
-        return ("every rank's forward output was finite, so it arose in backward (a gradient "
-                "overflowed on some rank) or in the sum of the all-reduce")
+        bad = nonfinite_names(self.buckets) if self.nonfinite_grads != "ignore" else []
+        if bad:
+            # Every rank is here (the reduced buckets are identical): a small collective is safe.
+            self.nonfinite_grad_steps += 1
+            started = where_it_started(self._outputs, self.rank, self.world_size,
+                                       self.all_reduce)
+            report_nonfinite(bad, self.num_syncs - 1, started, self.nonfinite_grads,
+                             self.nonfinite_grad_steps)
 
     def close(self) -> None:
         """Remove the gradient hooks and destinations, and stop the comm thread."""
@@ -520,62 +387,3 @@ class Reducer:
         if self._thread is not None:
             self._thread.close()
             self._thread = None
-
-
-def all_finite_fast(buf: Any) -> bool:
-    """True if ``buf`` holds no NaN/inf; False means "maybe": search it exactly then.
-
-    One BLAS dot product ``buf . buf`` (a single vectorized read of the buffer, ~4x faster than
-    ``buf.sum()`` here and no boolean temporary like ``isfinite(buf).all()``): a NaN or inf
-    element makes it NaN/inf, and the squares are >= 0, so nothing cancels. It can also overflow
-    for finite values above ~1e19 (float32): a false "maybe", which the exact search clears.
-    """
-    if buf.dtype.kind != "f":
-        return True
-    xp = backend.get_array_module(buf)
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow = "maybe", not a warning
-        s = xp.dot(buf, buf) if buf.dtype.itemsize >= 4 else buf.sum(dtype=xp.float32)
-    return bool(xp.isfinite(s))
-
-
-def _arrays(output: Any) -> list[Any]:
-    """The float arrays of the Tensors in a forward output (a Tensor, or nested list/dict)."""
-    if isinstance(output, (list, tuple)):
-        return [a for o in output for a in _arrays(o)]
-    if isinstance(output, dict):
-        return [a for o in output.values() for a in _arrays(o)]
-    data = getattr(output, "data", None)
-    return [data] if hasattr(data, "dtype") and data.dtype.kind == "f" else []
-
-
-def unused_param_indices(outputs: Any, params: Sequence[Any],
-                         parents: Callable[[Any], Sequence[Any]]) -> list[int]:
-    """Indices of ``params`` the autograd graph of ``outputs`` does not reach.
-
-    Args:
-        outputs: a Tensor, or a (nested) tuple/list/dict of them, as returned by forward.
-        params: the parameters, in registration order.
-        parents: returns the input tensors a tensor was computed from.
-    """
-    stack: list[Any] = []
-
-    def collect(o: Any) -> None:
-        if isinstance(o, (list, tuple)):
-            for x in o:
-                collect(x)
-        elif isinstance(o, dict):
-            for x in o.values():
-                collect(x)
-        elif hasattr(o, "data") and hasattr(o, "grad"):
-            stack.append(o)
-
-    collect(outputs)
-    seen: set[int] = set()
-    while stack:
-        t = stack.pop()
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        stack.extend(parents(t))
-    return [i for i, p in enumerate(params) if id(p) not in seen]
-
