@@ -284,6 +284,8 @@ def all_reduce(array: Any, op: str | ReduceOp = "sum", algorithm: str | None = N
     touch ``array`` until ``work.wait()`` returns.
     """
     g = _g(group)
+    if not async_op:  # the common case, called straight (every gradient bucket comes here)
+        return g.all_reduce(array, op, algorithm, label=label)
     return _run(g, "all_reduce", lambda: g.all_reduce(array, op, algorithm, label=label), array,
                 async_op)
 

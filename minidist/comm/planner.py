@@ -91,8 +91,9 @@ class Planner:
 
     def is_shared(self, flat: Any, tag: int = 0) -> bool:
         """True when ``flat`` lies in a shared window "shm" can reduce in place (stream 0)."""
-        return (self.shm is not None and not tag and type(flat) is np.ndarray
-                and shm_owns(self.shm, flat))
+        shm = self.shm  # no user windows (the usual case): nothing can be shared
+        return (shm is not None and not tag and bool(shm.user_windows)
+                and type(flat) is np.ndarray and shm_owns(shm, flat))
 
     def plan(self, algorithm: str, flat: Any, op: ReduceOp, tag: int = 0,
              shared: bool | None = None) -> Plan:

@@ -41,7 +41,7 @@ def supports_native(transport: Transport) -> bool:
     return transport.mpi is not None
 
 
-@dataclass
+@dataclass(slots=True)
 class InFlight:
     """One posted MPI Allreduce, until ``NativeAllReduce.wait`` finishes it.
 
@@ -74,6 +74,7 @@ class NativeAllReduce:
         assert mpi is not None, f"{transport.name} transport has no MPI"
         self.transport, self.mpi, self.MPI = transport, mpi, mpi.MPI
         self.where = f"[rank {transport.rank}/{transport.size}]"
+        self.in_place = self.MPI.IN_PLACE
         self.guard = np.zeros(2, np.int64)  # across nodes: [fp, -fp] reduced with MAX
         self.ops = [None] + [getattr(self.MPI, _MPI_OPS[op]) for op in ReduceOp]  # by op.code
 
@@ -87,8 +88,8 @@ class NativeAllReduce:
                 k = node.guard_post(tag)  # my guard line in the shared window (shm_window.py)
             else:
                 self.guard[0], self.guard[1] = tag, -tag
-                greq = self.mpi.comm.Iallreduce(self.MPI.IN_PLACE, self.guard, op=self.MPI.MAX)
-        req = self.mpi.comm.Iallreduce(self.MPI.IN_PLACE, view, op=self.ops[op.code])
+                greq = self.mpi.comm.Iallreduce(self.in_place, self.guard, op=self.MPI.MAX)
+        req = self.mpi.comm.Iallreduce(self.in_place, view, op=self.ops[op.code])
         # MPICH advances a non-blocking collective only inside MPI calls (no progress thread):
         # one Test() now sends this rank's data, so the caller's work until wait() overlaps
         # the transfer instead of delaying it.
