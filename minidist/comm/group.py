@@ -28,7 +28,7 @@ Debug mode (``check_consistency``): diagnosis/consistency.py.
 
 from __future__ import annotations
 
-import time
+from time import perf_counter
 from typing import Any, Callable
 
 import numpy as np
@@ -122,11 +122,6 @@ class ProcessGroup(Collectives):
 
         ``algorithm``: for all_reduce, whose call is spelled out only in an error message.
         """
-        if type(array) is np.ndarray:  # the hot path: one flags object, no reshape if 1-D
-            flags = array.flags
-            if array.dtype in SUPPORTED and flags.c_contiguous and (flags.writeable
-                                                                    or not writable):
-                return array if array.ndim == 1 else array.reshape(-1)
         if algorithm is not None:
             call = f'{call}(algorithm="{algorithm}")'
         if not hasattr(array, "dtype") or not hasattr(array, "flags"):
@@ -232,7 +227,12 @@ class ProcessGroup(Collectives):
             rop: ReduceOp = _FAST_OPS[op]
         except (KeyError, TypeError):
             rop = self._op(op, f'all_reduce(algorithm="{algorithm}")')
-        flat = self._flat(array, "all_reduce", algorithm=algorithm)  # no formatting unless bad
+        flags = array.flags if type(array) is np.ndarray else None  # the hot path: a bucket
+        if (flags is not None and array.ndim == 1 and array.dtype in SUPPORTED
+                and flags.c_contiguous and flags.writeable):
+            flat = array
+        else:  # any other array, checked (no formatting unless bad)
+            flat = self._flat(array, "all_reduce", algorithm=algorithm)
         if tag:
             tag = self._stream(tag, f'all_reduce(algorithm="{algorithm}")')
         return flat, rop, tag
@@ -242,6 +242,7 @@ class ProcessGroup(Collectives):
         """Run ``plan`` on ``flat`` under the ledger (module docstring: claim, record, run).
 
         A CommError goes to the diagnosis (``on_failure``): every rank raises the same finding.
+        The ledger row names the caller of ``all_reduce``: 3 frames up from ``record``.
         """
         ledger = self.ledger
         row = None
@@ -253,27 +254,27 @@ class ProcessGroup(Collectives):
             log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
                       plan.algorithm, flat.size, flat.dtype.name, flat.nbytes, op.value,
                       self.size)
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         try:
             if plan.native is not None and not self.check_consistency:
                 # MPI's Allreduce: post it, write the ledger row while the data moves, wait.
                 in_flight = plan.native.post(flat, op, wire)
                 if ledger.enabled:
-                    row = ledger.record(seq, wire, t0, tag, shape, label, plan.call)
+                    row = ledger.record(seq, wire, t0, tag, shape, label, plan.call, 3)
                 plan.native.wait(in_flight)
             else:
                 if ledger.enabled:
-                    row = ledger.record(seq, wire, t0, tag, shape, label, plan.call)
+                    row = ledger.record(seq, wire, t0, tag, shape, label, plan.call, 3)
                 if self.check_consistency:
                     check_agreement(self, f'all_reduce(algorithm="{algorithm}")', flat, op,
                                     algorithm, 0, row, tag)
                 plan.run(self.transport, flat, op, wire)
         except CommError as e:
             if row is None and ledger.enabled:  # posting failed before the row was written
-                row = ledger.record(seq, wire, t0, tag, shape, label, plan.call)
+                row = ledger.record(seq, wire, t0, tag, shape, label, plan.call, 3)
             raise self._failed(row, e, f'all_reduce(algorithm="{algorithm}")') from e
         if row is not None:
-            row[T1] = time.perf_counter()
+            row[T1] = perf_counter()
             if self._debug and algorithm == "auto":
                 self._explainer.add(plan.algorithm, plan.reason, flat.nbytes,
                                     self.planner.is_shared(flat, tag), row[T1] - row[T0])

@@ -75,6 +75,7 @@ class NativeAllReduce:
         self.transport, self.mpi, self.MPI = transport, mpi, mpi.MPI
         self.where = f"[rank {transport.rank}/{transport.size}]"
         self.in_place = self.MPI.IN_PLACE
+        self.spin_tests = mpi.spin_tests  # Test() calls before the deadline-bounded wait
         self.guard = np.zeros(2, np.int64)  # across nodes: [fp, -fp] reduced with MAX
         self.ops = [None] + [getattr(self.MPI, _MPI_OPS[op]) for op in ReduceOp]  # by op.code
 
@@ -99,7 +100,7 @@ class NativeAllReduce:
         """Finish a ``post``: wait with the deadline, check the guard, finalize AVG."""
         try:
             if not call.done:
-                for _ in range(self.mpi.spin_tests):
+                for _ in range(self.spin_tests):
                     if call.req.Test():
                         break
                 else:

@@ -374,17 +374,17 @@ class Ledger:
         return seq, stream | ((hash((seq, sig)) & self._fp_mask) or 1) << STREAM_BITS
 
     def record(self, seq: int, tag: int, t0: float, stream: int, shape: Any,
-               label: str | None, plan: tuple) -> list:
+               label: str | None, plan: tuple, depth: int = 2) -> list:
         """The second half of ``begin``: write the row of a ``claim``ed call started at ``t0``
-        (``time.perf_counter()``); return it. Called directly by the collective, as ``begin``
-        is (the caller's site is two frames up).
+        (``time.perf_counter()``); return it. The caller's site is ``depth`` frames up (2:
+        called directly by the collective, as ``begin`` is).
 
         ``plan``: ``call_plan(...)`` of the call, the same tuple object each time the caller
         makes the same call (the process group memoizes it): a repeated call at a known site
         is then recognised by identity, not field by field.
         """
         try:
-            f = sys._getframe(2)
+            f = sys._getframe(depth)
         except ValueError:  # called from the top of a stack
             f = sys._getframe(1)
         code = f.f_code
