@@ -445,24 +445,55 @@ def test_amp_on_a_model_without_a_float16_path_is_a_clear_error(group):
     trainer.ddp.close()
 
 
-@pytest.mark.gpu
-def test_autocast_and_scaler_on_a_gpu():
-    if not backend.gpu_available():
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    """Run a test body on NumPy ("cpu", in CI) and on CuPy ("cuda", gpu-marked, skipped
+    without a GPU): the same assertions, so a wrong expectation fails without a GPU."""
+    if request.param == "cuda" and not backend.gpu_available():
         pytest.skip("needs CuPy and a CUDA GPU")
-    cupy = backend.require_cuda()
-    x = Tensor(cupy.ones((4, 8), dtype=cupy.float32))
-    w = nn.Parameter(cupy.full((3, 8), 0.1, dtype=cupy.float32))
-    scaler = amp.GradScaler("cuda")
-    with amp.autocast("cuda"):
-        out = minidist.tensor.linear(x, w)
-        assert out.dtype == F16 and backend.is_device_array(out.data)
-        loss = out.float().sum()
-    scaler.scale(loss).backward()
+    return request.param
+
+
+def autocast_and_scaler_steps(device, init_scale, steps):
+    """(scale after update, skipped so far, w[0, 0]) after each step of a float16 linear."""
+    xp = backend.require_cuda() if device == "cuda" else np
+    x = Tensor(xp.ones((4, 8), dtype=xp.float32))
+    w = nn.Parameter(xp.full((3, 8), 0.1, dtype=xp.float32))
+    scaler = amp.GradScaler(device, init_scale=init_scale)
     opt = optim.SGD([w], lr=0.1)
-    scaler.step(opt)
-    scaler.update()
-    assert w.grad.dtype == F32 and backend.is_device_array(scaler._scale)
-    np.testing.assert_allclose(backend.to_host(w.data), 0.1 - 0.1 * 4, rtol=1e-3)
+    history = []
+    for _ in range(steps):
+        with amp.autocast(device):
+            out = minidist.tensor.linear(x, w)
+            assert out.dtype == F16 and backend.is_device_array(out.data) == (device == "cuda")
+            loss = out.float().sum()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        assert w.grad.dtype == F32 and backend.get_array_module(scaler._scale) is xp
+        opt.zero_grad()
+        history.append((scaler.get_scale(), scaler.skipped_steps,
+                        float(backend.to_host(w.data)[0, 0])))
+    return history
+
+
+def test_autocast_and_scaler_skip_until_the_float16_grads_fit(device):
+    """torch's behaviour: d(sum)/d(out) = scale must fit float16 (max 65504), and so must the
+    float16 weight gradient 4 * scale (4 rows of x). 65536 overflows the first, 32768 and
+    16384 the second: three skipped steps, the scale halved each time; at 8192 the step is
+    taken (w = 0.1 - 0.1 * 4) and the scale stays."""
+    got = autocast_and_scaler_steps(device, 2.0 ** 16, 5)
+    assert [(s, k) for s, k, _ in got] == [(32768.0, 1), (16384.0, 2), (8192.0, 3),
+                                          (8192.0, 3), (8192.0, 3)]
+    assert [w for _, _, w in got[:3]] == [pytest.approx(0.1)] * 3
+    assert got[3][2] == pytest.approx(0.1 - 0.1 * 4, rel=1e-3)
+    assert got[4][2] == pytest.approx(0.1 - 0.1 * 8, rel=1e-3)
+
+
+def test_autocast_and_scaler_step_taken_at_once(device):
+    got = autocast_and_scaler_steps(device, 1024.0, 2)
+    assert [(s, k) for s, k, _ in got] == [(1024.0, 0), (1024.0, 0)]
+    assert got[0][2] == pytest.approx(-0.3, rel=1e-3) and got[1][2] == pytest.approx(-0.7, rel=1e-3)
 
 
 def test_policy_lists_name_real_ops():
