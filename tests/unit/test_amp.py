@@ -531,3 +531,61 @@ def test_trainer_amp_resume_is_bit_exact(group, tmp_path, master_weights):
     assert s1.skipped_steps > 0 and s1.state_dict() == s2.state_dict()
     for a, b in zip(straight, resumed):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------- one launch per step
+
+
+def test_unscale_is_one_kernel_call_per_step_and_the_flags_reset(monkeypatch):
+    """Every gradient of a step goes to ONE foreach call (one flag slot per optimizer); the
+    scale update zeroes the flags, so the next step starts clean without a zeroing launch."""
+    from minidist import kernels
+
+    calls = []
+    real = kernels.foreach_unscale_and_check_
+    monkeypatch.setattr(kernels, "foreach_unscale_and_check_",
+                        lambda srcs, dsts, inv, found: calls.append(len(srcs)) or
+                        real(srcs, dsts, inv, found))
+    minidist.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    scaler = amp.GradScaler(init_scale=8.0)
+    x, y = t32(5, 4), np.array([0, 1, 0, 1, 1])
+    for bad in (False, True, False):
+        xb = x.data.copy()
+        if bad:
+            xb[0, 0] = np.nan
+        scaler.scale(nn.CrossEntropyLoss()(model(Tensor(xb)), y)).backward()
+        scaler.step(opt)
+        assert scaler._flags.read().any() == bad
+        scaler.update()
+        assert not scaler._flags.array.any()
+        opt.zero_grad()
+    assert calls == [4, 4, 4] and scaler.skipped_steps == 1 and scaler.get_scale() == 4.0
+
+
+def test_an_abandoned_step_does_not_skip_the_next():
+    p, opt = ours_param()
+    scaler = amp.GradScaler(init_scale=4.0)
+    ours_set_grad(scaler)(p, np.inf, None)
+    scaler.unscale_(opt)              # the flag is set ... and the step is abandoned
+    scaler._per_optimizer.clear()     # (as after an exception that the loop caught)
+    opt.zero_grad()
+    ours_set_grad(scaler)(p, 0.5, None)
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.skipped_steps == 0 and np.allclose(p.data, 1 - 0.1 * 0.5)
+
+
+def test_master_weights_grads_outside_ddp_are_one_flat_buffer():
+    minidist.manual_seed(3)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    opt = amp.MasterWeights(optim.SGD(model.parameters(), lr=0.1))
+    scaler = amp.GradScaler(init_scale=2.0)
+    scaler.scale(model(t32(2, 3)).float().sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    flat = opt.master_grad_buffer
+    assert flat.size == opt.master_buffer.size
+    for m in opt.masters():
+        assert np.shares_memory(m.grad, flat)
