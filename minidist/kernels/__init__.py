@@ -41,8 +41,8 @@ from minidist.kernels.fallback import REFERENCE, CompiledBackend
 from minidist.log import rank_prefix
 
 __all__ = ["unscale_and_check", "unscale_and_check_", "foreach_unscale_and_check_",
-           "update_scale_", "master_to_model", "implementation", "CompiledBackend", "REFERENCE",
-           "NUMBA_CPU", "NUMBA_CUDA"]
+           "update_scale_", "master_to_model", "implementation", "fallback_reason",
+           "CompiledBackend", "REFERENCE", "NUMBA_CPU", "NUMBA_CUDA"]
 
 _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
 
@@ -79,6 +79,17 @@ def implementation(array: Any) -> str:
                          f"array, got {type(array).__name__}.")
     chosen = _backend_of(array)
     return chosen.name if chosen.get() is not None else REFERENCE
+
+
+def fallback_reason(array: Any) -> str | None:
+    """Why the kernels for ``array``'s device use the reference (the warning's cause), or None
+    while the compiled kernels run (or were not tried yet).
+
+    >>> import numpy as np
+    >>> fallback_reason(np.zeros(3, np.float32)) is None or "numba" in fallback_reason(np.zeros(3))
+    True
+    """
+    return _backend_of(array).reason or None
 
 
 def _call(name: str, first: Any, *args: Any) -> Any:

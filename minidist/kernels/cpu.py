@@ -56,6 +56,7 @@ import numpy as np
 from numba import njit, prange
 
 from minidist.kernels import reference
+from minidist.kernels.fallback import default_signature, private_copies
 
 __all__ = ["unscale_and_check", "unscale_and_check_", "foreach_unscale_and_check_",
            "update_scale_", "master_to_model", "check_usable", "signature", "rehearse"]
@@ -226,16 +227,12 @@ def _numel(args: tuple[Any, ...]) -> int:
 
 def signature(op: str, *args: Any) -> Any:
     """What selects compiled code: the op, dtypes, aliasing, and serial vs prange loops."""
-    from minidist.kernels.fallback import default_signature
-
     return (default_signature(op, args), _loops(_numel(args)) is PARALLEL_LOOPS)
 
 
 def rehearse(op: str, *args: Any) -> None:
     """Compile and run ``op`` on small private copies, with the loops the real call will use
     (the prange variant compiles separately), before any caller data is touched."""
-    from minidist.kernels.fallback import private_copies
-
     loops = _loops(_numel(args))
     copies = private_copies(args)
     if op == "update_scale_":

@@ -61,6 +61,7 @@ from typing import Any, Hashable, no_type_check
 import numpy as np
 
 from minidist.kernels import reference
+from minidist.kernels.fallback import default_signature, private_copies
 
 
 def _import_cuda() -> tuple[Any, str]:
@@ -411,16 +412,12 @@ def check_usable() -> None:
 
 def signature(op: str, *args: Any) -> Hashable:
     """What selects compiled code: op, dtypes, aliasing (``fallback.default_signature``)."""
-    from minidist.kernels.fallback import default_signature
-
     return default_signature(op, args)
 
 
 def rehearse(op: str, *args: Any) -> None:
     """Compile and launch ``op`` twice (the dispatcher, then the direct launch) on small
     private copies, and wait for it: errors surface here, before caller data is touched."""
-    from minidist.kernels.fallback import private_copies
-
     copies = private_copies(args)
     fn = globals()[op]
     for _ in range(2):

@@ -80,18 +80,19 @@ def private_copies(args: tuple[Any, ...], numel: int = REHEARSAL_NUMEL) -> tuple
 
 
 def default_signature(op: str, args: tuple[Any, ...]) -> Hashable:
-    """What selects a compiled specialization: the op, each argument's dtype (or type), and
-    which arguments are the same array (in place)."""
-    ids: dict[int, int] = {}
-    parts: list[Any] = [op]
+    """What selects a compiled specialization: the op, each argument's type and dtype, and
+    which arguments are the same array (in place). Called on every kernel call: kept cheap."""
+    key: list[Any] = [op]
+    first: dict[int, int] = {}
     for a in args:
-        if isinstance(a, (list, tuple)):
-            parts.append(tuple(default_signature("", (x,))[1] for x in a))
-        elif _is_array(a):
-            parts.append((str(a.dtype), ids.setdefault(id(a), len(ids))))
+        dtype = getattr(a, "dtype", None)
+        if dtype is not None:
+            key.append((type(a), dtype.char, first.setdefault(id(a), len(first))))
+        elif isinstance(a, (list, tuple)):
+            key.append(tuple((type(x), x.dtype.char) for x in a))
         else:
-            parts.append(type(a).__name__)
-    return tuple(parts)
+            key.append(type(a))
+    return tuple(key)
 
 
 class CompiledBackend:

@@ -184,7 +184,7 @@ def test_a_small_grid_is_configured_without_numbas_occupancy_warning():
 
         def __getitem__(self, config):
             warnings.warn("Grid size 1 will likely result in GPU under-utilization due to low "
-                          "occupancy.", UserWarning)
+                          "occupancy.", UserWarning, stacklevel=2)
             return lambda *a: None
 
     with warnings.catch_warnings():
