@@ -355,8 +355,9 @@ class GradScaler:
                         "(autocast already computes in float16), or wrap the optimizer in "
                         "minidist.amp.MasterWeights for float16 weights with float32 masters.")
             if _fusable(src, dst):
-                srcs.append(src.reshape(-1))
-                dsts.append(src.reshape(-1) if dst is src else dst.reshape(-1))
+                flat = src.reshape(-1)
+                srcs.append(flat)
+                dsts.append(flat if dst is src else dst.reshape(-1))  # in place: same object
             else:
                 _unscale_unfused(src, dst, inv, found)
             checked += 1

@@ -291,8 +291,9 @@ def foreach_unscale_and_check_(srcs: list[np.ndarray], dsts: list[np.ndarray],
                                inv_scale: float, found_inf: np.ndarray) -> None:
     """:func:`unscale_and_check_` over pairs of buffers (a CPU call costs ~1 us: a loop)."""
     bad = False
+    inv = np.float32(inv_scale)
     for src, dst in zip(srcs, dsts):
-        bad |= unscale_and_check(src, dst, inv_scale)
+        bad |= _unscale(_loops(src.size), src, dst, inv)
     if bad:
         found_inf[0] = 1.0
 
