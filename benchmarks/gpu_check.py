@@ -170,7 +170,7 @@ def section_env(args: argparse.Namespace) -> dict:
                             "platform": platform.platform()}
     for mod in ("numba", "numba_cuda", "numba_cuda_mlir", "cupy", "torch", "mpi4py"):
         try:
-            info[mod] = __import__(mod).__version__
+            info[mod] = getattr(__import__(mod), "__version__", "installed")
         except Exception as exc:  # not installed, or broken: say which
             info[mod] = f"not importable ({type(exc).__name__})"
     dev = Device(args.cpu)

@@ -338,16 +338,22 @@ class LaunchPlan:
             warnings.filterwarnings("ignore", message=r"Grid size \d+ will likely result in "
                                     "GPU under-utilization")
             self.launcher = kernel[blocks, threads, stream]
+        # as the dispatcher launches it: normalized dimensions, its own stream object
         self.griddim = getattr(self.launcher, "griddim", None)
         self.blockdim = getattr(self.launcher, "blockdim", None)
+        self.stream = getattr(self.launcher, "stream", stream)
         self.direct: Any = None
 
     def launch(self, *args: Any) -> None:
+        global FAST_LAUNCH
         PLAN_STATS.launches += 1
         if self.direct is not None:
-            PLAN_STATS.direct_launches += 1
-            self.direct.launch(args, self.griddim, self.blockdim, self.stream, 0)
-            return
+            try:
+                self.direct.launch(args, self.griddim, self.blockdim, self.stream, 0)
+                PLAN_STATS.direct_launches += 1
+                return
+            except (TypeError, AttributeError):  # another Numba's internals: not launched
+                FAST_LAUNCH, self.direct = False, None
         self.launcher(*args)
         if FAST_LAUNCH and not SIMULATOR:
             self.direct = self._compiled_kernel(args)

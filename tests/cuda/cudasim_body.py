@@ -293,3 +293,47 @@ def test_cuda_kernels_that_cannot_compile_fall_back_once(monkeypatch, error):
         fused.call("master_to_model", ref.master_to_model, grads, model)
     assert model[:3].tolist() == [1.0, 2.0, 4.0]
     kcuda.clear_plans()
+
+
+def test_direct_launch_of_the_compiled_kernel_and_its_fallback(monkeypatch):
+    """After the first launch a plan launches the compiled kernel directly (what the
+    dispatcher chose for these argument types); if that API does not fit, the plan goes back
+    to the dispatcher at once, nothing launched twice."""
+    calls = []
+
+    class Compiled:
+        def __init__(self, broken):
+            self.broken = broken
+
+        def launch(self, args, griddim, blockdim, stream, sharedmem):
+            if self.broken:
+                raise TypeError("launch() takes 3 positional arguments")
+            calls.append(("direct", args, griddim, stream))
+
+    class Kernel:
+        __name__ = "k"
+
+        def __init__(self, broken):
+            self.overloads = {("f4",): Compiled(broken)}
+
+        def typeof_pyval(self, value):
+            return "f4"
+
+        def __getitem__(self, config):
+            launcher = lambda *args: calls.append(("dispatcher", args))  # noqa: E731
+            launcher.griddim, launcher.blockdim, launcher.stream = (3, 1, 1), (64, 1, 1), "s"
+            return launcher
+
+    monkeypatch.setattr(kcuda, "SIMULATOR", False)
+    monkeypatch.setattr(kcuda, "FAST_LAUNCH", True)
+    plan = kcuda.LaunchPlan(Kernel(broken=False), (), 3, 64, 0)
+    for v in (1.0, 2.0, 3.0):
+        plan.launch(v)
+    assert calls == [("dispatcher", (1.0,)), ("direct", (2.0,), (3, 1, 1), "s"),
+                     ("direct", (3.0,), (3, 1, 1), "s")]
+    calls.clear()
+    plan = kcuda.LaunchPlan(Kernel(broken=True), (), 3, 64, 0)
+    for v in (1.0, 2.0, 3.0):
+        plan.launch(v)
+    assert calls == [("dispatcher", (1.0,)), ("dispatcher", (2.0,)), ("dispatcher", (3.0,))]
+    assert kcuda.FAST_LAUNCH is False
