@@ -29,8 +29,12 @@ Per optimizer and step, an explicit state (torch's ``OptState``) catches misuse:
       '------------------step() (unscales first)-----'
 
 The scale and growth tracker are 1-element arrays on the gradients' device, updated by the
-``update_scale_`` kernel; the only host read is ``step()``'s look at ``found_inf`` (torch reads
-it there too). Unscaling and the inf/NaN check are ONE pass (``kernels.unscale_and_check_``).
+``update_scale_`` kernel; the only host read is ``step()``'s look at the step's inf/NaN flags
+(torch reads them there too). Unscaling and the inf/NaN check are ONE pass
+(``kernels.unscale_and_check_``), and ``unscale_`` covers all the gradients of an optimizer with
+ONE call (``kernels.foreach_unscale_and_check_``). The buffers a step's kernels touch are
+persistent (scale, tracker, 1/scale, the flags: one device array with a slot per bucket and per
+optimizer, zeroed by ``update_scale_``), so on a GPU each launch reuses its launch plan.
 
 Under DistributedDataParallel the pass happens earlier, per bucket: ``scale()`` makes this scaler
 the ACTIVE one (while the scaled loss lives, until ``update()``); DDP's reducer takes it when it launches a bucket and, right after the bucket's
@@ -190,7 +194,8 @@ class GradScaler:
         self._init_growth_tracker = 0
         self._scale: Any = None           # float32[1] on the device
         self._growth_tracker: Any = None  # int32[1] on the device
-        self._inv_scale: Any = None       # this step's 1/scale, float32[1]
+        self._inv_scale: Any = None       # this step's 1/scale, float32[1] (persistent)
+        self._inv_fresh = False
         self._per_optimizer: dict[int, _OptimizerStep] = {}
         self._flags: _FlagSlots | None = None     # the step's flags, on the device
         self._folded: list[_FoldedBucket] = []
@@ -244,7 +249,10 @@ class GradScaler:
     def _inv(self) -> Any:
         """1 / scale as float32[1] (torch: scale.double().reciprocal().float()), once a step."""
         if self._inv_scale is None:
-            self._inv_scale = (1.0 / self._scale.astype(np.float64)).astype(np.float32)
+            self._inv_scale = backend.get_array_module(self._scale).empty(1, dtype=np.float32)
+        if not self._inv_fresh:  # float64 reciprocal, rounded once to float32 (as torch)
+            self._inv_scale[...] = 1.0 / self._scale.astype(np.float64)
+            self._inv_fresh = True
         return self._inv_scale
 
     # ------------------------------------------------------------------ the DDP fold
@@ -439,7 +447,7 @@ class GradScaler:
         self._per_optimizer.clear()
         self._folded.clear()
         self._folded_found.clear()
-        self._inv_scale = None
+        self._inv_fresh = False
         if getattr(_active, "scaler", None) is self:
             _active.scaler = None
 
@@ -521,6 +529,7 @@ class GradScaler:
         self._backoff_factor = float(state_dict["backoff_factor"])
         self._growth_interval = int(state_dict["growth_interval"])
         self._init_growth_tracker = int(state_dict["_growth_tracker"])
+        self._inv_fresh = False
         if self._scale is not None:
             self._scale[...] = self._init_scale
         if self._growth_tracker is not None:

@@ -337,3 +337,15 @@ def test_direct_launch_of_the_compiled_kernel_and_its_fallback(monkeypatch):
         plan.launch(v)
     assert calls == [("dispatcher", (1.0,)), ("dispatcher", (2.0,)), ("dispatcher", (3.0,))]
     assert kcuda.FAST_LAUNCH is False
+
+
+def test_grid_from_the_sm_count(monkeypatch):
+    """Off the simulator: 8 blocks of 256 threads per SM at most, fewer for small n (each
+    thread takes 4 elements per trip); under the simulator: at most 2 x 64."""
+    monkeypatch.setattr(kcuda, "SIMULATOR", False)
+    monkeypatch.setattr(kcuda, "_sm_count", 132)
+    assert kcuda._launch_config(64 << 20, None) == (132 * 8, 256)
+    assert kcuda._launch_config(1024, None) == (1, 256)
+    assert kcuda._launch_config(1025, None) == (2, 256)
+    assert kcuda._launch_config(300_000, None) == (293, 256)
+    assert kcuda._launch_config(10, (3, 32)) == (3, 32)

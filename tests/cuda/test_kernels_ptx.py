@@ -59,6 +59,6 @@ def test_every_kernel_compiles_to_sm90_ptx(kcuda):
         assert ".target sm_90" in ptx and needle in ptx, (name, sig)
         if name != "_update_scale_kernel":  # unrolled: four loads before the first store
             # (global or generic: the multi-buffer kernel's tuple entries are generic pointers)
-            loads = [m.start() for m in re.finditer(r"\bld\.(global\.)?[uf](16|32)", ptx)]
-            stores = [m.start() for m in re.finditer(r"\bst\.(global\.)?[uf](16|32)", ptx)]
+            loads = [m.start() for m in re.finditer(r"\bld\.(global\.)?[ufb](16|32)", ptx)]
+            stores = [m.start() for m in re.finditer(r"\bst\.(global\.)?[ufb](16|32)", ptx)]
             assert len(loads) >= 4 and loads[3] < stores[0], (name, sig)
