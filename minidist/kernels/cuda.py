@@ -31,8 +31,10 @@ and reused, so the host cost of a call is a dictionary lookup and the launch its
     plan     = Numba views of the arrays (no owner, no stream sync)
              + the Numba stream wrapping the CuPy stream (one per CuPy stream, cached)
              + the configured launch object ``kernel[blocks, threads, stream]``
-             + after its first launch: the compiled kernel itself (``overloads``), launched
-               directly, skipping the dispatcher's argument typing
+             + after its first launch: the compiled kernel the dispatcher chose
+               (``overloads``) and its array arguments packed once (``PackedLaunch``): later
+               launches pack only the scalars and call cuda.core's ``launch``, skipping the
+               dispatcher's typing and packing
 
 A view records only a pointer, a size and a dtype, so a plan is valid for whatever array
 holds that memory now: a buffer freed and reallocated at the same address with the same size
@@ -233,6 +235,7 @@ class PlanStats:
         self.streams_built = 0
         self.launches = 0
         self.direct_launches = 0
+        self.packed_launches = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -325,10 +328,70 @@ def _launch_config(n: int, launch: tuple[int, int] | None) -> tuple[int, int]:
     return min(blocks, _sm_count * BLOCKS_PER_SM), THREADS_PER_BLOCK
 
 
-class LaunchPlan:
-    """One kernel on fixed arrays, grid and stream: ``plan.launch(*args)`` runs it."""
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (bool, int, float, np.number))
 
-    __slots__ = ("kernel", "views", "launcher", "direct", "griddim", "blockdim", "stream")
+
+class PackedLaunch:
+    """A compiled kernel's handle with its array arguments packed ONCE, by the compiled
+    kernel's own ``_prepare_args`` (so the bytes are what Numba's launch would pass); per call
+    only the scalars are packed, then the launch goes straight to ``cuda.core``'s ``launch``.
+
+    Built only where Numba exposes exactly that (numba-cuda 0.30: ``launch`` and
+    ``LaunchConfig`` in the compiled kernel's module, no debug, no extensions, not
+    cooperative); anything else raises here and the plan keeps the compiled kernel's
+    ``launch``.
+    """
+
+    def __init__(self, compiled: Any, args: tuple[Any, ...], griddim: Any, blockdim: Any,
+                 stream: Any) -> None:
+        import sys
+
+        module = sys.modules[type(compiled).__module__]
+        if compiled.debug or compiled.extensions or getattr(compiled, "cooperative", False):
+            raise TypeError("debug, extensions or cooperative launches are packed per call")
+        self.launch_fn, self.compiled, self.stream = module.launch, compiled, stream
+        self.kernel = compiled._codelibrary.get_cufunc().kernel
+        self.config = module.LaunchConfig(grid=griddim, block=blockdim, shmem_size=0)
+        self.types = tuple(compiled.argument_types)
+        self.fixed = args
+        self.parts: list[list | None] = []
+        for ty, value in zip(self.types, args):
+            if _is_scalar(value):
+                self.parts.append(None)  # packed at every call
+                continue
+            packed: list[Any] = []
+            written_back: list[Any] = []
+            compiled._prepare_args(ty, value, stream, written_back, packed)
+            if written_back:  # a host array would need a copy back: not a fixed argument
+                raise TypeError("argument needs a copy back")
+            self.parts.append(packed)
+
+    def __call__(self, args: tuple[Any, ...]) -> bool:
+        """Launch; False (nothing launched) when an array argument is not the packed one."""
+        kernelargs: list[Any] = []
+        for part, ty, value, fixed in zip(self.parts, self.types, args, self.fixed):
+            if part is None:
+                self.compiled._prepare_args(ty, value, self.stream, [], kernelargs)
+            elif value is fixed or (type(value) is tuple and len(value) == len(fixed)
+                                    and all(a is b for a, b in zip(value, fixed))):
+                kernelargs.extend(part)
+            else:
+                return False
+        self.launch_fn(self.stream, self.config, self.kernel, *kernelargs)
+        return True
+
+
+class LaunchPlan:
+    """One kernel on fixed arrays, grid and stream: ``plan.launch(*args)`` runs it.
+
+    The first launch goes through Numba's dispatcher (it compiles, types the arguments); the
+    plan then keeps what the dispatcher chose: the compiled kernel (``direct``: skips typing)
+    and, where possible, its pre-packed arguments (``packed``: skips packing the arrays).
+    """
+
+    __slots__ = ("kernel", "views", "launcher", "direct", "packed", "griddim", "blockdim",
+                 "stream")
 
     def __init__(self, kernel: Any, views: tuple[Any, ...], blocks: int, threads: int,
                  stream: Any) -> None:
@@ -343,10 +406,21 @@ class LaunchPlan:
         self.blockdim = getattr(self.launcher, "blockdim", None)
         self.stream = getattr(self.launcher, "stream", stream)
         self.direct: Any = None
+        self.packed: PackedLaunch | None = None
 
     def launch(self, *args: Any) -> None:
         global FAST_LAUNCH
         PLAN_STATS.launches += 1
+        if not FAST_LAUNCH:  # MINIDIST_CUDA_LAUNCH=dispatcher, or switched off at run time
+            self.launcher(*args)
+            return
+        if self.packed is not None:
+            try:
+                if self.packed(args):
+                    PLAN_STATS.packed_launches += 1
+                    return
+            except (TypeError, AttributeError):  # rejected before launching: not packable
+                self.packed = None
         if self.direct is not None:
             try:
                 self.direct.launch(args, self.griddim, self.blockdim, self.stream, 0)
@@ -355,8 +429,14 @@ class LaunchPlan:
             except (TypeError, AttributeError):  # another Numba's internals: not launched
                 FAST_LAUNCH, self.direct = False, None
         self.launcher(*args)
-        if FAST_LAUNCH and not SIMULATOR:
+        if not SIMULATOR:
             self.direct = self._compiled_kernel(args)
+            if self.direct is not None:
+                try:
+                    self.packed = PackedLaunch(self.direct, args, self.griddim, self.blockdim,
+                                               self.stream)
+                except (TypeError, AttributeError, KeyError):  # another Numba's internals
+                    self.packed = None
 
     def _compiled_kernel(self, args: tuple[Any, ...]) -> Any:
         """The compiled kernel the dispatcher just chose for these argument types (so later

@@ -349,3 +349,72 @@ def test_grid_from_the_sm_count(monkeypatch):
     assert kcuda._launch_config(1025, None) == (2, 256)
     assert kcuda._launch_config(300_000, None) == (293, 256)
     assert kcuda._launch_config(10, (3, 32)) == (3, 32)
+
+
+def test_packed_launch_packs_arrays_once_and_scalars_every_call(monkeypatch):
+    """Where Numba exposes its launch (numba-cuda 0.30: ``launch`` and ``LaunchConfig`` in the
+    compiled kernel's module), a plan packs its array arguments once with the compiled
+    kernel's own ``_prepare_args`` and launches through that ``launch``; scalars are packed
+    per call; a different array object is not launched packed."""
+    import sys
+    import types
+
+    fake = types.ModuleType("fake_numba_dispatcher")
+    launched, prepared = [], []
+    fake.launch = lambda stream, config, kernel, *kargs: launched.append((stream, config,
+                                                                          kernel, kargs))
+    fake.LaunchConfig = lambda grid, block, shmem_size: ("config", grid, block, shmem_size)
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+
+    class Compiled:
+        debug, extensions, cooperative = False, [], False
+        argument_types = ("array", "float32", "array")
+
+        class _codelibrary:  # noqa: N801
+            @staticmethod
+            def get_cufunc():
+                return types.SimpleNamespace(kernel="handle")
+
+        def _prepare_args(self, ty, value, stream, retr, out):
+            prepared.append(ty)
+            out.extend([("ptr", id(value))] if ty == "array" else [("f4", value)])
+
+        def launch(self, args, griddim, blockdim, stream, sharedmem):
+            launched.append(("compiled.launch", args))
+
+    Compiled.__module__ = fake.__name__
+
+    class Kernel:
+        __name__ = "k"
+        overloads = {("t", "t", "t"): Compiled()}
+
+        def typeof_pyval(self, value):
+            return "t"
+
+        def __getitem__(self, config):
+            launcher = lambda *args: launched.append(("dispatcher", args))  # noqa: E731
+            launcher.griddim, launcher.blockdim, launcher.stream = (3, 1, 1), (64, 1, 1), "s"
+            return launcher
+
+    monkeypatch.setattr(kcuda, "SIMULATOR", False)
+    monkeypatch.setattr(kcuda, "FAST_LAUNCH", True)
+    a, f = np.zeros(4, np.float32), np.zeros(1, np.float32)
+    plan = kcuda.LaunchPlan(Kernel(), (a, f), 3, 64, 0)
+    before = kcuda.PLAN_STATS.packed_launches
+    plan.launch(a, np.float32(0.5), f)          # the dispatcher; then packed: a and f once
+    assert launched.pop(0) == ("dispatcher", (a, np.float32(0.5), f))
+    assert prepared == ["array", "array"]
+    plan.launch(a, np.float32(2.0), f)
+    plan.launch(a, np.float32(4.0), f)
+    assert prepared == ["array", "array", "float32", "float32"]   # arrays never again
+    assert launched == [("s", ("config", (3, 1, 1), (64, 1, 1), 0), "handle",
+                         (("ptr", id(a)), ("f4", v), ("ptr", id(f)))) for v in (2.0, 4.0)]
+    assert kcuda.PLAN_STATS.packed_launches == before + 2
+    launched.clear()
+    other = np.zeros(4, np.float32)
+    plan.launch(other, np.float32(1.0), f)      # not the packed array: the compiled launch
+    assert launched == [("compiled.launch", (other, np.float32(1.0), f))]
+    launched.clear()
+    monkeypatch.setattr(kcuda, "FAST_LAUNCH", False)   # MINIDIST_CUDA_LAUNCH=dispatcher
+    plan.launch(a, np.float32(1.0), f)
+    assert launched == [("dispatcher", (a, np.float32(1.0), f))]
