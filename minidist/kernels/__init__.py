@@ -201,9 +201,12 @@ def _check_inv_scale(op: str, inv_scale: Any, module: str) -> Any:
 
 
 def _check_unscale(op: str, src: Any, dst: Any) -> str:
-    if (src is dst and type(src) is np.ndarray and src.dtype == _F32  # the common case, fast
-            and src.flags.c_contiguous and src.flags.writeable):
-        return "numpy"
+    if src is dst and src.dtype == _F32:  # fp32 in place, the common case: fewer checks
+        if type(src) is np.ndarray:
+            if src.flags.c_contiguous and src.flags.writeable:
+                return "numpy"
+        elif backend.is_device_array(src) and src.flags.c_contiguous:
+            return "cupy"
     module = _same_module(op, ("src", "dst"), (src, dst))
     _check_dtype(op, "src", src, (_F32, _F16), "Unscale float32 or float16 gradients")
     _check_dtype(op, "dst", dst, (_F32,),

@@ -418,3 +418,41 @@ def test_packed_launch_packs_arrays_once_and_scalars_every_call(monkeypatch):
     monkeypatch.setattr(kcuda, "FAST_LAUNCH", False)   # MINIDIST_CUDA_LAUNCH=dispatcher
     plan.launch(a, np.float32(1.0), f)
     assert launched == [("dispatcher", (a, np.float32(1.0), f))]
+
+
+def test_the_cuda_backend_through_the_fallback_policy(monkeypatch):
+    """Every op through CompiledBackend (rehearsal on private copies, then the real call) on
+    the simulated CUDA kernels: the reference's bits, no warning, one rehearsal per op."""
+    import warnings
+
+    from minidist.kernels.fallback import CompiledBackend
+
+    monkeypatch.setattr(kcuda, "check_usable", lambda: None)
+    fused = CompiledBackend("numba-cuda", "minidist.kernels.cuda", "")
+    rng = np.random.default_rng(9)
+    g16 = (rng.standard_normal(300) * 100).astype(np.float16)
+    g16[17] = np.inf
+    parts = [(rng.standard_normal(n) * 10).astype(np.float32) for n in (5, 200, 64)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            got, want = np.empty(300, np.float32), np.empty(300, np.float32)
+            f1, f2 = np.zeros(1, np.float32), np.zeros(1, np.float32)
+            fused.call("unscale_and_check_", ref.unscale_and_check_, g16, got, 0.5, f1)
+            with np.errstate(all="ignore"):
+                ref.unscale_and_check_(g16, want, 0.5, f2)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)) and f1[0] == f2[0]
+            a = [p.copy() for p in parts]
+            b = [p.copy() for p in parts]
+            fused.call("foreach_unscale_and_check_", ref.foreach_unscale_and_check_, a, a, 0.25,
+                       f1)
+            ref.foreach_unscale_and_check_(b, b, 0.25, f2)
+            assert all(np.array_equal(x, y) for x, y in zip(a, b))
+            model = np.empty(300, np.float16)
+            fused.call("master_to_model", ref.master_to_model, got, model)
+            with np.errstate(all="ignore"):
+                assert np.array_equal(model.view(np.uint16), got.astype(np.float16).view(np.uint16))
+            s, t = np.array([64.0], np.float32), np.zeros(1, np.int32)
+            fused.call("update_scale_", ref.update_scale_, s, t, f1, 2.0, 0.5, 10)
+            assert s[0] == 32.0 and f1[0] == 0.0
+    assert fused.module is kcuda and len(fused.rehearsed) == 4
