@@ -478,17 +478,28 @@ def _host_inv(inv_scale: Any) -> Any:
 
 # ----------------------------------------------------------------- entry points
 
+def _numba_cuda_version() -> str:
+    """"numba-cuda 0.30.4", or numba's own version for its built-in CUDA target."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"numba-cuda {version('numba-cuda')}"
+    except PackageNotFoundError:
+        import numba
+        return f"numba {numba.__version__} (its built-in CUDA target)"
+
+
 def check_usable() -> None:
     """Raise unless kernels can run on CuPy arrays here (a real GPU, not the simulator)."""
     if SIMULATOR:
         raise RuntimeError("Numba's CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1); it runs "
                            "kernels on NumPy arrays only")
     if JIT == "numba-cuda" and not hasattr(np, "row_stack"):
-        import numba
         raise RuntimeError(
-            f"numba-cuda (numba {numba.__version__}) cannot compile kernels under NumPy "
+            f"{_numba_cuda_version()} cannot compile kernels under NumPy "
             f"{np.__version__}: it uses np.row_stack, which NumPy 2.5 removed. Install "
-            "'numpy<2.5', or numba-cuda-mlir instead of numba-cuda (docs/amp.md)")
+            "'numpy<2.5' (pip install 'minidist[gpu-cu12]' or [gpu-cu13] pins it), or "
+            "numba-cuda-mlir instead ([gpu-mlir-cu12] / [gpu-mlir-cu13]; docs/amp.md)")
     if _cupy is None:
         raise RuntimeError("CuPy is not installed")
     if not cuda.is_available():

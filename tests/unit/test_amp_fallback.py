@@ -106,3 +106,19 @@ def test_private_copies_keep_aliasing_and_leave_numbers():
     ca, ca2, cb, inv, lst = private_copies((a, a, b, 0.5, [a, b]))
     assert ca is ca2 and ca.size == 67 and cb.size == 1 and inv == 0.5 and lst[0] is ca
     assert not np.shares_memory(ca, a)
+
+
+def test_numba_cuda_under_numpy_2_5_is_one_line_with_both_versions_and_the_fix(monkeypatch):
+    numba_cuda = pytest.importorskip("numba.cuda")
+    del numba_cuda
+    from minidist.kernels import cuda as kcuda
+
+    if kcuda.JIT != "numba-cuda" or kcuda.SIMULATOR:
+        pytest.skip("needs numba's CUDA target (not the simulator, not numba-cuda-mlir)")
+    monkeypatch.delattr(np, "row_stack")  # as NumPy 2.5
+    with pytest.raises(RuntimeError) as info:
+        kcuda.check_usable()
+    msg = str(info.value)
+    assert "\n" not in msg and f"under NumPy {np.__version__}" in msg
+    assert re.search(r"^numba(-cuda)? \d+\.\d+\S* .*cannot compile kernels", msg)
+    assert "numpy<2.5" in msg and "numba-cuda-mlir" in msg
