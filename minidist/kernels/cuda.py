@@ -291,7 +291,10 @@ def _view(a: Any, key: Hashable) -> Any:
             view = a
         _remember(_VIEWS, key, view)
     else:
-        _VIEWS.move_to_end(key)
+        try:
+            _VIEWS.move_to_end(key)  # recently used: evicted last
+        except KeyError:  # another thread (DDP's comm thread) evicted it meanwhile
+            pass
     return view
 
 
