@@ -58,7 +58,7 @@ import collections
 import math
 import os
 import warnings
-from typing import Any, Hashable, no_type_check
+from typing import Any, Hashable, NamedTuple, no_type_check
 
 import numpy as np
 
@@ -455,13 +455,19 @@ class LaunchPlan:
 def _plan(kernel: Any, arrays: tuple[Any, ...], n: int,
           launch: tuple[int, int] | None) -> LaunchPlan:
     keys = tuple(_array_key(a) for a in arrays)
+    return _plan_for(kernel, keys, lambda: arrays, n, launch)
+
+
+def _plan_for(kernel: Any, keys: tuple[Hashable, ...], make_arrays: Any, n: int,
+              launch: tuple[int, int] | None) -> LaunchPlan:
+    """The plan for arrays with these keys; ``make_arrays()`` is called only to build one."""
     ptr = _stream_ptr()
     key = (kernel.__name__ if hasattr(kernel, "__name__") else id(kernel), keys, ptr, n, launch)
     plan = _PLANS.get(key)
     if plan is not None:
         return plan
     blocks, threads = _launch_config(n, launch)
-    views = tuple(_view(a, k) for a, k in zip(arrays, keys))
+    views = tuple(_view(a, k) for a, k in zip(make_arrays(), keys))
     return _remember(_PLANS, key, LaunchPlan(kernel, views, blocks, threads,
                                              _numba_stream(ptr)))
 
@@ -573,41 +579,66 @@ def _root(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _joined(a: Any, b: Any) -> Any:
-    """One flat array over ``a`` then ``b`` when b starts where a ends in the same allocation
-    (views of one flat buffer), else None."""
+def _follows(a: Any, b: Any) -> bool:
+    """Does b start where a ends, same dtype, in one allocation (views of one flat buffer)?"""
     if a.dtype != b.dtype:
-        return None
+        return False
     if _is_cupy(a):
-        if a.data.mem is not b.data.mem or a.data.ptr + a.nbytes != b.data.ptr:
-            return None
-        return _cupy.ndarray((a.size + b.size,), a.dtype, memptr=a.data)
+        return a.data.mem is b.data.mem and a.data.ptr + a.nbytes == b.data.ptr
     root = _root(a)
-    if _root(b) is not root or not root.flags.c_contiguous or \
-            a.ctypes.data + a.nbytes != b.ctypes.data:
-        return None
-    return np.ndarray((a.size + b.size,), a.dtype, buffer=root,
-                      offset=a.ctypes.data - root.ctypes.data)
+    return (_root(b) is root and root.flags.c_contiguous
+            and a.ctypes.data + a.nbytes == b.ctypes.data)
 
 
-def _merge_runs(srcs: list, dsts: list) -> list[tuple[Any, Any]]:
-    """Pairs, with consecutive pieces of one allocation joined (in place stays in place)."""
-    pairs: list[tuple[Any, Any, bool]] = []
-    for src, dst in zip(srcs, dsts):
-        in_place = src is dst
-        src = src.reshape(-1)
-        dst = src if in_place else dst.reshape(-1)
+def _joined(pieces: list[Any], n: int) -> Any:
+    """One flat array over consecutive pieces of one allocation (checked by ``_follows``)."""
+    first = pieces[0]
+    if len(pieces) == 1:
+        return first.reshape(-1)
+    if _is_cupy(first):
+        return _cupy.ndarray((n,), first.dtype, memptr=first.data)
+    root = _root(first)
+    return np.ndarray((n,), first.dtype, buffer=root, offset=first.ctypes.data - root.ctypes.data)
+
+
+class _Run(NamedTuple):
+    """srcs[first..last] (and dsts), consecutive pieces of one buffer: one flat pair."""
+    first: int
+    last: int
+    numel: int
+    in_place: bool
+    dtype: str
+
+
+def _layout(srcs: list, dsts: list) -> list[list[_Run]]:
+    """Runs of joinable pairs, grouped by src dtype, at most MAX_BUFFERS_PER_LAUNCH a group.
+    Only indices and sizes: a cached layout keeps no array alive."""
+    runs: list[_Run] = []
+    for i, (src, dst) in enumerate(zip(srcs, dsts)):
         if src.size == 0:
             continue
-        if pairs and pairs[-1][2] == in_place:
-            ps, pd, _ = pairs[-1]
-            js = _joined(ps, src)
-            jd = js if in_place else (_joined(pd, dst) if js is not None else None)
-            if js is not None and jd is not None:
-                pairs[-1] = (js, jd, in_place)
+        in_place = src is dst
+        if runs:
+            r = runs[-1]
+            if (r.in_place == in_place and _follows(srcs[r.last], src)
+                    and (in_place or _follows(dsts[r.last], dst))):
+                runs[-1] = r._replace(last=i, numel=r.numel + int(src.size))
                 continue
-        pairs.append((src, dst, in_place))
-    return [(s, d) for s, d, _ in pairs]
+        runs.append(_Run(i, i, int(src.size), in_place, src.dtype.char))
+    by_dtype: dict[str, list[_Run]] = {}
+    for r in runs:
+        by_dtype.setdefault(r.dtype, []).append(r)
+    return [rs[k:k + MAX_BUFFERS_PER_LAUNCH] for rs in by_dtype.values()
+            for k in range(0, len(rs), MAX_BUFFERS_PER_LAUNCH)]
+
+
+def _run_keys(arrays: list, runs: list[_Run]) -> tuple[Hashable, ...]:
+    """The view key of each run's joined array: its first piece's address, the run's length."""
+    out = []
+    for r in runs:
+        k = _array_key(arrays[r.first])
+        out.append((k[0], r.numel, k[2], k[3]) if isinstance(k, tuple) and len(k) == 4 else k)
+    return tuple(out)
 
 
 def foreach_unscale_and_check_(srcs: list, dsts: list, inv_scale: Any, found_inf: Any, *,
@@ -616,34 +647,55 @@ def foreach_unscale_and_check_(srcs: list, dsts: list, inv_scale: Any, found_inf
 
     Consecutive pieces of one allocation are joined into one buffer; the rest go, grouped by
     src dtype, up to ``MAX_BUFFERS_PER_LAUNCH`` pairs per launch of a multi-buffer kernel
-    (torch's multi-tensor apply). The grouping is planned once per list of buffers.
+    (torch's multi-tensor apply). The layout is planned once per list of buffers (keyed by
+    their addresses, sizes and dtypes; it keeps no array alive).
     """
     key = (tuple(_array_key(a) for a in srcs), tuple(_array_key(a) for a in dsts))
     groups = _FOREACH.get(key)
     if groups is None:
-        by_dtype: dict[str, list] = {}
-        for s, d in _merge_runs(list(srcs), list(dsts)):
-            by_dtype.setdefault(s.dtype.char, []).append((s, d))
-        groups = []
-        for pairs in by_dtype.values():
-            for k in range(0, len(pairs), MAX_BUFFERS_PER_LAUNCH):
-                groups.append(pairs[k:k + MAX_BUFFERS_PER_LAUNCH])
-        _remember(_FOREACH, key, groups)
-    for pairs in groups:
-        if len(pairs) == 1:
-            unscale_and_check_(pairs[0][0], pairs[0][1], inv_scale, found_inf, launch=launch)
+        groups = _remember(_FOREACH, key, _layout(list(srcs), list(dsts)))
+    inv = _host_inv(inv_scale)
+    f_key = _array_key(found_inf)
+    extra: tuple[Any, ...] = () if inv is not None else (inv_scale,)
+    extra_keys = tuple(_array_key(a) for a in extra)
+
+    def pieces(arrays: list, r: _Run) -> list:
+        return [arrays[i] for i in range(r.first, r.last + 1) if arrays[i].size]
+
+    for runs in groups:
+        s_keys = _run_keys(srcs, runs)
+        d_keys = tuple(sk if r.in_place else dk for r, sk, dk in
+                       zip(runs, s_keys, _run_keys(dsts, runs)))
+        n = max(r.numel for r in runs)
+        if len(runs) == 1:
+            r = runs[0]
+            kernel = _unscale_kernel if inv is not None else _unscale_kernel_device_inv
+
+            def one(r: _Run = r) -> tuple[Any, ...]:
+                src = _joined(pieces(srcs, r), r.numel)
+                dst = src if r.in_place else _joined(pieces(dsts, r), r.numel)
+                return (src, dst, found_inf, *extra)
+
+            plan = _plan_for(kernel, s_keys + d_keys + (f_key,) + extra_keys, one, n, launch)
+            s, d, f = plan.views[:3]
+            plan.launch(s, d, inv if inv is not None else plan.views[3], f)
             continue
-        width = 4 if len(pairs) <= 4 else MAX_BUFFERS_PER_LAUNCH  # two compiled widths
-        padded = pairs + [pairs[0]] * (width - len(pairs))      # never read: k < count
-        n = max(int(s.size) for s, _ in pairs)
-        arrays = tuple(s for s, _ in padded) + tuple(d for _, d in padded) + (found_inf,)
-        inv = _host_inv(inv_scale)
+        width = 4 if len(runs) <= 4 else MAX_BUFFERS_PER_LAUNCH  # two compiled widths
+        pad = width - len(runs)                                  # never read: k < count
+
+        def many(runs: list[_Run] = runs, pad: int = pad) -> tuple[Any, ...]:
+            ss = [_joined(pieces(srcs, r), r.numel) for r in runs]
+            ds = [s if r.in_place else _joined(pieces(dsts, r), r.numel)
+                  for r, s in zip(runs, ss)]
+            return (*ss, *[ss[0]] * pad, *ds, *[ds[0]] * pad, found_inf, *extra)
+
+        keys = (s_keys + (s_keys[0],) * pad + d_keys + (d_keys[0],) * pad + (f_key,)
+                + extra_keys)
         kernel = _foreach_unscale_kernel if inv is not None else _foreach_unscale_kernel_device_inv
-        plan = _plan(kernel, arrays if inv is not None else arrays + (inv_scale,), n, launch)
+        plan = _plan_for(kernel, keys, many, n, launch)
         views = plan.views
-        s_views, d_views, f = views[:width], views[width:2 * width], views[2 * width]
-        plan.launch(s_views, d_views, np.int64(len(pairs)),
-                    inv if inv is not None else views[2 * width + 1], f)
+        plan.launch(views[:width], views[width:2 * width], np.int64(len(runs)),
+                    inv if inv is not None else views[2 * width + 1], views[2 * width])
 
 
 def update_scale_(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor: float,

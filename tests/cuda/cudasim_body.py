@@ -208,6 +208,8 @@ def test_foreach_joins_pieces_of_one_buffer_and_matches_the_reference():
     kcuda.foreach_unscale_and_check_(views, views, 0.25, found)
     after = kcuda.PLAN_STATS.as_dict()
     assert after["launches"] - before["launches"] == 1       # joined: one buffer, one launch
+    layouts = list(kcuda._FOREACH.values())                  # indices only: nothing kept alive
+    assert layouts == [[[kcuda._Run(0, 3, 900, True, "f")]]]
     assert want_found and found[0] == 1.0
     assert np.array_equal(flat.view(np.uint32), want.view(np.uint32))
 
