@@ -20,8 +20,8 @@ from minidist.tensor import (arange, as_tensor, empty, empty_like, from_numpy, f
                              zeros_like)
 from minidist.tensor import (double, float32, float64, half, int32, int64,  # torch's dtype names
                              long)
-from minidist.tensor import (chunk, masked_fill, split, tril, triu,  # torch's functions
-                             transpose)
+from minidist.tensor import (cat, chunk, flatten, masked_fill, multinomial,  # torch's functions
+                             split, stack, topk, transpose, tril, triu)
 from minidist.tensor import bool as bool  # noqa: A004,F401 - torch's name (minidist.bool)
 from minidist.tensor import float as float  # noqa: A004,F401 - torch's name (minidist.float)
 
