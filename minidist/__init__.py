@@ -4,6 +4,8 @@ Layers, bottom up (each imports only from the ones below it; see docs/layout.md)
 xp -> tensor -> nn, optim, comm, utils -> data, kernels -> amp -> ddp -> checkpoint -> trainer.
 """
 
+import sys as _sys
+
 from minidist import xp
 from minidist import cuda
 from minidist.xp import DeviceUnavailableError, device
@@ -72,3 +74,8 @@ from minidist.version import __version__  # noqa: E402
 # torch's spelling nn.SyncBatchNorm: the class communicates, so it lives in ddp (above comm),
 # and the root, which sees every layer, attaches it to nn (nn itself cannot import ddp).
 setattr(nn, "SyncBatchNorm", SyncBatchNorm)  # noqa: B010 - nn declares no such name
+# torch.utils.data: utils sits below data, so the root names data there too, as an attribute
+# and as an importable module path (``from minidist.utils.data import DataLoader``).
+setattr(utils, "data", data)  # noqa: B010 - utils declares no such name
+_sys.modules["minidist.utils.data"] = data
+_sys.modules["minidist.utils.data.distributed"] = data.distributed
