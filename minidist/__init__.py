@@ -8,6 +8,7 @@ import sys as _sys
 
 from minidist import xp
 from minidist import cuda
+from minidist import accelerator
 from minidist.xp import DeviceUnavailableError, device
 from minidist.log import get_logger
 from minidist import trace
@@ -15,7 +16,7 @@ from minidist import trace
 # tensor and nn: Tensor + autograd tape, no_grad, layers (minidist/tensor, minidist/nn)
 from minidist import nn
 from minidist import tensor  # the package, callable as torch's tensor(data, dtype=None, ...)
-from minidist.tensor import Tensor, no_grad, is_grad_enabled, manual_seed
+from minidist.tensor import Tensor, no_grad, is_grad_enabled, manual_seed, initial_seed, seed
 from minidist.tensor import enable_grad, set_grad_enabled
 from minidist.tensor import (arange, as_tensor, empty, empty_like, from_numpy, full, full_like,
                              ones, ones_like, rand, rand_like, randint, randn, randn_like, zeros,
@@ -47,6 +48,7 @@ from minidist.comm import (
     new_group,
     new_group_from_transport,
 )
+from minidist.distributed import get_backend
 
 # optim and data: optimizers, LR schedules, clipping; datasets, DistributedSampler, DataLoader
 from minidist import data, optim

@@ -38,7 +38,7 @@ from minidist.tensor.functional import (cross_entropy, dropout, dropout2d, embed
                                         log_softmax, mse_loss, nll_loss, softmax)
 from minidist.tensor.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from minidist.tensor.linalg import linear, matmul
-from minidist.tensor.random import default_generator, manual_seed
+from minidist.tensor.random import default_generator, initial_seed, manual_seed, seed
 from minidist.tensor.reduce import max, mean, min, sum, topk  # noqa: A004
 from minidist.tensor.sync_norm import sync_batch_norm
 from minidist.tensor.weak import WeakIdKeyDictionary
@@ -49,7 +49,7 @@ __all__ = [
     "Tensor", "WeakIdKeyDictionary", "GradDestination", "RemovableHandle", "queue_callback",
     "no_grad", "enable_grad",
     "is_grad_enabled", "set_grad_enabled",
-    "manual_seed", "default_generator", "matmul", "linear", "exp", "log", "tanh", "sigmoid",
+    "manual_seed", "initial_seed", "seed", "default_generator", "matmul", "linear", "exp", "log", "tanh", "sigmoid",
     "relu", "gelu", "erf", "sum", "mean", "max", "min", "cat", "concatenate", "stack",
     "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "layer_norm",
     "conv2d", "clip_grad_norm_", "clip_grad_value_", "max_pool2d", "avg_pool2d",
