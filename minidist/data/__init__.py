@@ -34,6 +34,7 @@ from minidist.data import distributed
 from minidist.data.loader import DataLoader
 from minidist.data.sampler import DistributedSampler
 
-__all__ = ["ArrayDataset", "Dataset", "Subset", "TensorDataset", "default_collate", "DataLoader", "DistributedSampler",
+__all__ = ["ArrayDataset", "Dataset", "Subset", "TensorDataset", "default_collate", "DataLoader",
+           "DistributedSampler",
            "find_idx_files", "load_dataset", "load_digits", "load_mnist", "make_classification",
            "random_split", "read_idx", "standardize", "write_idx"]

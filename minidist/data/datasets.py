@@ -178,7 +178,8 @@ def random_split(dataset: Any, lengths: Sequence[float], generator: Any = None, 
         else:
             generator = default_generator()
     perm = generator.permutation(len(dataset))
-    out, start = [], 0
+    out: list[Any] = []
+    start = 0
     for length in sizes:
         part = perm[start:start + length]
         start += length

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy
 
 from minidist.nn import init
 from minidist.nn.layers import empty_parameter, factory_dtype, place

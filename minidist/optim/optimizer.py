@@ -252,7 +252,8 @@ class Optimizer:
             unknown = set(s) - set(self.state_keys) if self.state_keys is not None else set()
             if unknown:
                 raise ValueError(f"{name}: parameter {sid} has unknown state keys {sorted(unknown)}; "
-                                 f"{type(self).__name__} keeps {list(self.state_keys)}. Load a "
+                                 f"{type(self).__name__} keeps {list(self.state_keys or ())}. "
+                                 "Load a "
                                  f"checkpoint of the same optimizer type.")
             new_state[index_of[id(p)]] = {k: self._load_value(name, sid, k, v, p) for k, v in s.items()}
         for saved, group in zip(saved_groups, self.param_groups):

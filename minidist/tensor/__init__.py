@@ -49,7 +49,8 @@ __all__ = [
     "Tensor", "WeakIdKeyDictionary", "GradDestination", "RemovableHandle", "queue_callback",
     "no_grad", "enable_grad",
     "is_grad_enabled", "set_grad_enabled",
-    "manual_seed", "initial_seed", "seed", "default_generator", "matmul", "linear", "exp", "log", "tanh", "sigmoid",
+    "manual_seed", "initial_seed", "seed", "default_generator", "matmul", "linear", "exp", "log",
+    "tanh", "sigmoid",
     "relu", "gelu", "erf", "sum", "mean", "max", "min", "cat", "concatenate", "stack",
     "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "layer_norm",
     "conv2d", "clip_grad_norm_", "clip_grad_value_", "max_pool2d", "avg_pool2d",
@@ -57,7 +58,8 @@ __all__ = [
     "scaled_dot_product_attention", "tril", "triu", "split", "chunk", "transpose", "tensor",
     "from_numpy", "as_tensor", "zeros", "ones", "empty", "full", "rand",
     "randn", "randint", "arange", "zeros_like", "ones_like", "empty_like", "full_like",
-    "rand_like", "randn_like", "flatten", "topk", "multinomial", "float16", "float32", "float64", "int32", "int64",
+    "rand_like", "randn_like", "flatten", "topk", "multinomial", "float16", "float32", "float64",
+    "int32", "int64",
 ]
 
 # torch's dtype names, as NumPy dtypes (minidist.float32 == numpy.float32). The aliases that
