@@ -11,8 +11,9 @@ walk, in-place accumulation, post-accumulate-grad hooks, end-of-backward callbac
 ``reduce``, ``shape`` (also tril/triu, split), ``linalg``, ``functional`` (softmax, losses,
 dropout, layer_norm, embedding), ``attention`` (scaled_dot_product_attention), ``conv`` (conv2d,
 max/avg/adaptive pooling), ``sync_norm`` (batch norm with statistics summed by a callable),
-``clip_grad`` (clip_grad_norm_), ``weak`` (WeakIdKeyDictionary); ``random`` (manual_seed);
-``creation`` (tensor, zeros, randn, arange... with torch's default dtypes).
+``clip_grad`` (clip_grad_norm_), ``weak`` (WeakIdKeyDictionary); ``random`` (manual_seed,
+initial_seed, seed); ``creation`` (tensor, zeros, randn, arange, multinomial... with torch's
+default dtypes); ``printing`` (repr and str in torch's layout).
 See docs/tensor.md for how the tape works and the two contracts DDP relies on.
 """
 

@@ -293,13 +293,6 @@ class Tensor:
     def __int__(self) -> int:
         return int(self.item())
 
-    def __index__(self) -> int:
-        """A one-element integer tensor as an index (``range(t)``, ``list[t]``), as torch."""
-        if not numpy.issubdtype(self.data.dtype, numpy.integer) or self.data.size != 1:
-            raise TypeError(error("index", f"only one-element integer tensors can be used as "
-                                  f"an index, got dtype {self.data.dtype}, shape {self.shape}."))
-        return int(self.item())
-
     def __repr__(self) -> str:
         """torch's layout, ``tensor([0.5000, 0.2500], requires_grad=True)`` (see printing)."""
         where = str(self.device) if self.is_cuda else None
