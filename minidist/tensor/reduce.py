@@ -157,9 +157,16 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,
     shape = x.data.shape
 
     def backward(g: Any) -> tuple:
-        gx = xp.zeros(data.shape, dtype=g.dtype)
-        xp.put_along_axis(gx, idx, g.reshape(values.shape), axis=ax)
-        return (gx.reshape(shape),)
+        # scatter g back to the chosen positions, with ``ax`` moved last: row r of the
+        # (rows, n) gradient gets g's row r at the k columns idx's row r names
+        if k == 0:
+            return (xp.zeros(shape, dtype=g.dtype),)
+        moved = xp.moveaxis(idx, ax, -1).reshape(-1, k)
+        gm = xp.zeros((moved.shape[0], data.shape[ax]), dtype=g.dtype)
+        rows = xp.arange(moved.shape[0]).reshape(-1, 1)
+        gm[rows, moved] = xp.moveaxis(g.reshape(values.shape), ax, -1).reshape(-1, k)
+        lead = tuple(n for i, n in enumerate(data.shape) if i != ax)
+        return (xp.moveaxis(gm.reshape(lead + (data.shape[ax],)), -1, ax).reshape(shape),)
 
     out_shape = values.shape if x.ndim else ()
     return ValuesIndices(Tensor._make(values.reshape(out_shape), (x,), backward, "topk"),
