@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from minidist.data.idx import read_idx
-from minidist.tensor import default_generator
+from minidist.tensor import Tensor, default_generator
 
 DIGITS_FILE = Path(__file__).with_name("digits.npz")
 SPLITS = ("train", "test", "all")
@@ -56,8 +56,9 @@ class Dataset:
 class TensorDataset(Dataset):
     """Samples ``(a[i], b[i], ...)`` from arrays or Tensors with the same first dimension.
 
-    torch's ``TensorDataset``: ``TensorDataset(x, y)[3] == (x[3], y[3])``. Tensors are stored
-    as their host arrays; DataLoader batches it with one fancy-indexing step per array.
+    torch's ``TensorDataset``: ``TensorDataset(x, y)[3] == (x[3], y[3])``, a tuple of Tensors
+    (without gradient) as in torch. Arrays are stored as they are (Tensors as their host
+    arrays, in ``.tensors``); DataLoader batches it with one fancy-indexing step per array.
 
     Raises:
         ValueError: no arrays, a 0-d array, or different first dimensions.
@@ -74,8 +75,8 @@ class TensorDataset(Dataset):
     def __len__(self) -> int:
         return len(self.tensors[0])
 
-    def __getitem__(self, index: Any) -> tuple[np.ndarray, ...]:
-        return tuple(a[index] for a in self.tensors)
+    def __getitem__(self, index: Any) -> tuple[Tensor, ...]:
+        return tuple(Tensor(a[index]) for a in self.tensors)
 
 
 class ArrayDataset(Dataset):
