@@ -40,7 +40,9 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from minidist import xp as backend
-from minidist.log import rank_prefix
+from minidist.log import get_logger, rank_prefix
+
+log = get_logger(__name__)
 
 __all__ = ["CompiledBackend", "LoadState", "private_copies", "default_signature", "REFERENCE",
            "REHEARSAL_NUMEL"]
@@ -175,10 +177,15 @@ class CompiledBackend:
         """Use the reference from now on, and say so once."""
         first = self.state is not LoadState.UNAVAILABLE
         self.state, self.module, self.reason = LoadState.UNAVAILABLE, None, reason
-        if first:
-            warnings.warn(f"{rank_prefix()} minidist.kernels: the {self.name} kernels cannot run "
-                          f"here ({reason}); using the {REFERENCE} implementation instead (same "
-                          f"results, slower). {self.fix}", RuntimeWarning, stacklevel=4)
+        if not first:
+            return
+        msg = (f"{rank_prefix()} minidist.kernels: the {self.name} kernels cannot run here "
+               f"({reason}); using the {REFERENCE} implementation instead (same results, "
+               f"slower). {self.fix}")
+        try:
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+        except Warning:  # warnings turned into errors: the fallback must still not crash
+            log.warning("%s", msg)
 
     def reset(self) -> None:
         """Forget the outcome (tests; after installing Numba in a running process)."""

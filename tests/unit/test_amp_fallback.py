@@ -122,3 +122,15 @@ def test_numba_cuda_under_numpy_2_5_is_one_line_with_both_versions_and_the_fix(m
     assert "\n" not in msg and f"under NumPy {np.__version__}" in msg
     assert re.search(r"^numba(-cuda)? \d+\.\d+\S* .*cannot compile kernels", msg)
     assert "numpy<2.5" in msg and "numba-cuda-mlir" in msg
+
+
+def test_with_warnings_as_errors_the_fallback_logs_instead_of_raising(monkeypatch, caplog):
+    """-W error must not turn the fallback into a crash (e.g. inside DDP's comm thread)."""
+    monkeypatch.setitem(sys.modules, "minidist_test_broken_kernels", half_writer("attr"))
+    fused = CompiledBackend("test-kernels", "minidist_test_broken_kernels", "Fix it.")
+    x = np.array([2.0, 4.0], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fused.call("unscale_and_check_", ref.unscale_and_check_, x, x, 0.5, np.zeros(1, np.float32))
+    assert x.tolist() == [1.0, 2.0]
+    assert any("test-kernels kernels cannot run here" in r.getMessage() for r in caplog.records)
