@@ -101,8 +101,9 @@ def failure_advice(error: BaseException) -> str:
                f"ranks {', '.join(map(str, peers))}" if peers else "a peer")
         logs = (f"{who}'s log" if len(peers) == 1 else "their logs" if peers
                 else "the other ranks' logs")
-        return (f"{who[0].upper()}{who[1:]} stopped answering or lost its connection: a dead "
-                f"peer or a network failure, not a disagreement between the ranks; look at "
+        lost = "their connections" if len(peers) > 1 else "its connection"
+        return (f"{who[0].upper()}{who[1:]} stopped answering or lost {lost}: a dead peer or a "
+                f"network failure, not a disagreement between the ranks; look at "
                 f"{logs} and at the network between the nodes")
     return (f"An error on this rank itself ({type(error).__name__}), neither a disagreement "
             "between the ranks nor a network failure: see its traceback below")
