@@ -166,7 +166,7 @@ def cleanup_stale(verbose: bool = False) -> list[str]:
     return removed
 
 
-def _rate_bytes(rate: str) -> float:
+def rate_bytes_per_s(rate: str) -> float:
     """``"1gbit"`` -> bytes per second (tc's units: kbit, mbit, gbit; k/m/g = bytes)."""
     m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(bit|bps|b?)\s*", rate.lower())
     if m is None:
@@ -279,7 +279,7 @@ class Cluster:
         if nodes > 99:
             raise ValueError(f"Cluster(nodes={nodes}): at most 99 nodes (link names)")
         if rate is not None:
-            _rate_bytes(rate)  # a bad rate fails before anything is built
+            rate_bytes_per_s(rate)  # a bad rate fails before anything is built
         self.num_nodes, self.rate, self.echo = nodes, rate, echo
         self.tag = f"{PREFIX}{os.getpid():06x}{secrets.token_hex(1)}"
         self.bridge = f"{self.tag}b"
@@ -345,7 +345,7 @@ class Cluster:
     def _limit(self, n: Node, rate: str) -> None:
         """tbf on the node's eth0: its egress runs at ``rate``; the bucket holds 2 ms of data
         (at least 64 KiB: one GSO packet must fit, or tbf drops it)."""
-        burst = max(64 << 10, int(_rate_bytes(rate) * 0.002))
+        burst = max(64 << 10, int(rate_bytes_per_s(rate) * 0.002))
         _sh("ip", "netns", "exec", n.netns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
             "rate", rate, "burst", str(burst), "latency", "100ms")
 
@@ -449,6 +449,15 @@ class Cluster:
     def kill_node(self, node: int) -> None:
         """SIGKILL every process of ``node`` (a machine that dies: its sockets close)."""
         _kill_netns(self.nodes[node].netns)
+
+    def link_stats(self, node: int) -> dict[str, int]:
+        """What left ``node`` by its eth0 so far: ``sent_bytes``, ``packets``, ``dropped``
+        (by the rate limiter: its queue was full), ``overlimits`` (``tc -s qdisc``)."""
+        text = _sh("ip", "netns", "exec", self.nodes[node].netns, "tc", "-s", "qdisc", "show",
+                   "dev", "eth0").stdout
+        m = re.search(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)", text)
+        keys = ("sent_bytes", "packets", "dropped", "overlimits")
+        return dict(zip(keys, map(int, m.groups()))) if m else {}
 
     def pids(self, node: int) -> list[int]:
         """The processes still running inside ``node``."""
