@@ -536,7 +536,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         removed = cleanup_stale(verbose=True)
         print(f"[cluster] removed {len(removed)} stale item(s)")
         return 0
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate),
+                # Ctrl-C raises KeyboardInterrupt even where SIGINT came in ignored (a job
+                # started in the background): the teardown must run.
+                signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
     try:
         with Cluster(a.nodes, a.rate, echo=True) as c:
             where = ", ".join(f"{n.hostname}={n.addr} ({n.netns})" for n in c.nodes)
@@ -567,7 +570,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("[cluster] interrupted: nodes torn down", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

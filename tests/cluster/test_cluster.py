@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 
 import pytest
@@ -75,8 +76,7 @@ def test_training_and_collectives_over_tcp(cluster):
 
 
 def test_training_and_collectives_over_mpi(cluster):
-    job = cluster.launch_mpi([REPO / ".venv/bin/python" if (REPO / ".venv/bin/python").exists()
-                              else "python", BODY], 2, env(), cwd=str(REPO))
+    job = cluster.launch_mpi([sys.executable, BODY], 2, env(), cwd=str(REPO))
     (result,) = cluster.wait([job], timeout_s=90)
     assert result.returncode == 0, result.report()
     res = result_line(result.stdout)
