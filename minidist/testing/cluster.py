@@ -43,6 +43,7 @@ From Python (the tests in tests/cluster/ do this)::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import secrets
@@ -451,13 +452,15 @@ class Cluster:
         _kill_netns(self.nodes[node].netns)
 
     def link_stats(self, node: int) -> dict[str, int]:
-        """What left ``node`` by its eth0 so far: ``sent_bytes``, ``packets``, ``dropped``
-        (by the rate limiter: its queue was full), ``overlimits`` (``tc -s qdisc``)."""
-        text = _sh("ip", "netns", "exec", self.nodes[node].netns, "tc", "-s", "qdisc", "show",
-                   "dev", "eth0").stdout
-        m = re.search(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)", text)
-        keys = ("sent_bytes", "packets", "dropped", "overlimits")
-        return dict(zip(keys, map(int, m.groups()))) if m else {}
+        """What left ``node`` by its eth0 so far: ``sent_bytes``, ``packets`` (the interface's
+        counters) and ``dropped`` (by the rate limiter, its queue full; 0 without --rate)."""
+        ns = ("ip", "netns", "exec", self.nodes[node].netns)
+        tx = json.loads(_sh(*ns, "ip", "-j", "-s", "link", "show", "dev", "eth0").stdout)
+        tx = tx[0]["stats64"]["tx"]
+        text = _sh(*ns, "tc", "-s", "qdisc", "show", "dev", "eth0", check=False).stdout
+        m = re.search(r"\(dropped (\d+),", text)
+        return {"sent_bytes": int(tx["bytes"]), "packets": int(tx["packets"]),
+                "dropped": int(m.group(1)) if m else 0}
 
     def pids(self, node: int) -> list[int]:
         """The processes still running inside ``node``."""
@@ -560,8 +563,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in results:
                 print(f"[cluster] node{r.node}: exit {r.returncode} after {r.elapsed_s:.1f} s",
                       file=sys.stderr)
-                if r.returncode != 0 and code == 0:
-                    code = 124 if r.returncode is None else r.returncode
+                if r.returncode != 0 and code == 0:  # killed by a signal: 128 + its number
+                    code = (124 if r.returncode is None else
+                            128 - r.returncode if r.returncode < 0 else r.returncode)
             return code
     except ClusterUnavailable as e:
         print(str(e), file=sys.stderr)
