@@ -98,7 +98,8 @@ def unavailable_reason() -> str | None:
             probe = f"{PREFIX}{os.getpid():06x}{secrets.token_hex(1)}probe"
             made = _sh("ip", "netns", "add", probe, check=False)
             if made.returncode != 0:
-                reason = f"cannot create a network namespace: {made.stderr.strip()}"
+                why = "; ".join(made.stderr.split("\n")).strip("; ")
+                reason = f"cannot create a network namespace (ip netns add: {why})"
             else:
                 _sh("ip", "netns", "del", probe, check=False)
     _REASON.append(reason)
@@ -143,7 +144,11 @@ def cleanup_stale(verbose: bool = False) -> list[str]:
     progress, here or in another process, is never touched. Returns what was removed.
     """
     removed = []
-    dead = lambda name: (m := _NAME.match(name)) is not None and not _alive(int(m.group(1), 16))  # noqa: E731
+
+    def dead(name: str) -> bool:  # this tool's name, and the run that made it is gone
+        m = _NAME.match(name)
+        return m is not None and not _alive(int(m.group(1), 16))
+
     for line in _sh("ip", "netns", "list", check=False).stdout.splitlines():
         ns = line.split()[0] if line.split() else ""
         if dead(ns):
@@ -501,7 +506,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds before the job is killed (default 3600)")
     p.add_argument("--delay", action="append", default=[], metavar="NODE:SECONDS",
-                   help="start NODE's command SECONDS late (repeatable)")
+                   help="start NODE's command SECONDS late (repeatable; TCP and --each)")
     p.add_argument("--cleanup", action="store_true",
                    help="only remove namespaces and links left by killed runs, then exit")
     p.add_argument("--check", action="store_true",
