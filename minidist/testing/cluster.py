@@ -6,8 +6,8 @@
         python benchmarks/allreduce.py --algorithms ring,rd,hier   # MPI: Hydra across the nodes
     sudo python -m minidist.testing.cluster --cleanup      # remove what killed runs left behind
 
-What it builds (``--nodes 3``; ``TAG`` = ``mdc`` + this process's id + 2 random hex digits, so
-two runs at once never share a name)::
+What it builds (``--nodes 3``; ``TAG`` = ``mdc`` + this process's id + 2 hex digits, distinct
+within the process, so two runs at once never share a name)::
 
       namespace TAGn0            namespace TAGn1            namespace TAGn2
       host name node0            host name node1            host name node2
@@ -43,6 +43,7 @@ From Python (the tests in tests/cluster/ do this)::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -62,6 +63,7 @@ PREFIX = "mdc"                     # every name this tool creates starts with it
 SUBNET = "10.77.0."                # node i is SUBNET + (i + 1), /24, on its own bridge
 MASTER_PORT = 29500                # free in a fresh namespace: nothing else listens there
 NETNS_ETC = Path("/etc/netns")     # ip netns exec mounts /etc/netns/NS/* over /etc/*
+_SERIAL = itertools.count(secrets.randbelow(256))  # 2 hex digits: distinct within a process
 _NAME = re.compile(rf"^{PREFIX}([0-9a-f]{{6}})[0-9a-f]{{2}}")  # the pid inside a tag
 
 
@@ -100,7 +102,11 @@ def unavailable_reason() -> str | None:
             if made.returncode != 0:
                 why = "; ".join(made.stderr.split("\n")).strip("; ")
                 reason = f"cannot create a network namespace (ip netns add: {why})"
-            else:
+            else:  # a command inside it, under a host name of its own (as every node runs)
+                ran = _sh("ip", "netns", "exec", probe, "unshare", "-u", "true", check=False)
+                if ran.returncode != 0:
+                    why = "; ".join(ran.stderr.split("\n")).strip("; ")
+                    reason = f"cannot run a command in a network + UTS namespace ({why})"
                 _sh("ip", "netns", "del", probe, check=False)
     _REASON.append(reason)
     return reason
@@ -287,7 +293,7 @@ class Cluster:
         if rate is not None:
             rate_bytes_per_s(rate)  # a bad rate fails before anything is built
         self.num_nodes, self.rate, self.echo = nodes, rate, echo
-        self.tag = f"{PREFIX}{os.getpid():06x}{secrets.token_hex(1)}"
+        self.tag = f"{PREFIX}{os.getpid():06x}{next(_SERIAL) % 256:02x}"
         self.bridge = f"{self.tag}b"
         self.nodes = [Node(i, f"node{i}", f"{self.tag}n{i}", f"{SUBNET}{i + 1}",
                            f"{self.tag}v{i}") for i in range(nodes)]
