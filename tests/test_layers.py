@@ -1,7 +1,7 @@
 """The layer contract of the design brief: each layer imports only from layers below it.
 
     xp, log, version, trace  <-  tensor, cuda  <-  nn, optim, comm, utils  <-  data, kernels, viz  <-  amp
-        <-  ddp  <-  checkpoint  <-  trainer  <-  launch, multiprocessing
+        <-  ddp  <-  checkpoint  <-  trainer  <-  launch, multiprocessing, testing
 
 plus: comm never imports tensor (collectives move plain xp arrays in place). A new top-level
 module must be placed in LAYERS, so the contract cannot be skipped by accident, and LAYERS names
@@ -18,13 +18,13 @@ PKG = Path(__file__).resolve().parent.parent / "minidist"
 LAYERS = {
     "xp": 0, "log": 0, "version": 0, "trace": 0,
     "tensor": 1, "cuda": 1,
-    "nn": 2, "optim": 2, "comm": 2,
-    "data": 3, "kernels": 3, "viz": 3, "tune": 3,
+    "nn": 2, "optim": 2, "comm": 2, "accelerator": 2,
+    "data": 3, "kernels": 3, "viz": 3, "tune": 3, "distributed": 3,
     "amp": 4,
     "ddp": 5,
     "checkpoint": 6,
     "trainer": 7,
-    "launch": 8, "multiprocessing": 8,
+    "launch": 8, "multiprocessing": 8, "testing": 8,
     "utils": 2,
 }
 FORBIDDEN = {("comm", "tensor"), ("comm", "nn"), ("comm", "optim")}
