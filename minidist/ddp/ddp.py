@@ -48,6 +48,7 @@ from minidist import comm, trace
 from minidist import xp as backend
 from minidist.amp import owner_of
 from minidist.comm.planner import check_algorithm
+from minidist.ddp.buffers import broadcast_buffer_packs, pack_buffers
 from minidist.ddp.bucket import Bucket, ParamMeta, alloc_bucket_buffer, plan_buckets
 from minidist.ddp.hooks import wants_prescaled
 from minidist.ddp.join import Join
@@ -168,7 +169,7 @@ class DistributedDataParallel(ModulePassThrough):
         self.manifest["all-reduce"]["buckets"] = algorithms  # what runs (after the check)
         if broadcast_parameters and self.world_size > 1:
             self._broadcast_state()
-        self._buffer_packs = self._pack_buffers() if broadcast_buffers and \
+        self._buffer_packs = pack_buffers(self.module) if broadcast_buffers and \
             self.world_size > 1 else []
         # torch's require_forward_param_sync: True when the last forward (or construction)
         # was a synced one in grad mode, so the next forward broadcasts rank 0's buffers
@@ -239,34 +240,6 @@ class DistributedDataParallel(ModulePassThrough):
                 comm.broadcast(tmp, src=src, group=self.process_group)
                 arr[...] = tmp
 
-    def _pack_buffers(self) -> list[tuple[Any, list[Any]]]:
-        """Group the module's buffers by dtype, each group with a cached flat array.
-
-        Returns ``[(flat, [buffer arrays])]``: ``_sync_buffers`` copies the buffers into
-        ``flat``, broadcasts it once, and copies back, so a BatchNorm model pays one message
-        per dtype per step (float32 statistics + int64 counters: two), not one per buffer.
-        """
-        arrays = [t.data for _, t in self.module.named_buffers()] \
-            if hasattr(self.module, "named_buffers") else []
-        by_dtype: dict[Any, list[Any]] = {}
-        for arr in arrays:
-            by_dtype.setdefault((arr.dtype, backend.get_array_module(arr)), []).append(arr)
-        return [(xp.empty(sum(a.size for a in group), dtype=dtype), group)
-                for (dtype, xp), group in by_dtype.items()]
-
-    def _sync_buffers(self) -> None:
-        """Rank 0's buffers to every rank: one broadcast per dtype (COLLECTIVE)."""
-        for flat, arrays in self._buffer_packs:
-            at = 0
-            for a in arrays:
-                flat[at:at + a.size] = a.reshape(-1)
-                at += a.size
-            comm.broadcast(flat, src=0, group=self.process_group)
-            at = 0
-            for a in arrays:
-                a[...] = flat[at:at + a.size].reshape(a.shape)
-                at += a.size
-
     # ------------------------------------------------------------------ the step
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -285,14 +258,14 @@ class DistributedDataParallel(ModulePassThrough):
         self._buffers_stale = synced
         if not is_grad_enabled():
             if self._buffer_packs and sync_buffers:
-                self._sync_buffers()
+                broadcast_buffer_packs(self._buffer_packs, self.process_group)
             return self.module(*args, **kwargs)
         tr = trace.tracer()
         t0 = tr.now() if tr is not None else 0.0
         if self._join is not None and self.reducer.require_sync:
             self._join.count_active(self, 1)
         if self._buffer_packs and sync_buffers:
-            self._sync_buffers()
+            broadcast_buffer_packs(self._buffer_packs, self.process_group)
         self.reducer.prepare_for_forward()
         out = self.module(*args, **kwargs)
         self.reducer.watch_output(out)
@@ -365,7 +338,7 @@ class DistributedDataParallel(ModulePassThrough):
     def _shadow_step(self) -> None:
         """The collectives of one synced step, contributing nothing (see ``join``)."""
         if self._buffer_packs:
-            self._sync_buffers()
+            broadcast_buffer_packs(self._buffer_packs, self.process_group)
         for b in self.buckets:
             b.buffer[...] = 0
             with comm.ledger_label(f"bucket={b.index}"):

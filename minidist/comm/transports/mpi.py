@@ -17,7 +17,7 @@ Design notes:
   that only failure notices and farewells use, so it is never blocked behind a stuck call.
 - MPI's own Allreduce (the "mpi" algorithm, with the fingerprint guard beside it) lives in
   ``minidist/comm/algorithms/mpi_native.py``; it reaches MPI through ``t.mpi`` (MPIHandles).
-- mpi4py is imported lazily: ``import minidist`` works on a machine without libmpi; only asking
+- mpi4py is imported lazily (mpi_library.py): ``import minidist`` works without libmpi; only asking
   for MPI raises, with what to install.
 - GPU buffers (CuPy): the current stream is synchronized before MPI sees the buffer (MPI cannot
   know about queued kernels). They are staged through a host copy unless the MPI library is
@@ -27,7 +27,6 @@ Design notes:
 
 from __future__ import annotations
 
-import ctypes
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +38,7 @@ from minidist.comm.errors import CommError, CommTimeout
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, Request, SideChannel, Transport,
                                            poller,
                                            stream_of, wait_until)
+from minidist.comm.transports.mpi_library import load_mpi, mpi_cuda_aware, parse_cuda_aware_env
 from minidist.log import get_logger
 
 log = get_logger(__name__)
@@ -48,67 +48,6 @@ SPIN_TESTS = 200  # Test() calls before the first yield: keeps small messages fa
 # needs, so spin only briefly and give the core away with sched_yield (~1 us; time.sleep(0)
 # costs ~55 us here). Ring at n=4, 8 B: 963 us -> 377 us (docs/benchmarks.md).
 OVERSUBSCRIBED_SPIN_TESTS = 2
-
-
-def load_mpi() -> Any:
-    """Import ``mpi4py.MPI`` (initializing MPI) or raise a CommError that says what to install."""
-    try:
-        from mpi4py import MPI
-    except ImportError as e:
-        raise CommError(f"backend='mpi' needs mpi4py, which is not importable ({e}). Install it "
-                        "with `pip install mpi4py mpich`, or use backend='tcp' or 'local'.") from e
-    except RuntimeError as e:  # mpi4py: "cannot load MPI library"
-        raise CommError(f"mpi4py is installed but found no MPI library ({e}). Install one "
-                        "(`pip install mpich`, or your system's MPI and set MPI4PY_LIBMPI), or use "
-                        "backend='tcp' or 'local'.") from e
-    return MPI
-
-
-def parse_cuda_aware_env(value: str | None) -> bool | None:
-    """Parse ``MINIDIST_CUDA_AWARE_MPI``: ``1``/``true`` -> True, ``0``/``false`` -> False,
-    unset/``auto`` -> None (probe).
-
-    Raises:
-        ValueError: for any other value, naming the variable and the accepted values.
-    """
-    v = (value or "auto").strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    if v == "auto":
-        return None
-    raise ValueError(f"MINIDIST_CUDA_AWARE_MPI={value!r} is not understood; use 'auto' (probe the "
-                     "MPI library), '1' (pass GPU buffers to MPI) or '0' (stage through host).")
-
-
-def mpi_cuda_aware() -> bool | None:
-    """Ask the loaded MPI library whether it can take CUDA device pointers (after MPI init).
-
-    Returns True/False when the library answers (MPI 4.1 ``mpi_memory_alloc_kinds`` info key, or
-    Open MPI's / MPICH's ``MPIX_Query_cuda_support``), None when it cannot tell. The PyPI MPI
-    wheels answer False. See docs/env_vars.md (MINIDIST_CUDA_AWARE_MPI).
-    """
-    MPI = load_mpi()
-    try:
-        info = MPI.COMM_WORLD.Get_info()
-        kinds = info.get("mpi_memory_alloc_kinds")
-        info.Free()
-        if kinds and "cuda:device" in kinds.split(","):
-            return True
-    except Exception:  # noqa: BLE001 - older MPIs have no such key; fall through to MPIX
-        pass
-    # mpi4py dlopens libmpi RTLD_LOCAL, so CDLL(None) cannot see it: reopen by name, no load.
-    for so in ("libmpi.so.40", "libmpi.so.12", "libmpi_abi.so.1", "libmpi.so"):
-        try:
-            lib = ctypes.CDLL(so, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
-        except OSError:
-            continue
-        f = getattr(lib, "MPIX_Query_cuda_support", None)
-        if f is not None:
-            f.restype = ctypes.c_int
-            return bool(f())
-    return None
 
 
 @dataclass
