@@ -11,7 +11,7 @@ Run with ``./mpirun.sh -n 4 python script.py``. Before ``init_process_group`` th
 answer for a single process (rank 0 of 1) so logging code works anywhere; collectives raise.
 
 Every collective is recorded in the group's ledger (``get_ledger()``, ``ledger_label``; see
-``minidist.comm.ledger``), and ``auto_table()`` shows what ``algorithm="auto"`` will pick.
+``minidist.comm.diagnosis.ledger``), and ``auto_table()`` shows what ``algorithm="auto"`` will pick.
 
 ``init_process_group`` also installs a ``sys.excepthook`` and ``threading.excepthook``: an
 uncaught exception on one rank prints its traceback prefixed with ``[rank r/N]`` and then, under

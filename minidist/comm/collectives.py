@@ -1,5 +1,6 @@
 """The collectives beside all_reduce: broadcast, reduce, all_gather, reduce_scatter, barrier,
-the ``*_object`` collectives, ``alloc_buffer`` and ``new_group``; ``ProcessGroup`` (group.py) inherits them.
+the ``*_object`` collectives, ``alloc_buffer`` and ``new_group``; ``ProcessGroup`` (group.py)
+inherits them.
 
     group.broadcast(weights, src=0)                 # binomial tree (algorithms/tree.py)
     out = group.all_gather(x)                       # shape (world_size, *x.shape), ring

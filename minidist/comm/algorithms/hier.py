@@ -103,9 +103,9 @@ _NODE: "weakref.WeakKeyDictionary[Transport, Any]" = weakref.WeakKeyDictionary()
 def node_transport(transport: Transport, topo: Topology) -> Transport | None:
     """The transport of my node's ranks when it has a shared window, else None.
 
-    Made on first use (collective over ``transport``: MPI's ``split_by_color`` by node, then the node's
-    shared-memory set-up), cached afterwards. None where the transport has no sub-communicators
-    (TCP, threads) or my node has one rank.
+    Made on first use (collective over ``transport``: MPI's ``split_by_color`` by node, then
+    the node's shared-memory set-up), cached afterwards. None where the transport has no
+    sub-communicators (TCP, threads) or my node has one rank.
     """
     node = _NODE.get(transport, False)
     if node is False:

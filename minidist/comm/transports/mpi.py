@@ -255,7 +255,8 @@ class MPITransport(Transport):
             self._cuda_aware_now = bool(forced) if forced is not None else probed is True
             if self.rank == 0:
                 log.info("GPU buffers: %s (MINIDIST_CUDA_AWARE_MPI=%s, probe=%s)",
-                         "passed to MPI directly" if self._cuda_aware_now else "staged through host",
+                         "passed to MPI directly" if self._cuda_aware_now
+                         else "staged through host",
                          os.environ.get("MINIDIST_CUDA_AWARE_MPI", "auto"), probed)
         return self._cuda_aware_now
 

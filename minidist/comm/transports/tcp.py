@@ -228,7 +228,7 @@ class _Peer:
 # ---------------------------------------------------------------- the transport
 
 class _TCPSideChannel(SideChannel):
-    """The TCP side channel: frames with a negative kind on the data sockets, kept apart on arrival."""
+    """The TCP side channel: frames with a negative kind on the data sockets, queued apart."""
 
     def __init__(self, t: "TCPTransport") -> None:
         self.t = t
