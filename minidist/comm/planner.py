@@ -95,11 +95,8 @@ class Planner:
         return (shm is not None and not tag and bool(shm.user_windows)
                 and type(flat) is np.ndarray and shm_owns(shm, flat))
 
-    def plan(self, algorithm: str, flat: Any, op: ReduceOp, tag: int = 0,
-             shared: bool | None = None) -> Plan:
+    def plan(self, algorithm: str, flat: Any, op: ReduceOp, tag: int = 0) -> Plan:
         """The Plan of an all-reduce of ``flat`` (1-D) on stream ``tag`` (memoized).
-
-        ``shared``: whether ``flat`` lies in a shared window, if the caller knows already.
 
         Raises:
             ValueError: unknown ``algorithm``, or "mpi" without MPI (nothing was sent).
@@ -107,8 +104,9 @@ class Planner:
         if self._epoch != select.EPOCH:  # the model or rules changed (load_model, tune)
             self._plans.clear()
             self._epoch = select.EPOCH
-        if shared is None:
-            shared = algorithm == "auto" and self.is_shared(flat, tag)
+        shm = self.shm  # the buffer kind matters to "auto" only, and only with shared windows
+        shared = (algorithm == "auto" and shm is not None and bool(shm.user_windows)
+                  and self.is_shared(flat, tag))
         key = (algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag)
         plan = self._plans.get(key)
         if plan is None:

@@ -112,9 +112,10 @@ class NativeAllReduce:
             raise CommError(f"{self.where} all_reduce(algorithm=\"mpi\", {call.view.nbytes} "
                             f"bytes): MPI error {e}. Every rank must pass the same shape and "
                             "dtype.") from e
-        if call.k:
-            if not self.mpi.guard_node.guard_agrees(call.k, call.tag):
-                self._check_guard(call.k, call.tag, complete=True)
+        k = call.k
+        if k:
+            if not self.mpi.guard_node.guard_agrees(k, call.tag):
+                self._check_guard(k, call.tag, complete=True)
         elif call.guard_req is not None and (self.guard[0] != call.tag
                                              or self.guard[1] != -call.tag):
             raise CollectiveMismatch(
