@@ -183,10 +183,13 @@ def _inside(filename: str) -> bool:
 
 def _walk_out(f: Any) -> tuple[Any, int]:
     """``(code, lasti)`` of the first frame at or above ``f`` outside minidist (see caller_site)."""
-    last = f
+    last, known = f, _internal
     while f is not None:
         code = f.f_code
-        if not _inside(code.co_filename):
+        inside = known.get(code.co_filename)  # a dict hit for every frame after the first call
+        if inside is None:
+            inside = _inside(code.co_filename)
+        if not inside:
             if code.co_filename == _THREADING_FILE:
                 break
             return code, f.f_lasti
