@@ -24,6 +24,7 @@ from typing import Any
 
 from minidist import xp as backend
 from minidist.log import rank_prefix
+from minidist.optim import fused as fused_step
 from minidist.optim.optimizer import Optimizer
 
 
@@ -36,9 +37,13 @@ class Adam(Optimizer):
         betas: decay rates of the first and second moment averages.
         eps: added to the denominator for numerical stability.
         weight_decay: L2 penalty added to the gradient (Adam) or decoupled decay (AdamW).
+        foreach: accepted for torch scripts (the default path already works tensor-wide).
+        fused: one compiled pass per flat buffer (``minidist.optim.fused``; same results on
+            the CPU). None/False: the NumPy/CuPy path.
 
     Raises:
         ValueError: lr, eps or weight_decay negative, or a beta outside [0, 1).
+        RuntimeError: fused and foreach both True (torch's rule).
     """
 
     state_keys = ("step", "exp_avg", "exp_avg_sq")
@@ -46,7 +51,8 @@ class Adam(Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0, *, foreach: bool | None = None,
+                 fused: bool | None = None) -> None:
         name = type(self).__name__
         for key, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
             if value < 0.0:
@@ -55,8 +61,16 @@ class Adam(Optimizer):
             if not 0.0 <= beta < 1.0:
                 raise ValueError(f"{rank_prefix()} {name}: invalid betas[{j}]={beta}; each beta "
                                  "must be in [0, 1), e.g. betas=(0.9, 0.999).")
+        fused_step.check_flags(name, foreach, fused)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay))
+                                      weight_decay=weight_decay, foreach=foreach, fused=fused))
+
+    def step(self) -> None:
+        """One update of every parameter with a gradient (fused groups: compiled kernels)."""
+        if any(g["fused"] for g in self.param_groups):
+            fused_step.adam_step(self, self._update, self.decoupled)
+        else:
+            super().step()
 
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
         xp = backend.get_array_module(p.data)
@@ -109,5 +123,7 @@ class AdamW(Adam):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2) -> None:
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+                 weight_decay: float = 1e-2, *, foreach: bool | None = None,
+                 fused: bool | None = None) -> None:
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         foreach=foreach, fused=fused)

@@ -1,0 +1,24 @@
+"""The fused-optimizer benchmark at a tiny size: it runs, checks its results, writes its JSON."""
+
+import json
+import subprocess
+import sys
+
+from procs import REPO, job_env
+
+BENCH = REPO / "benchmarks" / "fused_optim.py"
+
+
+def test_fused_optim_benchmark_tiny(tmp_path):
+    res = subprocess.run([sys.executable, str(BENCH), "--numel", "20k", "--layers", "2",
+                          "--repeats", "2", "--check-steps", "3", "--out", str(tmp_path),
+                          "--no-torch"],
+                         env=job_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "fused_optim.json").read_text())
+    assert data["tensors"] == 4 and 19_000 < data["numel"] < 21_000 and data["torch"] is None
+    assert {r["impl"] for r in data["rows"]} == {"default", "fused"}
+    assert data["check"]["fused_bits_equal_default"] is True
+    for r in data["rows"]:
+        assert r["samples"] == 2 and r["median_ms"] > 0 and r["vs_best_torch"] is None
+    assert "vs best torch" in res.stdout

@@ -1,0 +1,229 @@
+"""Fused optimizer steps (``fused=True``): the same bits as the default path, torch's numbers,
+one kernel call per flat buffer, and the default path for what the kernels cannot take."""
+
+import numpy as np
+import pytest
+
+from minidist import optim
+from minidist.nn import Parameter
+from minidist.optim import fused
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*fused=True cannot use:RuntimeWarning")
+
+SHAPES = [(7, 5), (5,), (3, 4, 2), (1,), (129,)]
+
+SGD_CASES = [dict(lr=0.1), dict(lr=0.1, momentum=0.9),
+             dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
+             dict(lr=0.1, momentum=0.8, dampening=0.3, weight_decay=0.1)]
+ADAM_CASES = [(optim.Adam, dict()), (optim.Adam, dict(weight_decay=0.05, lr=1e-2)),
+              (optim.AdamW, dict()), (optim.AdamW, dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-6,
+                                                        weight_decay=0.1))]
+
+
+def make_params(dtype, seed=0, shapes=SHAPES):
+    rng = np.random.default_rng(seed)
+    return [Parameter(rng.standard_normal(s).astype(dtype)) for s in shapes]
+
+
+def grads_for(params, step, skip=None):
+    rng = np.random.default_rng(100 + step)
+    out = []
+    for k, p in enumerate(params):
+        g = rng.standard_normal(p.data.shape).astype(p.data.dtype)
+        out.append(None if skip is not None and (k + step) % skip == 0 else g)
+    return out
+
+
+def run_pair(make_opt, dtype, steps=6, skip=None):
+    """The same steps on two copies of the parameters: default path and fused=True."""
+    a, b = make_params(dtype), make_params(dtype)
+    opt_a, opt_b = make_opt(a, False), make_opt(b, True)
+    for step in range(steps):
+        for ps in (a, b):
+            for p, g in zip(ps, grads_for(ps, step, skip)):
+                p.grad = None if g is None else g.copy()
+        opt_a.step()
+        opt_b.step()
+    return a, b, opt_a, opt_b
+
+
+def assert_same_bits(a, b):
+    for pa, pb in zip(a, b):
+        assert pa.data.dtype == pb.data.dtype
+        assert np.array_equal(pa.data, pb.data), np.abs(pa.data - pb.data).max()
+
+
+needs_numba = pytest.mark.skipif(fused.implementation(np.zeros(1, np.float32)) != "numba-cpu",
+                                 reason="numba is not usable here")
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kw", SGD_CASES)
+def test_sgd_fused_same_bits_as_default(kw, dtype):
+    a, b, opt_a, opt_b = run_pair(lambda ps, f: optim.SGD(ps, fused=f, **kw), dtype, skip=3)
+    assert_same_bits(a, b)
+    for i, s in opt_a.state.items():
+        assert np.array_equal(s["momentum_buffer"], opt_b.state[i]["momentum_buffer"])
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("cls,kw", ADAM_CASES)
+def test_adam_fused_same_bits_as_default(cls, kw, dtype):
+    a, b, opt_a, opt_b = run_pair(lambda ps, f: cls(ps, fused=f, **kw), dtype, skip=4)
+    assert_same_bits(a, b)
+    for i, s in opt_a.state.items():
+        sb = opt_b.state[i]
+        assert s["step"] == sb["step"]
+        assert np.array_equal(s["exp_avg"], sb["exp_avg"])
+        assert np.array_equal(s["exp_avg_sq"], sb["exp_avg_sq"])
+
+
+def test_fused_and_foreach_together_are_refused():
+    with pytest.raises(RuntimeError, match="cannot be `True` together"):
+        optim.AdamW(make_params(np.float32), fused=True, foreach=True)
+    with pytest.raises(RuntimeError, match="cannot be `True` together"):
+        optim.SGD(make_params(np.float32), lr=0.1, fused=True, foreach=True)
+    opt = optim.SGD(make_params(np.float32), lr=0.1, foreach=True)  # accepted, as torch
+    assert opt.param_groups[0]["foreach"] is True and opt.param_groups[0]["fused"] is None
+
+
+def test_float16_and_non_contiguous_take_the_default_path():
+    """What the kernels cannot take (fp16 on the CPU, a transposed view) gets the same numbers."""
+    def make(dtype):
+        rng = np.random.default_rng(5)
+        ps = [Parameter(rng.standard_normal((6, 4)).astype(dtype)) for _ in range(2)]
+        return ps
+    for dtype in (np.float16, np.float32):
+        a, b = make(dtype), make(dtype)
+        opt_a, opt_b = optim.AdamW(a), optim.AdamW(b, fused=True)
+        for step in range(3):
+            for ps in (a, b):
+                g = np.random.default_rng(step).standard_normal((4, 6)).astype(dtype)
+                ps[0].grad = g.T  # non-contiguous
+                ps[1].grad = g.T.copy()
+            opt_a.step()
+            opt_b.step()
+        assert_same_bits(a, b)
+
+
+class CountingKernels:
+    def __init__(self, real):
+        self.real, self.calls = real, []
+
+    def sgd_step(self, p, *args):
+        self.calls.append(p.size)
+        self.real.sgd_step(p, *args)
+
+    def adam_step(self, p, *args):
+        self.calls.append(p.size)
+        self.real.adam_step(p, *args)
+
+
+@needs_numba
+@pytest.mark.parametrize("reverse_grads", [False, True])
+def test_flat_parameters_and_grads_take_one_call(monkeypatch, reverse_grads):
+    """Parameters viewing one flat buffer and gradients viewing another (in reverse order, as
+    DDP's buckets lay them out): one kernel call per step, and the same bits as unflattened."""
+    sizes = [int(np.prod(s)) for s in SHAPES]
+    flat_p = np.concatenate([p.data.reshape(-1) for p in make_params(np.float32)])
+    flat_g = np.zeros(sum(sizes), np.float32)
+    params, grad_views, off = [], [], 0
+    order = list(range(len(SHAPES)))
+    goff = {k: o for k, o in zip(order[::-1] if reverse_grads else order,
+                                 np.cumsum([0] + [sizes[k] for k in
+                                                  (order[::-1] if reverse_grads else order)]))}
+    for k, s in enumerate(SHAPES):
+        params.append(Parameter(np.zeros(s, np.float32)))
+        params[-1].data = flat_p[off:off + sizes[k]].reshape(s)
+        grad_views.append(flat_g[goff[k]:goff[k] + sizes[k]].reshape(s))
+        off += sizes[k]
+    ref = make_params(np.float32)
+    counter = CountingKernels(fused._CPU.get())
+    monkeypatch.setattr(fused._CPU, "module", counter)
+    opt, opt_ref = optim.AdamW(params, fused=True), optim.AdamW(ref)
+    for step in range(3):
+        gs = grads_for(ref, step)
+        for p, view, g in zip(params, grad_views, gs):
+            view[...] = g
+            p.grad = view
+        for p, g in zip(ref, gs):
+            p.grad = g
+        opt.step()
+        opt_ref.step()
+    if reverse_grads:  # params and grads run in opposite directions: one call per tensor
+        assert counter.calls == [sizes[k] for k in order] * 3
+    else:
+        assert counter.calls == [sum(sizes)] * 3
+    assert_same_bits(params, ref)
+    sd = opt.state_dict()  # per-parameter views of the flat state, torch's layout
+    assert sorted(sd["state"]) == list(range(len(SHAPES)))
+    assert sd["state"][2]["exp_avg"].shape == SHAPES[2]
+
+
+@needs_numba
+def test_state_dict_round_trip_continues_identically():
+    a, b = make_params(np.float32), make_params(np.float32)
+    opt_a = optim.SGD(a, lr=0.1, momentum=0.9, fused=True)
+    for step in range(2):
+        for p, g in zip(a, grads_for(a, step)):
+            p.grad = g
+        opt_a.step()
+    for pa, pb in zip(a, b):
+        pb.data[...] = pa.data
+    opt_b = optim.SGD(b, lr=0.1, momentum=0.9, fused=True)
+    opt_b.load_state_dict(opt_a.state_dict())
+    for step in range(2, 4):
+        for ps in (a, b):
+            for p, g in zip(ps, grads_for(ps, step)):
+                p.grad = g
+        opt_a.step()
+        opt_b.step()
+    assert_same_bits(a, b)
+
+
+@needs_numba
+def test_fused_steady_state_allocates_no_arrays():
+    import tracemalloc
+    ps = make_params(np.float32, shapes=[(200, 200)] * 3)  # 160 KB per array
+    for p in ps:
+        p.grad = np.ones_like(p.data)
+    opt = optim.AdamW(ps, fused=True)
+    opt.step()
+    opt.step()
+    tracemalloc.start()
+    try:
+        opt.step()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 32_000, f"a fused step allocated {peak} bytes; it must work in place"
+
+
+# ----------------------------------------------------------------------------- against torch
+def torch_run(torch, cls_name, kw, steps, params0):
+    ps = [torch.nn.Parameter(torch.from_numpy(p.copy())) for p in params0]
+    opt = getattr(torch.optim, cls_name)(ps, **kw)
+    for step in range(steps):
+        for p, g in zip(ps, grads_for([type("P", (), {"data": q})() for q in params0], step)):
+            p.grad = torch.from_numpy(g)
+        opt.step()
+    return [p.detach().numpy() for p in ps]
+
+
+@needs_numba
+@pytest.mark.parametrize("cls,kw", ADAM_CASES + [(optim.SGD, c) for c in SGD_CASES])
+@pytest.mark.parametrize("torch_path", ["foreach", "fused"])
+def test_fused_matches_torch_after_10_steps(cls, kw, torch_path):
+    torch = pytest.importorskip("torch")
+    params0 = [p.data.copy() for p in make_params(np.float32)]
+    ours = [Parameter(p.copy()) for p in params0]
+    opt = cls(ours, fused=True, **kw)
+    for step in range(10):
+        for p, g in zip(ours, grads_for(ours, step)):
+            p.grad = g
+        opt.step()
+    want = torch_run(torch, cls.__name__, dict(kw, **{torch_path: True}), 10, params0)
+    for p, w in zip(ours, want):
+        np.testing.assert_allclose(p.data, w, rtol=0, atol=1e-5)
