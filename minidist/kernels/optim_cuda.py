@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, no_type_check
 
+import numpy as np
 from numba import config as _numba_config
 from numba import cuda
 
@@ -49,7 +50,9 @@ except ImportError:  # pragma: no cover - depends on the machine
     _cupy = None
 
 _sgd_element = cuda.jit(device=True)(optim_math.sgd_element)
-_adam_element = cuda.jit(device=True)(optim_math.adam_element)
+# numba.cuda has no np.sqrt on scalars; the simulator's math.sqrt would return a Python float
+_adam_element = cuda.jit(device=True)(optim_math.make_adam_element(np.sqrt if SIMULATOR
+                                                                   else math.sqrt))
 
 
 @cuda.jit

@@ -8,7 +8,9 @@
 ``cuda.jit(device=True)``; called on NumPy scalars they are also the simulator's oracle. All
 arguments are scalars of the parameter's dtype (float32 or float64), so every operation rounds
 once in that dtype, in the same order as the per-parameter NumPy path of ``minidist.optim``
-(``SGD._update`` / ``Adam._update``): the fused CPU step gives the same bits.
+(``SGD._update`` / ``Adam._update``): the fused CPU step gives the same bits. Numba caches
+optim_cpu.py's machine code keyed on optim_cpu.py's own file stamp: after editing this file,
+touch optim_cpu.py so the cache is rebuilt.
 
 Why the operations are written in exactly this order (float arithmetic is not associative):
 
@@ -52,14 +54,25 @@ def sgd_element(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep: Any,
     return p - d * lr, buf
 
 
-def adam_element(p: Any, g: Any, m: Any, v: Any, decay: Any, l2: Any, beta1: Any,
-                 one_minus_beta1: Any, beta2: Any, one_minus_beta2: Any,
-                 bias_correction2_sqrt: Any, eps: Any, step_size: Any) -> tuple[Any, Any, Any]:
-    """torch's Adam / AdamW for one element: returns ``(new_p, new_exp_avg, new_exp_avg_sq)``."""
-    p = p * decay
-    if l2 != 0:
-        g = p * l2 + g
-    m = m * beta1 + g * one_minus_beta1
-    v = v * beta2 + (g * g) * one_minus_beta2
-    denom = np.sqrt(v) / bias_correction2_sqrt + eps
-    return p - (m / denom) * step_size, m, v
+def make_adam_element(sqrt: Any) -> Any:
+    """``adam_element`` with the given square root: ``np.sqrt`` on the CPU and in the simulator
+    (it keeps a float32 scalar float32), ``math.sqrt`` for numba.cuda (which has no ``np.sqrt``
+    on scalars; on float32 it is ``sqrt.rn.f32``, correctly rounded like NumPy's)."""
+
+    def adam_element(p: Any, g: Any, m: Any, v: Any, decay: Any, l2: Any, beta1: Any,
+                     one_minus_beta1: Any, beta2: Any, one_minus_beta2: Any,
+                     bias_correction2_sqrt: Any, eps: Any, step_size: Any
+                     ) -> tuple[Any, Any, Any]:
+        """torch's Adam / AdamW for one element: ``(new_p, new_exp_avg, new_exp_avg_sq)``."""
+        p = p * decay
+        if l2 != 0:
+            g = p * l2 + g
+        m = m * beta1 + g * one_minus_beta1
+        v = v * beta2 + (g * g) * one_minus_beta2
+        denom = sqrt(v) / bias_correction2_sqrt + eps
+        return p - (m / denom) * step_size, m, v
+
+    return adam_element
+
+
+adam_element = make_adam_element(np.sqrt)
