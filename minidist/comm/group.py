@@ -69,6 +69,7 @@ from minidist.comm.failure import farewell, on_failure, poll
 from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
                                   call_plan, ledger_enabled)
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
+from minidist.comm.staging import stager_for
 from minidist.comm.topology import Topology, detect_topology
 from minidist.comm.transports.base import MAX_STREAMS, Transport, wire_tag
 from minidist.comm.transports.shm_window import shm_free_buffer
@@ -303,9 +304,10 @@ class ProcessGroup:
         if self._debug >= 1:
             log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
                       name, flat.size, flat.dtype.name, flat.nbytes, rop.value, self.size)
+        stager = stager_for(self.transport, flat)  # device buffer, MPI not CUDA-aware
         t0 = time.perf_counter()
         try:
-            if native and not self.check_consistency:
+            if native and not self.check_consistency and stager is None:
                 # MPI's Allreduce: post it, write the ledger row while the data moves, wait.
                 pending = self.transport.native_post(flat, rop, wire)
                 if ledger.enabled:
@@ -317,7 +319,10 @@ class ProcessGroup:
                 if self.check_consistency:
                     self._agree(f'all_reduce(algorithm="{algorithm}")', flat, rop, algorithm, 0,
                                 row, tag)
-                fn(self.transport, flat, rop, wire)
+                if stager is not None:  # chunks copied down, reduced on the host, copied up
+                    stager.all_reduce(flat, lambda chunk: fn(self.transport, chunk, rop, wire))
+                else:
+                    fn(self.transport, flat, rop, wire)
         except CommError as e:
             if row is None and ledger.enabled:  # posting failed before the row was written
                 row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
