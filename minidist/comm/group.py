@@ -53,7 +53,7 @@ from typing import Any, Callable
 import numpy as np
 
 from minidist import xp as backend
-from minidist.comm.algorithms import ALGORITHMS
+from minidist.comm.algorithms import ALGORITHMS, cuda_ipc_available
 from minidist.comm.algorithms import select as _select
 from minidist.comm.algorithms.calibrate import agreed as agreed_calibration
 from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
@@ -255,8 +255,9 @@ class ProcessGroup:
         Args:
             array: C-contiguous, writable numpy/cupy array (float16/32/64, int32/64).
             op: "sum", "avg", "max", "min", "prod" or a ReduceOp. Integer AVG floors.
-            algorithm: "auto" (cost model; "hier" on several nodes), "ring", "tree", "rd",
-                "direct", "mpi", "shm" or "hier"; default the group's.
+            algorithm: "auto" (cost model; "hier" on several nodes; "cuda_ipc" for device
+                buffers on one node), "ring", "tree", "rd", "direct", "mpi", "shm", "hier" or
+                "cuda_ipc"; default the group's.
             tag: stream, ``0 <= tag < 1024``; concurrent collectives (threads) need distinct
                 tags.
             label: a caller's note kept in this call's ledger entry (e.g. "bucket=3");
@@ -291,7 +292,8 @@ class ProcessGroup:
         if self._plan_epoch != _select.EPOCH:  # the model or rules changed (load_model, tune)
             self._plans.clear()
             self._plan_epoch = _select.EPOCH
-        plan = self._plans.get((algorithm, flat.nbytes, flat.dtype, rop.code, shared, not tag))
+        plan = self._plans.get((algorithm, flat.nbytes, flat.dtype, rop.code, shared, not tag,
+                                type(flat)))
         if plan is None:
             plan = self._plan(algorithm, flat, rop, shared, tag)
         name, reason, fn, call, native = plan
@@ -304,7 +306,7 @@ class ProcessGroup:
         if self._debug >= 1:
             log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
                       name, flat.size, flat.dtype.name, flat.nbytes, rop.value, self.size)
-        stager = stager_for(self.transport, flat)  # device buffer, MPI not CUDA-aware
+        stager = stager_for(self.transport, flat, fn)  # device buffer, MPI not CUDA-aware
         t0 = time.perf_counter()
         try:
             if native and not self.check_consistency and stager is None:
@@ -341,6 +343,9 @@ class ProcessGroup:
         if by_nodes is not None:  # several nodes: hier (or rd for small messages)
             name, reason = by_nodes
             fn = ALGORITHMS[name]
+        elif algorithm == "auto" and cuda_ipc_available(self.transport, flat, tag):
+            name, reason = "cuda_ipc", "device buffer, ranks on one node: CUDA IPC windows"
+            fn = ALGORITHMS[name]
         elif algorithm == "auto":
             shm = self._shm if type(flat) is np.ndarray and not tag else None  # shm: stream 0
             name, reason = choose_with_reason(self.size, flat.nbytes, self._native,
@@ -360,7 +365,8 @@ class ProcessGroup:
                 name == "mpi" and self._native and self.size > 1)
         if len(self._plans) >= 256:
             self._plans.clear()
-        self._plans[(algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag)] = plan
+        self._plans[(algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag,
+                     type(flat))] = plan
         return plan
 
     def broadcast(self, array: Any, src: int = 0, tag: int = 0) -> Any:

@@ -1,8 +1,8 @@
 """Staging device buffers through host memory for an MPI that cannot read GPU memory.
 
-    stager = stager_for(transport, buf)          # None: a host buffer, or a CUDA-aware MPI
+    stager = stager_for(transport, buf, fn)      # None: a host buffer, or a CUDA-aware MPI
     if stager is not None:
-        stager.all_reduce(buf, lambda chunk: ring_all_reduce(transport, chunk, op, tag))
+        stager.all_reduce(buf, lambda chunk: fn(transport, chunk, op, tag))
 
 The PyPI MPI wheels are not CUDA-aware: a device pointer handed to them is a segfault. So a
 device buffer's all-reduce runs on a host copy. Done naively (copy the whole buffer down, reduce,
@@ -195,11 +195,12 @@ def needs_staging(transport: Transport) -> bool:
 _STAGERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def stager_for(transport: Transport, buf: Any) -> Stager | None:
+def stager_for(transport: Transport, buf: Any, algorithm: Any = None) -> Stager | None:
     """The transport's ``Stager`` (one per transport, made on first use) when ``buf`` is a
-    device array that must be staged; None for host arrays and CUDA-aware MPI."""
+    device array that must be staged; None for host arrays, a CUDA-aware MPI, and algorithms
+    that work on device memory themselves (``takes_device_buffers``: "cuda_ipc")."""
     if type(buf) is np.ndarray or not backend.is_device_array(buf) or \
-            not needs_staging(transport):
+            getattr(algorithm, "takes_device_buffers", False) or not needs_staging(transport):
         return None
     stager = _STAGERS.get(transport)
     if stager is None:

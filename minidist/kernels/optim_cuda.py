@@ -29,7 +29,7 @@ from numba import cuda
 from minidist.kernels import optim_math
 
 __all__ = ["sgd_step", "adam_step", "SIMULATOR", "COMPILE_ERRORS", "check_usable",
-           "launch_config"]
+           "launch_config", "device_view", "current_stream"]
 
 SIMULATOR = bool(getattr(_numba_config, "ENABLE_CUDASIM", 0))
 THREADS_PER_BLOCK = 256
@@ -100,14 +100,15 @@ def launch_config(n: int, launch: tuple[int, int] | None = None) -> tuple[int, i
     return min(math.ceil(n / THREADS_PER_BLOCK), _sm_count * BLOCKS_PER_SM), THREADS_PER_BLOCK
 
 
-def _view(a: Any) -> Any:
+def device_view(a: Any) -> Any:
     """A Numba view of a CuPy array (zero copy, no stream sync); NumPy (simulator) as it is."""
     if _cupy is not None and isinstance(a, _cupy.ndarray):
         return cuda.as_cuda_array(a, sync=False)
     return a
 
 
-def _stream() -> Any:
+def current_stream() -> Any:
+    """CuPy's current stream as a Numba stream (0 under the simulator or without CuPy)."""
     if _cupy is None or SIMULATOR:
         return 0
     ptr = _cupy.cuda.get_current_stream().ptr
@@ -117,7 +118,7 @@ def _stream() -> Any:
 def _launch(kernel: Any, n: int, launch: tuple[int, int] | None, *args: Any) -> None:
     blocks, threads = launch_config(n, launch)
     if blocks > 0:
-        kernel[blocks, threads, _stream()](*args)
+        kernel[blocks, threads, current_stream()](*args)
 
 
 def check_usable() -> None:
@@ -134,11 +135,12 @@ def check_usable() -> None:
 def sgd_step(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep: Any, weight_decay: Any,
              nesterov: bool, first: bool, *, launch: tuple[int, int] | None = None) -> None:
     """One SGD step in place on 1-D device arrays, one launch (see ``optim_cpu.sgd_step``)."""
-    _launch(_sgd_kernel, int(p.size), launch, _view(p), _view(g), _view(buf), lr, momentum,
-            keep, weight_decay, bool(nesterov), bool(first))
+    _launch(_sgd_kernel, int(p.size), launch, device_view(p), device_view(g),
+            device_view(buf), lr, momentum, keep, weight_decay, bool(nesterov), bool(first))
 
 
 def adam_step(p: Any, g: Any, m: Any, v: Any, *scalars: Any,
               launch: tuple[int, int] | None = None) -> None:
     """One Adam/AdamW step in place on 1-D device arrays, one launch."""
-    _launch(_adam_kernel, int(p.size), launch, _view(p), _view(g), _view(m), _view(v), *scalars)
+    _launch(_adam_kernel, int(p.size), launch, device_view(p), device_view(g), device_view(m),
+            device_view(v), *scalars)

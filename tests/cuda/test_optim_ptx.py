@@ -48,3 +48,15 @@ def test_optimizer_kernels_compile_to_sm90_ptx(hopper, dtype):
     ptx = compile_or_skip(optim_cuda._sgd_kernel.py_func,
                           (arr,) * 3 + (t,) * 4 + (types.boolean,) * 2)
     assert ".target sm_90" in ptx
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32"])
+def test_ipc_reduce_kernel_compiles_to_sm90_ptx(hopper, dtype):
+    from numba import types
+
+    from minidist.kernels import reduce_cuda
+
+    arr = getattr(types, dtype)[::1]
+    ptx = compile_or_skip(reduce_cuda._reduce_kernel.py_func,
+                          (arr, types.int64, types.int64) + (arr,) * 8)
+    assert ".target sm_90" in ptx

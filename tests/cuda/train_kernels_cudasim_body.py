@@ -73,3 +73,36 @@ def test_adam_kernel_equals_default_path(decoupled):
         assert np.array_equal(p, ref.data), (t, np.abs(p - ref.data).max())
         assert np.array_equal(m, opt.state[0]["exp_avg"])
         assert np.array_equal(v, opt.state[0]["exp_avg_sq"])
+
+
+# ----------------------------------------------------------------------------- cuda_ipc reduce
+@pytest.mark.parametrize("n", [2, 3, 8])
+@pytest.mark.parametrize("dtype,op", [(np.float32, "sum"), (np.float16, "sum"),
+                                      (np.float64, "prod"), (np.float32, "max"),
+                                      (np.float32, "min"), (np.int32, "sum")])
+def test_reduce_kernel_equals_rank_order_numpy(n, dtype, op):
+    from minidist.comm.ops import reference_reduce
+    from minidist.kernels import reduce_cuda
+
+    rng = np.random.default_rng(n)
+    m = 301
+    srcs = [(rng.standard_normal(m) * 4).astype(dtype) for _ in range(n)]
+    if np.dtype(dtype).kind == "f":
+        srcs[0][3] = np.nan
+        srcs[n - 1][5] = np.nan
+        srcs[1][7] = np.inf
+    want = reference_reduce(srcs, op)
+    out = np.full(m, 7, dtype)
+    reduce_cuda.reduce_slices(out, srcs, op, launch=(2, 64))
+    assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), op
+    first = srcs[0].copy()  # out may be one of the sources (the rank's own window)
+    reduce_cuda.reduce_slices(srcs[0], [first] + srcs[1:], op, launch=(2, 64))
+    assert np.array_equal(srcs[0].view(np.uint8), want.view(np.uint8))
+
+
+def test_reduce_kernel_refuses_bad_source_counts():
+    from minidist.kernels import reduce_cuda
+
+    a = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="2 to 8"):
+        reduce_cuda.reduce_slices(a, [a], "sum")
