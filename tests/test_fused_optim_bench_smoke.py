@@ -22,3 +22,17 @@ def test_fused_optim_benchmark_tiny(tmp_path):
     for r in data["rows"]:
         assert r["samples"] == 2 and r["median_ms"] > 0 and r["vs_best_torch"] is None
     assert "vs best torch" in res.stdout
+
+
+def test_gpu_training_benchmark_exits_cleanly_without_a_gpu(tmp_path):
+    from minidist import xp as backend
+
+    if backend.gpu_available():  # pragma: no cover - a GPU machine runs the real thing
+        import pytest
+        pytest.skip("a GPU is here: the benchmark would measure")
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_training.py"),
+                          "--out", str(tmp_path)], env=job_env(), cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().count("\n") == 0 and "no CUDA GPU here" in res.stdout
+    assert not list(tmp_path.iterdir())
