@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/fused_optim.py                        # 10.5M parameters
     PYTHONPATH=. /path/to/torch-venv/bin/python benchmarks/fused_optim.py   # + torch's columns
     .venv/bin/python benchmarks/fused_optim.py --numel 1M --repeats 5 --out /tmp/o
+    .venv/bin/python benchmarks/fused_optim.py --train-step     # examples/train.py's step, by phase
 
 The model: ``--layers`` square linear layers (weight d x d + bias d), d chosen so the total is
 about ``--numel`` (default 10 x 1024 x 1025 = 10,496,000 parameters, 20 tensors), float32.
@@ -21,6 +22,10 @@ implementation runs one step, in a random order (seeded by the round), so load d
 shared machine hits all alike. Reported: median time per step, and ratios to the fastest
 torch step of the same run. Without torch the torch columns are left out (one line says so).
 Output: a table on stdout and ``fused_optim.json`` in ``--out`` (default runs/bench/).
+
+``--train-step`` instead times one step of examples/train.py's default model (MLP
+64-512-256-10 with dropout, batch 16, one BLAS thread) phase by phase: forward, forward +
+loss + backward, and the AdamW step default and fused (``train_step.json``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")  # one thread, like torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
@@ -79,6 +86,53 @@ def torch_step(torch: Any, params0: list[np.ndarray], grads: list[np.ndarray], k
     return opt.step, lambda: [p.detach().numpy() for p in ps]
 
 
+def train_step(repeats: int, out: str) -> int:
+    """Phases of examples/train.py's default step (see the module docstring)."""
+    from minidist import nn
+    from minidist.tensor import Tensor
+
+    nn.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Dropout(0.1), nn.Linear(512, 256),
+                          nn.ReLU(), nn.Dropout(0.1), nn.Linear(256, 10))
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((16, 64)).astype(np.float32))
+    y = Tensor(rng.integers(0, 10, 16))
+    loss_fn = nn.CrossEntropyLoss()
+
+    def fwd_bwd() -> None:
+        for p in model.parameters():
+            p.grad = None
+        loss_fn(model(x), y).backward()
+
+    fwd_bwd()
+    phases: dict[str, Callable[[], Any]] = {"forward": lambda: model(x), "forward+backward": fwd_bwd}
+    for fused_on in (False, True):
+        phases[f"AdamW{' fused' if fused_on else ''}"] = optim.AdamW(model.parameters(),
+                                                                     fused=fused_on).step
+    samples: dict[str, list[float]] = {name: [] for name in phases}
+    for fn in phases.values():
+        fn()
+    for r in range(repeats):
+        order = list(phases)
+        random.Random(r).shuffle(order)
+        for name in order:
+            t0 = time.perf_counter()
+            phases[name]()
+            samples[name].append(time.perf_counter() - t0)
+    rows = [{"phase": name, **stats(s)} for name, s in samples.items()]
+    print(f"# examples/train.py default step (MLP 64-512-256-10, batch 16, one thread), "
+          f"median of {repeats}, us")
+    table = Table([("phase", 18, "s"), ("median us", 10, ".1f"), ("min us", 8, ".1f")])
+    print(table.header())
+    for row in rows:
+        print(table.row(row["phase"], row["median_us"], row["min_us"]))
+    path = write_json(Path(out) / "train_step.json", {"benchmark": "train_step", "rows": rows,
+                                                      "repeats": repeats,
+                                                      "machine": machine_info()})
+    print(f"# wrote {shown(path)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--numel", default="10496000", help="parameters in all (default 10.5M)")
@@ -87,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-steps", type=int, default=10, help="steps compared with torch")
     ap.add_argument("--out", default=str(LOCAL_RESULTS), help="folder for fused_optim.json")
     ap.add_argument("--no-torch", action="store_true", help="leave torch's columns out")
+    ap.add_argument("--train-step", action="store_true",
+                    help="time examples/train.py's step by phase instead")
     a = ap.parse_args(argv)
+    if a.train_step:
+        return train_step(max(a.repeats, 3) * 20, a.out)
 
     torch = None
     if not a.no_torch:

@@ -36,3 +36,14 @@ def test_gpu_training_benchmark_exits_cleanly_without_a_gpu(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.strip().count("\n") == 0 and "no CUDA GPU here" in res.stdout
     assert not list(tmp_path.iterdir())
+
+
+def test_train_step_phases_tiny(tmp_path):
+    res = subprocess.run([sys.executable, str(BENCH), "--train-step", "--repeats", "1", "--out",
+                          str(tmp_path)], env=job_env(), cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "train_step.json").read_text())
+    assert [r["phase"] for r in data["rows"]] == ["forward", "forward+backward", "AdamW",
+                                                  "AdamW fused"]
+    assert all(r["median_us"] > 0 and r["samples"] == 60 for r in data["rows"])
