@@ -10,11 +10,12 @@
         opt.step(); sched.step()
 
 Modules: ``optimizer`` (base class: groups, state_dict), ``sgd``, ``adam`` (Adam, AdamW),
-``lr_scheduler``; ``clip_grad_norm_`` is the tensor layer's (``minidist.tensor.clip_grad``), the
+``lr_scheduler``, ``fused`` (``fused=True`` steps, ``flatten_parameters``); ``clip_grad_norm_`` is the tensor layer's (``minidist.tensor.clip_grad``), the
 same function as ``nn.utils.clip_grad_norm_``. Every update works in place on ``param.data``.
 """
 
 from minidist.optim.adam import Adam, AdamW
+from minidist.optim.fused import flatten_parameters
 from minidist.tensor import clip_grad_norm_, clip_grad_value_  # one implementation (tensor)
 from minidist.optim.lr_scheduler import (
     CosineAnnealingLR,
@@ -27,5 +28,5 @@ from minidist.optim.lr_scheduler import (
 from minidist.optim.optimizer import Optimizer
 from minidist.optim.sgd import SGD
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm_", "clip_grad_value_", "LRScheduler", "LambdaLR",
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "flatten_parameters", "clip_grad_norm_", "clip_grad_value_", "LRScheduler", "LambdaLR",
            "LinearWarmup", "StepLR", "CosineAnnealingLR", "WarmupCosine"]

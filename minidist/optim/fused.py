@@ -24,6 +24,12 @@ The optimizer state is allocated that way (one flat buffer per group, per-parame
 ``state``, so ``state_dict()`` is unchanged); parameters and gradients are the model's. Tensors
 the kernels cannot take (float16 on the CPU, non-contiguous views, mixed dtypes) and every
 parameter of a machine without Numba take the default path, with the same results.
+
+``flatten_parameters(model.parameters())`` puts a model's parameters into one flat buffer (per
+device and dtype) and reserves their gradients in a second one with the same layout, in
+REVERSE parameter order, which is the order DDP fills its gradient buckets: without DDP a
+fused step is then one call for the whole model; with DDP (whose buckets then receive the
+gradients) one call per bucket. Call it before building DDP and the optimizer.
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ from minidist.log import get_logger, rank_prefix
 
 log = get_logger(__name__)
 
-__all__ = ["check_flags", "sgd_step", "adam_step", "implementation"]
+__all__ = ["check_flags", "sgd_step", "adam_step", "implementation", "flatten_parameters",
+           "flat_runs"]
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -204,6 +211,49 @@ def _flat_state(likes: list[Any]) -> list[Any]:
         views[k] = flat[offset:offset + n].reshape(likes[k].shape)
         offset += n
     return views
+
+
+def flatten_parameters(params: Iterable[Any]) -> list[Any]:
+    """Move every parameter's data into one flat buffer per (device, dtype), in reverse order,
+    and reserve its gradient in a second flat buffer of the same layout; return the parameter
+    buffers. Values are unchanged; ``p.data`` becomes a view of the buffer (so call this before
+    anything keeps ``p.data``: DDP, the optimizer, AMP's master weights).
+
+    >>> import numpy as np
+    >>> from minidist import nn
+    >>> model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    >>> [flat.size for flat in flatten_parameters(model.parameters())]
+    [26]
+    """
+    from minidist.tensor import GradDestination
+
+    groups: dict[tuple, list[Any]] = {}
+    for p in reversed(list(params)):
+        key = (backend.is_device_array(p.data), str(backend.device_of(p.data)), p.data.dtype)
+        groups.setdefault(key, []).append(p)
+    flats = []
+    for ps in groups.values():
+        xp = backend.get_array_module(ps[0].data)
+        total = sum(int(p.data.size) for p in ps)
+        flat = xp.empty(total, dtype=ps[0].data.dtype)
+        grads = xp.zeros(total, dtype=ps[0].data.dtype)
+        offset = 0
+        for p in ps:
+            n, shape = int(p.data.size), p.data.shape
+            view = flat[offset:offset + n].reshape(shape)
+            view[...] = p.data
+            p.data = view
+            if p.requires_grad:
+                gview = grads[offset:offset + n].reshape(shape)
+                if p.grad is not None:
+                    gview[...] = p.grad
+                    p.grad = gview
+                p.grad_destination = GradDestination(gview)
+            offset += n
+        flats.append(flat)
+        log.debug("flatten_parameters: %d parameters, %d elements of %s in one buffer",
+                  len(ps), total, flat.dtype)
+    return flats
 
 
 # ----------------------------------------------------------------- the steps

@@ -1,6 +1,8 @@
 """Fused optimizer steps (``fused=True``): the same bits as the default path, torch's numbers,
 one kernel call per flat buffer, and the default path for what the kernels cannot take."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -227,3 +229,78 @@ def test_fused_matches_torch_after_10_steps(cls, kw, torch_path):
     want = torch_run(torch, cls.__name__, dict(kw, **{torch_path: True}), 10, params0)
     for p, w in zip(ours, want):
         np.testing.assert_allclose(p.data, w, rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- flat parameters
+def mlp(seed=0):
+    from minidist import nn
+
+    nn.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 8), nn.ReLU(),
+                         nn.Linear(8, 3))
+
+
+def train_steps(model, opt, steps=4, seed=0):
+    from minidist import nn
+    from minidist.tensor import Tensor
+
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        x = Tensor(rng.standard_normal((5, 6)).astype(np.float32))
+        y = Tensor(rng.integers(0, 3, 5))
+        opt.zero_grad()
+        nn.CrossEntropyLoss()(model(x), y).backward()
+        opt.step()
+
+
+@needs_numba
+def test_flatten_parameters_one_call_per_step_same_bits(monkeypatch):
+    plain, flat = mlp(), mlp()
+    before = [p.data.copy() for p in flat.parameters()]
+    (buffer,) = optim.flatten_parameters(flat.parameters())
+    params = list(flat.parameters())
+    assert buffer.size == sum(p.data.size for p in params)
+    for p, b in zip(params, before):
+        assert np.array_equal(p.data, b) and np.shares_memory(p.data, buffer)
+    assert np.shares_memory(params[-1].data, buffer[:params[-1].data.size])  # reverse order
+    counter = CountingKernels(fused._CPU.get())
+    monkeypatch.setattr(fused._CPU, "module", counter)
+    train_steps(plain, optim.AdamW(plain.parameters(), lr=1e-2, fused=True))
+    calls_plain = len(counter.calls)
+    train_steps(flat, optim.AdamW(flat.parameters(), lr=1e-2, fused=True))
+    assert calls_plain == 4 * len(params)
+    assert counter.calls[calls_plain:] == [buffer.size] * 4  # one call per step
+    assert_same_bits(list(plain.parameters()), params)
+
+
+@needs_numba
+def test_flatten_parameters_under_ddp_one_call_per_bucket(monkeypatch):
+    from minidist import comm
+    from minidist.comm.transports.threads import run_threads
+    from minidist.ddp import DistributedDataParallel
+
+    counter = CountingKernels(fused._CPU.get())
+    monkeypatch.setattr(fused._CPU, "module", counter)
+    build = threading.Lock()
+
+    def body(t, flatten):
+        group = comm.new_group_from_transport(t)
+        with build:
+            model = mlp()
+            if flatten:
+                optim.flatten_parameters(model.parameters())
+        ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.0005,
+                                      first_bucket_cap_mb=0.0002, overlap=False)
+        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+        train_steps(ddp, opt, steps=3, seed=t.rank)
+        ddp.close()
+        return [p.data.copy() for p in model.parameters()], len(ddp.reducer.buckets)
+
+    plain = run_threads(2, lambda t: body(t, False), timeout_s=60)
+    counter.calls.clear()
+    flat = run_threads(2, lambda t: body(t, True), timeout_s=60)
+    buckets = flat[0][1]
+    assert 1 < buckets < 6 and len(counter.calls) == 2 * 3 * buckets  # ranks x steps x buckets
+    for (a, _), (b, _) in zip(plain, flat):
+        for x, y in zip(a, b):
+            assert np.array_equal(x, y)
