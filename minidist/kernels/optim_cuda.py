@@ -29,7 +29,7 @@ from numba import cuda
 from minidist.kernels import optim_math
 
 __all__ = ["sgd_step", "adam_step", "SIMULATOR", "COMPILE_ERRORS", "check_usable",
-           "launch_config", "device_view", "current_stream"]
+           "launch_config", "device_view", "current_stream", "configured"]
 
 SIMULATOR = bool(getattr(_numba_config, "ENABLE_CUDASIM", 0))
 THREADS_PER_BLOCK = 256
@@ -107,18 +107,41 @@ def device_view(a: Any) -> Any:
     return a
 
 
+# Host cost per launch: Numba's launch path builds a stream object and a launch configuration
+# per call unless given the same ones again (its configure cache is keyed on the Stream
+# object); both are kept here, per CuPy stream handle and per (kernel, grid, stream).
+_STREAMS: dict[int, Any] = {}
+_CONFIGURED: dict[tuple, Any] = {}
+
+
 def current_stream() -> Any:
     """CuPy's current stream as a Numba stream (0 under the simulator or without CuPy)."""
     if _cupy is None or SIMULATOR:
         return 0
     ptr = _cupy.cuda.get_current_stream().ptr
-    return cuda.external_stream(ptr) if ptr else cuda.default_stream()
+    stream = _STREAMS.get(ptr)
+    if stream is None:
+        if len(_STREAMS) > 64:
+            _STREAMS.clear()
+            _CONFIGURED.clear()
+        stream = _STREAMS[ptr] = cuda.external_stream(ptr) if ptr else cuda.default_stream()
+    return stream
+
+
+def configured(kernel: Any, blocks: int, threads: int) -> Any:
+    """``kernel[blocks, threads, current_stream()]``, built once per grid and stream."""
+    stream = current_stream()
+    key = (kernel, blocks, threads, id(stream))
+    launcher = _CONFIGURED.get(key)
+    if launcher is None:
+        launcher = _CONFIGURED[key] = kernel[blocks, threads, stream]
+    return launcher
 
 
 def _launch(kernel: Any, n: int, launch: tuple[int, int] | None, *args: Any) -> None:
     blocks, threads = launch_config(n, launch)
     if blocks > 0:
-        kernel[blocks, threads, current_stream()](*args)
+        configured(kernel, blocks, threads)(*args)
 
 
 def check_usable() -> None:

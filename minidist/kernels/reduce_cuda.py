@@ -80,5 +80,5 @@ def reduce_slices(out: Any, sources: list[Any], op: str, *,
     views = [optim_cuda.device_view(s) for s in sources]
     views += [views[0]] * (MAX_SOURCES - n)
     blocks, threads = optim_cuda.launch_config(int(out.size), launch)
-    _reduce_kernel[blocks, threads, optim_cuda.current_stream()](
-        optim_cuda.device_view(out), n, OP_CODES[op], *views)
+    optim_cuda.configured(_reduce_kernel, blocks, threads)(optim_cuda.device_view(out), n,
+                                                          OP_CODES[op], *views)
