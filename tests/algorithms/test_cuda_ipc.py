@@ -131,3 +131,27 @@ def test_refuses_host_buffers_and_one_process_worlds():
         group.all_reduce(x)  # auto never picks cuda_ipc for a host array
         return x.tolist()
     assert run_threads(2, body, timeout_s=60) == [[2.0] * 10] * 2
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_host_twin_all_gather_of_regions(n):
+    """hier's node phase (3): every rank's region lands in every rank's buffer."""
+    from minidist.comm.algorithms.cuda_ipc import run_ipc_all_gather
+    from minidist.comm.algorithms.ring import chunk_bounds
+
+    numel = 1003
+    bounds = chunk_bounds(numel, n)
+
+    def body(t):
+        windows = HostWindows(t, 1 << 14)
+        outs = []
+        for call in range(3):
+            x = np.full(numel, -1.0, np.float32)
+            lo, hi = bounds[t.rank], bounds[t.rank + 1]
+            x[lo:hi] = np.arange(lo, hi) + 1000 * call
+            run_ipc_all_gather(windows, t, x, bounds, 0)
+            outs.append(x)
+        return outs
+    for outs in run_threads(n, body, timeout_s=60):
+        for call, x in enumerate(outs):
+            assert np.array_equal(x, np.arange(numel, dtype=np.float32) + 1000 * call)

@@ -16,3 +16,12 @@ def test_cuda_ipc_two_ranks():
     res = run_mpi(2, [REPO / "tests" / "cuda" / "cuda_ipc_rank_script.py"], timeout_s=300)
     assert res.returncode == 0, res.report()
     assert res.stdout.count("cuda_ipc ok") == 2, res.report()
+
+
+def test_hier_node_phases_over_cuda_ipc_four_ranks():
+    if not backend.gpu_available():
+        pytest.skip("no CuPy or no CUDA GPU")
+    res = run_mpi(4, [REPO / "tests" / "cuda" / "cuda_ipc_rank_script.py", "hier"],
+                  timeout_s=300, env={"MINIDIST_RANKS_PER_NODE": "2"})
+    assert res.returncode == 0, res.report()
+    assert res.stdout.count("hier ok") == 4, res.report()

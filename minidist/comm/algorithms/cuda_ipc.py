@@ -217,6 +217,18 @@ def check_cuda_ipc(transport: Transport, buf: Any, tag: int = 0) -> None:
 _WINDOWS: "weakref.WeakKeyDictionary[Transport, Windows]" = weakref.WeakKeyDictionary()
 
 
+def _windows_for(transport: Transport, flat: Any, op_index: int, tag: int) -> Windows:
+    """The transport's windows, grown (collectively, after the ranks agreed on the header)
+    when ``flat`` does not fit."""
+    windows = _WINDOWS.get(transport)
+    if windows is None or windows.half_bytes < flat.nbytes:  # agree first, then grow together
+        header = [flat.size, flat.dtype.num, op_index, tag, 0]
+        _check_headers(transport, _barrier(transport, header, tag))
+        windows = _WINDOWS[transport] = _grow(windows, flat.nbytes,
+                                              lambda half: CudaIpcWindows(transport, half, tag))
+    return windows
+
+
 def cuda_ipc_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -> None:
     """All-reduce the device array ``buf`` (1-D contiguous CuPy) in place over CUDA IPC.
 
@@ -231,13 +243,39 @@ def cuda_ipc_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int =
         return
     check_cuda_ipc(transport, buf, tag)
     flat = buf.reshape(-1)
-    windows = _WINDOWS.get(transport)
-    if windows is None or windows.half_bytes < flat.nbytes:  # agree first, then grow together
-        _check_headers(transport, _barrier(transport, _header(flat, op, tag, False), tag))
-        windows = _WINDOWS[transport] = _grow(windows, flat.nbytes,
-                                              lambda half: CudaIpcWindows(transport, half, tag))
+    windows = _windows_for(transport, flat, _OPS.index(op), tag)
     if flat.size:
         run_cuda_ipc(windows, transport, flat, op, tag)
+
+
+def run_ipc_all_gather(windows: Windows, transport: Transport, flat: Any, bounds: list[int],
+                       tag: int = 0) -> None:
+    """Rank r's ``flat[bounds[r]:bounds[r + 1]]`` into every rank's ``flat``, through the
+    windows: copy my part in, sync, barrier (headers compared), copy the others' parts out."""
+    me = transport.rank
+    slots = windows.slots(windows.half, flat.dtype, flat.size)
+    lo, hi = bounds[me], bounds[me + 1]
+    if hi > lo:
+        windows.copy(slots[me][lo:hi], flat[lo:hi])
+    windows.sync()
+    header = [flat.size, flat.dtype.num, -1, tag, 1]
+    _check_headers(transport, _barrier(transport, header, tag))
+    for j in range(transport.size):
+        if j != me and bounds[j + 1] > bounds[j]:
+            windows.copy(flat[bounds[j]:bounds[j + 1]], slots[j][bounds[j]:bounds[j + 1]])
+    windows.half ^= 1
+
+
+def cuda_ipc_all_gather(transport: Transport, buf: Any, bounds: list[int], tag: int = 0) -> None:
+    """All-gather over CUDA IPC: rank r contributes ``buf[bounds[r]:bounds[r + 1]]`` of the
+    device array ``buf``; afterwards every rank holds every part (hier's node phase (3))."""
+    if transport.size == 1:
+        return
+    check_cuda_ipc(transport, buf, tag)
+    flat = buf.reshape(-1)
+    windows = _windows_for(transport, flat, -1, tag)
+    if flat.size:
+        run_ipc_all_gather(windows, transport, flat, bounds, tag)
 
 
 def cuda_ipc_available(transport: Transport, buf: Any, tag: int = 0) -> bool:
@@ -255,5 +293,6 @@ def cuda_ipc_available(transport: Transport, buf: Any, tag: int = 0) -> bool:
 # The staging pipeline (minidist.comm.staging) must hand this algorithm the device buffer.
 cuda_ipc_all_reduce.takes_device_buffers = True  # type: ignore[attr-defined]
 
-__all__ = ["cuda_ipc_all_reduce", "cuda_ipc_available", "check_cuda_ipc", "run_cuda_ipc",
-           "CudaIpcWindows", "Windows", "MAX_RANKS"]
+__all__ = ["cuda_ipc_all_reduce", "cuda_ipc_all_gather", "cuda_ipc_available",
+           "check_cuda_ipc", "run_cuda_ipc", "run_ipc_all_gather", "CudaIpcWindows", "Windows",
+           "MAX_RANKS"]
