@@ -261,13 +261,19 @@ def flatten_parameters(params: Iterable[Any]) -> list[Any]:
 Update = Callable[[int, Any, dict[str, Any]], None]
 
 
+# Options the kernels do not implement: a group that sets one takes the default path.
+UNFUSED_OPTIONS = ("amsgrad", "maximize", "capturable", "differentiable")
+
+
 def _fused_params(opt: Any, fallback: Update) -> Iterable[tuple[int, Any, dict[str, Any], Any]]:
     """Yield ``(index, param, group, kernels)`` for the parameters the kernels take this step;
-    the others (no fused, float16 on the CPU, ...) go through ``fallback`` right away."""
+    the others (no fused, float16 on the CPU, an option in ``UNFUSED_OPTIONS``, ...) go
+    through ``fallback`` right away."""
     for i, p, group in opt.indexed_params():
         if p.grad is None:
             continue
-        kernels = _kernels_for(p.data).get() if group.get("fused") else None
+        fusable = group.get("fused") and not any(group.get(k) for k in UNFUSED_OPTIONS)
+        kernels = _kernels_for(p.data).get() if fusable else None
         if kernels is None or not _kernel_ready((p.data, p.grad)):
             fallback(i, p, group)
             continue

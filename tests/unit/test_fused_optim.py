@@ -304,3 +304,20 @@ def test_flatten_parameters_under_ddp_one_call_per_bucket(monkeypatch):
     for (a, _), (b, _) in zip(plain, flat):
         for x, y in zip(a, b):
             assert np.array_equal(x, y)
+
+
+@needs_numba
+def test_options_the_kernels_lack_take_the_default_path(monkeypatch):
+    """A group with an option the kernels do not implement (e.g. a future amsgrad) is updated
+    by the optimizer's own rule, never by a kernel that would ignore the option."""
+    counter = CountingKernels(fused._CPU.get())
+    monkeypatch.setattr(fused._CPU, "module", counter)
+    ps = make_params(np.float32)
+    opt = optim.AdamW(ps, fused=True)
+    opt.param_groups[0]["amsgrad"] = True
+    calls = []
+    monkeypatch.setattr(opt, "_update", lambda i, p, g: calls.append(i))
+    for p, g in zip(ps, grads_for(ps, 0)):
+        p.grad = g
+    opt.step()
+    assert counter.calls == [] and calls == list(range(len(ps)))
