@@ -38,6 +38,7 @@ and run them only when an event is waited for: a missing wait gives a wrong resu
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Protocol
@@ -55,6 +56,7 @@ __all__ = ["Copies", "CupyCopies", "Stager", "stager_for", "chunk_bounds", "need
 MIN_CHUNK_BYTES = 256 << 10
 MAX_CHUNK_BYTES = 4 << 20
 MAX_HOST_BUFFERS = 64  # pinned buffers kept (one per bucket); least recently used go first
+MAX_HOST_BYTES = 2 << 30  # and at most this much pinned memory in all
 
 
 class Copies(Protocol):
@@ -142,19 +144,25 @@ class Stager:
         self.copies = copies
         self.chunk_bytes = chunk_bytes
         self._host: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()  # DDP's comm thread and the main thread may both stage
 
     def host_buffer(self, device_buf: Any) -> np.ndarray:
-        """The pinned host twin of ``device_buf`` (allocated on first use, then reused)."""
+        """The pinned host twin of ``device_buf`` (allocated on first use, then reused; the
+        least recently used go when more than ``MAX_HOST_BUFFERS`` or ``MAX_HOST_BYTES``)."""
         key = (_address(device_buf), device_buf.size, np.dtype(device_buf.dtype).str)
-        host = self._host.get(key)
-        if host is None:
-            host = self._host[key] = self.copies.host_buffer(device_buf.size, device_buf.dtype)
-            if len(self._host) > MAX_HOST_BUFFERS:
-                self._host.popitem(last=False)
+        with self._lock:
+            host = self._host.get(key)
+            if host is not None:
+                self._host.move_to_end(key)
+                return host
+            host = self.copies.host_buffer(device_buf.size, device_buf.dtype)
+            self._host[key] = host
+            total = sum(h.nbytes for h in self._host.values())
+            while len(self._host) > 1 and (len(self._host) > MAX_HOST_BUFFERS
+                                           or total > MAX_HOST_BYTES):
+                total -= self._host.popitem(last=False)[1].nbytes
             log.debug("staging: pinned host buffer of %d bytes", host.nbytes)
-        else:
-            self._host.move_to_end(key)
-        return host
+            return host
 
     def all_reduce(self, device_buf: Any, reduce_chunk: Callable[[np.ndarray], None]) -> None:
         """All-reduce ``device_buf`` (1-D, contiguous) in place: ``reduce_chunk(host_chunk)``

@@ -166,3 +166,16 @@ def test_who_is_staged():
     assert needs_staging(NotAware()) and needs_staging(LocalTransport())  # TCP, threads: stage
     assert not needs_staging(Aware())  # a CUDA-aware MPI gets device pointers
     assert stager_for(NotAware(), np.zeros(3)) is None  # host buffers are never staged
+
+
+def test_host_buffers_are_bounded(monkeypatch):
+    import minidist.comm.staging as staging
+
+    monkeypatch.setattr(staging, "MAX_HOST_BYTES", 100)
+    stager = Stager(LazyCopies())
+    arrays = [np.zeros(10, np.float32) for _ in range(4)]  # 40 bytes each
+    for a in arrays:
+        stager.host_buffer(a)
+    assert len(stager._host) == 2  # 80 bytes kept: the two most recent
+    assert stager.host_buffer(arrays[3]) is stager.host_buffer(arrays[3])
+    assert stager.copies.allocations == 4
