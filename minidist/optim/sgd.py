@@ -24,6 +24,7 @@ from minidist import xp as backend
 from minidist.log import rank_prefix
 from minidist.optim import fused as fused_step
 from minidist.optim.optimizer import Optimizer, _required
+from minidist.optim.options import run_closure
 
 
 class SGD(Optimizer):
@@ -61,12 +62,14 @@ class SGD(Optimizer):
                                       weight_decay=weight_decay, nesterov=nesterov,
                                       foreach=foreach, fused=fused))
 
-    def step(self) -> None:
-        """One update of every parameter with a gradient (fused groups: compiled kernels)."""
-        if any(g["fused"] for g in self.param_groups):
-            fused_step.sgd_step(self, self._update)
-        else:
-            super().step()
+    def step(self, closure: Any = None) -> Any:
+        """One update of every parameter with a gradient (fused groups: compiled kernels);
+        ``closure`` as in torch (re-evaluates the model, its loss is returned)."""
+        if not any(g.get("fused") for g in self.param_groups):
+            return super().step(closure)
+        loss = run_closure(closure)
+        fused_step.sgd_step(self, self._update)
+        return loss
 
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
         xp = backend.get_array_module(p.data)
