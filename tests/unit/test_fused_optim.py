@@ -321,3 +321,12 @@ def test_options_the_kernels_lack_take_the_default_path(monkeypatch):
         p.grad = g
     opt.step()
     assert counter.calls == [] and calls == list(range(len(ps)))
+
+
+def test_amsgrad_with_fused_equals_default_and_closure_returns_the_loss():
+    a, b, opt_a, opt_b = run_pair(lambda ps, f: optim.AdamW(ps, amsgrad=True, fused=f),
+                                  np.float32, steps=4)
+    assert_same_bits(a, b)
+    assert "max_exp_avg_sq" in opt_b.state[0]
+    for opt in (optim.SGD(b, lr=0.1, fused=True), opt_b):
+        assert opt.step(lambda: 3.5) == 3.5
