@@ -274,7 +274,7 @@ def test_flatten_parameters_one_call_per_step_same_bits(monkeypatch):
 
 
 @needs_numba
-def test_flatten_parameters_under_ddp_one_call_per_bucket(monkeypatch):
+def test_flatten_parameters_under_ddp_one_call_per_bucket(group, monkeypatch):
     from minidist import comm
     from minidist.comm.transports.threads import run_threads
     from minidist.ddp import DistributedDataParallel
@@ -284,12 +284,12 @@ def test_flatten_parameters_under_ddp_one_call_per_bucket(monkeypatch):
     build = threading.Lock()
 
     def body(t, flatten):
-        group = comm.new_group_from_transport(t)
+        pg = comm.new_group_from_transport(t)
         with build:
             model = mlp()
             if flatten:
                 optim.flatten_parameters(model.parameters())
-        ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.0005,
+        ddp = DistributedDataParallel(model, process_group=pg, bucket_cap_mb=0.0005,
                                       first_bucket_cap_mb=0.0002, overlap=False)
         opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
         train_steps(ddp, opt, steps=3, seed=t.rank)
