@@ -15,9 +15,14 @@ Sections (``--sections``, comma-separated; default all that the launch allows):
              the bytes; pinned device->host and host->device copies; and the staging target
              ``1.3 x host + d2h + h2d`` with the staged time's ratio to it. Medians on rank 0,
              each repeat started after a barrier.
-  step       (rank 0) one training step of three MLPs (fp32, SGD momentum 0.9) on the GPU,
-             phase by phase, minidist beside torch (when torch sees the GPU): forward,
-             forward + backward, optimizer step (default and ``fused=True``); medians, ms.
+  step       (rank 0) one training step of three MLPs (SGD momentum 0.9) on the GPU, phase
+             by phase, minidist beside torch (when torch sees the GPU): forward, forward +
+             backward, optimizer step (default and ``fused=True``) in fp32, and a whole AMP
+             step (autocast float16 forward + loss, GradScaler); medians, ms. Models:
+             small 64-128-10 (batch 64), wide 1024-4096-4096-1000 (512), deep 8 x 512 (256).
+
+``--cpu-dry-run`` runs the step section on the CPU (NumPy, torch CPU): it checks this script
+where there is no GPU (the tests do); its numbers are not the GPU rows.
 
 Output: a table per section on stdout, and ``gpu_training.json`` in ``--out`` (default
 runs/bench/) with the machine, the arguments and every row (a section that fails records its
@@ -44,9 +49,9 @@ from _common import LOCAL_RESULTS, Table, machine_info, parse_bytes, shown, writ
 from minidist import xp as backend  # noqa: E402
 
 MLPS = {  # name: (layer widths, batch)
-    "small 64-128-10": ([64, 128, 10], 64),
-    "wide 1024-4096-4096-1000": ([1024, 4096, 4096, 1000], 512),
-    "deep 8 x 512": ([512] * 9, 256),
+    "small": ([64, 128, 10], 64),
+    "wide": ([1024, 4096, 4096, 1000], 512),
+    "deep": ([512] * 9, 256),  # eight 512-wide layers
 }
 
 
@@ -133,20 +138,26 @@ def print_allreduce(rows: list[dict]) -> None:
 
 # ----------------------------------------------------------------------------- step phases
 
-def minidist_phases(cp: Any, widths: list[int], batch: int, repeats: int) -> dict:
-    from minidist import nn, optim
-    from minidist.tensor import Tensor
-
-    sync = cp.cuda.Device().synchronize
+def _mlp_layers(nn: Any, widths: list[int]) -> list[Any]:
     layers: list[Any] = []
     for k, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
         layers.append(nn.Linear(a, b))
         if k < len(widths) - 2:
             layers.append(nn.ReLU())
-    model = nn.Sequential(*layers).to("cuda")
+    return layers
+
+
+def minidist_phases(device: str, sync: Callable[[], None], widths: list[int], batch: int,
+                    repeats: int) -> dict:
+    import minidist
+    from minidist import amp, nn, optim
+    from minidist.tensor import Tensor
+
+    model = nn.Sequential(*_mlp_layers(nn, widths)).to(device)
     rng = np.random.default_rng(0)
-    x = Tensor(cp.asarray(rng.standard_normal((batch, widths[0])).astype(np.float32)))
-    y = Tensor(cp.asarray(rng.integers(0, widths[-1], batch)))
+    x = Tensor(minidist.xp.move(rng.standard_normal((batch, widths[0])).astype(np.float32),
+                                device))
+    y = Tensor(minidist.xp.move(rng.integers(0, widths[-1], batch), device))
     loss_fn = nn.CrossEntropyLoss()
     out: dict[str, float] = {}
     out["forward_ms"] = median_ms(lambda: model(x), sync, repeats)
@@ -160,21 +171,27 @@ def minidist_phases(cp: Any, widths: list[int], batch: int, repeats: int) -> dic
     for fused in (False, True):
         opt = optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, fused=fused)
         out["opt_fused_ms" if fused else "opt_ms"] = median_ms(opt.step, sync, repeats)
+    opt = optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, fused=True)
+    scaler = amp.GradScaler(device)
+
+    def amp_step() -> None:  # autocast forward + loss, scaled backward, unscale + step, update
+        opt.zero_grad()
+        with amp.autocast(device):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    out["amp_step_ms"] = median_ms(amp_step, sync, repeats)
     return out
 
 
-def torch_phases(torch: Any, widths: list[int], batch: int, repeats: int) -> dict:
-    dev = torch.device("cuda")
-    layers: list[Any] = []
-    for k, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-        layers.append(torch.nn.Linear(a, b))
-        if k < len(widths) - 2:
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers).to(dev)
+def torch_phases(torch: Any, device: str, widths: list[int], batch: int, repeats: int) -> dict:
+    dev = torch.device(device)
+    model = torch.nn.Sequential(*_mlp_layers(torch.nn, widths)).to(dev)
     x = torch.randn(batch, widths[0], device=dev)
     y = torch.randint(0, widths[-1], (batch,), device=dev)
     loss_fn = torch.nn.CrossEntropyLoss()
-    sync = torch.cuda.synchronize
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     out: dict[str, float] = {}
     out["forward_ms"] = median_ms(lambda: model(x), sync, repeats)  # grad mode, as minidist
 
@@ -186,34 +203,46 @@ def torch_phases(torch: Any, widths: list[int], batch: int, repeats: int) -> dic
     for kind in ("foreach", "fused"):
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, **{kind: True})
         out[f"opt_{kind}_ms"] = median_ms(opt.step, sync, repeats)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, fused=True)
+    scaler = torch.amp.GradScaler(device)
+
+    def amp_step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    out["amp_step_ms"] = median_ms(amp_step, sync, repeats)
     return out
 
 
-def step_rows(cp: Any, repeats: int, use_torch: bool) -> list[dict]:
+def step_rows(device: str, sync: Callable[[], None], models: list[str], repeats: int,
+              use_torch: bool) -> list[dict]:
     torch = None
     if use_torch:
         try:
             import torch  # type: ignore[no-redef]
-            if not torch.cuda.is_available():
+            if device == "cuda" and not torch.cuda.is_available():
                 print("# torch does not see the GPU: its columns are left out")
                 torch = None
         except ImportError:
             print("# torch is not importable here: its columns are left out")
     rows = []
-    for name, (widths, batch) in MLPS.items():
-        row: dict[str, Any] = {"model": name, "batch": batch}
+    for name in models:
+        widths, batch = MLPS[name]
+        row: dict[str, Any] = {"model": name, "widths": widths, "batch": batch}
         row.update({f"minidist_{k}": v for k, v in
-                    minidist_phases(cp, widths, batch, repeats).items()})
+                    minidist_phases(device, sync, widths, batch, repeats).items()})
         if torch is not None:
             row.update({f"torch_{k}": v for k, v in
-                        torch_phases(torch, widths, batch, repeats).items()})
-            t_step = row["torch_fwd_bwd_ms"] + min(row["torch_opt_foreach_ms"],
-                                                   row["torch_opt_fused_ms"])
-            m_step = row["minidist_fwd_bwd_ms"] + min(row["minidist_opt_ms"],
-                                                      row["minidist_opt_fused_ms"])
-            row["step_vs_torch"] = m_step / t_step
-            row["opt_vs_torch"] = (min(row["minidist_opt_ms"], row["minidist_opt_fused_ms"])
-                                   / min(row["torch_opt_foreach_ms"], row["torch_opt_fused_ms"]))
+                        torch_phases(torch, device, widths, batch, repeats).items()})
+            t_opt = min(row["torch_opt_foreach_ms"], row["torch_opt_fused_ms"])
+            m_opt = min(row["minidist_opt_ms"], row["minidist_opt_fused_ms"])
+            row["step_vs_torch"] = (row["minidist_fwd_bwd_ms"] + m_opt) / (
+                row["torch_fwd_bwd_ms"] + t_opt)
+            row["opt_vs_torch"] = m_opt / t_opt
+            row["amp_step_vs_torch"] = row["minidist_amp_step_ms"] / row["torch_amp_step_ms"]
         rows.append(row)
     return rows
 
@@ -221,17 +250,20 @@ def step_rows(cp: Any, repeats: int, use_torch: bool) -> list[dict]:
 def print_steps(rows: list[dict]) -> None:
     t = Table([("model", 25, "s"), ("fwd", 6, ".2f"), ("torch", 6, ".2f"), ("fwd+bwd", 7, ".2f"),
                ("torch", 6, ".2f"), ("opt", 6, ".2f"), ("fused", 6, ".2f"), ("torch", 6, ".2f"),
-               ("step/torch", 10, ".2f"), ("opt/torch", 9, ".2f")])
-    print("# one fp32 training step by phase, ms (SGD momentum; torch: its faster of foreach "
-          "and fused); targets: wide <= 1.15x, deep <= 1.5x, optimizer <= 1.2x")
+               ("amp step", 8, ".2f"), ("torch", 6, ".2f"), ("step/torch", 10, ".2f"),
+               ("opt/torch", 9, ".2f"), ("amp/torch", 9, ".2f")])
+    print("# one training step by phase, ms (SGD momentum; torch: its faster of foreach and "
+          "fused); targets fp32: wide <= 1.15x, deep <= 1.5x; AMP <= 1.3x, <= 1.8x; "
+          "optimizer <= 1.2x")
     print(t.header())
     for r in rows:
-        tt = [r.get(k) for k in ("torch_forward_ms", "torch_fwd_bwd_ms")]
         topt = (None if "torch_opt_fused_ms" not in r
                 else min(r["torch_opt_foreach_ms"], r["torch_opt_fused_ms"]))
-        print(t.row(r["model"], r["minidist_forward_ms"], tt[0], r["minidist_fwd_bwd_ms"], tt[1],
-                    r["minidist_opt_ms"], r["minidist_opt_fused_ms"], topt,
-                    r.get("step_vs_torch"), r.get("opt_vs_torch")))
+        print(t.row(r["model"], r["minidist_forward_ms"], r.get("torch_forward_ms"),
+                    r["minidist_fwd_bwd_ms"], r.get("torch_fwd_bwd_ms"), r["minidist_opt_ms"],
+                    r["minidist_opt_fused_ms"], topt, r["minidist_amp_step_ms"],
+                    r.get("torch_amp_step_ms"), r.get("step_vs_torch"), r.get("opt_vs_torch"),
+                    r.get("amp_step_vs_torch")))
 
 
 # ----------------------------------------------------------------------------- main
@@ -241,9 +273,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default="allreduce,step", help="allreduce, step")
     ap.add_argument("--sizes", default="1M,16M,64M", help="all-reduce sizes (bytes)")
     ap.add_argument("--repeats", type=int, default=20, help="timed repeats (median)")
+    ap.add_argument("--models", default="small,wide,deep", help="step rows: small, wide, deep")
     ap.add_argument("--no-torch", action="store_true", help="leave torch's columns out")
     ap.add_argument("--out", default=str(LOCAL_RESULTS), help="folder for gpu_training.json")
+    ap.add_argument("--cpu-dry-run", action="store_true",
+                    help="run the step section on the CPU (checks this script; not a result)")
     a = ap.parse_args(argv)
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    if a.cpu_dry_run:
+        rows = step_rows("cpu", lambda: None, models, a.repeats, not a.no_torch)
+        print_steps(rows)
+        path = write_json(Path(a.out) / "gpu_training.json",
+                          {"benchmark": "gpu_training", "dry_run_cpu": True, "args": vars(a),
+                           "sections": {"step": {"rows": rows}}, "machine": machine_info()})
+        print(f"# wrote {shown(path)} (CPU dry run: not a GPU result)")
+        return 0
     if not backend.gpu_available():
         print("# gpu_training: no CUDA GPU here (CuPy missing, or cupy.cuda.is_available() is "
               "False): nothing measured")
@@ -276,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"# allreduce failed on rank {rank}: {type(exc).__name__}: {exc}")
     if "step" in sections and rank == 0:
         try:
-            rows = step_rows(cp, a.repeats, not a.no_torch)
+            rows = step_rows("cuda", cp.cuda.Device().synchronize, models, a.repeats,
+                             not a.no_torch)
             data["sections"]["step"] = {"rows": rows}
             print_steps(rows)
         except Exception as exc:

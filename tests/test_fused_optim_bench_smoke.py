@@ -47,3 +47,18 @@ def test_train_step_phases_tiny(tmp_path):
     assert [r["phase"] for r in data["rows"]] == ["forward", "forward+backward", "AdamW",
                                                   "AdamW fused"]
     assert all(r["median_us"] > 0 and r["samples"] == 60 for r in data["rows"])
+
+
+def test_gpu_training_step_section_runs_on_the_cpu(tmp_path):
+    """The step section's code, run on the CPU (--cpu-dry-run), so the GPU run does not meet
+    it for the first time."""
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_training.py"),
+                          "--cpu-dry-run", "--models", "small", "--repeats", "1", "--no-torch",
+                          "--out", str(tmp_path)], env=job_env(), cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "gpu_training.json").read_text())
+    (row,) = data["sections"]["step"]["rows"]
+    assert data["dry_run_cpu"] is True and row["model"] == "small"
+    for key in ("forward_ms", "fwd_bwd_ms", "opt_ms", "opt_fused_ms", "amp_step_ms"):
+        assert row[f"minidist_{key}"] > 0
