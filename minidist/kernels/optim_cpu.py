@@ -39,7 +39,7 @@ from numba.core.errors import NumbaError
 
 from minidist.kernels import optim_math
 
-__all__ = ["sgd_step", "adam_step", "COMPILE_ERRORS", "check_usable"]
+__all__ = ["sgd_step", "adam_step", "COMPILE_ERRORS", "check_usable", "signature"]
 
 COMPILE_ERRORS: tuple[type[BaseException], ...] = (NumbaError,)
 """Errors that mean "Numba cannot compile this here" (the caller falls back to NumPy)."""
@@ -105,6 +105,15 @@ def _loops(numel: int) -> _Loops:
     if THREADS_REQUESTED and numel >= PARALLEL_MIN_NUMEL and numba.get_num_threads() > 1:
         return PARALLEL_LOOPS
     return SERIAL_LOOPS
+
+
+def signature(op: str, *args: Any) -> tuple:
+    """What selects a compiled specialization (``minidist.kernels.fallback`` rehearses each
+    once): the op and the parameter array's type and dtype; every other array and scalar of a
+    call has that dtype (``minidist.optim.fused`` makes sure), the flags are bools. Cheaper
+    than the default signature, which looks at every argument (~6 us a call)."""
+    first = args[0]
+    return op, type(first), first.dtype.char
 
 
 def check_usable() -> None:

@@ -76,3 +76,23 @@ def make_adam_element(sqrt: Any) -> Any:
 
 
 adam_element = make_adam_element(np.sqrt)
+
+
+# ----------------------------------------------------------------- whole-array references
+
+def sgd_step_reference(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep: Any,
+                       weight_decay: Any, nesterov: bool, first: bool) -> None:
+    """``sgd_element`` on whole NumPy/CuPy arrays, in place: what the kernels compute, used
+    when they cannot run (the same operations in the same order: the same bits)."""
+    new_p, new_buf = sgd_element(p, g, buf, lr, momentum, keep, weight_decay, nesterov, first)
+    if momentum != 0:
+        buf[...] = new_buf
+    p[...] = new_p
+
+
+def adam_step_reference(p: Any, g: Any, m: Any, v: Any, *scalars: Any) -> None:
+    """``adam_element`` on whole NumPy/CuPy arrays, in place (see ``sgd_step_reference``)."""
+    new_p, new_m, new_v = adam_element(p, g, m, v, *scalars)
+    m[...] = new_m
+    v[...] = new_v
+    p[...] = new_p

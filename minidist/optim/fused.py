@@ -23,7 +23,9 @@ one's ended, and each run is ONE call over flat views::
 The optimizer state is allocated that way (one flat buffer per group, per-parameter views in
 ``state``, so ``state_dict()`` is unchanged); parameters and gradients are the model's. Tensors
 the kernels cannot take (float16 on the CPU, non-contiguous views, mixed dtypes) and every
-parameter of a machine without Numba take the default path, with the same results.
+parameter of a machine without Numba take the default path, with the same results; kernels
+that fail to compile or first launch fall back as ``minidist.kernels.fallback`` decides (one
+warning, then the same element functions on whole arrays, ``optim_math.*_reference``).
 
 ``flatten_parameters(model.parameters())`` puts a model's parameters into one flat buffer (per
 device and dtype) and reserves their gradients in a second one with the same layout, in
@@ -34,16 +36,15 @@ gradients) one call per bucket. Call it before building DDP and the optimizer.
 
 from __future__ import annotations
 
-import importlib
 import math
-import warnings
 from collections.abc import Callable, Iterable
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from minidist import xp as backend
+from minidist.kernels import optim_math
+from minidist.kernels.fallback import CompiledBackend
 from minidist.log import get_logger, rank_prefix
 
 log = get_logger(__name__)
@@ -62,38 +63,18 @@ def check_flags(name: str, foreach: bool | None, fused: bool | None) -> None:
 
 
 # ----------------------------------------------------------------- backends (lazy)
+# The kernels module is imported on first use; a failure to load, compile or first launch
+# (rehearsed on private copies, before any parameter is touched) gives one RuntimeWarning and
+# the whole-array reference from then on: minidist.kernels.fallback's policy.
 
-class _Kernels:
-    """A kernel module imported on first use; if that fails: one warning, then None."""
-
-    def __init__(self, module: str, fix: str) -> None:
-        self.module_name, self.fix = module, fix
-        self.module: ModuleType | None = None
-        self.tried = False
-
-    def get(self) -> ModuleType | None:
-        if not self.tried:
-            self.tried = True
-            try:
-                module = importlib.import_module(self.module_name)
-                module.check_usable()
-                self.module = module
-            except Exception as exc:  # ImportError, no driver, simulator on
-                self.give_up(f"{type(exc).__name__}: {exc}")
-        return self.module
-
-    def give_up(self, reason: str) -> None:
-        self.module = None
-        warnings.warn(f"{rank_prefix()} minidist.optim: fused=True cannot use the compiled "
-                      f"kernels here ({reason}); the optimizer takes its default path (same "
-                      f"results, slower). {self.fix}", RuntimeWarning, stacklevel=5)
+_CPU = CompiledBackend("numba-cpu", "minidist.kernels.optim_cpu",
+                       "Install numba (`pip install numba`) for the fused CPU step.")
+_CUDA = CompiledBackend("numba-cuda", "minidist.kernels.optim_cuda",
+                        "Install numba-cuda for your CUDA version (`pip install "
+                        "'numba-cuda[cu12]'`) for the fused GPU step.")
 
 
-_CPU = _Kernels("minidist.kernels.optim_cpu", "Install numba for the fused CPU step.")
-_CUDA = _Kernels("minidist.kernels.optim_cuda", "Install numba-cuda for the fused GPU step.")
-
-
-def _kernels_for(array: Any) -> _Kernels:
+def _kernels_for(array: Any) -> CompiledBackend:
     return _CUDA if backend.is_device_array(array) else _CPU
 
 
@@ -273,8 +254,8 @@ def _fused_params(opt: Any, fallback: Update) -> Iterable[tuple[int, Any, dict[s
         if p.grad is None:
             continue
         fusable = group.get("fused") and not any(group.get(k) for k in UNFUSED_OPTIONS)
-        kernels = _kernels_for(p.data).get() if fusable else None
-        if kernels is None or not _kernel_ready((p.data, p.grad)):
+        kernels = _kernels_for(p.data) if fusable else None
+        if kernels is None or kernels.get() is None or not _kernel_ready((p.data, p.grad)):
             fallback(i, p, group)
             continue
         yield i, p, group, kernels
@@ -306,7 +287,8 @@ def sgd_step(opt: Any, fallback: Update) -> None:
         scalars = (dt(group["lr"]), dt(group["momentum"]), dt(1.0 - group["dampening"]),
                    dt(group["weight_decay"]), bool(group["nesterov"]), bool(first))
         for p_flat, g_flat, b_flat in flat_runs(ready):
-            kernels.sgd_step(p_flat, g_flat, b_flat, *scalars)
+            kernels.call("sgd_step", optim_math.sgd_step_reference, p_flat, g_flat, b_flat,
+                         *scalars)
 
 
 def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
@@ -340,4 +322,4 @@ def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
                    dt(beta1), dt(1.0 - beta1), dt(beta2), dt(1.0 - beta2),
                    dt(math.sqrt(1.0 - beta2 ** t)), dt(eps), dt(lr / (1.0 - beta1 ** t)))
         for run in flat_runs(ready):
-            kernels.adam_step(*run, *scalars)
+            kernels.call("adam_step", optim_math.adam_step_reference, *run, *scalars)
