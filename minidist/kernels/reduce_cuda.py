@@ -26,7 +26,7 @@ from numba import cuda
 
 from minidist.kernels import optim_cuda
 
-__all__ = ["reduce_slices", "MAX_SOURCES", "OP_CODES"]
+__all__ = ["reduce_slices", "MAX_SOURCES", "OP_CODES", "check_usable", "signature"]
 
 MAX_SOURCES = 8
 OP_CODES = {"sum": 0, "avg": 0, "prod": 1, "max": 2, "min": 3}
@@ -67,6 +67,16 @@ def _reduce_kernel(out, n, op, s0, s1, s2, s3, s4, s5, s6, s7):
         if n > 7:
             acc = _combine(acc, s7[i], op)
         out[i] = acc
+
+
+def check_usable() -> None:
+    """Raise unless kernels can run on CuPy arrays here (``optim_cuda.check_usable``)."""
+    optim_cuda.check_usable()
+
+
+def signature(op: str, out: Any, sources: list[Any], *rest: Any) -> tuple:
+    """What selects a compiled specialization (for ``minidist.kernels.fallback``)."""
+    return op, type(out), out.dtype.char
 
 
 def reduce_slices(out: Any, sources: list[Any], op: str, *,

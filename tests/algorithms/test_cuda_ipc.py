@@ -155,3 +155,17 @@ def test_host_twin_all_gather_of_regions(n):
     for outs in run_threads(n, body, timeout_s=60):
         for call, x in enumerate(outs):
             assert np.array_equal(x, np.arange(numel, dtype=np.float32) + 1000 * call)
+
+
+def test_reduce_fallback_reference_is_rank_order():
+    """What runs if the reduce kernel cannot compile here: the same rank-order reduction."""
+    from minidist.comm.algorithms.cuda_ipc import _reduce_reference
+
+    rng = np.random.default_rng(3)
+    for op in ("sum", "max", "min", "prod"):
+        srcs = [rng.standard_normal(50).astype(np.float32) for _ in range(3)]
+        srcs[1][4] = np.nan
+        out = srcs[0]  # the rank's own window is one of the sources
+        want = reference_reduce([s.copy() for s in srcs], op)
+        _reduce_reference(out, srcs, op)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), op

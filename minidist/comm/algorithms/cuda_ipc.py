@@ -40,9 +40,10 @@ from minidist import xp as backend
 from minidist.comm.algorithms.ring import ring_all_gather
 from minidist.comm.algorithms.shm import _bounds
 from minidist.comm.errors import CollectiveMismatch
-from minidist.comm.ops import ReduceOp, finalize
+from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.topology import detect_topology
 from minidist.comm.transports.base import Transport, stream_of
+from minidist.kernels.fallback import CompiledBackend
 
 MAX_RANKS = 8
 MIN_HALF_BYTES = 1 << 20
@@ -111,9 +112,7 @@ class CudaIpcWindows:
         dst[...] = src
 
     def reduce(self, out: Any, sources: list[Any], op: ReduceOp) -> None:
-        from minidist.kernels import reduce_cuda
-
-        reduce_cuda.reduce_slices(out, sources, op.value)
+        _REDUCE.call("reduce_slices", _reduce_reference, out, sources, op.value)
 
     def sync(self) -> None:
         self._cupy.cuda.get_current_stream().synchronize()
@@ -125,6 +124,20 @@ class CudaIpcWindows:
         if self._own:
             self._rt.free(self._own)
             self._own = 0
+
+
+# The reduce kernel, loaded and rehearsed by minidist.kernels.fallback: if it cannot compile
+# or launch here, one warning, then CuPy's ufuncs in the same rank order (the same bits).
+_REDUCE = CompiledBackend("numba-cuda", "minidist.kernels.reduce_cuda",
+                          "Install numba-cuda for your CUDA version (`pip install "
+                          "'numba-cuda[cu12]'`) for the one-launch slice reduction.")
+
+
+def _reduce_reference(out: Any, sources: list[Any], op: str) -> None:
+    acc = sources[0].copy()
+    for s in sources[1:]:
+        combine(acc, s, ReduceOp(op))
+    out[...] = acc
 
 
 def _barrier(transport: Transport, header: list[int], tag: int) -> list[list[int]]:
