@@ -67,9 +67,9 @@ def check_flags(name: str, foreach: bool | None, fused: bool | None) -> None:
 # (rehearsed on private copies, before any parameter is touched) gives one RuntimeWarning and
 # the whole-array reference from then on: minidist.kernels.fallback's policy.
 
-_CPU = CompiledBackend("numba-cpu", "minidist.kernels.optim_cpu",
+_CPU = CompiledBackend("numba-cpu optimizer", "minidist.kernels.optim_cpu",
                        "Install numba (`pip install numba`) for the fused CPU step.")
-_CUDA = CompiledBackend("numba-cuda", "minidist.kernels.optim_cuda",
+_CUDA = CompiledBackend("numba-cuda optimizer", "minidist.kernels.optim_cuda",
                         "Install numba-cuda for your CUDA version (`pip install "
                         "'numba-cuda[cu12]'`) for the fused GPU step.")
 
