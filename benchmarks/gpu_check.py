@@ -25,6 +25,9 @@ crash (a CUDA error, a segfault) is recorded and the next section still runs. To
                  fp32 and AMP (autocast + GradScaler)
     examples     examples/train.py --device cuda, and --amp
     mpi          mpiexec -n 2 examples/train.py --device cuda --amp
+    gpu_training benchmarks/gpu_training.py under mpiexec -n 2 (two ranks on the GPU): the
+                 device all-reduce staged / cuda_ipc / host with the staging bound, and the
+                 step phases (fp32, fused optimizer, AMP) of three MLPs vs torch
 
 Outputs: ``gpu_check.json`` (everything) and ``gpu_check.md`` (the tables, and the targets:
 host <= 15 us per call, >= 90% of copy bandwidth from 16M, faster than torch at 64M, faster
@@ -469,6 +472,36 @@ def section_mpi(args: argparse.Namespace) -> dict:
     return {"status": row["status"], "rows": [row]}
 
 
+def section_gpu_training(args: argparse.Namespace) -> dict:
+    """benchmarks/gpu_training.py (its own JSON), short: 5 repeats, 1/16/64 MiB."""
+    script = str(REPO / "benchmarks" / "gpu_training.py")
+    out = Path(args.out) / "gpu_training"
+    cmd = [sys.executable, script, "--repeats", "5", "--out", str(out)]
+    if args.cpu:
+        cmd += ["--cpu-dry-run", "--models", "small", "--repeats", "1"]
+    else:
+        launcher = mpiexec()
+        if launcher is not None:
+            cmd = [launcher, "-n", "2", *cmd, "--sizes", "1M,16M,64M"]
+        else:
+            cmd += ["--sections", "step"]
+    cmd += ["--no-torch"] if args.no_torch else []
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                         timeout=max(args.timeout - 5, 5))
+    path = out / "gpu_training.json"
+    if res.returncode != 0 or not path.exists():
+        return {"status": f"exit {res.returncode}", "tail": res.stdout[-1500:] + res.stderr[-1500:]}
+    data = json.loads(path.read_text())
+    sections = data.get("sections", {})
+    failed = [k for k, v in sections.items() if "error" in v]
+    return {"status": "ok" if not failed else f"failed: {', '.join(failed)}",
+            "command": " ".join(Path(c).name if c in (sys.executable, script) else c
+                                for c in cmd),
+            "allreduce_rows": sections.get("allreduce", {}).get("rows", []),
+            "step_rows": sections.get("step", {}).get("rows", []),
+            "errors": {k: sections[k]["error"] for k in failed}}
+
+
 SECTIONS = [
     Section("env", section_env, 30),
     Section("gpu_tests", section_gpu_tests, 75, gpu_only=True),
@@ -476,6 +509,7 @@ SECTIONS = [
     Section("train_step", section_train_step, 40),
     Section("examples", section_examples, 40, gpu_only=True),
     Section("mpi", section_mpi, 35, gpu_only=True),
+    Section("gpu_training", section_gpu_training, 60),
 ]
 
 
@@ -516,6 +550,26 @@ def targets(result: dict) -> list[dict]:
             slow = [f"{c} {size_name(n)}" for c, n, f, cp in vs if f >= cp]
             add("faster than CuPy's two passes from 64K", not slow,
                 "slower at: " + ", ".join(slow) if slow else f"all {len(vs)} (case, size)")
+    training = result.get("gpu_training", {})
+    for r in training.get("allreduce_rows", []):
+        mib = r["bytes"] >> 20
+        add(f"staged device all-reduce within 1.3 x host + d2h + h2d ({mib} MiB)",
+            r["staged_vs_bound"] <= 1.0, f"{r['staged_vs_bound']:.2f} of the bound")
+        if r.get("cuda_ipc_vs_staged") is not None:
+            add(f"cuda_ipc <= 0.5 x staged ({mib} MiB)", r["cuda_ipc_vs_staged"] <= 0.5,
+                f"{r['cuda_ipc_vs_staged']:.2f}")
+    limits = {"wide": (1.15, 1.3), "deep": (1.5, 1.8)}
+    for r in training.get("step_rows", []):
+        if r.get("step_vs_torch") is None:
+            continue
+        if r["model"] in limits:
+            fp32, amp = limits[r["model"]]
+            add(f"{r['model']} MLP fp32 step <= {fp32} x torch", r["step_vs_torch"] <= fp32,
+                f"{r['step_vs_torch']:.2f}")
+            add(f"{r['model']} MLP AMP step <= {amp} x torch", r["amp_step_vs_torch"] <= amp,
+                f"{r['amp_step_vs_torch']:.2f}")
+        add(f"{r['model']} MLP optimizer step <= 1.2 x torch", r["opt_vs_torch"] <= 1.2,
+            f"{r['opt_vs_torch']:.2f}")
     tests = result.get("gpu_tests", {})
     if "counts" in tests:
         add("every gpu-marked test passes", tests["status"] == "ok", str(tests["counts"]))
@@ -564,6 +618,33 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['model']} {'-'.join(map(str, r['widths']))} | {r['batch']} | "
                          f"{r['mode']} | {r['minidist_ms']:.2f} | {_fmt(r['torch_ms'], '.2f')} | "
                          f"{_fmt(r['ratio'], '.2f')} |")
+        lines.append("")
+    training = result.get("gpu_training", {})
+    if training.get("allreduce_rows"):
+        lines += ["| MiB | staged ms | host ms | cuda_ipc ms | device copy ms | d2h + h2d ms | "
+                  "staged / bound | cuda_ipc / staged |", "|---|---|---|---|---|---|---|---|"]
+        for r in training["allreduce_rows"]:
+            staged = min(r["staged_shm_ms"], r["staged_ring_ms"])
+            host = min(r["host_shm_ms"], r["host_ring_ms"])
+            lines.append(f"| {r['bytes'] >> 20} | {staged:.2f} | {host:.2f} | "
+                         f"{_fmt(r['cuda_ipc_ms'], '.2f')} | {r['device_copy_ms']:.3f} | "
+                         f"{r['d2h_ms'] + r['h2d_ms']:.2f} | {r['staged_vs_bound']:.2f} | "
+                         f"{_fmt(r['cuda_ipc_vs_staged'], '.2f')} |")
+        lines.append("")
+    if training.get("step_rows"):
+        lines += ["| model | fwd+bwd ms (torch) | optimizer ms default / fused (torch) | "
+                  "AMP step ms (torch) | step / torch | AMP / torch |",
+                  "|---|---|---|---|---|---|"]
+        for r in training["step_rows"]:
+            topt = (None if "torch_opt_fused_ms" not in r
+                    else min(r["torch_opt_foreach_ms"], r["torch_opt_fused_ms"]))
+            lines.append(f"| {r['model']} {'-'.join(map(str, r['widths']))} | "
+                         f"{r['minidist_fwd_bwd_ms']:.2f} ({_fmt(r.get('torch_fwd_bwd_ms'), '.2f')})"
+                         f" | {r['minidist_opt_ms']:.2f} / {r['minidist_opt_fused_ms']:.2f} "
+                         f"({_fmt(topt, '.2f')}) | {r['minidist_amp_step_ms']:.2f} "
+                         f"({_fmt(r.get('torch_amp_step_ms'), '.2f')}) | "
+                         f"{_fmt(r.get('step_vs_torch'), '.2f')} | "
+                         f"{_fmt(r.get('amp_step_vs_torch'), '.2f')} |")
         lines.append("")
     runs = [r for s in ("examples", "mpi") for r in result.get(s, {}).get("rows", [])]
     if runs:

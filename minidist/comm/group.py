@@ -196,8 +196,9 @@ class ProcessGroup(Collectives):
         Args:
             array: C-contiguous, writable numpy/cupy array (float16/32/64, int32/64).
             op: "sum", "avg", "max", "min", "prod" or a ReduceOp. Integer AVG floors.
-            algorithm: "auto" (cost model; "hier" on several nodes), "ring", "tree", "rd",
-                "direct", "mpi", "shm" or "hier"; default the group's.
+            algorithm: "auto" (cost model; "hier" on several nodes; "cuda_ipc" for device
+                buffers on one node), "ring", "tree", "rd", "direct", "mpi", "shm", "hier" or
+                "cuda_ipc"; default the group's.
             tag: stream, ``0 <= tag < 1024``; concurrent collectives (threads) need distinct
                 tags.
             label: a caller's note kept in this call's ledger entry (e.g. "bucket=3");
@@ -268,7 +269,11 @@ class ProcessGroup(Collectives):
                 if self.check_consistency:
                     check_agreement(self, f'all_reduce(algorithm="{algorithm}")', flat, op,
                                     algorithm, 0, row, tag)
-                plan.run(self.transport, flat, op, wire)
+                if plan.stager is not None:  # chunks copied down, reduced on the host, up
+                    plan.stager.all_reduce(flat, lambda chunk: plan.run(self.transport, chunk,
+                                                                        op, wire))
+                else:
+                    plan.run(self.transport, flat, op, wire)
         except CommError as e:
             if row is None and ledger.enabled:  # posting failed before the row was written
                 row = ledger.record(seq, wire, t0, tag, shape, label, plan.call, 3)

@@ -10,10 +10,11 @@ labels and run manifest name ``plan.algorithm`` of the same planner, so after ``
 minidist.tune`` both name the calibrated choice that ran.
 
 How "auto" decides (select.py): ranks on several nodes -> "hier" (or "rd" for small
-messages); one node -> the size rules and the alpha-beta model, from the calibration every rank
-holds alike (``calibrate.agreed``) or the shipped table. A training loop repeats a few shapes,
-so plans are memoized per (algorithm, bytes, dtype, op, shared window?, stream 0?) and expire
-when the rules change (``select.EPOCH``: ``load_model``, a tune).
+messages); a device buffer on one node with CUDA IPC -> "cuda_ipc"; otherwise the size rules
+and the alpha-beta model, from the calibration every rank holds alike (``calibrate.agreed``) or
+the shipped table. A training loop repeats a few shapes, so plans are memoized per (algorithm,
+bytes, dtype, op, shared window?, stream 0?, array type) and expire when the rules change
+(``select.EPOCH``: ``load_model``, a tune).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from minidist.comm.algorithms import ALGORITHMS
+from minidist.comm.algorithms import ALGORITHMS, cuda_ipc_available
 from minidist.comm.algorithms import select
 from minidist.comm.algorithms.mpi_native import (NativeAllReduce, mpi_all_reduce,
                                                  native_all_reduce, supports_native)
 from minidist.comm.algorithms.shm import shm_owns
 from minidist.comm.diagnosis.ledger import call_plan
 from minidist.comm.ops import ReduceOp
+from minidist.comm.staging import Stager, stager_for
 from minidist.comm.transports.base import Transport
 
 MAX_PLANS = 256  # a model has a few bucket shapes; more means shapes change every call
@@ -46,6 +48,8 @@ class Plan:
         call: the ledger's fixed part of this call (``ledger.call_plan``).
         native: MPI's own Allreduce (algorithms/mpi_native.py) when the plan is "mpi" on an
             MPI transport of 2+ ranks: posted and waited around the ledger row; else None.
+        stager: a device buffer the transport cannot read runs through pinned host memory in
+            chunks (comm/staging.py); None for host buffers and device-aware algorithms.
     """
 
     algorithm: str
@@ -53,6 +57,7 @@ class Plan:
     run: Callable[..., None]
     call: tuple
     native: NativeAllReduce | None
+    stager: Stager | None
 
 
 def check_algorithm(name: str) -> None:
@@ -107,7 +112,7 @@ class Planner:
         shm = self.shm  # the buffer kind matters to "auto" only, and only with shared windows
         shared = (algorithm == "auto" and shm is not None and bool(shm.user_windows)
                   and self.is_shared(flat, tag))
-        key = (algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag)
+        key = (algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag, type(flat))
         plan = self._plans.get(key)
         if plan is None:
             plan = self._make(algorithm, flat, op, shared, tag)
@@ -128,15 +133,20 @@ class Planner:
             name, reason = algorithm, "explicit"
             if name == "mpi" and not self.native:
                 mpi_all_reduce(self.transport, flat, op, 0)  # the clear "no MPI here" error
-        return Plan(name, reason, ALGORITHMS[name],
+        fn = ALGORITHMS[name]
+        stager = stager_for(self.transport, flat, fn)  # device buffer, MPI not CUDA-aware
+        return Plan(name, reason, fn,
                     call_plan("all_reduce", flat.size, flat.dtype, op, -1, name, reason),
-                    self.mpi if name == "mpi" and self.size > 1 else None)
+                    self.mpi if name == "mpi" and self.size > 1 and stager is None else None,
+                    stager)
 
     def choose(self, flat: Any, shared: bool, tag: int = 0) -> tuple[str, str]:
         """``(algorithm, reason)`` that "auto" picks for ``flat``."""
         by_nodes = select.choose_for_nodes(self.num_nodes, flat.nbytes)
         if by_nodes is not None:  # several nodes: hier (or rd for small messages)
             return by_nodes
+        if cuda_ipc_available(self.transport, flat, tag):
+            return "cuda_ipc", "device buffer, ranks on one node: CUDA IPC windows"
         has_shm = self.shm is not None and type(flat) is np.ndarray and not tag  # stream 0
         return select.choose_with_reason(self.size, flat.nbytes, self.native, has_shm, shared,
                                          self.calibration)

@@ -52,6 +52,11 @@ REHEARSAL_NUMEL = 67
 """Elements per array in a rehearsal: odd, above one warp, so a grid-stride tail runs too."""
 
 
+_WARNED: set[tuple[str, str]] = set()
+"""(toolchain, cause) pairs already warned about in this process: one failing Numba breaks
+every backend built with it (the AMP kernels, the fused optimizer, ...), and says so once."""
+
+
 class LoadState(enum.Enum):
     NOT_TRIED = "not tried"
     READY = "ready"
@@ -105,10 +110,14 @@ class CompiledBackend:
         name: what the warning and ``implementation()`` call it ("numba-cpu").
         module: the module to import (``check_usable()`` is called right after).
         fix: one sentence telling the user how to get the compiled kernels.
+        toolchain: what compiles it (default: the first word of ``name``). Backends of one
+            toolchain that fail for the same cause give one warning between them; the
+            others log it.
     """
 
-    def __init__(self, name: str, module: str, fix: str) -> None:
+    def __init__(self, name: str, module: str, fix: str, toolchain: str | None = None) -> None:
         self.name, self.module_name, self.fix = name, module, fix
+        self.toolchain = toolchain or name.split()[0]  # "numba-cpu optimizer" -> "numba-cpu"
         self.state = LoadState.NOT_TRIED
         self.module: ModuleType | None = None
         self.reason = ""
@@ -182,6 +191,11 @@ class CompiledBackend:
         msg = (f"{rank_prefix()} minidist.kernels: the {self.name} kernels cannot run here "
                f"({reason}); using the {REFERENCE} implementation instead (same results, "
                f"slower). {self.fix}")
+        cause = (self.toolchain, reason.rsplit("failed: ", 1)[-1])
+        if cause in _WARNED:  # the same broken toolchain, already warned about
+            log.info("%s", msg)
+            return
+        _WARNED.add(cause)
         try:
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
         except Warning:  # warnings turned into errors: the fallback must still not crash

@@ -53,7 +53,7 @@ def test_every_transport_class_keeps_the_declared_interface():
 
 
 POINT_TO_POINT = {"isend", "irecv", "send", "recv", "sendrecv", "alloc_buffer", "split",
-                  "abort", "close", "traffic", "reset_traffic"}
+                  "abort", "close", "traffic", "reset_traffic", "cuda_aware"}
 
 
 def _public_methods(cls: type) -> set[str]:

@@ -52,6 +52,8 @@ def test_cpu_smoke_run_writes_json_and_tables(tmp_path):
         assert r["host_us"] > 0 and r["gpu_us"] > 0 and r["GBps"] > 0
         assert r["exact"] in (None, True), r
         assert ("copy_share" in r) == (r["case"] != "copy")
+    training = result["gpu_training"]  # the step section of gpu_training.py, on the CPU
+    assert training["status"] == "ok" and [r["model"] for r in training["step_rows"]] == ["small"]
     steps = result["train_step"]["rows"]
     assert [(r["model"], r["mode"]) for r in steps] == [("small", "fp32"), ("small", "amp"),
                                                         ("gemm", "fp32"), ("gemm", "amp")]
@@ -91,3 +93,25 @@ def test_targets_are_judged_from_the_rows():
     md = gc.markdown({**ok, "targets": gc.targets(ok)})
     assert "| host time <= 15 us per call (persistent buffers) | yes | max 8.0 us" in md
     assert gc.targets({}) == []
+
+
+def test_gpu_training_targets_from_made_up_rows():
+    gc = load()
+
+    def training(staged, ipc, step, amp, opt):
+        return {"gpu_training": {
+            "allreduce_rows": [{"bytes": 16 << 20, "staged_shm_ms": staged, "staged_ring_ms": 9,
+                                "host_shm_ms": 2, "host_ring_ms": 3, "cuda_ipc_ms": ipc,
+                                "device_copy_ms": 0.01, "d2h_ms": 0.3, "h2d_ms": 0.3,
+                                "staged_vs_bound": staged / (1.3 * 2 + 0.6),
+                                "cuda_ipc_vs_staged": ipc / staged}],
+            "step_rows": [{"model": m, "widths": [1, 2], "minidist_fwd_bwd_ms": 1.0,
+                           "minidist_opt_ms": 1.0, "minidist_opt_fused_ms": 0.5,
+                           "minidist_amp_step_ms": 2.0, "step_vs_torch": step,
+                           "amp_step_vs_torch": amp, "opt_vs_torch": opt}
+                          for m in ("wide", "deep")]}}
+    good = {t["target"]: t["pass"] for t in gc.targets(training(3.0, 1.0, 1.1, 1.2, 1.0))}
+    assert len(good) == 8 and all(good.values()), good
+    bad = {t["target"]: t["pass"] for t in gc.targets(training(5.0, 4.0, 2.0, 2.0, 2.0))}
+    assert len(bad) == 8 and not any(bad.values()), bad
+    assert "| 16 | 3.00 | 2.00 | 1.00 |" in gc.markdown(training(3.0, 1.0, 1.1, 1.2, 1.0))

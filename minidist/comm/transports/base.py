@@ -40,6 +40,7 @@ transport without the feature), so callers use them directly instead of probing:
     t.abort(code)                end this rank's part of the job now (default: ``close()``)
     t.abort_ends_job             True when ``abort`` takes every rank down at once (MPI Abort)
     t.mpi                        MPI transports: its communicators (``MPIHandles``), else None
+    t.cuda_aware()               True when device (CuPy) buffers may be passed as they are
     t.thread_safe                True when several threads may call it at once (async work)
     t.split(members, timeout_s)  a transport over some ranks (sub-groups; see ``split``)
 
@@ -284,6 +285,11 @@ class Transport(abc.ABC):
         buffers in shared memory or pinned memory. The default is a plain array.
         """
         return xp.empty(int(numel), dtype=dtype)
+
+    def cuda_aware(self) -> bool:
+        """Whether GPU buffers may be passed to this transport as they are (a CUDA-aware MPI);
+        False: their collectives are staged through host memory (minidist.comm.staging)."""
+        return False
 
     def split(self, members: list[int], timeout_s: float) -> Transport | None:
         """A transport over ``members`` (ranks of this one; index = rank in the new one).

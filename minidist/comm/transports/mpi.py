@@ -247,7 +247,7 @@ class MPITransport(Transport):
             sub.Free()  # MPITransport made its own duplicates
 
     # -- GPU buffers -------------------------------------------------------------------------
-    def _cuda_aware(self) -> bool:
+    def cuda_aware(self) -> bool:
         """Whether device buffers go to MPI directly (decided once, logged once)."""
         if self._cuda_aware_now is None:
             forced = parse_cuda_aware_env(os.environ.get("MINIDIST_CUDA_AWARE_MPI"))
@@ -265,7 +265,7 @@ class MPITransport(Transport):
         if not backend.is_device_array(buf):
             return buf, None
         backend.synchronize(buf)
-        if self._cuda_aware():
+        if self.cuda_aware():
             return buf, None
         host = backend.to_host(buf)
         if not for_recv:
