@@ -259,10 +259,10 @@ class ProcessGroup(Collectives):
         try:
             if plan.native is not None and not self.check_consistency:
                 # MPI's Allreduce: post it, write the ledger row while the data moves, wait.
-                in_flight = plan.native.post(flat, op, wire)
+                req = plan.native.post(flat, op, wire)
                 if ledger.enabled:
                     row = ledger.record(seq, wire, t0, tag, shape, label, plan.call, 3)
-                plan.native.wait(in_flight)
+                plan.native.wait(req, flat, op, wire)
             else:
                 if ledger.enabled:
                     row = ledger.record(seq, wire, t0, tag, shape, label, plan.call, 3)

@@ -3,8 +3,8 @@
     mpi_all_reduce(transport, buf, ReduceOp.SUM)   # = MPI_Iallreduce(MPI_IN_PLACE, buf, ...)
 
     native = native_all_reduce(transport)          # the process group's overlap:
-    call = native.post(buf, ReduceOp.SUM, tag)     #   post, write the ledger row while the
-    native.wait(call)                              #   data is in flight, then wait
+    req = native.post(buf, ReduceOp.SUM, tag)      #   post, write the ledger row while the
+    native.wait(req, buf, ReduceOp.SUM, tag)       #   data is in flight, then wait
 
 It only exists on the MPI transport (``transport.mpi`` is its ``MPIHandles``); elsewhere
 ``mpi_all_reduce`` raises a ValueError before anything is sent. MPI picks its own algorithm
@@ -23,7 +23,6 @@ dtypes and even counts silently).
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,31 +40,6 @@ def supports_native(transport: Transport) -> bool:
     return transport.mpi is not None
 
 
-@dataclass(slots=True)
-class InFlight:
-    """One posted MPI Allreduce, until ``NativeAllReduce.wait`` finishes it.
-
-    Attributes:
-        req: the data's ``Iallreduce`` request; ``done``: it completed at the post.
-        guard_req: the ``[fp, -fp]`` Iallreduce (ranks on several nodes), or None.
-        buf: the caller's array; ``view``: what MPI reduces (a host copy of a GPU array);
-            ``after``: copies ``view`` back into ``buf`` (staged GPU arrays), or None.
-        op: the reduction; AVG divides after the sum.
-        k: the call number in the shared guard lines (0: no guard on one node).
-        tag: the message tag that carries the fingerprint.
-    """
-
-    req: Any
-    guard_req: Any
-    buf: Any
-    view: Any
-    after: Any
-    op: ReduceOp
-    k: int
-    tag: int
-    done: bool
-
-
 class NativeAllReduce:
     """MPI's Allreduce on one MPI transport, with the fingerprint guard and a deadline."""
 
@@ -78,58 +52,70 @@ class NativeAllReduce:
         self.spin_tests = mpi.spin_tests  # Test() calls before the deadline-bounded wait
         self.guard = np.zeros(2, np.int64)  # across nodes: [fp, -fp] reduced with MAX
         self.ops = [None] + [getattr(self.MPI, _MPI_OPS[op]) for op in ReduceOp]  # by op.code
+        # The guard of the call in flight (post -> wait): its call number in the shared guard
+        # lines (0: none), the [fp, -fp] request across nodes, the copy back of a staged view.
+        self.k: int = 0
+        self.guard_req: Any = None
+        self.after: Any = None
 
-    def post(self, buf: Any, op: ReduceOp, tag: int = 0) -> InFlight:
-        """Publish the fingerprint guard and post the ``Iallreduce``. Nothing else may run on
-        this communicator before ``wait``."""
-        view, after = (buf, None) if type(buf) is np.ndarray else self.mpi.host_view(buf, True)
-        node, k, greq = self.mpi.guard_node, 0, None
+    def post(self, buf: Any, op: ReduceOp, tag: int = 0) -> Any:
+        """Publish the fingerprint guard and post the ``Iallreduce``; return its request, or
+        None when it completed at once.
+
+        One call is in flight per transport: ``wait`` for it before the next ``post`` (MPI
+        issues the collectives of a communicator in program order, so they never overlap).
+        """
+        view, self.after = ((buf, None) if type(buf) is np.ndarray
+                            else self.mpi.host_view(buf, True))
+        self.k, self.guard_req = 0, None
         if has_fingerprint(tag):
+            node = self.mpi.guard_node
             if node is not None:
-                k = node.guard_post(tag)  # my guard line in the shared window (shm_window.py)
+                self.k = node.guard_post(tag)  # my guard line in the shared window (shm_window)
             else:
                 self.guard[0], self.guard[1] = tag, -tag
-                greq = self.mpi.comm.Iallreduce(self.in_place, self.guard, op=self.MPI.MAX)
+                self.guard_req = self.mpi.comm.Iallreduce(self.in_place, self.guard,
+                                                          op=self.MPI.MAX)
         req = self.mpi.comm.Iallreduce(self.in_place, view, op=self.ops[op.code])
         # MPICH advances a non-blocking collective only inside MPI calls (no progress thread):
         # one Test() now sends this rank's data, so the caller's work until wait() overlaps
         # the transfer instead of delaying it.
-        return InFlight(req, greq, buf, view, after, op, k, tag, req.Test())
+        return None if req.Test() else req
 
-    def wait(self, call: InFlight, timeout_s: float | None = None) -> None:
-        """Finish a ``post``: wait with the deadline, check the guard, finalize AVG."""
+    def wait(self, req: Any, buf: Any, op: ReduceOp, tag: int = 0,
+             timeout_s: float | None = None) -> None:
+        """Finish the ``post`` of ``buf`` that returned ``req`` (None: already complete): wait
+        with the deadline, check the guard, finalize AVG."""
+        k, guard_req = self.k, self.guard_req
         try:
-            if not call.done:
+            if req is not None:
                 for _ in range(self.spin_tests):
-                    if call.req.Test():
+                    if req.Test():
                         break
                 else:
-                    self._wait(call.req, call.view.nbytes, timeout_s, call.k, call.tag)
-            if call.guard_req is not None:
-                self._wait(call.guard_req, 16, timeout_s, 0, call.tag)
+                    self._wait(req, buf.nbytes, timeout_s, k, tag)
+            if guard_req is not None:
+                self._wait(guard_req, 16, timeout_s, 0, tag)
         except self.MPI.Exception as e:
-            self._check_guard(call.k, call.tag, complete=True)
-            raise CommError(f"{self.where} all_reduce(algorithm=\"mpi\", {call.view.nbytes} "
-                            f"bytes): MPI error {e}. Every rank must pass the same shape and "
-                            "dtype.") from e
-        k = call.k
+            self._check_guard(k, tag, complete=True)
+            raise CommError(f"{self.where} all_reduce(algorithm=\"mpi\", {buf.nbytes} bytes): "
+                            f"MPI error {e}. Every rank must pass the same shape and dtype.") from e
         if k:
-            if not self.mpi.guard_node.guard_agrees(k, call.tag):
-                self._check_guard(k, call.tag, complete=True)
-        elif call.guard_req is not None and (self.guard[0] != call.tag
-                                             or self.guard[1] != -call.tag):
+            if not self.mpi.guard_node.guard_agrees(k, tag):
+                self._check_guard(k, tag, complete=True)
+        elif guard_req is not None and (self.guard[0] != tag or self.guard[1] != -tag):
             raise CollectiveMismatch(
                 f"{self.where} all_reduce(algorithm=\"mpi\"): another rank called a different "
                 "collective here (its call fingerprint differs).")
-        if call.after is not None:
-            call.after()
-        if call.op is ReduceOp.AVG:
-            finalize(call.buf, call.op, self.transport.size)
+        if self.after is not None:
+            self.after()
+        if op is ReduceOp.AVG:
+            finalize(buf, op, self.transport.size)
 
     def all_reduce(self, buf: Any, op: ReduceOp, tag: int = 0,
                    timeout_s: float | None = None) -> None:
-        """``wait(post(buf, op, tag), timeout_s)``."""
-        self.wait(self.post(buf, op, tag), timeout_s)
+        """``wait(post(buf, op, tag), buf, op, tag, timeout_s)``."""
+        self.wait(self.post(buf, op, tag), buf, op, tag, timeout_s)
 
     def _wait(self, req: Any, nbytes: int, timeout_s: float | None, k: int, tag: int) -> None:
         t = self.transport
@@ -185,5 +171,4 @@ def mpi_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
     native_all_reduce(transport).all_reduce(buf, op, tag)
 
 
-__all__ = ["mpi_all_reduce", "native_all_reduce", "supports_native", "NativeAllReduce",
-           "InFlight"]
+__all__ = ["mpi_all_reduce", "native_all_reduce", "supports_native", "NativeAllReduce"]
