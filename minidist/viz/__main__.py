@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -12,7 +13,14 @@ PICTURES = [("ring", 4), ("ring", 3), ("tree", 8), ("tree", 3), ("rd", 4), ("rd"
 
 
 def main(argv: list) -> int:
-    out = Path(argv[0] if argv else "docs/img")
+    p = argparse.ArgumentParser(
+        prog="python -m minidist.viz",
+        description="Draw the step-by-step pictures of each all-reduce algorithm (and the cost "
+                    "model beside benchmarks/results/allreduce_n2.json) for docs/algorithms.md. "
+                    "Needs matplotlib.")
+    p.add_argument("out_dir", nargs="?", default="docs/img",
+                   help="folder for the PNG files (default docs/img)")
+    out = Path(p.parse_args(argv).out_dir)
     try:
         import matplotlib  # noqa: F401
     except ImportError:
