@@ -12,7 +12,8 @@ for people goes through ``is_main_process()`` checks in the callers: only rank 0
 from __future__ import annotations
 
 import logging
-import os
+
+from minidist.envvars import env
 
 _rank = 0
 _world_size = 1
@@ -32,10 +33,7 @@ def rank_prefix() -> str:
 
 def debug_level() -> int:
     """``MINIDIST_DEBUG`` as an int: 0 off, 1 each collective's algorithm, 2 every message."""
-    try:
-        return int(os.environ.get("MINIDIST_DEBUG", "0") or 0)
-    except ValueError:
-        return 0
+    return int(env("MINIDIST_DEBUG"))
 
 
 class _RankFilter(logging.Filter):
@@ -53,7 +51,7 @@ def _configure() -> None:
     if debug_level() > 0:
         level = "DEBUG"
     else:
-        level = os.environ.get("MINIDIST_LOG_LEVEL", "WARNING").upper()
+        level = env("MINIDIST_LOG_LEVEL")
     root.setLevel(getattr(logging, level, logging.WARNING))
     if not root.handlers:
         handler = logging.StreamHandler()

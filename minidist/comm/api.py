@@ -31,6 +31,7 @@ import traceback
 from typing import Any
 
 from minidist import log as mdlog
+from minidist.envvars import env as env_var
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
                                detect_launch, warn_if_single)
 from minidist.comm.group import ProcessGroup
@@ -97,11 +98,8 @@ def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
     ``MINIDIST_RENDEZVOUS_PORT`` chooses the port explicitly (every rank must set the same).
     """
     env = os.environ if env is None else env
-    explicit = env.get("MINIDIST_RENDEZVOUS_PORT")
-    if explicit:
-        if not explicit.isdigit() or not 0 < int(explicit) < 65536:
-            raise ValueError(f"init_process_group: MINIDIST_RENDEZVOUS_PORT={explicit!r} is not a "
-                             "port number; set it to the same free port (1-65535) on every rank.")
+    explicit = env_var("MINIDIST_RENDEZVOUS_PORT", env)
+    if explicit is not None:
         return int(explicit)
     if env.get("TORCHELASTIC_RUN_ID") and info.master_port is not None:
         port = info.master_port + 1

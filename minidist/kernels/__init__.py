@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from minidist import xp as backend
+from minidist.envvars import env
 from minidist.kernels import reference
 from minidist.log import rank_prefix
 
@@ -69,11 +70,7 @@ class _Backend:
 
     def get(self) -> ModuleType | None:
         if self.state is _Load.NOT_TRIED:
-            choice = os.environ.get("MINIDIST_KERNELS", "auto").strip().lower() or "auto"
-            if choice not in ("auto", REFERENCE):
-                raise ValueError(f"{rank_prefix()} kernels: MINIDIST_KERNELS={choice!r} is not a "
-                                 "choice. Set it to 'auto' (compiled kernels when they work) or "
-                                 "'reference' (NumPy/CuPy only), or unset it.")
+            choice = env("MINIDIST_KERNELS")
             if choice == REFERENCE:
                 self.state, self.reason = _Load.UNAVAILABLE, "MINIDIST_KERNELS=reference"
                 return None

@@ -52,6 +52,7 @@ import numpy as np
 from minidist.comm.algorithms import select
 from minidist.log import get_logger
 from minidist.version import __version__
+from minidist.envvars import env
 
 log = get_logger(__name__)
 
@@ -187,15 +188,7 @@ def save(cal_data: dict, path: Path) -> Path:
 def tune_mode() -> str:
     """``MINIDIST_TUNE``: "off" (0: ignore the cache), "use" (unset: use a matching file),
     "run" (1: use one, or calibrate quickly when none matches)."""
-    raw = os.environ.get("MINIDIST_TUNE", "").strip().lower()
-    if raw in ("", "auto"):
-        return "use"
-    if raw in ("0", "off", "false", "no"):
-        return "off"
-    if raw in ("1", "on", "true", "yes"):
-        return "run"
-    raise ValueError(f"MINIDIST_TUNE={raw!r}: use 1 (calibrate when no cached calibration "
-                     "matches), 0 (ignore the cache) or leave it unset (use a matching one).")
+    return str(env("MINIDIST_TUNE"))
 
 
 def agreed(group: Any) -> Calibration | None:
