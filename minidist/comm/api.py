@@ -34,6 +34,8 @@ from minidist import log as mdlog
 from minidist.envvars import env as env_var
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
                                detect_launch, warn_if_single)
+from minidist.comm import leaving
+from minidist.comm.errors import PeerExited
 from minidist.comm.group import ProcessGroup
 from minidist.comm.ledger import LedgerEntry
 from minidist.comm.ops import ReduceOp
@@ -203,8 +205,10 @@ def _install_excepthooks(group: ProcessGroup) -> None:
         if group.transport.abort_ends_job:
             time.sleep(ABORT_FLUSH_S)  # let the launcher relay the traceback first
         # MPI: takes every rank down (does not return); TCP and others close, so peers see
-        # the closed connection.
-        group.transport.abort(1)
+        # the closed connection. A rank that left (PeerExited) gives the job its exit code.
+        group.transport.abort(getattr(exc, "exit_code", 1))
+        if isinstance(exc, PeerExited):  # not MPI: end with that code, after the peer's exit
+            leaving.exit_after_peer(exc)
 
     def caused_by_interrupt(exc: Any) -> bool:
         """KeyboardInterrupt itself, or an error raised while one was being handled."""
@@ -371,6 +375,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     group = ProcessGroup(transport, algorithm=algorithm, backend=chosen)
     _group, _info = group, info
     _install_excepthooks(group)
+    leaving.install(lambda: _group)  # a rank that exits with the group open ends the job
     _export_rank_env(group, info)
     log.info("process group ready: backend=%s launcher=%s rank=%d world_size=%d local_rank=%d "
              "timeout=%.0fs", chosen, info.launcher, group.rank, group.size, info.local_rank,
@@ -395,6 +400,7 @@ def destroy_process_group() -> None:
     if _restore_signals is not None:
         _restore_signals()
         _restore_signals = None
+    leaving.uninstall()
     if _group is not None:
         _group.close()
     _group, _info = None, None

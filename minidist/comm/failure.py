@@ -36,6 +36,7 @@ from typing import Any
 from minidist.comm.diagnose import diagnose
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
                                   CommTimeout, PeerFailed)
+from minidist.comm.leaving import bye_payload, parse_bye, peer_exited
 from minidist.comm.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, dump_dir
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_DONE, SIDE_FAIL,
                                            Transport, has_fingerprint)
@@ -234,12 +235,19 @@ def poll(group: Any, src: int | None, tag: int) -> CommError | None:
         raw = t.side_try_recv(peer, SIDE_BYE)
         if raw is None:
             break
-        group._byes[peer] = {int(k): v for k, v in json.loads(raw.decode()).items()}
+        group._byes[peer], code = parse_bye(raw)
+        if code is not None:
+            group._exit_codes[peer] = code
         peer = t.side_pending(SIDE_BYE)
     if group._byes:
         mine = group.ledger.counts()
         for p, theirs in group._byes.items():
             for stream, n in mine.items():
+                if theirs.get(stream, 0) < n and p in group._exit_codes:  # it left (exit)
+                    last = group.ledger.entries(stream, last=1)
+                    call = f"{last[0].collective if last else 'collective'} #{n}"
+                    return peer_exited(group._where(call), p, group._exit_codes[p],
+                                       theirs.get(stream, 0))
                 if theirs.get(stream, 0) < n:
                     err = CollectiveMismatch(
                         f"{group._where('wait')}: rank {p} has finished (it called "
@@ -265,7 +273,7 @@ def farewell(group: Any) -> None:
         return
     peers = [p for p in range(group.size) if p != group.rank]
     counts = ledger.counts()
-    data = json.dumps({str(k): v for k, v in counts.items()}).encode()
+    data = bye_payload(counts)
     for p in peers:
         t.side_send(p, SIDE_BYE, data)
     timeout_s = float(t.timeout_s or DEFAULT_TIMEOUT_S) + exchange_timeout_s(t)
@@ -281,7 +289,9 @@ def farewell(group: Any) -> None:
         for p in list(pending):
             raw = t.side_try_recv(p, SIDE_BYE)
             if raw is not None:
-                theirs[p] = {int(k): v for k, v in json.loads(raw.decode()).items()}
+                theirs[p], code = parse_bye(raw)
+                if code is not None:
+                    group._exit_codes[p] = code
                 pending.remove(p)
             elif t.peer_lost(p) is not None:
                 pending.remove(p)
@@ -290,6 +300,10 @@ def farewell(group: Any) -> None:
         log.warning("destroy_process_group: ranks %s did not reach destroy_process_group within "
                     "%.0f s; the collective counts were not compared.", pending, timeout_s)
     differ = [p for p, c in theirs.items() if c != counts]
+    if differ and differ[0] in group._exit_codes:
+        p = differ[0]
+        raise peer_exited(group._where("destroy_process_group"), p, group._exit_codes[p],
+                          theirs[p].get(0, 0))
     if differ:
         error = CollectiveMismatch(
             f"{group._where('destroy_process_group')}: rank {differ[0]} made "
