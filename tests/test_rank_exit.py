@@ -28,14 +28,12 @@ def test_rank_exiting_with_a_code_mid_job_ends_the_job_with_that_code(launcher, 
     job = run(launcher, "mid", "3", n=n)
     assert job.returncode == 3, job.report()
     err = job.stderr
-    # Under mpiexec every rank waits in MPI's Allreduce and reads rank 1's notice; over TCP a
-    # rank waiting on another survivor may first see that one close its connections.
-    for r in [0] + list(range(2, n)) if launcher == "mpiexec" else [0]:
+    for r in [0] + list(range(2, n)):
         assert (f"[rank {r}/{n}] all_reduce #2: rank 1 exited with code 3 after 1 "
                 "collective(s), so it will not join this call." in err), job.report()
     assert "did not answer" not in err and "CommTimeout" not in err, job.report()
-    if launcher == "launch":  # (under mpiexec the peers' MPI Abort usually ends rank 1 first)
-        assert f"[rank 1/{n}] exited with code 3 without destroy_process_group" in err, err
+    assert "Traceback (most recent call last)" not in err, err  # the short form: no chain
+    if launcher == "launch":
         assert "[minidist.launch] rank 1 exited with code 3" in err, job.report()
 
 

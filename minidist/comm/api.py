@@ -27,15 +27,13 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
 from minidist import log as mdlog
 from minidist.envvars import env as env_var
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
                                detect_launch, warn_if_single)
-from minidist.comm import leaving
-from minidist.comm.errors import PeerExited
+from minidist.comm import leaving, report
 from minidist.comm.group import ProcessGroup
 from minidist.comm.ledger import LedgerEntry
 from minidist.comm.ops import ReduceOp
@@ -196,19 +194,14 @@ def _install_excepthooks(group: ProcessGroup) -> None:
     def end_world(exc_type: Any, exc: Any, tb: Any, where: str) -> None:
         if not ending.acquire(blocking=False):
             return  # the process is already ending (Ctrl-C, or another thread's failure)
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        prefix = mdlog.rank_prefix()
-        sys.stderr.write("".join(f"{prefix} {line}\n" for line in text.rstrip().splitlines()))
-        sys.stderr.write(f"{prefix} uncaught exception {where}; ending the job on all "
-                         f"{group.size} ranks.\n")
-        sys.stderr.flush()
+        report.write_block(report.uncaught_block(exc_type, exc, tb, mdlog.rank_prefix(), where,
+                                                 group.size))
         if group.transport.abort_ends_job:
             time.sleep(ABORT_FLUSH_S)  # let the launcher relay the traceback first
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # MPI's own abort line repeats ours
         # MPI: takes every rank down (does not return); TCP and others close, so peers see
         # the closed connection. A rank that left (PeerExited) gives the job its exit code.
         group.transport.abort(getattr(exc, "exit_code", 1))
-        if isinstance(exc, PeerExited):  # not MPI: end with that code, after the peer's exit
-            leaving.exit_after_peer(exc)
 
     def caused_by_interrupt(exc: Any) -> bool:
         """KeyboardInterrupt itself, or an error raised while one was being handled."""

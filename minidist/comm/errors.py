@@ -28,6 +28,7 @@ class CommError(RuntimeError):
 
     diagnosis: dict[str, Any] | None = None
     how: str | None = None
+    logged: bool = False  # its message is already on stderr (failure.on_failure logs it)
 
 
 class CommTimeout(CommError, TimeoutError):

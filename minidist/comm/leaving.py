@@ -18,11 +18,14 @@ mpi4py's ``MPI_Finalize``) the leaving rank tells its peers over the side channe
     nonzero code, the timeout for 0                  "rank 1 exited with code 3 ...", and the
     all finished with the same counts: a             excepthook ends the job with that code
     collective end, exit normally                    (1 for a rank that returned normally:
-    else one line, then MPI Abort(code); over        a job whose ranks did not finish together
-    TCP exit (a launcher names this rank)            failed); not MPI: AFTER_PEER_S later
+    else one line, then MPI Abort(code)              a job whose ranks did not finish together
+                                                     failed)
+    not MPI, nonzero code: exit at once              not MPI: raise once the peer is gone, so
+                                                     a launcher names the rank that left
 
 A job in which every rank finishes (with or without ``destroy_process_group``) exchanges the
-same BYE and ends cleanly. The exit code is the one given to ``sys.exit(n)``, ``exit(n)`` or
+same BYE and ends cleanly (over TCP a nonzero code does not wait for the others: each rank then
+exits with its own code). The exit code is the one given to ``sys.exit(n)``, ``exit(n)`` or
 ``quit(n)`` (wrapped while the group is open); a script that returns (or raises
 ``SystemExit`` itself) counts as 0. With the ledger off (``MINIDIST_LEDGER=0``) nothing is sent.
 """
@@ -43,8 +46,8 @@ from minidist.log import rank_prefix
 
 EXIT_KEY = "exit"   # the BYE payload's entry for the exit code (the others are stream counts)
 GRACE_S = 2.0       # a nonzero exit: how long the peers get to say they are finishing too
-AFTER_PEER_S = 1.0  # not MPI: a rank failing because a peer left exits this much later, so a
-                    # launcher sees the leaving rank's exit (and names it) first
+AFTER_PEER_S = 2.0  # not MPI: a rank that saw a peer leave with a nonzero code raises once the
+                    # peer is gone (at most this late), so a launcher names the leaving rank
 ABORT_FLUSH_S = 0.2  # let the launcher relay our line before MPI Abort tears the pipes down
 _POLL_S = 0.001
 
@@ -110,9 +113,18 @@ def parse_bye(raw: bytes) -> tuple[dict[int, int], int | None]:
     return {int(k): v for k, v in data.items()}, code
 
 
-def peer_exited(where: str, peer: int, exit_code: int, calls: int) -> PeerExited:
-    """The error of a rank waiting in a call (``where``) for a peer that left after ``calls``
-    collectives."""
+def peer_exited(group: Any, call: str, peer: int, exit_code: int, calls: int) -> PeerExited:
+    """The error of a rank waiting in ``call`` for a peer that left after ``calls`` collectives.
+
+    Not under MPI (where the excepthook's Abort ends the job with ``exit_code``): with a nonzero
+    code, first wait until the peer's process is gone (its connection closed), at most
+    ``AFTER_PEER_S``, so a launcher that stops the job at the first failed rank names it.
+    """
+    t = group.transport
+    if exit_code and not t.abort_ends_job:
+        deadline = time.monotonic() + AFTER_PEER_S
+        while t.peer_lost(peer) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
     if exit_code == 0:
         what = (f"rank {peer} returned normally (exit code 0) after {calls} collective(s) while "
                 "this rank still waits for it here. Every rank must make the same collectives "
@@ -120,10 +132,34 @@ def peer_exited(where: str, peer: int, exit_code: int, calls: int) -> PeerExited
     else:
         what = (f"rank {peer} exited with code {exit_code} after {calls} collective(s), so it "
                 f"will not join this call. Look at rank {peer}'s output for why it left")
-    err = PeerExited(f"{where}: {what}.", peer, exit_code or 1)
+    err = PeerExited(f"{group._where(call)}: {what}.", peer, exit_code or 1)
     err.how = f"when rank {peer} left the job"
     err.diagnosis = {"kind": "exited", "rank": peer, "exit_code": exit_code}  # no exchange
     return err
+
+
+def peer_left(group: Any) -> PeerExited | None:
+    """Read the peers' pending goodbyes (SIDE_BYE) into ``group._byes``; the error to raise
+    if one of them left (an exit code) with fewer collectives than this rank has started."""
+    t = group.transport
+    peer = t.side_pending(SIDE_BYE)
+    while peer is not None:
+        raw = t.side_try_recv(peer, SIDE_BYE)
+        if raw is None:
+            break
+        group._byes[peer], code = parse_bye(raw)
+        if code is not None:
+            group._exit_codes[peer] = code
+        peer = t.side_pending(SIDE_BYE)
+    mine = group.ledger.counts()
+    for p, code in group._exit_codes.items():
+        theirs = group._byes.get(p, {})
+        for stream, n in mine.items():
+            if theirs.get(stream, 0) < n:
+                last = group.ledger.entries(stream, last=1)
+                call = f"{last[0].collective if last else 'collective'} #{n}"
+                return peer_exited(group, call, p, code, theirs.get(stream, 0))
+    return None
 
 
 def _at_exit() -> None:
@@ -142,6 +178,8 @@ def leave(group: Any, code: int) -> None:
     peers = [p for p in range(group.size) if p != group.rank]
     for p in peers:
         t.side_send(p, SIDE_BYE, bye_payload(mine, code))
+    if code and not t.abort_ends_job:
+        return  # exit now; the peers raise once this process is gone, a launcher names it
     finished: dict[int, dict[int, int]] = dict(group._byes)  # what the poll hook already read
     gone: set[int] = set()
     timeout_s = float(t.timeout_s or DEFAULT_TIMEOUT_S)
@@ -172,17 +210,6 @@ def leave(group: Any, code: int) -> None:
     sys.stderr.flush()
     if t.abort_ends_job:
         time.sleep(ABORT_FLUSH_S)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # MPI's own abort line repeats ours
         t.abort(end)  # MPI: ends every rank (does not return)
 
-
-def exit_after_peer(error: PeerExited) -> None:
-    """End this rank (not MPI: its transport is closed) with the code of the peer that left,
-    ``AFTER_PEER_S`` after it, so a launcher that stops the job at the first failed rank names
-    the rank that left. Does not return."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    time.sleep(AFTER_PEER_S)
-    os._exit(error.exit_code)
