@@ -358,7 +358,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if backend in TORCH_BACKENDS:
         _torch_backend(backend, chosen)
     if chosen == "local":
-        warn_if_single(info)
+        if requested == "auto":  # backend="local" asked for one process: nothing to warn of
+            warn_if_single(info)
         if info.world_size not in (None, 1):
             raise ValueError(f"init_process_group(backend='local'): the launcher ({info.launcher}) "
                              f"started {info.world_size} ranks but 'local' runs one. Use "
