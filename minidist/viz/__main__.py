@@ -1,4 +1,8 @@
-"""``.venv/bin/python -m minidist.viz [OUT_DIR]``: regenerate the pictures of docs/algorithms.md."""
+"""``.venv/bin/python -m minidist.viz [OUT_DIR]``: draw the pictures of docs/algorithms.md.
+
+    .venv/bin/python -m minidist.viz             # into runs/viz/ (git-ignored)
+    .venv/bin/python -m minidist.viz docs/img    # regenerate the docs' own pictures
+"""
 
 from __future__ import annotations
 
@@ -18,8 +22,9 @@ def main(argv: list) -> int:
         description="Draw the step-by-step pictures of each all-reduce algorithm (and the cost "
                     "model beside benchmarks/results/allreduce_n2.json) for docs/algorithms.md. "
                     "Needs matplotlib.")
-    p.add_argument("out_dir", nargs="?", default="docs/img",
-                   help="folder for the PNG files (default docs/img)")
+    p.add_argument("out_dir", nargs="?", default="runs/viz",
+                   help="folder for the PNG files (default runs/viz; docs/img regenerates the "
+                        "docs' pictures)")
     out = Path(p.parse_args(argv).out_dir)
     try:
         import matplotlib  # noqa: F401
