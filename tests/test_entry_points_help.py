@@ -71,3 +71,23 @@ def test_shell_scripts_help(script, tmp_path):
     out = _help([str(REPO / script), "--help"], tmp_path)
     assert out.returncode == 0 and "usage:" in out.stdout, out.stdout + out.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_outputs_go_under_runs_by_default():
+    """A clone stays clean (git status) after the documented commands: what a script writes
+    without --out goes under runs/ (git-ignored); the published results need --out."""
+    import re
+    for path in [*(REPO / "benchmarks").glob("*.py"), *(REPO / "minidist").rglob("*.py")]:
+        for m in re.finditer(r'add_argument\(\s*"(--out|--plots|out_dir)"[^)]*?default=([^,)]+)',
+                             path.read_text(), re.S):
+            default = m.group(2)
+            assert "docs/" not in default and "benchmarks/results" not in default, (path, m[0])
+    assert "/runs/" in (REPO / ".gitignore").read_text().split()
+
+
+def test_viz_draws_into_runs(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = _help([sys.executable, "-m", "minidist.viz"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert sorted(p for p in os.listdir(tmp_path) if p != ".c") == ["runs"]
+    assert list((tmp_path / "runs" / "viz").glob("algo_ring_n4.png"))
