@@ -460,8 +460,14 @@ class MPITransport(Transport):
         return None if self.rank not in members else MPITransport(sub, timeout_s)
 
     def abort(self, code: int = 1) -> None:
-        """End the whole job now (every rank), e.g. after an uncaught exception on this rank."""
+        """End the whole job now (every rank), e.g. after an uncaught exception on this rank.
+
+        MPI_Abort asks the process manager to end every rank, but MPICH may return from it
+        (observed when it is called from a thread other than the main one) while the kill is
+        on its way; this process must not run on meanwhile, so it exits at once itself.
+        """
         self.MPI.COMM_WORLD.Abort(code)
+        os._exit(code)
 
     def close(self) -> None:
         if not self.MPI.Is_finalized():
