@@ -13,19 +13,18 @@ mpi4py's ``MPI_Finalize``) the leaving rank tells its peers over the side channe
 
     leaving rank (at exit)                         every other rank
     SIDE_BYE {counts, "exit": code} --> peers      a wait in a collective polls the side
-    wait until every peer finished too (its BYE)     channel (failure.poll): a BYE with fewer
-    or failed or left, at most GRACE_S for a         calls and an exit code -> PeerExited,
-    nonzero code, the timeout for 0                  "rank 1 exited with code 3 ...", and the
-    all finished with the same counts: a             excepthook ends the job with that code
-    collective end, exit normally                    (1 for a rank that returned normally:
-    else one line, then MPI Abort(code)              a job whose ranks did not finish together
-                                                     failed)
-    not MPI, nonzero code: exit at once              not MPI: raise once the peer is gone, so
-                                                     a launcher names the rank that left
+    code 0, or not MPI: go on exiting                channel (failure.poll; also when a
+    MPI and a nonzero code: wait until every         connection closes): a BYE with fewer
+      peer finished too (its BYE with the same       calls and an exit code -> PeerExited,
+      counts), at most GRACE_S; if one did not:      "rank 1 exited with code 3 ...", and the
+      one line, then MPI Abort(code)                 excepthook ends the job with that code
+                                                     (1 for a rank that returned normally:
+                                                     a job whose ranks did not finish together
+                                                     failed); not MPI: once the peer is gone,
+                                                     so a launcher names the rank that left
 
-A job in which every rank finishes (with or without ``destroy_process_group``) exchanges the
-same BYE and ends cleanly (over TCP a nonzero code does not wait for the others: each rank then
-exits with its own code). The exit code is the one given to ``sys.exit(n)``, ``exit(n)`` or
+A job in which every rank finishes (with or without ``destroy_process_group``) ends as before:
+the goodbyes agree, nothing is raised or printed. The exit code is the one given to ``sys.exit(n)``, ``exit(n)`` or
 ``quit(n)`` (wrapped while the group is open); a script that returns (or raises
 ``SystemExit`` itself) counts as 0. With the ledger off (``MINIDIST_LEDGER=0``) nothing is sent.
 """
@@ -172,18 +171,21 @@ def _at_exit() -> None:
 
 
 def leave(group: Any, code: int) -> None:
-    """Tell every peer this rank leaves with ``code``; end the job unless all finish too."""
+    """Tell every peer this rank leaves with ``code``; under MPI with a nonzero code, end the
+    job unless every peer finishes too."""
     t = group.transport
     mine = group.ledger.counts()
     peers = [p for p in range(group.size) if p != group.rank]
     for p in peers:
         t.side_send(p, SIDE_BYE, bye_payload(mine, code))
-    if code and not t.abort_ends_job:
-        return  # exit now; the peers raise once this process is gone, a launcher names it
+    if code == 0 or not t.abort_ends_job:
+        # 0: an ordinary end (MPI_Finalize waits for the others, as it always did; a rank still
+        # waiting for this one in a collective raises PeerExited). Not MPI: exit now; the peers
+        # raise once this process is gone, so a launcher names this rank.
+        return
     finished: dict[int, dict[int, int]] = dict(group._byes)  # what the poll hook already read
     gone: set[int] = set()
-    timeout_s = float(t.timeout_s or DEFAULT_TIMEOUT_S)
-    deadline = time.monotonic() + (min(GRACE_S, timeout_s) if code else timeout_s)
+    deadline = time.monotonic() + min(GRACE_S, float(t.timeout_s or DEFAULT_TIMEOUT_S))
     while time.monotonic() < deadline:
         waiting = [p for p in peers if p not in finished and p not in gone]
         if not waiting:
@@ -201,15 +203,11 @@ def leave(group: Any, code: int) -> None:
     still = [p for p in peers if finished.get(p) != mine]
     if not still:
         return  # every rank finished with the same collectives: a collective end
-    end = code or 1
-    what = (f"exited with code {code}" if code else "returned normally (exit code 0)")
-    then = (f"ending the job on all {group.size} ranks with exit code {end}" if
-            t.abort_ends_job else "they stop at their next wait for this rank")
-    sys.stderr.write(f"{rank_prefix()} {what} without destroy_process_group while rank(s) "
-                     f"{', '.join(map(str, still))} had not finished; {then}.\n")
+    sys.stderr.write(f"{rank_prefix()} exited with code {code} without destroy_process_group "
+                     f"while rank(s) {', '.join(map(str, still))} had not finished; ending the "
+                     f"job on all {group.size} ranks with exit code {code}.\n")
     sys.stderr.flush()
-    if t.abort_ends_job:
-        time.sleep(ABORT_FLUSH_S)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # MPI's own abort line repeats ours
-        t.abort(end)  # MPI: ends every rank (does not return)
+    time.sleep(ABORT_FLUSH_S)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # MPI's own abort line repeats ours
+    t.abort(code)  # MPI: ends every rank (does not return)
 
