@@ -4,8 +4,11 @@ Layers, bottom up (each imports only from the ones below it; see docs/layout.md)
 xp -> tensor -> nn, optim, comm, utils -> data, kernels -> amp -> ddp -> checkpoint -> trainer.
 """
 
+import sys as _sys
+
 from minidist import xp
 from minidist import cuda
+from minidist import accelerator
 from minidist.xp import DeviceUnavailableError, device
 from minidist.log import get_logger
 from minidist import trace
@@ -13,15 +16,15 @@ from minidist import trace
 # tensor and nn: Tensor + autograd tape, no_grad, layers (minidist/tensor, minidist/nn)
 from minidist import nn
 from minidist import tensor  # the package, callable as torch's tensor(data, dtype=None, ...)
-from minidist.tensor import Tensor, no_grad, is_grad_enabled, manual_seed
+from minidist.tensor import Tensor, no_grad, is_grad_enabled, manual_seed, initial_seed, seed
 from minidist.tensor import enable_grad, set_grad_enabled
 from minidist.tensor import (arange, as_tensor, empty, empty_like, from_numpy, full, full_like,
                              ones, ones_like, rand, rand_like, randint, randn, randn_like, zeros,
                              zeros_like)
 from minidist.tensor import (double, float32, float64, half, int32, int64,  # torch's dtype names
                              long)
-from minidist.tensor import (chunk, masked_fill, split, tril, triu,  # torch's functions
-                             transpose)
+from minidist.tensor import (cat, chunk, flatten, masked_fill, multinomial,  # torch's functions
+                             split, stack, topk, transpose, tril, triu)
 from minidist.tensor import bool as bool  # noqa: A004,F401 - torch's name (minidist.bool)
 from minidist.tensor import float as float  # noqa: A004,F401 - torch's name (minidist.float)
 
@@ -45,6 +48,7 @@ from minidist.comm import (
     new_group,
     new_group_from_transport,
 )
+from minidist.distributed import get_backend
 
 # optim and data: optimizers, LR schedules, clipping; datasets, DistributedSampler, DataLoader
 from minidist import data, optim
@@ -72,3 +76,8 @@ from minidist.version import __version__  # noqa: E402
 # torch's spelling nn.SyncBatchNorm: the class communicates, so it lives in ddp (above comm),
 # and the root, which sees every layer, attaches it to nn (nn itself cannot import ddp).
 setattr(nn, "SyncBatchNorm", SyncBatchNorm)  # noqa: B010 - nn declares no such name
+# torch.utils.data: utils sits below data, so the root names data there too, as an attribute
+# and as an importable module path (``from minidist.utils.data import DataLoader``).
+setattr(utils, "data", data)  # noqa: B010 - utils declares no such name
+_sys.modules["minidist.utils.data"] = data
+_sys.modules["minidist.utils.data.distributed"] = data.distributed

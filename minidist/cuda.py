@@ -4,6 +4,9 @@
     dev = minidist.device("cuda" if minidist.cuda.is_available() else "cpu")
     model.to(dev)
 
+``manual_seed``/``manual_seed_all`` seed CuPy's own generator (minidist's draws come from the
+host generator of ``minidist.manual_seed``).
+
 On a machine without CuPy or a GPU, ``is_available()`` is False and ``device_count()`` is 0;
 ``set_device``/``current_device`` raise the one-line ``DeviceUnavailableError`` that says how to
 get a working GPU path (minidist.xp.require_cuda).
@@ -55,3 +58,19 @@ def current_device() -> int:
 def synchronize() -> None:
     """Wait for all queued work on the current GPU (a no-op without one)."""
     backend.synchronize()
+
+
+def manual_seed(seed: int) -> None:
+    """Seed CuPy's generator on the current GPU; silently ignored without one, as torch's.
+
+    minidist draws its own random numbers (weights, dropout, ``randn``) on the host from the
+    generator ``minidist.manual_seed`` seeds, for every device, so call that to make them
+    reproducible; this one reaches only CuPy code you call yourself.
+    """
+    if backend.gpu_available():  # pragma: no cover - needs a GPU
+        backend.require_cuda().random.seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """``manual_seed`` on every GPU (each rank drives one GPU here: the same call)."""
+    manual_seed(seed)

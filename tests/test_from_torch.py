@@ -1,6 +1,7 @@
 """examples/from_torch: each port differs from its PyTorch original in import lines only, and
-runs as the original does: the torchrun-shaped one under ``python -m minidist.launch``, the
-mp.spawn-shaped one as a plain script that starts its own ranks."""
+runs as the original does: the torchrun-shaped ones under ``python -m minidist.launch``, the
+mp.spawn-shaped one as a plain script that starts its own ranks. Where torch is installed the
+originals run too (under torchrun) and end as their ports do."""
 
 import difflib
 import re
@@ -12,7 +13,7 @@ from procs import REPO, run_python
 
 HERE = REPO / "examples" / "from_torch"
 PAIRS = [("ddp_torchrun.py", "ddp_torchrun_minidist.py"), ("ddp_spawn.py", "ddp_spawn_minidist.py"),
-         ("gpt_ddp.py", "gpt_ddp_minidist.py")]
+         ("gpt_ddp.py", "gpt_ddp_minidist.py"), ("ddp_zero.py", "ddp_zero_minidist.py")]
 # (torch line, minidist line) pairs allowed besides imports: none today.
 EXCEPTIONS: set = set()
 
@@ -64,3 +65,34 @@ def test_gpt_port_trains_under_ddp_and_its_loss_falls():
     assert job.returncode == 0, job.report()
     losses = [float(v) for v in re.findall(r"loss ([0-9.]+)", job.stdout)]
     assert len(losses) >= 3 and losses[-1] < 0.8 * losses[0], job.report()
+    sample = re.findall(r"sample: (.*)", job.stdout)     # minGPT's generate: topk, multinomial
+    assert len(sample) == 1 and sample[0].startswith("first ") and len(sample[0]) == 30, \
+        job.report()
+
+
+def check_zero_run(stdout, report):
+    losses = [float(v) for v in re.findall(r"epoch \d+: loss ([0-9.]+)", stdout)]
+    acc = float(re.findall(r"accuracy ([0-9.]+)", stdout)[-1])
+    assert len(losses) == 6 and losses[-1] < 0.5 * losses[0] and acc >= 0.9, report
+    assert "weights equal on all ranks: True" in stdout, report
+
+
+def test_zero_port_trains_with_a_dataset_of_tensors_checkpointing_and_zero():
+    # a Dataset returning Tensors, batch.to(device), checkpoint(use_reentrant=False),
+    # ZeroRedundancyOptimizer(params, optimizer_class=..., lr=...), f"{loss:.4f}", cat/flatten
+    job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
+                      HERE / "ddp_zero_minidist.py"], timeout_s=180)
+    assert job.returncode == 0, job.report()
+    check_zero_run(job.stdout, job.report())
+
+
+@pytest.mark.parametrize("original", ["ddp_zero.py", "gpt_ddp.py"])
+def test_originals_run_under_torch(original):
+    pytest.importorskip("torch")
+    job = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                      HERE / original], timeout_s=300, env={"STEPS": "30"})
+    assert job.returncode == 0, job.report()
+    if original == "ddp_zero.py":
+        check_zero_run(job.stdout, job.report())
+    else:
+        assert re.findall(r"sample: first ", job.stdout), job.report()

@@ -120,6 +120,25 @@ def create_optimizer(model, weight_decay=0.1, lr=3e-3):
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
 
 
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0, do_sample=False, top_k=None):
+    """minGPT's sampling loop: crop the context, keep the top k logits, sample, append."""
+    for _ in range(max_new_tokens):
+        idx_cond = idx if idx.size(1) <= model.block_size else idx[:, -model.block_size:]
+        logits, _ = model(idx_cond)
+        logits = logits[:, -1, :] / temperature
+        if top_k is not None:
+            v, _ = torch.topk(logits, top_k)
+            logits[logits < v[:, [-1]]] = -float("Inf")
+        probs = F.softmax(logits, dim=-1)
+        if do_sample:
+            idx_next = torch.multinomial(probs, num_samples=1)
+        else:
+            _, idx_next = torch.topk(probs, k=1, dim=-1)
+        idx = torch.cat((idx, idx_next), dim=1)
+    return idx
+
+
 def main():
     dist.init_process_group(backend="gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -159,6 +178,10 @@ def main():
             break
     if rank == 0:
         print(f"step {step}: loss {mean_loss.item() / world_size:.4f}", flush=True)
+        model.module.eval()
+        context = torch.tensor([[stoi[c] for c in "first "]], dtype=torch.long)
+        out = generate(model.module, context, 24, do_sample=True, top_k=5)
+        print("sample: " + "".join(chars[i] for i in out[0].tolist()), flush=True)
     dist.destroy_process_group()
 
 

@@ -47,6 +47,11 @@ log = get_logger(__name__)
 EXCHANGE_S = 5.0       # at most this long for the peers' reports (less with a shorter timeout)
 REPORT_ENTRIES = 64    # ledger entries each rank sends (the dump has all of them)
 _POLL_S = 0.001
+# A peer's shared-memory call counter is visible at once, while the message it sent before
+# that call may still be on its way (MPI progresses it later, more so on a loaded machine):
+# "the peer is past this call" counts only once it has held this long.
+AHEAD_GRACE_S = 2.0
+_ahead_seen: dict[tuple, float] = {}
 
 
 def exchange_timeout_s(transport: Transport) -> float:
@@ -227,7 +232,7 @@ def poll(group: Any, src: int | None, tag: int) -> CommError | None:
         # (only with one stream: another thread's MPI calls would look the same).
         ahead = (group._shm.native_ahead(src) if group._shm is not None
                  and len(group.ledger.counts()) == 1 else 0)
-        if ahead:
+        if ahead and _held(group, src, ahead):
             err = CollectiveMismatch(
                 f"{group._where('wait')}: rank {src} is already in MPI collective call "
                 f"{ahead}, which this rank has not called, instead of sending the awaited "
@@ -249,6 +254,15 @@ def poll(group: Any, src: int | None, tag: int) -> CommError | None:
                     err.how = f"when rank {p} reached destroy_process_group"
                     return err
     return None
+
+
+def _held(group: Any, src: int, ahead: int) -> bool:
+    """True once ``src`` has been seen ahead (at MPI call ``ahead``) for AHEAD_GRACE_S."""
+    key = (id(group), src, ahead, tuple(sorted(group.ledger.counts().items())))
+    now = time.monotonic()
+    if len(_ahead_seen) > 64:
+        _ahead_seen.clear()
+    return now - _ahead_seen.setdefault(key, now) >= AHEAD_GRACE_S
 
 
 def farewell(group: Any) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from minidist.data.idx import read_idx
+from minidist.tensor import Tensor, default_generator
 
 DIGITS_FILE = Path(__file__).with_name("digits.npz")
 SPLITS = ("train", "test", "all")
@@ -55,8 +56,9 @@ class Dataset:
 class TensorDataset(Dataset):
     """Samples ``(a[i], b[i], ...)`` from arrays or Tensors with the same first dimension.
 
-    torch's ``TensorDataset``: ``TensorDataset(x, y)[3] == (x[3], y[3])``. Tensors are stored
-    as their host arrays; DataLoader batches it with one fancy-indexing step per array.
+    torch's ``TensorDataset``: ``TensorDataset(x, y)[3] == (x[3], y[3])``, a tuple of Tensors
+    (without gradient) as in torch. Arrays are stored as they are (Tensors as their host
+    arrays, in ``.tensors``); DataLoader batches it with one fancy-indexing step per array.
 
     Raises:
         ValueError: no arrays, a 0-d array, or different first dimensions.
@@ -73,8 +75,8 @@ class TensorDataset(Dataset):
     def __len__(self) -> int:
         return len(self.tensors[0])
 
-    def __getitem__(self, index: Any) -> tuple[np.ndarray, ...]:
-        return tuple(a[index] for a in self.tensors)
+    def __getitem__(self, index: Any) -> tuple[Tensor, ...]:
+        return tuple(Tensor(a[index]) for a in self.tensors)
 
 
 class ArrayDataset(Dataset):
@@ -126,25 +128,66 @@ def _split_lengths(n: int, sizes: Sequence[float]) -> list[int]:
     return lengths
 
 
-def random_split(dataset: ArrayDataset, sizes: Sequence[float],
-                 seed: int = 0) -> list[ArrayDataset]:
-    """Split an ArrayDataset at random into parts of the given lengths or fractions.
+class Subset(Dataset):
+    """torch's ``Subset(dataset, indices)``: the samples of ``dataset`` at ``indices``.
+
+    Works on any map-style dataset (``len`` + ``__getitem__``). DataLoader batches a Subset of
+    an ArrayDataset or TensorDataset with one fancy-indexing step per array, like the whole.
+    """
+
+    def __init__(self, dataset: Any, indices: Sequence[int]) -> None:
+        self.dataset, self.indices = dataset, indices
+        self._array: np.ndarray | None = None
+
+    def index_array(self) -> np.ndarray:
+        """``indices`` as an int64 array (made once)."""
+        if self._array is None:
+            self._array = np.asarray(self.indices, dtype=np.int64).reshape(-1)
+        return self._array
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, list):
+            return self.dataset[[int(self.index_array()[i]) for i in index]]
+        return self.dataset[self.index_array()[index]]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def random_split(dataset: Any, lengths: Sequence[float], generator: Any = None, *,
+                 seed: int | None = None) -> list[Any]:
+    """Split a dataset at random into parts of the given lengths or fractions (torch's).
 
     Args:
-        dataset: the dataset to split.
-        sizes: lengths that sum to ``len(dataset)``, or fractions that sum to 1.
-        seed: seeds ``numpy.random.default_rng``; the same seed gives the same split.
+        dataset: any map-style dataset.
+        lengths: lengths that sum to ``len(dataset)``, or fractions that sum to 1 (the
+            remainder handed out round-robin, as torch does).
+        generator: a ``numpy.random.Generator`` to draw the permutation from.
+        seed: instead of ``generator``: ``numpy.random.default_rng(seed)``; the same seed gives
+            the same split on every rank and every run. With neither, the split comes from
+            minidist's default generator, as torch's from its own: it follows
+            ``minidist.manual_seed`` and, without it, differs per process.
 
     Returns:
-        One ArrayDataset per entry of ``sizes`` (copies made by fancy indexing).
+        For an ArrayDataset: one ArrayDataset per part (copies made by fancy indexing, sorted
+        by index). For any other dataset: one ``Subset`` per part (torch's result).
     """
-    lengths = _split_lengths(len(dataset), sizes)
-    perm = np.random.default_rng(seed).permutation(len(dataset))
-    out, start = [], 0
-    for length in lengths:
-        idx = np.sort(perm[start:start + length])
-        out.append(ArrayDataset(*dataset[idx]))
+    sizes = _split_lengths(len(dataset), lengths)
+    if generator is None:
+        if seed is not None:
+            generator = np.random.default_rng(seed)
+        else:
+            generator = default_generator()
+    perm = generator.permutation(len(dataset))
+    out: list[Any] = []
+    start = 0
+    for length in sizes:
+        part = perm[start:start + length]
         start += length
+        if isinstance(dataset, ArrayDataset):
+            out.append(ArrayDataset(*dataset[np.sort(part)]))
+        else:
+            out.append(Subset(dataset, part.tolist()))
     return out
 
 

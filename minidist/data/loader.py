@@ -1,4 +1,4 @@
-"""DataLoader: batches ``(x, y)`` of a dataset as xp arrays, in sampler or shuffled order.
+"""DataLoader: batches ``(x, y)`` of a dataset as Tensors, in sampler or shuffled order.
 
     loader = DataLoader(train_set, batch_size=64, shuffle=True, seed=0)     # one process
     loader = DataLoader(train_set, batch_size=64,
@@ -7,10 +7,16 @@
         loader.set_epoch(epoch)                  # passed on to the sampler
         for x, y in loader: ...
 
-For an ``ArrayDataset`` a batch is ONE fancy-indexing step per array (``x[idx]``, ``y[idx]``),
-no per-sample Python loop; other datasets (``len`` + ``__getitem__`` returning (x, y)) are
-stacked sample by sample. Batches are moved to ``device`` (default: minidist's default device;
-on the CPU that is a no-op).
+A batch is what torch's DataLoader yields: Tensors (no gradient), so a training loop's
+``xb.to(device)``, ``yb.long()``, ``xb.size(0)``, ``xb.float()`` work as they are. Each Tensor
+wraps the batch's array without a copy (``xb.data`` is the NumPy or CuPy array, and
+``numpy.asarray(xb)`` gives it back), so nothing costs more than it did with arrays. For an
+``ArrayDataset`` or ``TensorDataset`` (and a ``Subset`` of one, e.g. from ``random_split``) a
+batch is ONE fancy-indexing step per array (``x[idx]``, ``y[idx]``), no per-sample Python loop;
+other datasets (``len`` + ``__getitem__``) are batched sample by sample by ``default_collate``
+(Tensors, arrays and numbers; tuples and dicts field by field). Batches are moved to
+``device`` (default: minidist's default device; on the CPU that is a no-op). A ``collate_fn``
+replaces all of this: the loader yields what it returns.
 
 With ``num_workers=N > 0``, N background threads build the next ``prefetch_factor * N``
 batches while the training loop uses the current one (batches still come out in order, and
@@ -34,8 +40,21 @@ from typing import Any, Callable
 import numpy as np
 
 from minidist import xp as backend
-from minidist.data.datasets import ArrayDataset, TensorDataset
+from minidist.tensor import Tensor
+from minidist.data.collate import default_collate
+from minidist.data.datasets import ArrayDataset, Subset, TensorDataset
 from minidist.data.sampler import DistributedSampler
+
+
+def _to_device(batch: Any, device: str | None) -> Any:
+    """The Tensors of a collated batch moved to ``device`` (the loader's, or the default)."""
+    if isinstance(batch, Tensor):
+        return Tensor(backend.to_device(batch.data, device))
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch
 
 
 class DataLoader:
@@ -51,7 +70,7 @@ class DataLoader:
         batch_sampler: not supported (raises ValueError); use ``sampler`` and ``batch_size``.
         num_workers: background threads that prefetch batches (0: build them in the loop).
         collate_fn: ``collate_fn(list_of_samples) -> batch``; replaces the default, which
-            stacks each field of the samples into an array (and keeps the fast path).
+            stacks each field of the samples into a Tensor (``default_collate``).
         pin_memory: accepted; a no-op (NumPy batches are copied to a GPU when ``device`` says).
         drop_last: drop the last batch if it is smaller than ``batch_size``.
         timeout: seconds to wait for a prefetched batch (0: no limit).
@@ -167,20 +186,19 @@ class DataLoader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def _gather(self, idx: np.ndarray) -> Any:
-        """One batch: the collate_fn's result, or a tuple of arrays on ``device``."""
+        """One batch: the collate_fn's result, or Tensors (``default_collate``) on ``device``."""
         if self.collate_fn is not None:
             return self.collate_fn([self.dataset[int(i)] for i in idx])
-        if isinstance(self.dataset, ArrayDataset):
-            fields: tuple = (self.dataset.x[idx], self.dataset.y[idx])
-        elif isinstance(self.dataset, TensorDataset):
-            fields = tuple(a[idx] for a in self.dataset.tensors)
+        dataset = self.dataset
+        while isinstance(dataset, Subset):  # a split of an array dataset keeps the fast path
+            idx, dataset = dataset.index_array()[idx], dataset.dataset
+        if isinstance(dataset, ArrayDataset):
+            fields: tuple = (dataset.x[idx], dataset.y[idx])
+        elif isinstance(dataset, TensorDataset):
+            fields = tuple(a[idx] for a in dataset.tensors)
         else:
-            samples = [self.dataset[int(i)] for i in idx]
-            if not isinstance(samples[0], (tuple, list)):  # a dataset of single arrays
-                return backend.to_device(np.stack([np.asarray(s) for s in samples]), self.device)
-            fields = tuple(np.stack([np.asarray(s[k]) for s in samples])
-                           for k in range(len(samples[0])))
-        return tuple(backend.to_device(f, self.device) for f in fields)
+            return _to_device(default_collate([dataset[int(i)] for i in idx]), self.device)
+        return tuple(Tensor(backend.to_device(f, self.device)) for f in fields)
 
     def _start_workers(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -234,7 +252,7 @@ class DataLoader:
         """Like iteration, with a host bool array appended per batch: False marks padding.
 
         For exact distributed evaluation (see ``DistributedSampler.valid_mask``). A batch of
-        ``(x, y)`` comes as ``(x, y, mask)``.
+        ``(x, y)`` comes as ``(x, y, mask)``: x and y Tensors, mask a NumPy bool array.
         """
         valid = None
         if hasattr(self.sampler, "valid_mask"):

@@ -30,8 +30,10 @@ What construction does (every rank, same order)::
        writes the gradient there, no copy), register a post-accumulate-grad hook per
        parameter (reducer.py)
 
-Each synced forward in grad mode first broadcasts rank 0's buffers (``broadcast_buffers``,
-torch's default; one flat message per dtype, nothing for a model without buffers). The rest of
+A forward first broadcasts rank 0's buffers (``broadcast_buffers``, torch's default; one flat
+message per dtype, nothing for a model without buffers) when the forward before it, or the
+construction, was a synced forward in grad mode: torch's rule, so the first eval forward after
+training (under ``no_grad``) starts from rank 0's running statistics too. The rest of
 a step is the Reducer's: see reducer.py for the picture. docs/how_ddp_works.md
 walks through it with the scaling numbers.
 """
@@ -107,10 +109,13 @@ class DistributedDataParallel:
         output_device: None, or the same device as ``device_ids[0]``.
         dim: torch's scatter dimension for multi-device modules; unused (one device per rank).
         broadcast_buffers: broadcast rank 0's buffers (BatchNorm running statistics) to
-            every rank before each synced forward in grad mode, as torch does, so they
-            cannot drift apart (one flat message per dtype; nothing when the model has no
-            buffers). Forwards under ``no_grad`` or ``no_sync`` skip it. False: each rank
-            keeps its own buffers after the broadcast at construction.
+            every rank at the start of a forward whose previous forward (or the
+            construction) was a synced one in grad mode, as torch does: every training step
+            starts from rank 0's statistics, and so does the first forward after training,
+            an eval forward under ``no_grad`` included (one flat message per dtype; nothing
+            when the model has no buffers). A forward after a ``no_grad`` or ``no_sync`` one
+            sends nothing. False: each rank keeps its own buffers after the broadcast at
+            construction.
         init_sync: torch's name for broadcasting rank 0's parameters and buffers at start.
         process_group: the group to reduce over (default: the world).
         bucket_cap_mb: size limit of each gradient bucket after the first (torch: 25; None
@@ -193,6 +198,9 @@ class DistributedDataParallel:
             self._broadcast_state()
         self._buffer_packs = self._pack_buffers() if broadcast_buffers and \
             self.world_size > 1 else []
+        # torch's require_forward_param_sync: True when the last forward (or construction)
+        # was a synced one in grad mode, so the next forward broadcasts rank 0's buffers
+        self._buffers_stale = True
         self._join: _Join | None = None  # set inside join(): uneven inputs
         for b in self.buckets:
             b.buffer[...] = 0
@@ -330,18 +338,26 @@ class DistributedDataParallel:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the module; with grad mode on, also prepare the reducer for the coming backward.
 
-        A synced forward in grad mode (not under ``no_grad``/``no_sync``) first broadcasts rank
-        0's buffers when ``broadcast_buffers`` (torch's rule): every rank reaches that forward
-        in the same order, so the broadcast lines up, while an extra eval forward or the
-        accumulation micro-batches of one step send nothing.
+        With ``broadcast_buffers``, rank 0's buffers are broadcast first when the previous
+        forward (or the construction) was a synced one in grad mode: torch's rule
+        (``require_forward_param_sync``). Training steps therefore start from rank 0's
+        statistics, the first eval forward after training too (under ``no_grad``: every rank
+        must make it, as in torch), and further eval forwards or the micro-batches after a
+        ``no_sync`` one send nothing. Inside ``join`` the synced forwards in grad mode
+        broadcast (the steps a finished rank shadows), and nothing else does.
         """
+        synced = is_grad_enabled() and self.reducer.require_sync
+        sync_buffers = synced if self._join is not None else self._buffers_stale
+        self._buffers_stale = synced
         if not is_grad_enabled():
+            if self._buffer_packs and sync_buffers:
+                self._sync_buffers()
             return self.module(*args, **kwargs)
         tr = trace.tracer()
         t0 = tr.now() if tr is not None else 0.0
         if self._join is not None and self.reducer.require_sync:
             self._join.count_active(self, 1)
-        if self._buffer_packs and self.reducer.require_sync:
+        if self._buffer_packs and sync_buffers:
             self._sync_buffers()
         self.reducer.prepare_for_forward()
         out = self.module(*args, **kwargs)

@@ -35,6 +35,23 @@ That is exact for element-wise optimizers (SGD, Adam, AdamW: every formula is pe
 not for ones that look across a tensor (LAMB, Adafactor), which are refused nowhere but would
 be wrong. One parameter group only.
 
+Without ``ddp=`` (torch's signature, ``ZeroRedundancyOptimizer(params, optimizer_class,
+lr=...)``) there are no buckets to reuse: DDP all-reduces the gradients as usual and ZeRO
+partitions the PARAMETERS, as torch does: sorted by size, each goes to the rank with the
+fewest elements so far; rank r keeps the optimizer state of its parameters only, steps them,
+and broadcasts them (one flat message per rank and dtype) so every rank holds the whole
+updated model::
+
+    params  | w1 (rank 0) | b1 (rank 1) | w2 (rank 1) | b2 (rank 0) |   (by size, greedy)
+    after DDP's all-reduce: every rank has the whole averaged gradient
+    rank r: inner optimizer step on its parameters only  (state: 1/n of the model)
+    broadcast from each rank r: its parameters           (everyone: the updated model)
+
+That costs a broadcast of the whole model per step on top of DDP's all-reduce (the bucket
+path's reduce-scatter + all-gather cost no more than the all-reduce alone), so ``ddp=`` is
+the fast path; the partition path works with several parameter groups and with any
+optimizer (each parameter is stepped whole).
+
 Invariants and limits:
 - after ``backward`` only this rank's shard of the gradients is averaged: ``p.grad`` of the
   model holds the LOCAL gradient elsewhere; gradient clipping over ``model.parameters()``
@@ -57,6 +74,7 @@ from minidist import xp as backend
 from minidist.ddp.hooks import GradBucket
 from minidist.log import get_logger, rank_prefix
 from minidist.optim import Optimizer
+from minidist.optim.options import run_closure
 
 log = get_logger(__name__)
 
@@ -117,26 +135,49 @@ class ZeroRedundancyOptimizer(Optimizer):
     """torch's ZeroRedundancyOptimizer (stage 1) over a DistributedDataParallel's buckets.
 
     Args:
-        params: the DDP model's parameters (all of them, the same list on every rank).
-        optimizer_class: an element-wise optimizer class, e.g. ``optim.AdamW``, ``optim.SGD``.
-        process_group: the group to shard over (default: the DDP's).
-        ddp: the DistributedDataParallel that produces the gradients (required: ZeRO reuses
-            its buckets and replaces their all-reduce by a reduce-scatter).
+        params: the model's parameters (the same list on every rank), or parameter groups
+            (without ``ddp=`` only).
+        optimizer_class: the optimizer class, e.g. ``optim.AdamW``, ``optim.SGD`` (with
+            ``ddp=``: an element-wise one).
+        process_group: the group to shard over (default: the DDP's, or the world).
+        parameters_as_bucket_view, overlap_with_ddp: torch's options; accepted and unused
+            (the ``ddp=`` path is the bucketed, overlapped one).
+        ddp: the DistributedDataParallel that produces the gradients: ZeRO then reuses its
+            buckets and replaces their all-reduce by a reduce-scatter (the fast path). Without
+            it, parameters are partitioned between the ranks (see the module docstring).
         **defaults: passed to ``optimizer_class`` (lr, betas, weight_decay, ...).
 
     Raises:
-        ValueError: no ``ddp``, more than one parameter group, or a parameter list that is
-            not exactly the DDP model's; on every rank alike if the lists differ between
-            ranks (the message names the first differing parameter and the ranks).
+        ValueError: with ``ddp``: more than one parameter group, or a parameter list that is
+            not exactly the DDP model's; both paths: on every rank alike if the lists differ
+            between ranks (the message names the first differing parameter and the ranks).
     """
 
-    def __init__(self, params: Any, optimizer_class: type, process_group: Any = None, *,
+    def __init__(self, params: Any, optimizer_class: type, process_group: Any = None,
+                 parameters_as_bucket_view: bool = False, overlap_with_ddp: bool = False, *,
                  ddp: Any = None, **defaults: Any) -> None:
         name = f"{rank_prefix()} ZeroRedundancyOptimizer"
-        if ddp is None or not hasattr(ddp, "register_comm_hook"):
-            raise ValueError(f"{name}: needs the DistributedDataParallel model whose buckets it "
-                             "shards: pass ddp=model (ZeroRedundancyOptimizer(model.parameters(), "
-                             "optim.AdamW, ddp=model, lr=...)).")
+        self._partition: _Partition | None = None
+        self._shards: list[_Shard] = []
+        if ddp is not None and not hasattr(ddp, "register_comm_hook"):
+            raise ValueError(f"{name}: ddp= must be the DistributedDataParallel model whose "
+                             f"buckets it shards, got {type(ddp).__name__}.")
+        if ddp is None:
+            super().__init__(params, defaults)
+            self.optimizer_class = optimizer_class
+            self.process_group = process_group
+            group = process_group or comm.get_default_group()
+            self.rank, self.world_size = group.rank, group.size
+            self._check_same_everywhere(name, [[f"#{i}", list(p.data.shape), str(p.data.dtype)]
+                                               for i, p, _ in self.indexed_params()])
+            self._partition = _Partition(self, optimizer_class, defaults)
+            self.optim = self._partition.optim
+            self.grad_state = GradState.READY  # DDP's all-reduce: always this step's average
+            self._consolidated, self._consolidated_to = None, None
+            log.info("ZeRO-1 without buckets: this rank steps %d of %d parameters (%s)",
+                     len(self._partition.mine), len(self._partition.owner),
+                     optimizer_class.__name__)
+            return
         super().__init__(params, defaults)
         if len(self.param_groups) != 1:
             raise ValueError(f"{name}: got {len(self.param_groups)} parameter groups; ZeRO here "
@@ -179,6 +220,18 @@ class ZeroRedundancyOptimizer(Optimizer):
         mine = [p for _, p, _ in self.indexed_params()]
         listed = [[ddp_names.get(id(p), "<not in the DDP model>"), list(p.data.shape),
                    str(p.data.dtype)] for p in mine]
+        self._check_same_everywhere(name, listed)
+        stray = [n for n, _, _ in listed if n == "<not in the DDP model>"]
+        mine_ids = {id(p) for p in mine}
+        missing = [n for p, n in zip(ddp.reducer.params, ddp.reducer.names)
+                   if id(p) not in mine_ids]
+        if stray or missing:
+            raise ValueError(f"{name}: the parameters must be exactly the DDP model's: "
+                             f"{len(stray)} are not in it, and {missing[:4]} of it are missing. "
+                             "Pass model.parameters() of the DistributedDataParallel model.")
+
+    def _check_same_everywhere(self, name: str, listed: list) -> None:
+        """``listed`` (name, shape, dtype per parameter) is the same on every rank."""
         if self.world_size > 1:
             every = comm.all_gather_object(listed, group=self.process_group)
             for r, other in enumerate(every):
@@ -192,23 +245,23 @@ class ZeroRedundancyOptimizer(Optimizer):
                                  f"#{k} is {here} on rank {self.rank} but {there} on rank {r} "
                                  f"({len(listed)} vs {len(other)} parameters). Every rank must "
                                  "pass the same model.parameters().")
-        stray = [n for n, _, _ in listed if n == "<not in the DDP model>"]
-        mine_ids = {id(p) for p in mine}
-        missing = [n for p, n in zip(ddp.reducer.params, ddp.reducer.names)
-                   if id(p) not in mine_ids]
-        if stray or missing:
-            raise ValueError(f"{name}: the parameters must be exactly the DDP model's: "
-                             f"{len(stray)} are not in it, and {missing[:4]} of it are missing. "
-                             "Pass model.parameters() of the DistributedDataParallel model.")
 
     # ------------------------------------------------------------------ the step
 
-    def step(self) -> None:
-        """Step this rank's shards, then all-gather every bucket's parameters.
+    def step(self, closure: Any = None) -> Any:
+        """Step this rank's shards, then all-gather every bucket's parameters (without
+        ``ddp=``: step this rank's parameters, then broadcast them from their owners).
+
+        ``closure`` (torch's) runs first, with grad mode on; its loss is returned.
 
         Raises:
-            RuntimeError: no synced backward ran since the last step.
+            RuntimeError: with ``ddp=``, no synced backward ran since the last step.
         """
+        loss = run_closure(closure)
+        if self._partition is not None:
+            self._partition.step()
+            self._consolidated, self._consolidated_to = None, None
+            return loss
         if self.grad_state is not GradState.READY:
             raise RuntimeError(f"{rank_prefix()} ZeroRedundancyOptimizer.step: no synced "
                                "backward since the last step, so the gradient shards are not "
@@ -224,9 +277,13 @@ class ZeroRedundancyOptimizer(Optimizer):
                 comm.all_gather_into(s.flat[:s.split], s.grad_shard, group=self.process_group)
         self.grad_state = GradState.STALE
         self._consolidated, self._consolidated_to = None, None
+        return loss
 
     def comm_buffers_nbytes(self) -> int:
-        """Bytes of ZeRO's own buffers: one gradient shard (1/n of a bucket) per bucket."""
+        """Bytes of ZeRO's own buffers: one gradient shard (1/n of a bucket) per bucket, or
+        (without ``ddp=``) the flat arrays the parameters are broadcast in."""
+        if self._partition is not None:
+            return self._partition.nbytes()
         return sum(s.nbytes() for s in self._shards)
 
     # ------------------------------------------------------------------ checkpoints
@@ -257,6 +314,8 @@ class ZeroRedundancyOptimizer(Optimizer):
         return self._gather_state()
 
     def _gather_state(self) -> dict[str, Any]:
+        if self._partition is not None:
+            return self._partition.gather_state()
         index = {id(p): i for i, p, _ in self.indexed_params()}
         state: dict[int, dict[str, Any]] = {}
         for k, s in enumerate(self._shards):
@@ -295,6 +354,10 @@ class ZeroRedundancyOptimizer(Optimizer):
             ValueError: another number of groups or parameters, unknown keys or wrong shapes.
         """
         name = f"{rank_prefix()} ZeroRedundancyOptimizer.load_state_dict"
+        if self._partition is not None:
+            self._partition.load_state(name, state_dict)
+            self._consolidated = None
+            return
         groups = state_dict.get("param_groups", [])
         n_params = len(self.param_groups[0]["params"])
         if len(groups) != 1 or len(groups[0].get("params", [])) != n_params:
@@ -303,13 +366,13 @@ class ZeroRedundancyOptimizer(Optimizer):
                              f"optimizer has 1 group of {n_params}. Build the same model.")
         by_index = {i: p for i, p, _ in self.indexed_params()}
         saved = {int(k): v for k, v in state_dict.get("state", {}).items()}
-        keys = set(self.optim.state_keys)
+        keys = self.optim.state_keys
         for sid, s in saved.items():
             p = by_index.get(sid)
-            if p is None or set(s) - keys:
+            if p is None or (keys is not None and set(s) - set(keys)):
                 raise ValueError(f"{name}: state of parameter {sid} does not fit (keys "
                                  f"{sorted(s)}; {self.optimizer_class.__name__} keeps "
-                                 f"{sorted(keys)}; {n_params} parameters).")
+                                 f"{sorted(keys or [])}; {n_params} parameters).")
             for key, v in s.items():
                 if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0 and \
                         tuple(v.shape) != tuple(p.data.shape):
@@ -340,6 +403,134 @@ class ZeroRedundancyOptimizer(Optimizer):
                 self.param_groups[0][key] = tuple(v) if isinstance(v, list) else v
         self.optim.state = new_state
         self._consolidated = None
+
+
+class _Partition:
+    """The path without buckets: whole parameters partitioned between the ranks (torch's way).
+
+    ``owner[i]`` is the rank that steps parameter ``i`` (its index in the outer optimizer);
+    the inner optimizer holds this rank's parameters only, in the outer groups' structure
+    (group k inside = group k outside, with only the parameters this rank owns).
+    """
+
+    def __init__(self, outer: ZeroRedundancyOptimizer, optimizer_class: type,
+                 defaults: dict[str, Any]) -> None:
+        self.outer = outer
+        params = [p for _, p, _ in outer.indexed_params()]
+        sizes = [0] * outer.world_size
+        self.owner = [0] * len(params)
+        index = {id(p): i for i, p, _ in outer.indexed_params()}
+        for group in outer.param_groups:  # torch's _partition_parameters: greedy by size
+            for p in sorted(group["params"], key=lambda t: t.data.size, reverse=True):
+                r = sizes.index(min(sizes))
+                self.owner[index[id(p)]] = r
+                sizes[r] += int(p.data.size)
+        self.mine = [i for i, r in enumerate(self.owner) if r == outer.rank]
+        groups = []
+        for group in outer.param_groups:
+            opts = {k: v for k, v in group.items() if k != "params"}
+            groups.append({**opts, "params": [p for p in group["params"]
+                                              if self.owner[index[id(p)]] == outer.rank]})
+        self.optim = optimizer_class(groups, **defaults)
+        self.inner_index = {i: k for k, i in enumerate(self.mine)}  # outer -> inner index
+        # per rank, per dtype: (flat buffer, its parameters); one broadcast each per step
+        self.plan: list[tuple[int, Any, list[Any]]] = []
+        for r in range(outer.world_size):
+            by_dtype: dict[Any, list[Any]] = {}
+            for i, p in enumerate(params):
+                if self.owner[i] == r:
+                    by_dtype.setdefault((p.data.dtype, backend.get_array_module(p.data)),
+                                        []).append(p)
+            for (dtype, xp), ps in by_dtype.items():
+                self.plan.append((r, xp.empty(sum(p.data.size for p in ps), dtype), ps))
+
+    def nbytes(self) -> int:
+        return sum(int(flat.nbytes) for _, flat, _ in self.plan)
+
+    def step(self) -> None:
+        """Step this rank's parameters, then every rank's go out from their owner."""
+        outer = self.outer
+        for inner_group, group in zip(self.optim.param_groups, outer.param_groups):
+            inner_group.update({k: v for k, v in group.items() if k != "params"})
+        self.optim.step()
+        if outer.world_size == 1:
+            return
+        for r, flat, ps in self.plan:
+            at = 0
+            if r == outer.rank:
+                for p in ps:
+                    flat[at:at + p.data.size] = p.data.reshape(-1)
+                    at += p.data.size
+            comm.broadcast(flat, src=r, group=outer.process_group)
+            if r != outer.rank:
+                for p in ps:
+                    p.data[...] = flat[at:at + p.data.size].reshape(p.data.shape)
+                    at += p.data.size
+
+    def gather_state(self) -> dict[str, Any]:
+        """Every parameter's state from its owner (COLLECTIVE), in torch's layout."""
+        outer = self.outer
+        mine = {i: self.optim.state.get(k, {}) for i, k in self.inner_index.items()}
+        state: dict[int, dict[str, Any]] = {}
+        params = [p for _, p, _ in outer.indexed_params()]
+        for r in range(outer.world_size):
+            meta = {str(i): {key: (["array", str(v.dtype)] if hasattr(v, "shape") and
+                                   getattr(v, "ndim", 0) > 0 else ["value", v])
+                             for key, v in s.items()}
+                    for i, s in mine.items() if s} if r == outer.rank else None
+            if outer.world_size > 1:
+                meta = comm.broadcast_object(meta, src=r, group=outer.process_group)
+            meta = meta or {}
+            for key_i in sorted(meta, key=int):  # one order on every rank (JSON may sort)
+                i, entries = int(key_i), meta[key_i]
+                full: dict[str, Any] = {}
+                for key in sorted(entries):
+                    kind, v = entries[key]
+                    if kind == "value":
+                        full[key] = v
+                        continue
+                    xp = backend.get_array_module(params[i].data)
+                    arr = mine[i][key].copy() if r == outer.rank else \
+                        xp.empty(params[i].data.shape, dtype=v)
+                    if outer.world_size > 1:
+                        comm.broadcast(arr, src=r, group=outer.process_group)
+                    full[key] = arr
+                state[i] = full
+        groups, start = [], 0
+        for group in outer.param_groups:
+            g = {k: v for k, v in group.items() if k != "params"}
+            g["params"] = list(range(start, start + len(group["params"])))
+            start += len(group["params"])
+            groups.append(g)
+        return {"state": dict(sorted(state.items())), "param_groups": groups}
+
+    def load_state(self, name: str, state_dict: dict[str, Any]) -> None:
+        """Keep this rank's entries of a whole state dict; checked as the inner class does."""
+        outer = self.outer
+        groups = state_dict.get("param_groups", [])
+        sizes = [len(g["params"]) for g in outer.param_groups]
+        if [len(g.get("params", [])) for g in groups] != sizes:
+            raise ValueError(f"{name}: the checkpoint has groups of "
+                             f"{[len(g.get('params', [])) for g in groups]} parameters; this "
+                             f"optimizer has {sizes}. Build the same model and groups.")
+        saved = {int(k): v for k, v in state_dict.get("state", {}).items()}
+        inner_groups = []
+        for saved_group, group, inner in zip(groups, outer.param_groups,
+                                             self.optim.param_groups):
+            opts = {k: (tuple(v) if isinstance(v, list) else v)
+                    for k, v in saved_group.items() if k != "params"}
+            group.update(opts)
+            inner_groups.append({**opts, "params": list(range(len(inner["params"])))})
+        k0, numbered = 0, []
+        for inner in inner_groups:  # renumber the inner groups' parameters consecutively
+            numbered.append({**inner, "params": [k0 + j for j in inner["params"]]})
+            k0 += len(inner["params"])
+        inner_state = {self.inner_index[i]: s for i, s in saved.items() if i in self.inner_index}
+        bad = [i for i in saved if not 0 <= i < len(self.owner)]
+        if bad:
+            raise ValueError(f"{name}: state for parameters {bad[:4]}, outside 0.."
+                             f"{len(self.owner) - 1}. The checkpoint belongs to another model.")
+        self.optim.load_state_dict({"state": inner_state, "param_groups": numbered})
 
 
 def reduce_scatter_hook(state: ZeroRedundancyOptimizer, bucket: GradBucket) -> None:

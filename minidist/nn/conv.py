@@ -10,13 +10,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy
 
 from minidist.nn import init
-from minidist.nn.layers import empty_parameter
+from minidist.nn.layers import empty_parameter, factory_dtype, place
 from minidist.nn.module import Module
 from minidist.tensor import Tensor, adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
 from minidist.tensor.conv import pair
+from minidist.tensor.core import error
 
 
 class Conv2d(Module):
@@ -26,8 +26,14 @@ class Conv2d(Module):
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
-                 padding: Any = 0, bias: bool = True, dtype: Any = numpy.float32) -> None:
+                 padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True,
+                 padding_mode: str = "zeros", device: Any = None, dtype: Any = None) -> None:
         super().__init__()
+        dtype = factory_dtype(dtype)
+        if pair(dilation, "dilation") != (1, 1) or groups != 1 or padding_mode != "zeros":
+            raise ValueError(error("Conv2d", f"dilation={dilation}, groups={groups}, "
+                                   f"padding_mode={padding_mode!r}: only dilation=1, groups=1 "
+                                   "and padding_mode='zeros' are supported."))
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size = pair(kernel_size, "kernel_size")
         self.stride, self.padding = pair(stride, "stride"), pair(padding, "padding")
@@ -39,6 +45,7 @@ class Conv2d(Module):
             init.uniform_(self.bias, -bound, bound)
         else:
             self.bias = None
+        place(self, device)
 
     def forward(self, x: Tensor) -> Tensor:
         return conv2d(x, self.weight, self.bias, self.stride, self.padding)

@@ -24,15 +24,29 @@ def empty_parameter(*shape: int, dtype: Any = numpy.float32) -> Parameter:
     return Parameter(backend.default_array_module().zeros(shape, dtype=dtype))
 
 
+def factory_dtype(dtype: Any) -> numpy.dtype:
+    """torch's ``dtype=None`` on a layer: the default float32; else that (float) dtype."""
+    return numpy.dtype(numpy.float32 if dtype is None else dtype)
+
+
+def place(module: Module, device: Any) -> None:
+    """torch's ``device=`` on a layer: move its freshly initialised parameters and buffers
+    there (in place; draws happen on the host first, so a seed gives the same weights)."""
+    if device is not None:
+        module.to(device)
+
+
 class Linear(Module):
     """``y = x @ weight.T + bias`` with weight (out_features, in_features), as torch.
 
     Init as torch: weight and bias ~ U(-1/sqrt(in_features), 1/sqrt(in_features)).
+    ``device=``/``dtype=`` as torch: where and in which float dtype the parameters live.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 dtype: Any = numpy.float32) -> None:
+                 device: Any = None, dtype: Any = None) -> None:
         super().__init__()
+        dtype = factory_dtype(dtype)
         self.in_features, self.out_features = in_features, out_features
         self.weight = empty_parameter(out_features, in_features, dtype=dtype)
         init.kaiming_uniform_(self.weight)
@@ -42,6 +56,7 @@ class Linear(Module):
             init.uniform_(self.bias, -bound, bound)
         else:
             self.bias = None
+        place(self, device)
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias)
@@ -52,19 +67,23 @@ class Linear(Module):
 
 
 class LayerNorm(Module):
-    """Normalize over the trailing ``normalized_shape`` dims; keys ``weight`` (ones), ``bias``."""
+    """Normalize over the trailing ``normalized_shape`` dims; keys ``weight`` (ones), ``bias``
+    (zeros; none with ``bias=False``), torch's arguments including ``device``/``dtype``."""
 
     def __init__(self, normalized_shape: int | tuple[int, ...], eps: float = 1e-5,
-                 elementwise_affine: bool = True) -> None:
+                 elementwise_affine: bool = True, bias: bool = True, device: Any = None,
+                 dtype: Any = None) -> None:
         super().__init__()
+        dtype = factory_dtype(dtype)
         if isinstance(normalized_shape, int):
             normalized_shape = (normalized_shape,)
         self.normalized_shape, self.eps = tuple(normalized_shape), eps
         if elementwise_affine:
-            self.weight = init.ones_(empty_parameter(*self.normalized_shape))
-            self.bias = empty_parameter(*self.normalized_shape)
+            self.weight = init.ones_(empty_parameter(*self.normalized_shape, dtype=dtype))
+            self.bias = empty_parameter(*self.normalized_shape, dtype=dtype) if bias else None
         else:
             self.weight = self.bias = None
+        place(self, device)
 
     def forward(self, x: Tensor) -> Tensor:
         return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -210,8 +229,14 @@ class Embedding(Module):
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
-                 dtype: Any = numpy.float32) -> None:
+                 max_norm: float | None = None, norm_type: float = 2.0,
+                 scale_grad_by_freq: bool = False, sparse: bool = False, _weight: Any = None,
+                 _freeze: bool = False, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
+        dtype = factory_dtype(dtype)
+        if max_norm is not None or scale_grad_by_freq or sparse:
+            raise ValueError(error("Embedding", "max_norm, scale_grad_by_freq and sparse are "
+                                   "not supported; leave them at their defaults."))
         if padding_idx is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
                 raise ValueError(error("Embedding", f"padding_idx {padding_idx} is outside "
@@ -220,7 +245,12 @@ class Embedding(Module):
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.padding_idx = padding_idx
         self.weight = empty_parameter(num_embeddings, embedding_dim, dtype=dtype)
-        self.reset_parameters()
+        if _weight is None:
+            self.reset_parameters()
+        else:  # torch's from_pretrained path: these values, as they are
+            self.weight.copy_(_weight)
+        self.weight.requires_grad = not _freeze
+        place(self, device)
 
     def reset_parameters(self) -> None:
         """N(0, 1) draws, the padding row zeroed (torch's init)."""

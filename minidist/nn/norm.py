@@ -27,7 +27,7 @@ import numpy
 
 from minidist import xp as backend
 from minidist.nn import init
-from minidist.nn.layers import empty_parameter
+from minidist.nn.layers import empty_parameter, factory_dtype, place
 from minidist.nn.module import Module
 from minidist.tensor import Tensor, no_grad
 from minidist.tensor.core import error
@@ -40,20 +40,23 @@ class BatchNormBase(Module):
     _dims: tuple[int, ...] = ()
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
-                 affine: bool = True, track_running_stats: bool = True) -> None:
+                 affine: bool = True, track_running_stats: bool = True, device: Any = None,
+                 dtype: Any = None, *, bias: bool = True) -> None:
         super().__init__()
+        dtype = factory_dtype(dtype)
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
         xp = backend.default_array_module()
         if affine:
-            self.weight = init.ones_(empty_parameter(num_features))
-            self.bias = empty_parameter(num_features)
+            self.weight = init.ones_(empty_parameter(num_features, dtype=dtype))
+            self.bias = empty_parameter(num_features, dtype=dtype) if bias else None
         else:
             self.weight = self.bias = None
         if track_running_stats:
-            self.register_buffer("running_mean", xp.zeros(num_features, numpy.float32))
-            self.register_buffer("running_var", xp.ones(num_features, numpy.float32))
+            self.register_buffer("running_mean", xp.zeros(num_features, dtype))
+            self.register_buffer("running_var", xp.ones(num_features, dtype))
             self.register_buffer("num_batches_tracked", xp.zeros((), numpy.int64))
+        place(self, device)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim not in self._dims or x.shape[1] != self.num_features:
@@ -77,8 +80,10 @@ class BatchNormBase(Module):
             centered = x - Tensor(self.running_mean.data.reshape(shape).astype(x.dtype))
             var = Tensor(self.running_var.data.reshape(shape).astype(x.dtype))
         out = centered / (var + self.eps) ** 0.5
-        if self.affine:
-            out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
+        if self.weight is not None:
+            out = out * self.weight.reshape(shape)
+        if self.bias is not None:
+            out = out + self.bias.reshape(shape)
         return out
 
     def update_running_stats(self, mean: Any, var: Any, n: int) -> None:

@@ -8,11 +8,12 @@ Per parameter p with gradient g, at step t = 1, 2, ... (torch.optim.Adam / AdamW
     Adam only:   g = g + weight_decay * p             L2 penalty folded into the gradient
     m = beta1 * m + (1 - beta1) * g                   exp_avg
     v = beta2 * v + (1 - beta2) * g * g               exp_avg_sq
-    denom = sqrt(v) / sqrt(1 - beta2**t) + eps
+    v_max = max(v_max, v)                             amsgrad only (v_max starts at 0)
+    denom = sqrt(v or v_max) / sqrt(1 - beta2**t) + eps
     p = p - lr / (1 - beta1**t) * m / denom
 
-The state of each parameter is ``{"step": int, "exp_avg": arr, "exp_avg_sq": arr}``, the same
-keys as torch's (``step`` is a plain int here). Updates run in place with two preallocated work
+The state of each parameter is ``{"step": int, "exp_avg": arr, "exp_avg_sq": arr}`` (and
+``"max_exp_avg_sq"`` with amsgrad), the same keys as torch's (``step`` is a plain int here). Updates run in place with two preallocated work
 buffers per parameter.
 """
 
@@ -28,7 +29,8 @@ from minidist.optim.optimizer import Optimizer
 
 
 class Adam(Optimizer):
-    """torch.optim.Adam: ``Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0)``.
+    """torch.optim.Adam: ``Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+    amsgrad=False)``.
 
     Args:
         params: parameters or parameter groups (see ``Optimizer``).
@@ -36,17 +38,18 @@ class Adam(Optimizer):
         betas: decay rates of the first and second moment averages.
         eps: added to the denominator for numerical stability.
         weight_decay: L2 penalty added to the gradient (Adam) or decoupled decay (AdamW).
+        amsgrad: divide by the running maximum of the second moment (Reddi et al., 2018).
 
     Raises:
         ValueError: lr, eps or weight_decay negative, or a beta outside [0, 1).
     """
 
-    state_keys = ("step", "exp_avg", "exp_avg_sq")
+    state_keys = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     decoupled = False  # AdamW sets True
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0, amsgrad: bool = False) -> None:
         name = type(self).__name__
         for key, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
             if value < 0.0:
@@ -56,7 +59,7 @@ class Adam(Optimizer):
                 raise ValueError(f"{rank_prefix()} {name}: invalid betas[{j}]={beta}; each beta "
                                  "must be in [0, 1), e.g. betas=(0.9, 0.999).")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay))
+                                      weight_decay=weight_decay, amsgrad=bool(amsgrad)))
 
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
         xp = backend.get_array_module(p.data)
@@ -68,6 +71,8 @@ class Adam(Optimizer):
             state["step"] = 0
             state["exp_avg"] = xp.zeros_like(param)
             state["exp_avg_sq"] = xp.zeros_like(param)
+            if group.get("amsgrad"):
+                state["max_exp_avg_sq"] = xp.zeros_like(param)
         state["step"] += 1
         t = state["step"]
         m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -91,6 +96,8 @@ class Adam(Optimizer):
         bias_correction1 = 1.0 - beta1 ** t
         bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** t)
         step_size = lr / bias_correction1
+        if group.get("amsgrad"):                     # v_max = max(v_max, v): denom uses it
+            v = xp.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
         xp.sqrt(v, out=a)                            # denom = sqrt(v) / sqrt(bc2) + eps
         xp.divide(a, bias_correction2_sqrt, out=a)
         xp.add(a, eps, out=a)
@@ -109,5 +116,6 @@ class AdamW(Adam):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2) -> None:
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+                 weight_decay: float = 1e-2, amsgrad: bool = False) -> None:
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         amsgrad=amsgrad)

@@ -14,15 +14,49 @@ number is the key of the per-parameter state and of ``state_dict()``, exactly to
                       {"lr": 0.01, ...,                "params": [2, 3]}]}
 
 Values are plain arrays and numbers, so a checkpoint stores them without pickle.
+
+Writing an optimizer (torch's way): subclass, pass the defaults up, override ``step`` and walk
+``self.param_groups``; ``self.state[p]`` is the parameter's state dict (empty at first), and
+``state_dict``/``load_state_dict`` then work as they are. ``p.data`` and ``p.grad`` are arrays
+(NumPy or CuPy), updated in place::
+
+    import numpy as np
+    from minidist import nn, optim
+
+    class SignSGD(optim.Optimizer):
+        def __init__(self, params, lr=0.01, momentum=0.9):
+            super().__init__(params, dict(lr=lr, momentum=momentum))
+
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = np.zeros_like(p.data)
+                    buf = state["momentum_buffer"]
+                    buf *= group["momentum"]
+                    buf += p.grad
+                    p.data -= group["lr"] * np.sign(buf)
+
+    model = nn.Linear(3, 1)
+    opt = SignSGD(model.parameters())
+    model(np.ones((2, 3), np.float32)).sum().backward()
+    opt.step()
+    assert list(opt.state_dict()["state"]) == [0, 1]
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import numpy
 
 from minidist import xp as backend
 from minidist.log import get_logger, rank_prefix
+from minidist.optim.options import run_closure
 
 log = get_logger(__name__)
 
@@ -41,13 +75,14 @@ class Optimizer:
         ValueError: no parameters, a parameter in two groups, or a required option missing.
     """
 
-    # The keys subclasses keep per parameter; load_state_dict checks them.
-    state_keys: tuple[str, ...] = ()
+    # The keys subclasses keep per parameter; load_state_dict checks them (None: any keys).
+    state_keys: tuple[str, ...] | None = None
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         self.defaults = dict(defaults)
         self.param_groups: list[dict[str, Any]] = []
-        self.state: dict[int, dict[str, Any]] = {}   # param index -> its state
+        self._index_of: dict[int, int] | None = None  # id(param) -> its index (see ParamState)
+        self.state = {}   # param index -> its state (a ParamState: param keys work too)
         self._scratch: dict[tuple[int, int], Any] = {}  # (param index, slot) -> work buffer
         params = list(params)
         if len(params) == 0:
@@ -84,8 +119,32 @@ class Optimizer:
                                  "Each parameter may belong to one group only.")
             seen.add(id(p))
         self.param_groups.append(group)
+        self._index_of = None
         log.debug("%s: group %d with %d parameters", name, len(self.param_groups) - 1,
                   len(group["params"]))
+
+    @property
+    def state(self) -> ParamState:
+        """Per-parameter state: ``self.state[p]`` (torch's way) or ``self.state[index]``.
+
+        A missing entry reads as a new empty dict, as torch's ``defaultdict(dict)``.
+        """
+        return self._state
+
+    @state.setter
+    def state(self, value: dict[Any, dict[str, Any]]) -> None:
+        self._state = ParamState(self, value)
+
+    def param_index(self, param: Any) -> int:
+        """The index of ``param`` (its number in ``state_dict``), found by identity."""
+        if self._index_of is None:
+            self._index_of = {id(p): i for i, p, _ in self.indexed_params()}
+        try:
+            return self._index_of[id(param)]
+        except KeyError:
+            raise KeyError(f"{rank_prefix()} {type(self).__name__}: this parameter (shape "
+                           f"{tuple(getattr(param.data, 'shape', ()))}) is not in any of its "
+                           "param_groups.") from None
 
     def indexed_params(self) -> Iterable[tuple[int, Any, dict[str, Any]]]:
         """Yield ``(index, param, group)`` for every parameter, numbered as in ``state_dict``."""
@@ -119,15 +178,24 @@ class Optimizer:
                 else:
                     p.grad[...] = 0
 
-    def step(self) -> None:
-        """One update of every parameter whose ``.grad`` is not None (skipped ones keep state)."""
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every parameter whose ``.grad`` is not None (skipped ones keep state).
+
+        ``closure`` (torch's): re-evaluates the model and returns the loss; it runs first, with
+        grad mode on, and its loss is returned. The public extension point is this method:
+        a new optimizer overrides ``step`` and walks ``self.param_groups`` and
+        ``self.state[p]`` as in torch (see the module docstring). The optimizers here
+        implement ``_update(i, p, group)`` instead, one parameter at a time.
+        """
+        loss = run_closure(closure)
         for i, p, group in self.indexed_params():
             if p.grad is not None:
                 self._update(i, p, group)
+        return loss
 
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:  # pragma: no cover
         """The update rule for parameter ``i`` (its flat index) of ``group``: subclasses."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must override step() (or _update).")
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -140,8 +208,9 @@ class Optimizer:
             groups.append(g)
         state = {}
         for i, s in self.state.items():
-            state[i] = {k: (v.copy() if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0 else v)
-                        for k, v in s.items()}
+            if s:  # entries only read (``self.state[p]`` creates them) are not state
+                state[i] = {k: (v.copy() if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0
+                                else v) for k, v in s.items()}
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -180,10 +249,11 @@ class Optimizer:
                 raise ValueError(f"{name}: the checkpoint has state for parameter {sid}, which is "
                                  f"not in any saved group (0..{len(by_saved) - 1}).")
             p = by_saved[sid]
-            unknown = set(s) - set(self.state_keys)
+            unknown = set(s) - set(self.state_keys) if self.state_keys is not None else set()
             if unknown:
                 raise ValueError(f"{name}: parameter {sid} has unknown state keys {sorted(unknown)}; "
-                                 f"{type(self).__name__} keeps {list(self.state_keys)}. Load a "
+                                 f"{type(self).__name__} keeps {list(self.state_keys or ())}. "
+                                 "Load a "
                                  f"checkpoint of the same optimizer type.")
             new_state[index_of[id(p)]] = {k: self._load_value(name, sid, k, v, p) for k, v in s.items()}
         for saved, group in zip(saved_groups, self.param_groups):
@@ -196,6 +266,8 @@ class Optimizer:
     def _load_value(name: str, sid: int, key: str, value: Any, p: Any) -> Any:
         if key == "step":
             return int(value)
+        if not hasattr(value, "shape") or getattr(value, "ndim", 0) == 0:
+            return value.item() if hasattr(value, "item") else value  # a number (a custom key)
         shape = tuple(getattr(value, "shape", ()))
         if shape != tuple(p.data.shape):
             raise ValueError(f"{name}: state {key!r} of parameter {sid} has shape {shape} but the "
@@ -210,3 +282,51 @@ class Optimizer:
             opts = ", ".join(f"{k}={v}" for k, v in g.items() if k != "params")
             lines.append(f"  group {i}: {len(g['params'])} params, {opts}")
         return "\n".join(lines + [")"])
+
+
+class ParamState(dict):
+    """``Optimizer.state``: a dict by parameter index that also takes the parameter itself.
+
+    ``state[p]`` and ``state[i]`` are the same entry (``i = optimizer.param_index(p)``), and a
+    missing entry reads as a new empty dict (torch's ``defaultdict(dict)``), so a torch-style
+    ``step()`` ports as it is; ``state_dict()`` numbers the entries by index, torch's layout.
+    """
+
+    def __init__(self, owner: Optimizer, entries: dict[Any, dict[str, Any]] | None = None
+                 ) -> None:
+        super().__init__()
+        self._owner = owner
+        for key, value in (entries or {}).items():
+            self[key] = value
+
+    def _key(self, key: Any) -> int:
+        if isinstance(key, (int, numpy.integer)):
+            return int(key)
+        return self._owner.param_index(key)
+
+    def __getitem__(self, key: Any) -> dict[str, Any]:
+        k = self._key(key)
+        if not super().__contains__(k):
+            super().__setitem__(k, {})
+        return super().__getitem__(k)
+
+    def __setitem__(self, key: Any, value: dict[str, Any]) -> None:
+        super().__setitem__(self._key(key), value)
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(self._key(key))
+
+    def __contains__(self, key: Any) -> bool:
+        try:
+            return super().__contains__(self._key(key))
+        except KeyError:
+            return False
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return super().get(self._key(key), default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        return super().setdefault(self._key(key), default)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        return super().pop(self._key(key), *default)

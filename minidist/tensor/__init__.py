@@ -11,8 +11,9 @@ walk, in-place accumulation, post-accumulate-grad hooks, end-of-backward callbac
 ``reduce``, ``shape`` (also tril/triu, split), ``linalg``, ``functional`` (softmax, losses,
 dropout, layer_norm, embedding), ``attention`` (scaled_dot_product_attention), ``conv`` (conv2d,
 max/avg/adaptive pooling), ``sync_norm`` (batch norm with statistics summed by a callable),
-``clip_grad`` (clip_grad_norm_), ``weak`` (WeakIdKeyDictionary); ``random`` (manual_seed);
-``creation`` (tensor, zeros, randn, arange... with torch's default dtypes).
+``clip_grad`` (clip_grad_norm_), ``weak`` (WeakIdKeyDictionary); ``random`` (manual_seed,
+initial_seed, seed); ``creation`` (tensor, zeros, randn, arange, multinomial... with torch's
+default dtypes); ``printing`` (repr and str in torch's layout).
 See docs/tensor.md for how the tape works and the two contracts DDP relies on.
 """
 
@@ -31,24 +32,26 @@ from minidist.tensor.clip_grad import clip_grad_norm_, clip_grad_value_
 from minidist.tensor.conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
 from minidist.tensor.core import Tensor
 from minidist.tensor.creation import (arange, as_tensor, empty, empty_like, from_numpy, full,
-                                      full_like, ones, ones_like, rand, rand_like, randint, randn,
-                                      randn_like, tensor, zeros, zeros_like)
+                                      full_like, multinomial, ones, ones_like, rand, rand_like,
+                                      randint, randn, randn_like, tensor, zeros, zeros_like)
 from minidist.tensor.elementwise import erf, exp, gelu, log, masked_fill, relu, sigmoid, tanh
 from minidist.tensor.functional import (cross_entropy, dropout, dropout2d, embedding, layer_norm,
                                         log_softmax, mse_loss, nll_loss, softmax)
 from minidist.tensor.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from minidist.tensor.linalg import linear, matmul
-from minidist.tensor.random import default_generator, manual_seed
-from minidist.tensor.reduce import max, mean, min, sum  # noqa: A004
+from minidist.tensor.random import default_generator, initial_seed, manual_seed, seed
+from minidist.tensor.reduce import max, mean, min, sum, topk  # noqa: A004
 from minidist.tensor.sync_norm import sync_batch_norm
 from minidist.tensor.weak import WeakIdKeyDictionary
-from minidist.tensor.shape import chunk, cat, concatenate, split, stack, swapaxes, tril, triu
+from minidist.tensor.shape import (cat, chunk, concatenate, flatten, split, stack, swapaxes,
+                                   tril, triu)
 
 __all__ = [
     "Tensor", "WeakIdKeyDictionary", "GradDestination", "RemovableHandle", "queue_callback",
     "no_grad", "enable_grad",
     "is_grad_enabled", "set_grad_enabled",
-    "manual_seed", "default_generator", "matmul", "linear", "exp", "log", "tanh", "sigmoid",
+    "manual_seed", "initial_seed", "seed", "default_generator", "matmul", "linear", "exp", "log",
+    "tanh", "sigmoid",
     "relu", "gelu", "erf", "sum", "mean", "max", "min", "cat", "concatenate", "stack",
     "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "layer_norm",
     "conv2d", "clip_grad_norm_", "clip_grad_value_", "max_pool2d", "avg_pool2d",
@@ -56,7 +59,8 @@ __all__ = [
     "scaled_dot_product_attention", "tril", "triu", "split", "chunk", "transpose", "tensor",
     "from_numpy", "as_tensor", "zeros", "ones", "empty", "full", "rand",
     "randn", "randint", "arange", "zeros_like", "ones_like", "empty_like", "full_like",
-    "rand_like", "randn_like", "float16", "float32", "float64", "int32", "int64",
+    "rand_like", "randn_like", "flatten", "topk", "multinomial", "float16", "float32", "float64",
+    "int32", "int64",
 ]
 
 # torch's dtype names, as NumPy dtypes (minidist.float32 == numpy.float32). The aliases that

@@ -50,7 +50,9 @@ from minidist.tensor.core import Tensor, error
 from minidist.tensor.grad_mode import enable_grad, is_grad_enabled, no_grad
 
 
-def checkpoint(function: Callable[..., Tensor], *args: Any, preserve_rng_state: bool = True,
+def checkpoint(function: Callable[..., Tensor], *args: Any, use_reentrant: bool | None = None,
+               context_fn: Callable[[], Any] | None = None, determinism_check: str = "default",
+               debug: bool = False, early_stop: bool = True, preserve_rng_state: bool = True,
                **kwargs: Any) -> Tensor:
     """Run ``function(*args, **kwargs)`` without keeping its activations (torch's name).
 
@@ -58,6 +60,14 @@ def checkpoint(function: Callable[..., Tensor], *args: Any, preserve_rng_state: 
         function: returns one Tensor; a Module, a bound method of one, or a closure over the
             Modules/parameters it uses (see the module docstring for how they are found).
         *args: its inputs; Tensors among them get gradients as usual.
+        use_reentrant: torch's choice between its two implementations; accepted (True, False
+            or None) and never passed on: there is one mechanism here, which behaves like
+            torch's ``use_reentrant=False`` (inputs need not require grad, keyword arguments
+            reach ``function``).
+        context_fn, debug: torch's options of the non-reentrant variant; only the defaults
+            (None, False) are supported.
+        determinism_check, early_stop: accepted ("default"/"none"; True/False): the
+            recomputation is always checked (inputs unchanged) and always complete.
         preserve_rng_state: replay the same random draws (dropout masks) in the recomputation.
         **kwargs: passed to ``function`` (not differentiated).
 
@@ -80,6 +90,13 @@ def checkpoint(function: Callable[..., Tensor], *args: Any, preserve_rng_state: 
         >>> block[0].weight.grad.shape
         (4, 4)
     """
+    if context_fn is not None or debug:
+        raise ValueError(error("checkpoint", "context_fn and debug=True are not supported; "
+                               "leave them at their defaults."))
+    if determinism_check not in ("default", "none"):
+        raise ValueError(error("checkpoint", f"determinism_check={determinism_check!r}: use "
+                               "'default' or 'none'."))
+    del use_reentrant, early_stop  # one mechanism: see the docstring
     if not is_grad_enabled():
         return function(*args, **kwargs)
     params = _parameters_of(function)

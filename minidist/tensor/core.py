@@ -277,9 +277,34 @@ class Tensor:
         """The values as a NumPy array (shares memory on the CPU; copies from a GPU)."""
         return backend.to_host(self.data)
 
+    def tolist(self) -> Any:
+        """The values as (nested) Python lists of numbers (a number for a 0-d tensor)."""
+        return backend.to_host(self.data).tolist()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> numpy.ndarray:
+        """NumPy's conversion hook: ``numpy.asarray(t)`` is ``t.numpy()`` (a host copy from a
+        GPU), so arrays, ``numpy.stack`` and ``numpy.testing`` take Tensors as torch's do."""
+        host = self.numpy()
+        return host if dtype is None else host.astype(dtype, copy=False)
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
     def __repr__(self) -> str:
-        grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"Tensor({backend.to_host(self.data)!r}{grad})"
+        """torch's layout, ``tensor([0.5000, 0.2500], requires_grad=True)`` (see printing)."""
+        where = str(self.device) if self.is_cuda else None
+        return printing.tensor_repr(backend.to_host(self.data), where, self.requires_grad,
+                                    None if self.is_leaf else self._op)
+
+    def __format__(self, format_spec: str) -> str:
+        """torch's rule: a 0-d tensor formats as its number (``f"{loss:.4f}"``); any other
+        takes only the empty spec (``f"{t}"`` is ``str(t)``)."""
+        if self.data.ndim == 0:
+            return format(self.item(), format_spec)
+        return object.__format__(self, format_spec)
 
     # ---- ops (each is implemented, with its backward, in the module named) ------------------
 
@@ -538,6 +563,18 @@ class Tensor:
     def __getitem__(self, index: Any) -> Tensor:
         return shape_ops.getitem(self, index)
 
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """``x[mask] = -inf``: in place, outside the tape (see ``shape.setitem``)."""
+        shape_ops.setitem(self, index, value)
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
+        """``(values, indices)`` of the ``k`` largest entries along ``dim`` (torch's topk)."""
+        return reduce.topk(self, k, dim, largest, sorted)
+
+    def multinomial(self, num_samples: int, replacement: bool = False,
+                    generator: Any = None) -> Tensor:
+        return creation.multinomial(self, num_samples, replacement, generator)
+
     def softmax(self, dim: int | None = -1, *, axis: int | None = None) -> Tensor:
         return functional.softmax(self, dim, axis=axis)
 
@@ -566,5 +603,6 @@ class Tensor:
 
 
 # The op modules import Tensor from here, so they are imported after it is defined.
-from minidist.tensor import autograd, elementwise, functional, linalg, random, reduce  # noqa: E402
+from minidist.tensor import (autograd, creation, elementwise, functional, linalg,  # noqa: E402
+                             printing, random, reduce)
 from minidist.tensor import shape as shape_ops  # noqa: E402

@@ -127,6 +127,43 @@ def randint(low: int, high: int | None = None, size: Any = (), dtype: Any = None
     return _make(host, dtype or numpy.int64, device, False)
 
 
+def multinomial(input: Any, num_samples: int, replacement: bool = False,  # noqa: A002
+                generator: Any = None) -> Tensor:
+    """torch's ``multinomial``: ``num_samples`` category indices per row of weights ``input``.
+
+    ``input`` is (C,) or (N, C) non-negative weights (they need not sum to 1); the result is
+    int64 of shape (num_samples,) or (N, num_samples) on ``input``'s device, drawn on the host
+    from ``generator`` (a ``numpy.random.Generator``; default: the ``manual_seed`` one).
+    Without replacement a category is drawn at most once per row.
+
+    Raises:
+        ValueError: not 1-D/2-D, a negative or non-finite weight, a row summing to 0, or
+            more samples than non-zero categories without replacement.
+    """
+    data = input.data if isinstance(input, Tensor) else as_array(input)
+    host = backend.to_host(data).astype(numpy.float64)
+    if host.ndim not in (1, 2) or num_samples < 1:
+        raise ValueError(error("multinomial", f"expected (C,) or (N, C) weights and "
+                               f"num_samples >= 1, got shape {host.shape}, {num_samples}."))
+    rows = host.reshape(-1, host.shape[-1])
+    if not numpy.all(numpy.isfinite(rows)) or numpy.any(rows < 0):
+        raise ValueError(error("multinomial", "weights must be finite and >= 0 (pass "
+                               "probabilities, e.g. softmax(logits), not logits)."))
+    totals = rows.sum(axis=1)
+    if numpy.any(totals <= 0):
+        raise ValueError(error("multinomial", "a row of weights sums to 0: there is nothing "
+                               "to draw from."))
+    if not replacement and numpy.any((rows > 0).sum(axis=1) < num_samples):
+        raise ValueError(error("multinomial", f"cannot draw {num_samples} samples without "
+                               "replacement from a row with fewer non-zero weights; pass "
+                               "replacement=True or fewer samples."))
+    rng = generator if generator is not None else default_generator()
+    out = numpy.stack([rng.choice(rows.shape[1], size=num_samples, replace=replacement,
+                                  p=row / row.sum()) for row in rows]).astype(numpy.int64)
+    out = out.reshape(host.shape[:-1] + (num_samples,))
+    return Tensor(backend.move(out, backend.device_of(data)))
+
+
 def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device: Any = None,
            requires_grad: bool = False) -> Tensor:
     """``start, start+step, ...`` below ``end``: int64 when all arguments are ints, else float32."""

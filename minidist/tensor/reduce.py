@@ -132,3 +132,42 @@ def max_dim(x: Tensor, dim: int, keepdim: bool = False) -> ValuesIndices:
 def min_dim(x: Tensor, dim: int, keepdim: bool = False) -> ValuesIndices:
     """torch's ``x.min(dim)``: the minima along ``dim`` (on the tape) and where they are."""
     return ValuesIndices(min(x, dim, keepdim), argmin(x, dim, keepdim))
+
+
+def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,
+         sorted: bool = True) -> ValuesIndices:  # noqa: A002 - torch's name
+    """torch's ``topk``: the ``k`` largest (or smallest) entries along ``dim`` and where they are.
+
+    ``values`` is on the tape (its gradient goes back to the chosen positions); ``indices`` is
+    int64. The result is always sorted (largest first, or smallest first with
+    ``largest=False``), which ``sorted=False`` allows; ties keep the lower index first.
+    """
+    xp = backend.get_array_module(x.data)
+    data = x.data if x.ndim else x.data.reshape(1)
+    (ax,) = normalize_axes("topk", dim, data.ndim)
+    if not 0 <= k <= data.shape[ax]:
+        raise ValueError(error("topk", f"k={k} is out of range for dim {dim} of size "
+                               f"{data.shape[ax]} (valid: 0..{data.shape[ax]})."))
+    if data.dtype.kind == "b":
+        key = ~data if largest else data
+    else:
+        key = -data if largest else data
+    idx = xp.take(xp.argsort(key, axis=ax, kind="stable"), xp.arange(k), axis=ax)
+    values = xp.take_along_axis(data, idx, axis=ax)
+    shape = x.data.shape
+
+    def backward(g: Any) -> tuple:
+        # scatter g back to the chosen positions, with ``ax`` moved last: row r of the
+        # (rows, n) gradient gets g's row r at the k columns idx's row r names
+        if k == 0:
+            return (xp.zeros(shape, dtype=g.dtype),)
+        moved = xp.moveaxis(idx, ax, -1).reshape(-1, k)
+        gm = xp.zeros((moved.shape[0], data.shape[ax]), dtype=g.dtype)
+        rows = xp.arange(moved.shape[0]).reshape(-1, 1)
+        gm[rows, moved] = xp.moveaxis(g.reshape(values.shape), ax, -1).reshape(-1, k)
+        lead = tuple(n for i, n in enumerate(data.shape) if i != ax)
+        return (xp.moveaxis(gm.reshape(lead + (data.shape[ax],)), -1, ax).reshape(shape),)
+
+    out_shape = values.shape if x.ndim else ()
+    return ValuesIndices(Tensor._make(values.reshape(out_shape), (x,), backward, "topk"),
+                         Tensor(idx.astype("int64", copy=False).reshape(out_shape)))

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from minidist import xp as backend
 from minidist.tensor.core import Tensor, error
+from minidist.tensor.grad_mode import is_grad_enabled
 
 
 def reshape(x: Tensor, *shape: Any) -> Tensor:
@@ -167,8 +168,33 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     return Tensor._make(out, (x,), backward, "getitem")
 
 
-def cat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    """Join tensors along an existing axis (``torch.cat``)."""
+def setitem(x: Tensor, index: Any, value: Any) -> None:
+    """``x[index] = value``, in place and outside the tape (torch's in-place indexing write).
+
+    Refused while the tape could see it: on a tensor that requires grad with grad mode on
+    (``logits[logits < v] = -inf`` works under ``no_grad`` or on a plain tensor).
+    """
+    if x.requires_grad and is_grad_enabled():
+        raise RuntimeError(error("setitem", "an in-place write into a tensor that requires grad "
+                                 "would make its recorded gradient wrong. Write under "
+                                 "minidist.no_grad(), or use masked_fill (recorded on the tape)."))
+    index, _ = _index_parts(index)
+    if isinstance(value, Tensor):
+        value = value.data
+    x.data[index] = backend.move(value, backend.device_of(x.data)) \
+        if hasattr(value, "shape") else value
+
+
+def _dim(op: str, dim: Any, axis: Any) -> int:
+    """torch's ``dim=`` or NumPy's ``axis=`` (at most one)."""
+    if dim is not None and axis is not None:
+        raise TypeError(error(op, f"got both dim={dim!r} and axis={axis!r}; pass one."))
+    return int(dim if dim is not None else (axis if axis is not None else 0))
+
+
+def cat(tensors: Sequence[Tensor], dim: int | None = None, *, axis: int | None = None) -> Tensor:
+    """Join tensors along an existing dim (``torch.cat(tensors, dim=0)``; ``axis=`` too)."""
+    axis = _dim("cat", dim, axis)
     tensors = tuple(t if isinstance(t, Tensor) else Tensor(t) for t in tensors)
     if not tensors:
         raise ValueError(error("cat", "got an empty sequence. Pass at least one tensor."))
@@ -194,8 +220,10 @@ def cat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
 concatenate = cat
 
 
-def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    """Join same-shape tensors along a new axis (``torch.stack``)."""
+def stack(tensors: Sequence[Tensor], dim: int | None = None, *, axis: int | None = None
+          ) -> Tensor:
+    """Join same-shape tensors along a new dim (``torch.stack(tensors, dim=0)``; ``axis=``)."""
+    axis = _dim("stack", dim, axis)
     tensors = tuple(t if isinstance(t, Tensor) else Tensor(t) for t in tensors)
     shapes = {t.shape for t in tensors}
     if len(shapes) != 1:

@@ -20,6 +20,7 @@ __all__ = ["checkpoint", "checkpoint_sequential"]
 
 
 def checkpoint_sequential(functions: Any, segments: int, input: Any,  # noqa: A002 - torch's name
+                          use_reentrant: bool | None = None, *,
                           preserve_rng_state: bool = True) -> Any:
     """Run a Sequential (or a list of modules) in ``segments`` checkpointed segments.
 
@@ -27,6 +28,7 @@ def checkpoint_sequential(functions: Any, segments: int, input: Any,  # noqa: A0
         functions: an ``nn.Sequential`` or a list of modules, applied in order.
         segments: how many checkpointed runs to cut the layers into (1..len(functions)).
         input: the input Tensor.
+        use_reentrant: accepted and not passed on (see ``checkpoint``).
         preserve_rng_state: replay dropout masks in the recomputation (see ``checkpoint``).
 
     Returns:
@@ -46,7 +48,8 @@ def checkpoint_sequential(functions: Any, segments: int, input: Any,  # noqa: A0
     """
     x = input
     for segment in segments_of(list(functions), segments):
-        x = checkpoint(_Segment(segment), x, preserve_rng_state=preserve_rng_state)
+        x = checkpoint(_Segment(segment), x, use_reentrant=use_reentrant,
+                       preserve_rng_state=preserve_rng_state)
     return x
 
 

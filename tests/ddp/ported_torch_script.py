@@ -44,7 +44,7 @@ for epoch in range(3):
     sampler.set_epoch(epoch)
     ddp.train()
     for xb, yb in loader:
-        xb, yb = torch.from_numpy(xb).to(device), torch.from_numpy(yb).to(device)
+        xb, yb = xb.to(device), yb.to(device)
         opt.zero_grad()
         loss = F.cross_entropy(ddp(xb), yb)
         loss.backward()

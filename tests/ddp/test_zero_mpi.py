@@ -57,3 +57,16 @@ def test_parameter_lists_that_differ_between_ranks_are_named(summary):
     msg, n = summary["mismatch_error"], summary["world_size"]
     assert "parameter lists differ between ranks: parameter #7 is ['body.6.bias'" in msg, msg
     assert f"but nothing on rank {n - 1}" in msg, msg
+
+
+@pytest.mark.parametrize("opt", ["adamw", "sgd"])
+def test_torch_signature_without_ddp_equals_plain_ddp(summary, opt):
+    # ZeroRedundancyOptimizer(params, optimizer_class=..., lr=...): parameters partitioned
+    # between the ranks, two parameter groups; the same bits as the plain optimizer
+    for dtype in ("float64", "float32"):
+        res = summary[f"params/{opt}/{dtype}"]
+        assert res["same_bits"] and res["same_everywhere"], res
+    assert summary["params/resume_same_bits"]
+    assert summary["params/state_dict_equals_plain"]
+    owned = summary["params/owned"]           # state kept by each rank: a partition
+    assert sum(owned) == 8 and (summary["world_size"] == 1 or min(owned) > 0), owned

@@ -60,12 +60,25 @@ def loss_fn(out, y):
     return ((out - Tensor(y)) ** 2).mean()
 
 
+def make_opt(zero, model, ddp, opt_cls, **opt_kw):
+    """zero: False (plain optimizer), True (ZeRO over the DDP's buckets) or "params" (torch's
+    signature without ddp=: parameters partitioned, in two groups to exercise them)."""
+    if zero == "params":
+        params = list(model.parameters())
+        groups = [{"params": params[:3]}, {"params": params[3:], "lr": opt_kw["lr"] / 2}]
+        return ZeroRedundancyOptimizer(groups, optimizer_class=opt_cls, **opt_kw)
+    if zero:
+        return ZeroRedundancyOptimizer(model.parameters(), opt_cls, ddp=ddp, **opt_kw)
+    params = list(model.parameters())
+    return opt_cls([{"params": params[:3]}, {"params": params[3:], "lr": opt_kw["lr"] / 2}],
+                   **opt_kw) if zero is None else opt_cls(params, **opt_kw)
+
+
 def train(zero, opt_cls, dtype, steps, rank, world, resume_at=None, **opt_kw):
     """Returns final params (and, with resume_at, the params of a run resumed from there)."""
     model = Net(dtype)
     ddp = DistributedDataParallel(model, **CAPS)
-    opt = (ZeroRedundancyOptimizer(model.parameters(), opt_cls, ddp=ddp, **opt_kw) if zero
-           else opt_cls(model.parameters(), **opt_kw))
+    opt = make_opt(zero, model, ddp, opt_cls, **opt_kw)
     xs, ys = batches(steps, world, rank, dtype)
     saved = None
     for t in range(steps):
@@ -80,7 +93,7 @@ def train(zero, opt_cls, dtype, steps, rank, world, resume_at=None, **opt_kw):
         return final, None
     model2 = Net(dtype)
     ddp2 = DistributedDataParallel(model2, **CAPS)
-    opt2 = ZeroRedundancyOptimizer(model2.parameters(), opt_cls, ddp=ddp2, **opt_kw)
+    opt2 = make_opt(zero, model2, ddp2, opt_cls, **opt_kw)
     model2.load_state_dict(saved[0])
     opt2.load_state_dict(saved[1])
     for t in range(resume_at, steps):
@@ -134,6 +147,42 @@ def main():
             zero, _ = train(True, cls, dtype, 4, rank, world, **kw)
             key = f"{name}/{np.dtype(dtype).name}"
             res[key] = {"max_diff": max_diff(zero, plain), "same_everywhere": same_everywhere(zero)}
+
+    # 1b. torch's signature without ddp= (parameters partitioned, two groups) == plain DDP
+    #     with the same two groups: the same gradients and per-parameter math, so same bits
+    for name, cls, kw in (("adamw", AdamW, dict(lr=1e-2, weight_decay=0.1)),
+                          ("sgd", SGD, dict(lr=0.05, momentum=0.9))):
+        for dtype in (np.float64, np.float32):
+            plain, _ = train(None, cls, dtype, 4, rank, world, **kw)
+            zero, _ = train("params", cls, dtype, 4, rank, world, **kw)
+            res[f"params/{name}/{np.dtype(dtype).name}"] = {
+                "same_bits": all(np.array_equal(a, b) for a, b in zip(zero, plain)),
+                "same_everywhere": same_everywhere(zero)}
+    # resumed from its (collective) state dict: the bits of the plain optimizer resumed so
+    # (a fresh DDP's first all-reduce may round differently at n >= 3, so not of a straight run)
+    _, resumed = train("params", AdamW, np.float64, 4, rank, world, resume_at=2, lr=1e-2)
+    _, plain_resumed = train(None, AdamW, np.float64, 4, rank, world, resume_at=2, lr=1e-2)
+    res["params/resume_same_bits"] = all(np.array_equal(a, b)
+                                         for a, b in zip(resumed, plain_resumed))
+    model = Net()
+    ddp = DistributedDataParallel(model, **CAPS)
+    zopt = make_opt("params", model, ddp, AdamW, lr=1e-2)
+    popt = make_opt(None, Net(), None, AdamW, lr=1e-2)
+    xs, ys = batches(1, world, rank, np.float64)
+    loss_fn(ddp(Tensor(xs[0])), ys[0]).backward()
+    for p, q in zip(model.parameters(), popt.param_groups[0]["params"] +
+                    popt.param_groups[1]["params"]):
+        q.grad = p.grad.copy()
+    zopt.step()
+    popt.step()
+    zsd, psd = zopt.state_dict(), popt.state_dict()          # collective without consolidate
+    res["params/state_dict_equals_plain"] = (
+        sorted(zsd["state"]) == sorted(psd["state"]) and
+        all(np.array_equal(zsd["state"][i][k], psd["state"][i][k]) for i in psd["state"]
+            for k in ("exp_avg", "exp_avg_sq")) and
+        [g["lr"] for g in zsd["param_groups"]] == [g["lr"] for g in psd["param_groups"]])
+    res["params/owned"] = comm.all_gather_object(len(zopt.optim.state))
+    ddp.close()
 
     # 2. resume from the (collective, consolidated) state dict == a straight run: same bits
     straight, resumed = train(True, AdamW, np.float64, 4, rank, world, resume_at=2, lr=1e-2)
