@@ -11,22 +11,22 @@ others) while rank 0 waits for rank 1 in its collective until ``MINIDIST_TIMEOUT
 job would end with rank 0's code instead of 3. Instead, at exit (``atexit``, which runs before
 mpi4py's ``MPI_Finalize``) the leaving rank tells its peers over the side channel::
 
-    leaving rank (at exit)                         every other rank
-    SIDE_BYE {counts, "exit": code} --> peers      a wait in a collective polls the side
-    code 0, or not MPI: go on exiting                channel (failure.poll; also when a
-    MPI and a nonzero code: wait until every         connection closes): a BYE with fewer
-      peer finished too (its BYE with the same       calls and an exit code -> PeerExited,
-      counts), at most GRACE_S; if one did not:      "rank 1 exited with code 3 ...", and the
-      one line, then MPI Abort(code)                 excepthook ends the job with that code
-                                                     (1 for a rank that returned normally:
-                                                     a job whose ranks did not finish together
-                                                     failed); not MPI: once the peer is gone,
-                                                     so a launcher names the rank that left
+    leaving rank (at exit)                       every other rank
+    SIDE_BYE {counts, "exit": code} --> peers    a wait in a collective polls the side channel
+    code 0, or not MPI: go on exiting            (failure.poll; also when a connection closes):
+    MPI and a nonzero code: wait until every     a BYE with fewer calls and an exit code ->
+      peer finished too (a BYE with the same     PeerExited "rank 1 exited with code 3 ...";
+      counts), at most GRACE_S; if one did       the excepthook ends the job with that code
+      not: one line, then MPI Abort(code)        (1 for a rank that returned normally: a job
+                                                 whose ranks did not finish together failed);
+                                                 not MPI: once the peer is gone, so that a
+                                                 launcher names the rank that left
 
 A job in which every rank finishes (with or without ``destroy_process_group``) ends as before:
-the goodbyes agree, nothing is raised or printed. The exit code is the one given to ``sys.exit(n)``, ``exit(n)`` or
-``quit(n)`` (wrapped while the group is open); a script that returns (or raises
-``SystemExit`` itself) counts as 0. With the ledger off (``MINIDIST_LEDGER=0``) nothing is sent.
+the goodbyes agree, nothing is raised or printed. The exit code is the one given to
+``sys.exit(n)``, ``exit(n)`` or ``quit(n)`` (wrapped while the group is open); a script that
+returns (or raises ``SystemExit`` itself) counts as 0. With the ledger off
+(``MINIDIST_LEDGER=0``) nothing is sent.
 """
 
 from __future__ import annotations
