@@ -369,6 +369,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     group = ProcessGroup(transport, algorithm=algorithm, backend=chosen)
     _group, _info = group, info
     _install_excepthooks(group)
+    if group.size > 1:
+        report.whole_lines()  # the launcher merges ranks' output: one write per line
     leaving.install(lambda: _group)  # a rank that exits with the group open ends the job
     _export_rank_env(group, info)
     log.info("process group ready: backend=%s launcher=%s rank=%d world_size=%d local_rank=%d "

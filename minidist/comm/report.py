@@ -72,3 +72,20 @@ def write_block(text: str, fd: int = 2) -> None:
         except OSError:
             return
         data = data[n:]
+
+
+def whole_lines() -> None:
+    """Make ``print`` and logging reach the launcher one whole line per write.
+
+    A launcher merges the ranks' output as it reads it. When Python writes unbuffered
+    (``PYTHONUNBUFFERED``, ``-u``), ``print("BACKEND", rank)`` is several writes, and another
+    rank's line can land between them: ``BACKENDBACKEND 0 ...``. Line buffering gathers a line
+    and writes it at its newline, in one piece (``init_process_group`` calls this).
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "write_through", False):
+            try:
+                reconfigure(line_buffering=True, write_through=False)
+            except (OSError, ValueError):
+                pass
