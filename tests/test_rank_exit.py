@@ -28,7 +28,9 @@ def test_rank_exiting_with_a_code_mid_job_ends_the_job_with_that_code(launcher, 
     job = run(launcher, "mid", "3", n=n)
     assert job.returncode == 3, job.report()
     err = job.stderr
-    for r in [0] + list(range(2, n)):
+    # Under mpiexec every other rank says why it stops; the launcher stops them (SIGTERM) as
+    # soon as rank 1 has exited, and names rank 1 itself, so there they may not get to say it.
+    for r in [0] + list(range(2, n)) if launcher == "mpiexec" else []:
         assert (f"[rank {r}/{n}] all_reduce #2: rank 1 exited with code 3 after 1 "
                 "collective(s), so it will not join this call." in err), job.report()
     assert "did not answer" not in err and "CommTimeout" not in err, job.report()
