@@ -33,6 +33,11 @@ TCP backend beside torch's gloo, in one run (torchrun-style environment, e.g. th
 same buffer, timed interleaved with the others, checked like them; rank 0 serves gloo's store
 on a free port that the minidist group broadcasts. ``vs gloo`` = median / gloo's median.
 
+Rows that cannot run in this job are skipped with a printed line saying why, and the sweep goes
+on with the others: ``shm`` and the ``*_zc`` rows when the ranks span several nodes (shared
+memory is one node's), ``mpi``/``mpi_raw``/``*_zc`` under ``--backend tcp``. Across real nodes
+(e.g. ``python -m minidist.testing.cluster``, docs/launching.md) ``hier`` is the row to watch.
+
 ``X-off`` runs X with the collective ledger and fingerprints turned off for that call (what
 ``MINIDIST_LEDGER=0`` does for a whole job); ``--ledger-compare`` adds ``X-off`` beside every
 X and prints the on/off ratio of the medians per size (both measured interleaved, one run).
@@ -262,8 +267,32 @@ def best_of_ours(point: list[dict], zc: bool) -> dict | None:
 
 # ---------------------------------------------------------------- the sweep
 
+def unavailable(group: Any, name: str) -> str | None:
+    """Why row ``name`` cannot run in ``group`` (None: it can). Decided from the backend and the
+    topology, which every rank sees alike, so every rank skips the same rows."""
+    base = name.removesuffix("-off")
+    if group.backend != "mpi" and (base in (RAW_MPI, "mpi") or base.endswith("_zc")):
+        what = ("a buffer in MPI's shared-memory window" if base.endswith("_zc")
+                else "the MPI transport")
+        return f"needs {what} (this run's backend: {group.backend})"
+    nodes = group.topology.num_nodes
+    if nodes > 1 and (base_algorithm(name) == "shm" or base.endswith("_zc")):
+        what = "shared memory" if base_algorithm(name) == "shm" else "its shared-memory buffer"
+        return (f"{what} works within one node, and these {group.size} ranks span {nodes} "
+                "nodes (hier is the multi-node algorithm)")
+    return None
+
+
 def sweep(args: Args, group: Any, gloo: Callable | None = None) -> dict:
     n, rank = group.size, group.rank
+    skipped = {a: why for a in args.algorithms if (why := unavailable(group, a)) is not None}
+    if rank == 0:
+        for a, why in skipped.items():
+            print(f"# skipped {a}: {why}", flush=True)
+    args.algorithms = [a for a in args.algorithms if a not in skipped]
+    if not args.algorithms:
+        raise SystemExit(f"no algorithm of --algorithms can run here (skipped: "
+                         f"{', '.join(skipped)}); add ring,rd,hier,auto")
     dtype = np.dtype(args.dtype)
     points = [s for s in sizes(max(args.min_bytes, dtype.itemsize), args.max_bytes, args.step)]
     max_count = max(points) // dtype.itemsize
@@ -337,7 +366,8 @@ def sweep(args: Args, group: Any, gloo: Callable | None = None) -> dict:
                       flush=True)
         rows += point
     out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
-           "burst": args.burst, "rows": rows,
+           "nodes": group.topology.num_nodes, "skipped": skipped, "burst": args.burst,
+           "rows": rows,
            "crossover_ring_tree": crossover(rows, "ring", "tree")}
     out["auto_vs_best"] = auto_vs_best(rows)
     if rank == 0 and out["auto_vs_best"]:

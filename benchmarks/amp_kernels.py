@@ -25,6 +25,13 @@ Implementations:
             same kernel on master (torch's GradScaler refuses fp16 grads); model16.copy_(master)
     cupy    the reference on CuPy arrays (GPU rows, when a GPU and numba.cuda are present)
 
+Per call (a second table, ``per_call`` in the JSON): the host time of ONE call on small,
+persistent buffers (``--per-call-numel``, default 1K elements; median of ``--per-call-reps``
+calls), where fixed costs dominate: argument checks, dispatch, on a GPU the launch (the launch
+plan is what makes it cheap there). ``foreach32`` unscales 32 float32 buffers in place: the
+fused row is ONE ``kernels.foreach_unscale_and_check_`` call (one launch on a GPU), numpy the
+reference's loop, torch its ``_amp_foreach_non_finite_check_and_unscale_`` over the list.
+
 Method: every implementation's result is first checked against the reference (bits; ``exact``
 in the JSON). Then ``--repeats`` rounds; in each round every implementation runs once, in a
 random order (seeded by the round), so load drift on a shared machine hits all of them alike.
@@ -71,6 +78,8 @@ class Args:
     plot: bool
     gpu: bool
     torch: bool
+    per_call_numel: int
+    per_call_reps: int
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
@@ -85,6 +94,9 @@ def parse_args(argv: list[str] | None = None) -> Args:
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU rows")
     p.add_argument("--no-torch", action="store_true", help="skip the torch rows")
+    p.add_argument("--per-call-numel", default="1K", help="elements for the per-call table")
+    p.add_argument("--per-call-reps", type=int, default=2000,
+                   help="calls per row of the per-call table (0: no table)")
     p.add_argument("--markdown", nargs="+", metavar="JSON", help="print result tables and exit")
     a = p.parse_args(argv)
     if a.markdown:
@@ -95,7 +107,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     if not threads or min(threads) < 1 or a.repeats < 1:
         raise SystemExit("--threads needs counts >= 1 and --repeats >= 1")
     return Args(parse_bytes(a.numel), threads, a.repeats, a.warmup, Path(a.out), a.name,
-                not a.no_plot, not a.no_gpu, not a.no_torch)
+                not a.no_plot, not a.no_gpu, not a.no_torch, parse_bytes(a.per_call_numel),
+                a.per_call_reps)
 
 
 # ----------------------------------------------------------------- workloads
@@ -247,6 +260,75 @@ def time_rounds(runs: list[Run], repeats: int, warmup: int) -> list[list[float]]
     return samples
 
 
+def per_call_runs(n: int, torch: Any, xp: Any = np) -> list[Run]:
+    """Small persistent buffers: what one call costs on the host (checks, dispatch, launch)."""
+    on_gpu = xp is not np
+    d = host_data(n)
+    dev = {k: xp.asarray(v) for k, v in d.items()}
+    found = xp.zeros(1, xp.float32)
+    parts = [xp.asarray(np.ones(max(n // 32, 1), np.float32)) for _ in range(32)]
+    a, b = Alternating(), Alternating()
+    base = "cupy" if on_gpu else "numpy"
+    where = "gpu" if on_gpu else 1
+    runs = [
+        Run("fp32_inplace", "fused", where,
+            lambda: kernels.unscale_and_check_(dev["g32"], dev["g32"], a(), found)),
+        Run("fp32_inplace", base, where,
+            lambda: reference.unscale_and_check_(dev["g32"], dev["g32"], b(), found)),
+        Run("fp16_to_master", "fused", where,
+            lambda: kernels.unscale_and_check_(dev["g16"], dev["m32"], INV16, found)),
+        Run("fp16_to_master", base, where,
+            lambda: reference.unscale_and_check_(dev["g16"], dev["m32"], INV16, found)),
+        Run("master_to_model", "fused", where,
+            lambda: kernels.master_to_model(dev["master"], dev["h16"])),
+        Run("master_to_model", base, where,
+            lambda: reference.master_to_model(dev["master"], dev["h16"])),
+        Run("foreach32", "fused", where,
+            lambda: kernels.foreach_unscale_and_check_(parts, parts, 1.0, found)),
+        Run("foreach32", base, where,
+            lambda: reference.foreach_unscale_and_check_(parts, parts, 1.0, found)),
+    ]
+    if torch is not None:
+        dv = "cuda" if on_gpu else "cpu"
+        t32 = torch.ones(n, device=dv)
+        t16, tm32 = t32.half(), torch.empty(n, device=dv)
+        th16, tparts = torch.empty(n, dtype=torch.float16, device=dv), [
+            torch.ones(max(n // 32, 1), device=dv) for _ in range(32)]
+        tfound, one = torch.zeros(1, device=dv), torch.ones(1, device=dv)
+        runs += [
+            Run("fp32_inplace", "torch", where,
+                lambda: torch._amp_foreach_non_finite_check_and_unscale_([t32], tfound, one)),
+            Run("fp16_to_master", "torch", where, lambda: (
+                tm32.copy_(t16),
+                torch._amp_foreach_non_finite_check_and_unscale_([tm32], tfound, one))),
+            Run("master_to_model", "torch", where, lambda: th16.copy_(t32)),
+            Run("foreach32", "torch", where,
+                lambda: torch._amp_foreach_non_finite_check_and_unscale_(tparts, tfound, one)),
+        ]
+    return runs
+
+
+def time_per_call(runs: list[Run], reps: int, sync: Callable[[], None]) -> list[dict]:
+    """Median host time of one call, in rounds of 100 calls in a random order by round."""
+    for run in runs:
+        for _ in range(3):
+            run.call()
+    sync()
+    samples: list[list[float]] = [[] for _ in runs]
+    for r in range(max(reps // 100, 1)):
+        order = list(range(len(runs)))
+        random.Random(r).shuffle(order)
+        for i in order:
+            for _ in range(100):
+                t0 = time.perf_counter()
+                runs[i].call()
+                samples[i].append(time.perf_counter() - t0)
+            sync()
+    return [{"case": run.case, "impl": run.impl, "threads": run.threads,
+             "host_us": float(np.median(s)) * 1e6, "p90_us": float(np.quantile(s, 0.9)) * 1e6,
+             "calls": len(s)} for run, s in zip(runs, samples)]
+
+
 def set_threads(n: int, torch: Any) -> bool:
     import numba
 
@@ -309,12 +391,32 @@ def main(argv: list[str] | None = None) -> dict:
                             r["min_us"] / 1e3, r["GBps"], r["speedup_vs_numpy"],
                             r["speedup_vs_torch"], "yes" if r["exact"] else "NO"), flush=True)
             rows.append(r)
+    per_call: list[dict] = []
+    if args.per_call_reps > 0:
+        set_threads(1, torch)
+        print(f"# per call: host time of one call on persistent buffers of "
+              f"{args.per_call_numel} elements (median of {args.per_call_reps} calls)")
+        small = Table([("case", 16, "s"), ("impl", 6, "s"), ("threads", 7, "s"),
+                       ("host us/call", 12, ".2f"), ("p90 us", 8, ".2f")])
+        print(small.header(), flush=True)
+        blocks = [(per_call_runs(args.per_call_numel, torch), lambda: None)]
+        if any(isinstance(r[0].threads, str) for r in groups):
+            import cupy as cp
+
+            blocks.append((per_call_runs(args.per_call_numel, None, cp),
+                           cp.cuda.get_current_stream().synchronize))
+        for runs, sync in blocks:
+            for row in time_per_call(runs, args.per_call_reps, sync):
+                row["numel"] = args.per_call_numel
+                print(small.row(row["case"], row["impl"], str(row["threads"]), row["host_us"],
+                                row["p90_us"]), flush=True)
+                per_call.append(row)
     result = {"numel": n, "repeats": args.repeats, "cpu_implementation": impl,
               "argv": list(sys.argv[1:] if argv is None else argv),
               "NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS"),
               "machine": machine_info({"torch": getattr(torch, "__version__", None),
                                        "numba": _numba_version()}),
-              "rows": rows}
+              "rows": rows, "per_call": per_call}
     out = write_json(args.out / f"{args.name}.json", result)
     print(f"# wrote {shown(out)}")
     if args.plot:
@@ -342,6 +444,11 @@ def markdown(result: dict) -> str:
                      f"{r['median_us'] / 1e3:.2f} | {r['min_us'] / 1e3:.2f} | {r['GBps']:.1f} | "
                      f"{ratio(r['speedup_vs_numpy'])} | {ratio(r['speedup_vs_torch'])} | "
                      f"{'yes' if r['exact'] else 'NO'} |")
+    if result.get("per_call"):
+        lines += ["", f"| per call ({result['per_call'][0]['numel']} elements) | impl | "
+                  "threads | host us/call (median) | p90 us |", "|---|---|---|---|---|"]
+        lines += [f"| {r['case']} | {r['impl']} | {r['threads']} | {r['host_us']:.2f} | "
+                  f"{r['p90_us']:.2f} |" for r in result["per_call"]]
     return "\n".join(lines)
 
 

@@ -274,13 +274,17 @@ def check_float16_path(model: nn.Module, sample: np.ndarray, device_type: str, k
 
 def build_optimizer(cfg: Config, model: nn.Module, ddp: DistributedDataParallel | None = None
                     ) -> optim.Optimizer:
+    # fused=True: one compiled pass per tensor (same bits as the NumPy path; docs/gpu.md)
     if cfg.zero:  # the same optimizer, its state sharded over the ranks (minidist.ddp.zero)
         cls, kw = ((optim.AdamW, dict(weight_decay=cfg.weight_decay)) if cfg.optimizer == "adamw"
                    else (optim.SGD, dict(momentum=0.9, weight_decay=cfg.weight_decay)))
-        return ZeroRedundancyOptimizer(model.parameters(), cls, ddp=ddp, lr=cfg.lr, **kw)
+        return ZeroRedundancyOptimizer(model.parameters(), cls, ddp=ddp, lr=cfg.lr, fused=True,
+                                       **kw)
     if cfg.optimizer == "adamw":
-        return optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+        return optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                           fused=True)
+    return optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay,
+                     fused=True)
 
 
 def save_weights(model: nn.Module, path: str) -> None:

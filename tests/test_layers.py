@@ -1,7 +1,7 @@
 """The layer contract of the design brief: each layer imports only from layers below it.
 
     envvars  <-  xp, log, version, trace  <-  tensor, cuda  <-  nn, optim, comm, utils  <-  data, kernels, viz  <-  amp
-        <-  ddp  <-  checkpoint  <-  trainer  <-  launch, multiprocessing
+        <-  ddp  <-  checkpoint  <-  trainer  <-  launch, multiprocessing, testing
 
 plus: comm never imports tensor (collectives move plain xp arrays in place). A new top-level
 module must be placed in LAYERS, so the contract cannot be skipped by accident, and LAYERS names
@@ -25,7 +25,7 @@ LAYERS = {
     "ddp": 5,
     "checkpoint": 6,
     "trainer": 7,
-    "launch": 8, "multiprocessing": 8,
+    "launch": 8, "multiprocessing": 8, "testing": 8,
     "utils": 2,
 }
 FORBIDDEN = {("comm", "tensor"), ("comm", "nn"), ("comm", "optim")}

@@ -29,8 +29,12 @@ Per optimizer and step, an explicit state (torch's ``OptState``) catches misuse:
       '------------------step() (unscales first)-----'
 
 The scale and growth tracker are 1-element arrays on the gradients' device, updated by the
-``update_scale_`` kernel; the only host read is ``step()``'s look at ``found_inf`` (torch reads
-it there too). Unscaling and the inf/NaN check are ONE pass (``kernels.unscale_and_check_``).
+``update_scale_`` kernel; the only host read is ``step()``'s look at the step's inf/NaN flags
+(torch reads them there too). Unscaling and the inf/NaN check are ONE pass
+(``kernels.unscale_and_check_``), and ``unscale_`` covers all the gradients of an optimizer with
+ONE call (``kernels.foreach_unscale_and_check_``). The buffers a step's kernels touch are
+persistent (scale, tracker, 1/scale, the flags: one device array with a slot per bucket and per
+optimizer, zeroed by ``update_scale_``), so on a GPU each launch reuses its launch plan.
 
 Under DistributedDataParallel the pass happens earlier, per bucket: ``scale()`` makes this scaler
 the ACTIVE one (while the scaled loss lives, until ``update()``); DDP's reducer takes it when it launches a bucket and, right after the bucket's
@@ -93,15 +97,56 @@ class _OptimizerStep:
 
     def __init__(self) -> None:
         self.stage = OptState.READY
-        self.found_inf: Any = None   # float32[1] on the device, once unscaled
+        self.slots: list[int] | None = None  # its flags in the scaler's array, once unscaled
         self.skipped: bool | None = None  # known after step()
 
 
 class _FoldedBucket:
-    """A bucket DDP unscaled this step: its targets (params or masters), names, flag."""
+    """A bucket DDP unscaled this step: its targets (params or masters), names, flag slot."""
 
-    def __init__(self, targets: list, names: list, found_inf: Any) -> None:
-        self.targets, self.names, self.found_inf = targets, names, found_inf
+    def __init__(self, targets: list, names: list, slot: int, found_inf: Any) -> None:
+        self.targets, self.names, self.slot, self.found_inf = targets, names, slot, found_inf
+
+
+class _FlagSlots:
+    """The step's inf/NaN flags: ONE persistent float32 array on the device, one slot per
+    DDP bucket and per optimizer (kept across steps, so every kernel writes to the same
+    addresses: its launch plan is reused). ``update_scale_`` reads every slot and zeroes them
+    for the next step: no allocation and no zeroing launch per step.
+
+        flags = [bucket 0 | bucket 1 | ... | optimizer A | optimizer B | unused ...]
+    """
+
+    def __init__(self, like: Any, capacity: int = 64) -> None:
+        self._xp = backend.get_array_module(like)
+        self.array = self._xp.zeros(capacity, dtype=np.float32)
+        self._views: list[Any] = []
+        self._slot_of: dict[Any, int] = {}
+        self._lock = threading.Lock()  # DDP's comm thread takes bucket slots
+        self.dirty = False             # a kernel may have set a flag since the last reset
+
+    def slot(self, key: Any) -> tuple[int, Any]:
+        """The slot index of ``key`` and its float32[1] view (created on first use)."""
+        with self._lock:
+            j = self._slot_of.get(key)
+            if j is None:
+                j = self._slot_of[key] = len(self._views)
+                if j == self.array.size:  # grow (rare): the values so far come along
+                    bigger = self._xp.zeros(2 * self.array.size, dtype=np.float32)
+                    bigger[:j] = self.array
+                    self.array = bigger
+                    self._views = [self.array[k:k + 1] for k in range(j)]
+                self._views.append(self.array[j:j + 1])
+            self.dirty = True
+            return j, self._views[j]
+
+    def read(self) -> np.ndarray:
+        """Every slot on the host (one device-to-host copy)."""
+        return backend.to_host(self.array[:len(self._views)])
+
+    def zero(self) -> None:
+        self.array[...] = 0
+        self.dirty = False
 
 
 class GradScaler:
@@ -149,10 +194,12 @@ class GradScaler:
         self._init_growth_tracker = 0
         self._scale: Any = None           # float32[1] on the device
         self._growth_tracker: Any = None  # int32[1] on the device
-        self._inv_scale: Any = None       # this step's 1/scale, float32[1]
+        self._inv_scale: Any = None       # this step's 1/scale, float32[1] (persistent)
+        self._inv_fresh = False
         self._per_optimizer: dict[int, _OptimizerStep] = {}
+        self._flags: _FlagSlots | None = None     # the step's flags, on the device
         self._folded: list[_FoldedBucket] = []
-        self._folded_found: dict[int, Any] = {}   # id(param or master) -> its bucket's flag
+        self._folded_found: dict[int, int] = {}   # id(param or master) -> its bucket's slot
         self._num_steps = 0            # update() calls: the "step" in messages
         self._report = OverflowReport()  # skipped steps, the scale-floor warning
 
@@ -180,6 +227,9 @@ class GradScaler:
                             f"list/tuple of Tensors, got {type(outputs).__name__}.")
         if self._scale is None:
             self._lazy_init(first.data)
+        flags = self._flags
+        if flags is not None and flags.dirty and not self._per_optimizer:
+            flags.zero()  # a step abandoned after unscaling: its flags must not skip this one
         factor = Tensor(self._scale.reshape(()).copy())
         scaled = _map(outputs, lambda t: (t.float() if t.dtype == np.float16 else t) * factor)
         _active.scaler, _active.output = self, weakref.ref(next(iter(_tensors(scaled))))
@@ -189,6 +239,7 @@ class GradScaler:
         xp = backend.get_array_module(like)
         self._scale = xp.full(1, self._init_scale, dtype=np.float32)
         self._growth_tracker = xp.full(1, self._init_growth_tracker, dtype=np.int32)
+        self._flags = _FlagSlots(self._scale)
 
     def _check_scale(self, funcname: str) -> None:
         if self._scale is None:
@@ -198,7 +249,10 @@ class GradScaler:
     def _inv(self) -> Any:
         """1 / scale as float32[1] (torch: scale.double().reciprocal().float()), once a step."""
         if self._inv_scale is None:
-            self._inv_scale = (1.0 / self._scale.astype(np.float64)).astype(np.float32)
+            self._inv_scale = backend.get_array_module(self._scale).empty(1, dtype=np.float32)
+        if not self._inv_fresh:  # float64 reciprocal, rounded once to float32 (as torch)
+            self._inv_scale[...] = 1.0 / self._scale.astype(np.float64)
+            self._inv_fresh = True
         return self._inv_scale
 
     # ------------------------------------------------------------------ the DDP fold
@@ -237,11 +291,12 @@ class GradScaler:
             dst = owner.bucket_grad_buffer(params)
         else:
             return False
-        found = backend.get_array_module(buffer).zeros(1, dtype=np.float32)
+        assert self._flags is not None
+        slot, found = self._flags.slot(("bucket", id(buffer)))
         kernels.unscale_and_check_(buffer, dst, self._inv(), found)
-        self._folded.append(_FoldedBucket(targets, list(names or []), found))
+        self._folded.append(_FoldedBucket(targets, list(names or []), slot, found))
         for t in targets:
-            self._folded_found[id(t)] = found
+            self._folded_found[id(t)] = slot
         return True
 
     # ------------------------------------------------------------------ torch's API
@@ -270,20 +325,23 @@ class GradScaler:
                 f"{rank_prefix()} GradScaler.unscale_: unscale_() is being called after "
                 "step(). Call unscale_() before step() (e.g. to clip gradients), then step(), "
                 "then update().")
-        state.found_inf = self._unscale_grads_(optimizer)
+        state.slots = self._unscale_grads_(optimizer)
         state.stage = OptState.UNSCALED
 
-    def _unscale_grads_(self, optimizer: Any) -> Any:
-        """Unscale what no DDP bucket covered; combine every flag of this optimizer's grads."""
+    def _unscale_grads_(self, optimizer: Any) -> list[int]:
+        """Unscale what no DDP bucket covered, in ONE kernel call for all of it (a multi-buffer
+        launch on a GPU); returns the flag slots of this optimizer's gradients."""
         inv = self._inv()
-        xp = backend.get_array_module(self._scale)
-        found = xp.zeros(1, dtype=np.float32)
-        flags: dict[int, Any] = {}
+        assert self._flags is not None
+        own_slot, found = self._flags.slot(("optimizer", id(optimizer)))
+        slots: dict[int, None] = {own_slot: None}
+        srcs: list[Any] = []
+        dsts: list[Any] = []
         checked = 0
         for i, p in enumerate(_params(optimizer)):
             folded = self._folded_found.get(id(p))
             if folded is not None:
-                flags[id(folded)] = folded
+                slots[folded] = None
                 checked += 1
                 continue
             if isinstance(p, MasterParameter):
@@ -304,7 +362,12 @@ class GradScaler:
                         "float16 flushes small gradients to zero. Keep float32 parameters "
                         "(autocast already computes in float16), or wrap the optimizer in "
                         "minidist.amp.MasterWeights for float16 weights with float32 masters.")
-            _unscale_into(src, dst, inv, found)
+            if _fusable(src, dst):
+                flat = src.reshape(-1)
+                srcs.append(flat)
+                dsts.append(flat if dst is src else dst.reshape(-1))  # in place: same object
+            else:
+                _unscale_unfused(src, dst, inv, found)
             checked += 1
         if checked == 0:
             raise RuntimeError(
@@ -312,11 +375,11 @@ class GradScaler:
                 "none of its parameters has a gradient. Call scaler.scale(loss).backward() "
                 "before scaler.step(optimizer), with this optimizer built over the model's "
                 "parameters.")
-        for f in flags.values():
-            found += f
+        if srcs:
+            kernels.foreach_unscale_and_check_(srcs, dsts, inv, found)
         if isinstance(optimizer, MasterWeights):
             optimizer.master_grads_current = True
-        return found
+        return list(slots)
 
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """``optimizer.step()`` unless this step's gradients hold inf/NaN (then skipped).
@@ -341,9 +404,12 @@ class GradScaler:
         if state.stage is OptState.READY:
             self.unscale_(optimizer)
         retval = None
-        state.skipped = bool(float(state.found_inf[0]) != 0.0)  # the one host read (as torch)
+        assert self._flags is not None and state.slots is not None
+        host = self._flags.read()  # the one host read (as torch)
+        state.skipped = bool(any(host[j] != 0.0 for j in state.slots))
         if state.skipped:
-            buckets = [(b.found_inf, b.targets, b.names) for b in self._folded]
+            buckets = [(b.found_inf, b.targets, b.names) for b in self._folded
+                       if host[b.slot] != 0.0]
             first = first_nonfinite(buckets, list(_params(optimizer)), set(self._folded_found))
             self._report.skipped(self._num_steps, first, self.get_scale(), self._backoff_factor)
         else:
@@ -360,28 +426,28 @@ class GradScaler:
         if not self._enabled:
             return
         self._check_scale("update")
+        assert self._flags is not None
         if new_scale is not None:
             self._set_scale(new_scale)
+            self._flags.zero()
         else:
-            flags = [s.found_inf for s in self._per_optimizer.values() if s.found_inf is not None]
-            if not flags:
+            if not any(s.slots is not None for s in self._per_optimizer.values()):
                 raise RuntimeError(
                     f"{rank_prefix()} GradScaler.update: No inf checks were recorded prior to "
                     "update(). Call scaler.step(optimizer) (or scaler.unscale_(optimizer)) "
                     "before scaler.update().")
-            found = flags[0]
-            for f in flags[1:]:
-                found = found + f
-            kernels.update_scale_(self._scale, self._growth_tracker, found,
+            # every slot: the step's buckets and optimizers; the kernel zeroes them all
+            kernels.update_scale_(self._scale, self._growth_tracker, self._flags.array,
                                   self._growth_factor, self._backoff_factor,
                                   self._growth_interval)
+            self._flags.dirty = False
         if any(s.skipped for s in self._per_optimizer.values()):
             self._report.check_floor(self.get_scale())  # a host read, on skipped steps only
         self._num_steps += 1
         self._per_optimizer.clear()
         self._folded.clear()
         self._folded_found.clear()
-        self._inv_scale = None
+        self._inv_fresh = False
         if getattr(_active, "scaler", None) is self:
             _active.scaler = None
 
@@ -463,6 +529,7 @@ class GradScaler:
         self._backoff_factor = float(state_dict["backoff_factor"])
         self._growth_interval = int(state_dict["growth_interval"])
         self._init_growth_tracker = int(state_dict["_growth_tracker"])
+        self._inv_fresh = False
         if self._scale is not None:
             self._scale[...] = self._init_scale
         if self._growth_tracker is not None:
@@ -504,15 +571,15 @@ def _params(optimizer: Any) -> Iterator[Any]:
         yield from group["params"]
 
 
-def _unscale_into(src: Any, dst: Any, inv: Any, found: Any) -> None:
-    """``dst = src * inv`` and ``found[0] = 1`` if src has inf/NaN: the fused kernel when it
-    applies (float16/float32 in, float32 out, contiguous), two plain passes otherwise."""
+def _fusable(src: Any, dst: Any) -> bool:
+    """Can the fused kernel unscale src into dst (float16/float32 in, float32 out, contiguous)?"""
+    return (src.dtype in (np.float16, np.float32) and dst.dtype == np.float32
+            and src.flags.c_contiguous and dst.flags.c_contiguous)
+
+
+def _unscale_unfused(src: Any, dst: Any, inv: Any, found: Any) -> None:
+    """``dst = src * inv`` and ``found[0] = 1`` if src has inf/NaN, as two plain passes."""
     xp = backend.get_array_module(src)
-    fused = (src.dtype in (np.float16, np.float32) and dst.dtype == np.float32
-             and src.flags.c_contiguous and dst.flags.c_contiguous)
-    if fused:
-        kernels.unscale_and_check_(src.reshape(-1), dst.reshape(-1), inv, found)
-        return
     if not bool(xp.isfinite(src).all()):  # float64 grads: NumPy ops, not a kernel
         found[0] = 1.0
     xp.multiply(src, inv.astype(dst.dtype).reshape(()), out=dst)

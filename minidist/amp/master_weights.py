@@ -94,7 +94,8 @@ class MasterWeights(Optimizer):
         self._masters: list[MasterParameter] = []
         self._master_of: dict[int, MasterParameter] = {}
         self._bucket_grads: dict[tuple[int, ...], tuple[Any, list]] = {}
-        self._grad_bufs: dict[int, Any] = {}
+        self._grad_slices: dict[int, tuple[int, int, tuple[int, ...]]] = {}
+        self.master_grad_buffer: Any = None  # float32 master grads outside DDP, flat (lazy)
         self.master_grads_current = False  # master .grad hold this step's unscaled gradients
         params = [p for g in optimizer.param_groups for p in g["params"]]
         for i, p in enumerate(params):
@@ -114,6 +115,7 @@ class MasterWeights(Optimizer):
                 p.data = self.model_buffer[off:off + n].reshape(shape)  # rebound: before DDP
                 group["params"][k] = master
                 self._masters.append(master)
+                self._grad_slices[id(master)] = (off, n, tuple(shape))
                 self._master_of[id(p)] = master
                 _OWNER[p] = self
                 off += n
@@ -196,12 +198,14 @@ class MasterWeights(Optimizer):
         return self._master_of[id(param)]
 
     def grad_buffer(self, master: MasterParameter) -> Any:
-        """A float32 array, kept across steps, for ``master.grad`` outside DDP buckets."""
-        buf = self._grad_bufs.get(id(master))
-        if buf is None:
-            buf = backend.get_array_module(master.data).empty_like(master.data)
-            self._grad_bufs[id(master)] = buf
-        return buf
+        """A float32 array, kept across steps, for ``master.grad`` outside DDP buckets: a view
+        of ONE flat buffer laid out like ``master_buffer`` (so consecutive masters' gradients
+        are consecutive pieces of one allocation, which one kernel call can cover)."""
+        if self.master_grad_buffer is None:
+            xp = backend.get_array_module(self.master_buffer)
+            self.master_grad_buffer = xp.empty(self.master_buffer.size, dtype=np.float32)
+        off, n, shape = self._grad_slices[id(master)]
+        return self.master_grad_buffer[off:off + n].reshape(shape)
 
     def bucket_grad_buffer(self, params: Iterable[Any]) -> Any:
         """One flat float32 buffer laid out like a flat float16 bucket of ``params``.

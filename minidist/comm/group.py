@@ -53,7 +53,7 @@ from typing import Any, Callable
 import numpy as np
 
 from minidist import xp as backend
-from minidist.comm.algorithms import ALGORITHMS
+from minidist.comm.algorithms import ALGORITHMS, cuda_ipc_available
 from minidist.comm.algorithms import select as _select
 from minidist.comm.algorithms.calibrate import agreed as agreed_calibration
 from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
@@ -69,6 +69,7 @@ from minidist.comm.failure import farewell, on_failure, poll
 from minidist.comm.ledger import (SEQ, T0, T1, TAG, Ledger, dump_dir, fingerprint, ledger_capacity,
                                   call_plan, ledger_enabled)
 from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, finalize, parse_op
+from minidist.comm.staging import stager_for
 from minidist.comm.topology import Topology, detect_topology
 from minidist.comm.transports.base import MAX_STREAMS, Transport, wire_tag
 from minidist.comm.transports.shm_window import shm_free_buffer
@@ -255,8 +256,9 @@ class ProcessGroup:
         Args:
             array: C-contiguous, writable numpy/cupy array (float16/32/64, int32/64).
             op: "sum", "avg", "max", "min", "prod" or a ReduceOp. Integer AVG floors.
-            algorithm: "auto" (cost model; "hier" on several nodes), "ring", "tree", "rd",
-                "direct", "mpi", "shm" or "hier"; default the group's.
+            algorithm: "auto" (cost model; "hier" on several nodes; "cuda_ipc" for device
+                buffers on one node), "ring", "tree", "rd", "direct", "mpi", "shm", "hier" or
+                "cuda_ipc"; default the group's.
             tag: stream, ``0 <= tag < 1024``; concurrent collectives (threads) need distinct
                 tags.
             label: a caller's note kept in this call's ledger entry (e.g. "bucket=3");
@@ -291,7 +293,8 @@ class ProcessGroup:
         if self._plan_epoch != _select.EPOCH:  # the model or rules changed (load_model, tune)
             self._plans.clear()
             self._plan_epoch = _select.EPOCH
-        plan = self._plans.get((algorithm, flat.nbytes, flat.dtype, rop.code, shared, not tag))
+        plan = self._plans.get((algorithm, flat.nbytes, flat.dtype, rop.code, shared, not tag,
+                                type(flat)))
         if plan is None:
             plan = self._plan(algorithm, flat, rop, shared, tag)
         name, reason, fn, call, native = plan
@@ -304,9 +307,10 @@ class ProcessGroup:
         if self._debug >= 1:
             log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
                       name, flat.size, flat.dtype.name, flat.nbytes, rop.value, self.size)
+        stager = stager_for(self.transport, flat, fn)  # device buffer, MPI not CUDA-aware
         t0 = time.perf_counter()
         try:
-            if native and not self.check_consistency:
+            if native and not self.check_consistency and stager is None:
                 # MPI's Allreduce: post it, write the ledger row while the data moves, wait.
                 pending = self.transport.native_post(flat, rop, wire)
                 if ledger.enabled:
@@ -318,7 +322,10 @@ class ProcessGroup:
                 if self.check_consistency:
                     self._agree(f'all_reduce(algorithm="{algorithm}")', flat, rop, algorithm, 0,
                                 row, tag)
-                fn(self.transport, flat, rop, wire)
+                if stager is not None:  # chunks copied down, reduced on the host, copied up
+                    stager.all_reduce(flat, lambda chunk: fn(self.transport, chunk, rop, wire))
+                else:
+                    fn(self.transport, flat, rop, wire)
         except CommError as e:
             if row is None and ledger.enabled:  # posting failed before the row was written
                 row = ledger.record(seq, wire, t0, tag, array.shape, label, call)
@@ -336,6 +343,9 @@ class ProcessGroup:
         by_nodes = choose_for_nodes(self._nodes, flat.nbytes) if algorithm == "auto" else None
         if by_nodes is not None:  # several nodes: hier (or rd for small messages)
             name, reason = by_nodes
+            fn = ALGORITHMS[name]
+        elif algorithm == "auto" and cuda_ipc_available(self.transport, flat, tag):
+            name, reason = "cuda_ipc", "device buffer, ranks on one node: CUDA IPC windows"
             fn = ALGORITHMS[name]
         elif algorithm == "auto":
             shm = self._shm if type(flat) is np.ndarray and not tag else None  # shm: stream 0
@@ -356,7 +366,8 @@ class ProcessGroup:
                 name == "mpi" and self._native and self.size > 1)
         if len(self._plans) >= 256:
             self._plans.clear()
-        self._plans[(algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag)] = plan
+        self._plans[(algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag,
+                     type(flat))] = plan
         return plan
 
     def broadcast(self, array: Any, src: int = 0, tag: int = 0) -> Any:

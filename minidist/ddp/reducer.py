@@ -75,6 +75,7 @@ import numpy as np
 from minidist import comm, trace
 from minidist import xp as backend
 from minidist.amp import active_scaler
+from minidist.comm.errors import failure_advice, sentence
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.hooks import GradBucket, allreduce_hook
 from minidist.log import get_logger, rank_prefix
@@ -407,8 +408,7 @@ class Reducer:
             f"{rank_prefix()} DistributedDataParallel: all-reduce of bucket {bucket.index} "
             f"({bucket.spec.numel} x {bucket.spec.dtype}, parameters {bucket.names[:4]}"
             f"{'...' if len(bucket.names) > 4 else ''}) failed at step {self.num_syncs}: "
-            f"{type(err).__name__}: {err}. Check the other ranks' logs; every rank must run the "
-            "same model and the same steps.") from err
+            f"{type(err).__name__}: {sentence(str(err))}. {failure_advice(err)}.") from err
 
     # ------------------------------------------------------------------ reduction
 

@@ -4,7 +4,8 @@
     found = kernels.unscale_and_check(grad32, grad32, 1 / scale)       # in place, one pass
     found = kernels.unscale_and_check(grad16, master32, 1 / scale)     # fp16 -> fp32 master
     kernels.unscale_and_check_(src, dst, inv_scale, found_inf)         # flag on the device
-    kernels.update_scale_(scale, tracker, found_inf, 2.0, 0.5, 2000)   # torch's rule
+    kernels.foreach_unscale_and_check_(srcs, dsts, inv_scale, found_inf)  # a list: 1 launch
+    kernels.update_scale_(scale, tracker, found_inf, 2.0, 0.5, 2000)   # torch's rule; found = 0
     kernels.master_to_model(master32, model16)                         # round to nearest even
     kernels.implementation(grad32)                                     # -> "numba-cpu"
 
@@ -14,9 +15,12 @@ Every entry point checks its arguments (dtypes, sizes, contiguity, devices) and 
     NumPy array  ->  cpu.py   (Numba @njit, parallel, cached)   else  reference.py (NumPy)
     CuPy array   ->  cuda.py  (numba.cuda, CuPy's stream)       else  reference.py (CuPy)
 
-The compiled backends are imported on first use (``import minidist`` does not import Numba).
-If one cannot be imported or cannot compile on this machine, a single ``RuntimeWarning`` says
-why and that backend's calls go to the reference, which computes the same bits (slower).
+The compiled backends are imported on first use (``import minidist`` does not import Numba),
+and each op compiles on its first call. If a backend cannot be imported, compiled or launched
+on this machine (any exception), a single ``RuntimeWarning`` says why and how to fix it, and
+that backend's calls go to the reference, which computes the same bits (slower). The first call
+of each op rehearses on private copies, so that happens before any caller data changed
+(``fallback.py``: ``CompiledBackend``, reusable for other kernels).
 ``MINIDIST_KERNELS=reference`` chooses the reference on purpose (no warning).
 
 Contract (as ATen's ``AmpKernels.cu``): unscaling computes ``float32(src) * inv_scale`` in
@@ -26,83 +30,39 @@ and kernels only ever set it to 1.0, so one flag collects many buffers without a
 
 from __future__ import annotations
 
-import enum
-import importlib
 import numbers
-import os
-import warnings
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from minidist import xp as backend
-from minidist.envvars import env
 from minidist.kernels import reference
+from minidist.kernels.fallback import REFERENCE, CompiledBackend
 from minidist.log import rank_prefix
 
-__all__ = ["unscale_and_check", "unscale_and_check_", "update_scale_", "master_to_model",
-           "implementation"]
+__all__ = ["unscale_and_check", "unscale_and_check_", "foreach_unscale_and_check_",
+           "update_scale_", "master_to_model", "implementation", "fallback_reason",
+           "CompiledBackend", "REFERENCE", "NUMBA_CPU", "NUMBA_CUDA"]
 
 _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
 
 NUMBA_CPU = "numba-cpu"
 NUMBA_CUDA = "numba-cuda"
-REFERENCE = "reference"
 
 
 # ----------------------------------------------------------------- backends
 
-class _Load(enum.Enum):
-    NOT_TRIED = "not tried"
-    READY = "ready"
-    UNAVAILABLE = "unavailable"
+_CPU = CompiledBackend(NUMBA_CPU, "minidist.kernels.cpu",
+                       f"For the fused CPU kernels install a numba that supports NumPy "
+                       f"{np.__version__} (`pip install -U numba`); MINIDIST_KERNELS=reference "
+                       "chooses the reference without this warning.")
+_CUDA = CompiledBackend(NUMBA_CUDA, "minidist.kernels.cuda",
+                        "Install the GPU extra for your CUDA version (`pip install "
+                        "'minidist[gpu-cu12]'` or `'minidist[gpu-cu13]'`, see docs/amp.md), and "
+                        "leave NUMBA_ENABLE_CUDASIM unset, for the fused GPU kernels.")
 
 
-class _Backend:
-    """A compiled backend module, imported on first use; on failure: one warning, then None."""
-
-    def __init__(self, name: str, module: str, fix: str) -> None:
-        self.name, self.module_name, self.fix = name, module, fix
-        self.state = _Load.NOT_TRIED
-        self.module: ModuleType | None = None
-        self.reason = ""
-
-    def get(self) -> ModuleType | None:
-        if self.state is _Load.NOT_TRIED:
-            choice = env("MINIDIST_KERNELS")
-            if choice == REFERENCE:
-                self.state, self.reason = _Load.UNAVAILABLE, "MINIDIST_KERNELS=reference"
-                return None
-            try:
-                module = importlib.import_module(self.module_name)
-                module.check_usable()
-            except Exception as exc:  # ImportError, no driver, simulator on, broken install
-                self.give_up(f"{type(exc).__name__}: {exc}")
-                return None
-            self.module, self.state = module, _Load.READY
-        return self.module
-
-    def give_up(self, reason: str) -> None:
-        """Use the reference from now on, and say so once."""
-        self.state, self.module, self.reason = _Load.UNAVAILABLE, None, reason
-        warnings.warn(f"{rank_prefix()} minidist.kernels: the {self.name} kernels cannot run here "
-                      f"({reason}); using the {REFERENCE} implementation instead (same results, "
-                      f"slower). {self.fix}", RuntimeWarning, stacklevel=4)
-
-    def reset(self) -> None:
-        """Forget the outcome (tests; after installing Numba in a running process)."""
-        self.state, self.module, self.reason = _Load.NOT_TRIED, None, ""
-
-
-_CPU = _Backend(NUMBA_CPU, "minidist.kernels.cpu",
-                "Install numba (`pip install numba`) for the fused CPU kernels.")
-_CUDA = _Backend(NUMBA_CUDA, "minidist.kernels.cuda",
-                 "Install numba-cuda for your CUDA version (`pip install 'numba-cuda[cu12]'`), "
-                 "and leave NUMBA_ENABLE_CUDASIM unset, for the fused GPU kernels.")
-
-
-def _backend_of(array: Any) -> _Backend:
+def _backend_of(array: Any) -> CompiledBackend:
     return _CUDA if backend.is_device_array(array) else _CPU
 
 
@@ -121,16 +81,20 @@ def implementation(array: Any) -> str:
     return chosen.name if chosen.get() is not None else REFERENCE
 
 
+def fallback_reason(array: Any) -> str | None:
+    """Why the kernels for ``array``'s device use the reference (the warning's cause), or None
+    while the compiled kernels run (or were not tried yet).
+
+    >>> import numpy as np
+    >>> fallback_reason(np.zeros(3, np.float32)) is None or "numba" in fallback_reason(np.zeros(3))
+    True
+    """
+    return _backend_of(array).reason or None
+
+
 def _call(name: str, first: Any, *args: Any) -> Any:
-    """Run ``name`` from the backend of ``first``, else from the reference."""
-    chosen = _backend_of(first)
-    module = chosen.get()
-    if module is not None:
-        try:
-            return getattr(module, name)(*args)
-        except module.COMPILE_ERRORS as exc:  # raised while compiling, before any data changed
-            chosen.give_up(f"compiling {name} failed: {type(exc).__name__}: {exc}")
-    return getattr(reference, name)(*args)
+    """Run ``name`` from the backend of ``first`` (the fallback policy: ``fallback.py``)."""
+    return _backend_of(first).call(name, getattr(reference, name), *args)
 
 
 # ----------------------------------------------------------------- argument checks
@@ -237,6 +201,12 @@ def _check_inv_scale(op: str, inv_scale: Any, module: str) -> Any:
 
 
 def _check_unscale(op: str, src: Any, dst: Any) -> str:
+    if src is dst and src.dtype == _F32:  # fp32 in place, the common case: fewer checks
+        if type(src) is np.ndarray:
+            if src.flags.c_contiguous and src.flags.writeable:
+                return "numpy"
+        elif backend.is_device_array(src) and src.flags.c_contiguous:
+            return "cupy"
     module = _same_module(op, ("src", "dst"), (src, dst))
     _check_dtype(op, "src", src, (_F32, _F16), "Unscale float32 or float16 gradients")
     _check_dtype(op, "dst", dst, (_F32,),
@@ -295,15 +265,53 @@ def unscale_and_check_(src: Any, dst: Any, inv_scale: Any, found_inf: Any) -> No
     _call("unscale_and_check_", src, src, dst, inv, found_inf)
 
 
+def foreach_unscale_and_check_(srcs: Any, dsts: Any, inv_scale: Any, found_inf: Any) -> None:
+    """:func:`unscale_and_check_` over a list of buffers with one flag: on a GPU as few
+    launches as possible (torch's ``_amp_foreach_non_finite_check_and_unscale_``).
+
+    Args:
+        srcs: list of float32/float16 arrays (C-contiguous), e.g. every gradient of a step.
+        dsts: list of float32 arrays, ``dsts[k]`` as many elements as ``srcs[k]``; an entry may
+            be its ``srcs[k]`` (float32 in place).
+        inv_scale, found_inf: as :func:`unscale_and_check_` (one flag for the whole list).
+
+    On a GPU, pairs that are consecutive pieces of one allocation (as the views of one flat
+    buffer) are joined into one, and up to ``cuda.MAX_BUFFERS_PER_LAUNCH`` pairs go into one
+    launch of a multi-buffer kernel.
+
+    >>> import numpy as np
+    >>> a, b = np.array([2.0, 4.0], np.float32), np.array([8.0], np.float16)
+    >>> m, found = np.empty(1, np.float32), np.zeros(1, np.float32)
+    >>> foreach_unscale_and_check_([a, b], [a, m], 0.5, found); a.tolist(), m.tolist(), found[0]
+    ([1.0, 2.0], [4.0], np.float32(0.0))
+    """
+    op = "foreach_unscale_and_check_"
+    srcs, dsts = list(srcs), list(dsts)
+    if len(srcs) != len(dsts):
+        raise _error(op, f"{len(srcs)} srcs but {len(dsts)} dsts", "Pass one dst per src")
+    if not srcs:
+        return
+    module = _same_module(op, ("srcs[0]", "found_inf"), (srcs[0], found_inf))
+    for k, (src, dst) in enumerate(zip(srcs, dsts)):
+        if _check_unscale(op, src, dst) != module:
+            raise _error(op, f"srcs[{k}] lives on another device than srcs[0]",
+                         "Unscale each device's buffers in its own call")
+    inv = _check_inv_scale(op, inv_scale, module)
+    _check_one_element(op, "found_inf", found_inf, _F32)
+    _call(op, srcs[0], srcs, dsts, inv, found_inf)
+
+
 def update_scale_(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor: float,
                   backoff_factor: float, growth_interval: int) -> None:
     """torch's ``_amp_update_scale_``, in place on 1-element arrays (on a GPU: a 1-thread
-    kernel, so the scale never leaves the device).
+    kernel, so the scale never leaves the device), then ``found_inf[:] = 0``: the flags are
+    ready for the next step without a zeroing launch (torch's op leaves them as they are).
 
     Args:
         scale: float32[1], the current loss scale.
         growth_tracker: int32[1], successful steps since the last change.
-        found_inf: float32[1], nonzero if this step's gradients had a NaN/inf.
+        found_inf: float32[k], k >= 1 flags (one per bucket or optimizer, say); any nonzero
+            one means this step's gradients had a NaN/inf. All k are zeroed.
         growth_factor, backoff_factor, growth_interval: GradScaler's settings.
 
     The rule (``reference.update_scale_rule``)::
@@ -317,12 +325,20 @@ def update_scale_(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor
     >>> s, t, f = np.array([8.0], np.float32), np.array([1], np.int32), np.zeros(1, np.float32)
     >>> update_scale_(s, t, f, 2.0, 0.5, 2); s.tolist(), t.tolist()
     ([16.0], [0])
+    >>> f = np.array([0.0, 1.0], np.float32); update_scale_(s, t, f, 2.0, 0.5, 2)
+    >>> s.tolist(), t.tolist(), f.tolist()
+    ([8.0], [0], [0.0, 0.0])
     """
     op = "update_scale_"
     _same_module(op, ("scale", "growth_tracker", "found_inf"), (scale, growth_tracker, found_inf))
     _check_one_element(op, "scale", scale, _F32)
     _check_one_element(op, "growth_tracker", growth_tracker, np.dtype(np.int32))
-    _check_one_element(op, "found_inf", found_inf, _F32)
+    _check_dtype(op, "found_inf", found_inf, (_F32,), "Create it as xp.zeros(k, dtype=xp.float32)")
+    if found_inf.size < 1 or not found_inf.flags.c_contiguous:
+        raise _error(op, f"found_inf has {found_inf.size} elements (shape "
+                     f"{tuple(found_inf.shape)})", "Pass a contiguous float32 array of k >= 1 "
+                     "flags (one per bucket or optimizer)")
+    _check_writeable(op, "found_inf", found_inf)
     for name, value in (("growth_factor", growth_factor), ("backoff_factor", backoff_factor)):
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
             raise _error(op, f"{name} must be a number, got {type(value).__name__}",

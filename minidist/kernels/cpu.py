@@ -54,15 +54,12 @@ from typing import Any, NamedTuple
 import numba
 import numpy as np
 from numba import njit, prange
-from numba.core.errors import NumbaError
 
 from minidist.kernels import reference
+from minidist.kernels.fallback import default_signature, private_copies
 
-__all__ = ["unscale_and_check", "unscale_and_check_", "update_scale_", "master_to_model",
-           "COMPILE_ERRORS", "check_usable"]
-
-COMPILE_ERRORS: tuple[type[BaseException], ...] = (NumbaError,)
-"""Errors that mean "Numba cannot compile this here" (minidist.kernels then falls back)."""
+__all__ = ["unscale_and_check", "unscale_and_check_", "foreach_unscale_and_check_",
+           "update_scale_", "master_to_model", "check_usable", "signature", "rehearse"]
 
 _unscale_element = njit(inline="always")(reference.unscale_element)
 _update_scale_rule = njit(inline="always")(reference.update_scale_rule)
@@ -204,7 +201,12 @@ def _loops(numel: int) -> _Loops:
 @njit(cache=True)
 def _update_scale(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor: float,
                   backoff_factor: float, growth_interval: int) -> None:  # pragma: no cover
-    new_scale, new_tracker = _update_scale_rule(scale[0], growth_tracker[0], found_inf[0],
+    found = np.float32(0.0)
+    for k in range(found_inf.size):  # any slot set (NaN counts: it is != 0)
+        if found_inf[k] != 0.0:
+            found = np.float32(1.0)
+        found_inf[k] = 0.0           # reset for the next step
+    new_scale, new_tracker = _update_scale_rule(scale[0], growth_tracker[0], found,
                                                 growth_factor, backoff_factor, growth_interval)
     scale[0] = new_scale
     growth_tracker[0] = new_tracker
@@ -216,11 +218,55 @@ def check_usable() -> None:
     """Nothing to probe: importing Numba was the test (compiling happens on first use)."""
 
 
+def _numel(args: tuple[Any, ...]) -> int:
+    first = args[0]
+    if isinstance(first, (list, tuple)):
+        return max((int(a.size) for a in first), default=0)
+    return int(first.size)
+
+
+def signature(op: str, *args: Any) -> Any:
+    """What selects compiled code: the op, dtypes, aliasing, and serial vs prange loops."""
+    return (default_signature(op, args), _loops(_numel(args)) is PARALLEL_LOOPS)
+
+
+def rehearse(op: str, *args: Any) -> None:
+    """Compile and run ``op`` on small private copies, with the loops the real call will use
+    (the prange variant compiles separately), before any caller data is touched."""
+    loops = _loops(_numel(args))
+    copies = private_copies(args)
+    if op == "update_scale_":
+        update_scale_(*copies)
+    elif op == "master_to_model":
+        _to_half(loops, *copies)
+    elif op == "foreach_unscale_and_check_":
+        srcs, dsts, inv, found = copies
+        for s, d in zip(srcs, dsts):
+            _unscale(loops, s, d, inv)
+    else:  # unscale_and_check(_)
+        _unscale(loops, copies[0], copies[1], copies[2])
+
+
 def _run(loops: _Loops, kernel: Any, *args: Any) -> Any:
     if loops is PARALLEL_LOOPS:
         with _PARALLEL_LOCK:
             return kernel(*args)
     return kernel(*args)
+
+
+def _unscale(loops: _Loops, src: np.ndarray, dst: np.ndarray, inv_scale: Any) -> bool:
+    inv = np.float32(inv_scale)
+    flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
+    if flat_src.dtype == np.float16:
+        return bool(_run(loops, loops.unscale_f16, flat_src.view(np.uint16), flat_dst, inv))
+    if src is dst or np.may_share_memory(src, dst):  # validated: overlap means the same buffer
+        return bool(_run(loops, loops.unscale_f32_inplace, flat_dst, inv))
+    return bool(_run(loops, loops.unscale_f32, flat_src, flat_dst, inv))
+
+
+def _to_half(loops: _Loops, master: np.ndarray, model: np.ndarray) -> None:
+    _run(loops, loops.to_half, master.reshape(-1).view(np.uint32),
+         model.reshape(-1).view(np.uint16))
 
 
 def unscale_and_check(src: np.ndarray, dst: np.ndarray, inv_scale: float) -> bool:
@@ -231,14 +277,7 @@ def unscale_and_check(src: np.ndarray, dst: np.ndarray, inv_scale: float) -> boo
         dst: C-contiguous float32 array with as many elements; may be ``src`` (float32).
         inv_scale: 1 / scale as a host number; it is rounded to float32 first, as NumPy does.
     """
-    inv = np.float32(inv_scale)
-    flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
-    loops = _loops(flat_src.size)
-    if flat_src.dtype == np.float16:
-        return bool(_run(loops, loops.unscale_f16, flat_src.view(np.uint16), flat_dst, inv))
-    if src is dst or np.may_share_memory(src, dst):  # validated: overlap means the same buffer
-        return bool(_run(loops, loops.unscale_f32_inplace, flat_dst, inv))
-    return bool(_run(loops, loops.unscale_f32, flat_src, flat_dst, inv))
+    return _unscale(_loops(int(src.size)), src, dst, inv_scale)
 
 
 def unscale_and_check_(src: np.ndarray, dst: np.ndarray, inv_scale: float,
@@ -248,15 +287,25 @@ def unscale_and_check_(src: np.ndarray, dst: np.ndarray, inv_scale: float,
         found_inf[0] = 1.0
 
 
+def foreach_unscale_and_check_(srcs: list[np.ndarray], dsts: list[np.ndarray],
+                               inv_scale: float, found_inf: np.ndarray) -> None:
+    """:func:`unscale_and_check_` over pairs of buffers (a CPU call costs ~1 us: a loop)."""
+    bad = False
+    inv = np.float32(inv_scale)
+    for src, dst in zip(srcs, dsts):
+        bad |= _unscale(_loops(src.size), src, dst, inv)
+    if bad:
+        found_inf[0] = 1.0
+
+
 def update_scale_(scale: np.ndarray, growth_tracker: np.ndarray, found_inf: np.ndarray,
                   growth_factor: float, backoff_factor: float, growth_interval: int) -> None:
-    """torch's ``_amp_update_scale_`` in place on float32[1], int32[1], float32[1] arrays."""
-    _update_scale(scale, growth_tracker, found_inf, float(growth_factor),
+    """torch's ``_amp_update_scale_`` in place on float32[1], int32[1], float32[k] arrays; then
+    ``found_inf[:] = 0`` for the next step."""
+    _update_scale(scale, growth_tracker, found_inf.reshape(-1), float(growth_factor),
                   float(backoff_factor), int(growth_interval))
 
 
 def master_to_model(master: np.ndarray, model: np.ndarray) -> None:
     """``model[...] = master.astype(float16)`` (round to nearest even), in place, one pass."""
-    loops = _loops(master.size)
-    _run(loops, loops.to_half, master.reshape(-1).view(np.uint32),
-         model.reshape(-1).view(np.uint16))
+    _to_half(_loops(int(master.size)), master, model)

@@ -103,14 +103,21 @@ def unscale_and_check_(src: Any, dst: Any, inv_scale: Any, found_inf: Any) -> No
     xp.copyto(found_inf, np.float32(1.0), where=found)  # stays on the device for CuPy
 
 
+def foreach_unscale_and_check_(srcs: list, dsts: list, inv_scale: Any, found_inf: Any) -> None:
+    """:func:`unscale_and_check_` on each ``(srcs[k], dsts[k])`` pair, one shared flag."""
+    for src, dst in zip(srcs, dsts):
+        unscale_and_check_(src, dst, inv_scale, found_inf)
+
+
 def update_scale_(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor: float,
                   backoff_factor: float, growth_interval: int) -> None:
-    """torch's ``_amp_update_scale_``, in place on 1-element arrays.
+    """torch's ``_amp_update_scale_``, in place on 1-element arrays; then ``found_inf[:] = 0``.
 
     Args:
         scale: float32[1], the current loss scale.
         growth_tracker: int32[1], successful steps since the last change.
-        found_inf: float32[1], nonzero if this step's gradients had a NaN/inf.
+        found_inf: float32[k], k >= 1 flags (one per bucket or optimizer); any nonzero means
+            this step's gradients had a NaN/inf. All are zeroed for the next step.
         growth_factor, backoff_factor, growth_interval: GradScaler's settings.
 
     The rule::
@@ -120,12 +127,15 @@ def update_scale_(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor
                          -> scale *= growth_factor (kept if the result would be inf); tracker = 0
         else             -> tracker += 1
     """
+    flags = backend.to_host(found_inf).reshape(-1)
+    found = 1.0 if bool((flags != 0).any()) else 0.0  # NaN != 0: counts, as in C
     with np.errstate(over="ignore"):  # a grown scale past float32 max is inf, then not taken
         new_scale, new_tracker = update_scale_rule(
-            float(scale[0]), int(growth_tracker[0]), float(found_inf[0]), float(growth_factor),
+            float(scale[0]), int(growth_tracker[0]), found, float(growth_factor),
             float(backoff_factor), int(growth_interval))
     scale[0] = new_scale  # reads above and writes here sync a CuPy stream (a fallback only)
     growth_tracker[0] = new_tracker
+    found_inf[...] = 0
 
 
 def master_to_model(master: Any, model: Any) -> None:

@@ -11,13 +11,14 @@
 
 Modules: ``optimizer`` (base class: groups, state_dict; how to write one), ``sgd``, ``adam``
 (Adam, AdamW, amsgrad), ``adadelta``, ``adagrad``, ``rmsprop``, ``options`` (their shared
-checks), ``lr_scheduler``; ``clip_grad_norm_`` is the tensor layer's (``minidist.tensor.clip_grad``), the
+checks), ``lr_scheduler``, ``fused`` (``fused=True`` steps, ``flatten_parameters``); ``clip_grad_norm_`` is the tensor layer's (``minidist.tensor.clip_grad``), the
 same function as ``nn.utils.clip_grad_norm_``. Every update works in place on ``param.data``.
 """
 
 from minidist.optim.adadelta import Adadelta
 from minidist.optim.adagrad import Adagrad
 from minidist.optim.adam import Adam, AdamW
+from minidist.optim.fused import flatten_parameters
 from minidist.optim.rmsprop import RMSprop
 from minidist.tensor import clip_grad_norm_, clip_grad_value_  # one implementation (tensor)
 from minidist.optim.lr_scheduler import (
@@ -31,5 +32,5 @@ from minidist.optim.lr_scheduler import (
 from minidist.optim.optimizer import Optimizer
 from minidist.optim.sgd import SGD
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Adadelta", "Adagrad", "RMSprop", "clip_grad_norm_", "clip_grad_value_", "LRScheduler", "LambdaLR",
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Adadelta", "Adagrad", "RMSprop", "flatten_parameters", "clip_grad_norm_", "clip_grad_value_", "LRScheduler", "LambdaLR",
            "LinearWarmup", "StepLR", "CosineAnnealingLR", "WarmupCosine"]

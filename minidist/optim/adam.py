@@ -25,7 +25,9 @@ from typing import Any
 
 from minidist import xp as backend
 from minidist.log import rank_prefix
+from minidist.optim import fused as fused_step
 from minidist.optim.optimizer import Optimizer
+from minidist.optim.options import run_closure
 
 
 class Adam(Optimizer):
@@ -39,9 +41,13 @@ class Adam(Optimizer):
         eps: added to the denominator for numerical stability.
         weight_decay: L2 penalty added to the gradient (Adam) or decoupled decay (AdamW).
         amsgrad: divide by the running maximum of the second moment (Reddi et al., 2018).
+        foreach: accepted for torch scripts (the default path already works tensor-wide).
+        fused: one compiled pass per flat buffer (``minidist.optim.fused``; same results on
+            the CPU; amsgrad groups take the default path). None/False: the NumPy/CuPy path.
 
     Raises:
         ValueError: lr, eps or weight_decay negative, or a beta outside [0, 1).
+        RuntimeError: fused and foreach both True (torch's rule).
     """
 
     state_keys = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
@@ -49,7 +55,8 @@ class Adam(Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False) -> None:
+                 weight_decay: float = 0.0, amsgrad: bool = False, *,
+                 foreach: bool | None = None, fused: bool | None = None) -> None:
         name = type(self).__name__
         for key, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
             if value < 0.0:
@@ -58,8 +65,19 @@ class Adam(Optimizer):
             if not 0.0 <= beta < 1.0:
                 raise ValueError(f"{rank_prefix()} {name}: invalid betas[{j}]={beta}; each beta "
                                  "must be in [0, 1), e.g. betas=(0.9, 0.999).")
+        fused_step.check_flags(name, foreach, fused)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay, amsgrad=bool(amsgrad)))
+                                      weight_decay=weight_decay, amsgrad=bool(amsgrad),
+                                      foreach=foreach, fused=fused))
+
+    def step(self, closure: Any = None) -> Any:
+        """One update of every parameter with a gradient (fused groups: compiled kernels);
+        ``closure`` as in torch (re-evaluates the model, its loss is returned)."""
+        if not any(g.get("fused") for g in self.param_groups):
+            return super().step(closure)
+        loss = run_closure(closure)
+        fused_step.adam_step(self, self._update, self.decoupled)
+        return loss
 
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
         xp = backend.get_array_module(p.data)
@@ -116,6 +134,7 @@ class AdamW(Adam):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False) -> None:
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *,
+                 foreach: bool | None = None, fused: bool | None = None) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         amsgrad=amsgrad)
+                         amsgrad=amsgrad, foreach=foreach, fused=fused)

@@ -22,7 +22,9 @@ from typing import Any
 
 from minidist import xp as backend
 from minidist.log import rank_prefix
+from minidist.optim import fused as fused_step
 from minidist.optim.optimizer import Optimizer, _required
+from minidist.optim.options import run_closure
 
 
 class SGD(Optimizer):
@@ -35,23 +37,39 @@ class SGD(Optimizer):
         dampening: scales the new gradient in the momentum buffer (not on the first step).
         weight_decay: L2 penalty, added to the gradient.
         nesterov: use Nesterov momentum (needs momentum > 0 and dampening == 0).
+        foreach: accepted for torch scripts (the default path already works tensor-wide).
+        fused: one compiled pass per flat buffer (``minidist.optim.fused``; same results on
+            the CPU). None/False: the NumPy/CuPy path.
 
     Raises:
         ValueError: a negative option, or nesterov with momentum <= 0 or dampening != 0.
+        RuntimeError: fused and foreach both True (torch's rule).
     """
 
     state_keys = ("momentum_buffer",)
 
     def __init__(self, params: Iterable[Any], lr: float = _required, momentum: float = 0.0,
-                 dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False) -> None:
+                 dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, *,
+                 foreach: bool | None = None, fused: bool | None = None) -> None:
         for key, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
             if value is not _required and value < 0.0:
                 raise ValueError(f"{rank_prefix()} SGD: invalid {key}={value}; it must be >= 0.")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError(f"{rank_prefix()} SGD: nesterov=True needs momentum > 0 and "
                              f"dampening == 0, got momentum={momentum}, dampening={dampening}.")
+        fused_step.check_flags("SGD", foreach, fused)
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
-                                      weight_decay=weight_decay, nesterov=nesterov))
+                                      weight_decay=weight_decay, nesterov=nesterov,
+                                      foreach=foreach, fused=fused))
+
+    def step(self, closure: Any = None) -> Any:
+        """One update of every parameter with a gradient (fused groups: compiled kernels);
+        ``closure`` as in torch (re-evaluates the model, its loss is returned)."""
+        if not any(g.get("fused") for g in self.param_groups):
+            return super().step(closure)
+        loss = run_closure(closure)
+        fused_step.sgd_step(self, self._update)
+        return loss
 
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
         xp = backend.get_array_module(p.data)

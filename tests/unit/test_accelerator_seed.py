@@ -1,6 +1,7 @@
 """torch.accelerator's queries, cuda.manual_seed(_all), get_backend and torch's seeding: without
 manual_seed every process draws from its own random seed (compared with torch when installed)."""
 
+import re
 import subprocess
 import sys
 
@@ -68,9 +69,10 @@ def test_get_backend_names_the_transport_torch_style(tmp_path):
         minidist.get_backend()
     job = run_mpi(2, ["-c", RANK_CODE.format(kw="")], timeout_s=90)
     assert job.returncode == 0, job.report()
-    lines = [line.split() for line in job.stdout.splitlines() if line.startswith("BACKEND")]
-    assert sorted(line[2] for line in lines) == ["mpi", "mpi"]
-    assert lines[0][3] != lines[1][3]                      # ranks seed differently, as torch
+    # mpiexec may join two ranks' lines: find each record where it starts
+    lines = re.findall(r"BACKEND (\d+) (\S+) (\d+)", job.stdout)
+    assert sorted(line[1] for line in lines) == ["mpi", "mpi"], job.report()
+    assert lines[0][2] != lines[1][2]                      # ranks seed differently, as torch
     job = run_env_ranks(2, ["-c", RANK_CODE.format(kw="backend='gloo'")], timeout_s=90)
     assert job.returncode == 0, job.report()
     assert job.stdout.count(" gloo ") == 2, job.report()

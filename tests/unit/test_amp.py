@@ -445,24 +445,55 @@ def test_amp_on_a_model_without_a_float16_path_is_a_clear_error(group):
     trainer.ddp.close()
 
 
-@pytest.mark.gpu
-def test_autocast_and_scaler_on_a_gpu():
-    if not backend.gpu_available():
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    """Run a test body on NumPy ("cpu", in CI) and on CuPy ("cuda", gpu-marked, skipped
+    without a GPU): the same assertions, so a wrong expectation fails without a GPU."""
+    if request.param == "cuda" and not backend.gpu_available():
         pytest.skip("needs CuPy and a CUDA GPU")
-    cupy = backend.require_cuda()
-    x = Tensor(cupy.ones((4, 8), dtype=cupy.float32))
-    w = nn.Parameter(cupy.full((3, 8), 0.1, dtype=cupy.float32))
-    scaler = amp.GradScaler("cuda")
-    with amp.autocast("cuda"):
-        out = minidist.tensor.linear(x, w)
-        assert out.dtype == F16 and backend.is_device_array(out.data)
-        loss = out.float().sum()
-    scaler.scale(loss).backward()
+    return request.param
+
+
+def autocast_and_scaler_steps(device, init_scale, steps):
+    """(scale after update, skipped so far, w[0, 0]) after each step of a float16 linear."""
+    xp = backend.require_cuda() if device == "cuda" else np
+    x = Tensor(xp.ones((4, 8), dtype=xp.float32))
+    w = nn.Parameter(xp.full((3, 8), 0.1, dtype=xp.float32))
+    scaler = amp.GradScaler(device, init_scale=init_scale)
     opt = optim.SGD([w], lr=0.1)
-    scaler.step(opt)
-    scaler.update()
-    assert w.grad.dtype == F32 and backend.is_device_array(scaler._scale)
-    np.testing.assert_allclose(backend.to_host(w.data), 0.1 - 0.1 * 4, rtol=1e-3)
+    history = []
+    for _ in range(steps):
+        with amp.autocast(device):
+            out = minidist.tensor.linear(x, w)
+            assert out.dtype == F16 and backend.is_device_array(out.data) == (device == "cuda")
+            loss = out.float().sum()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        assert w.grad.dtype == F32 and backend.get_array_module(scaler._scale) is xp
+        opt.zero_grad()
+        history.append((scaler.get_scale(), scaler.skipped_steps,
+                        float(backend.to_host(w.data)[0, 0])))
+    return history
+
+
+def test_autocast_and_scaler_skip_until_the_float16_grads_fit(device):
+    """torch's behaviour: d(sum)/d(out) = scale must fit float16 (max 65504), and so must the
+    float16 weight gradient 4 * scale (4 rows of x). 65536 overflows the first, 32768 and
+    16384 the second: three skipped steps, the scale halved each time; at 8192 the step is
+    taken (w = 0.1 - 0.1 * 4) and the scale stays."""
+    got = autocast_and_scaler_steps(device, 2.0 ** 16, 5)
+    assert [(s, k) for s, k, _ in got] == [(32768.0, 1), (16384.0, 2), (8192.0, 3),
+                                          (8192.0, 3), (8192.0, 3)]
+    assert [w for _, _, w in got[:3]] == [pytest.approx(0.1)] * 3
+    assert got[3][2] == pytest.approx(0.1 - 0.1 * 4, rel=1e-3)
+    assert got[4][2] == pytest.approx(0.1 - 0.1 * 8, rel=1e-3)
+
+
+def test_autocast_and_scaler_step_taken_at_once(device):
+    got = autocast_and_scaler_steps(device, 1024.0, 2)
+    assert [(s, k) for s, k, _ in got] == [(1024.0, 0), (1024.0, 0)]
+    assert got[0][2] == pytest.approx(-0.3, rel=1e-3) and got[1][2] == pytest.approx(-0.7, rel=1e-3)
 
 
 def test_policy_lists_name_real_ops():
@@ -500,3 +531,61 @@ def test_trainer_amp_resume_is_bit_exact(group, tmp_path, master_weights):
     assert s1.skipped_steps > 0 and s1.state_dict() == s2.state_dict()
     for a, b in zip(straight, resumed):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------- one launch per step
+
+
+def test_unscale_is_one_kernel_call_per_step_and_the_flags_reset(monkeypatch):
+    """Every gradient of a step goes to ONE foreach call (one flag slot per optimizer); the
+    scale update zeroes the flags, so the next step starts clean without a zeroing launch."""
+    from minidist import kernels
+
+    calls = []
+    real = kernels.foreach_unscale_and_check_
+    monkeypatch.setattr(kernels, "foreach_unscale_and_check_",
+                        lambda srcs, dsts, inv, found: calls.append(len(srcs)) or
+                        real(srcs, dsts, inv, found))
+    minidist.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    scaler = amp.GradScaler(init_scale=8.0)
+    x, y = t32(5, 4), np.array([0, 1, 0, 1, 1])
+    for bad in (False, True, False):
+        xb = x.data.copy()
+        if bad:
+            xb[0, 0] = np.nan
+        scaler.scale(nn.CrossEntropyLoss()(model(Tensor(xb)), y)).backward()
+        scaler.step(opt)
+        assert scaler._flags.read().any() == bad
+        scaler.update()
+        assert not scaler._flags.array.any()
+        opt.zero_grad()
+    assert calls == [4, 4, 4] and scaler.skipped_steps == 1 and scaler.get_scale() == 4.0
+
+
+def test_an_abandoned_step_does_not_skip_the_next():
+    p, opt = ours_param()
+    scaler = amp.GradScaler(init_scale=4.0)
+    ours_set_grad(scaler)(p, np.inf, None)
+    scaler.unscale_(opt)              # the flag is set ... and the step is abandoned
+    scaler._per_optimizer.clear()     # (as after an exception that the loop caught)
+    opt.zero_grad()
+    ours_set_grad(scaler)(p, 0.5, None)
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.skipped_steps == 0 and np.allclose(p.data, 1 - 0.1 * 0.5)
+
+
+def test_master_weights_grads_outside_ddp_are_one_flat_buffer():
+    minidist.manual_seed(3)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    opt = amp.MasterWeights(optim.SGD(model.parameters(), lr=0.1))
+    scaler = amp.GradScaler(init_scale=2.0)
+    scaler.scale(model(t32(2, 3)).float().sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    flat = opt.master_grad_buffer
+    assert flat.size == opt.master_buffer.size
+    for m in opt.masters():
+        assert np.shares_memory(m.grad, flat)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from minidist.comm.algorithms.cuda_ipc import cuda_ipc_all_reduce, cuda_ipc_available
 from minidist.comm.algorithms.direct import direct_all_reduce
 from minidist.comm.algorithms.hier import hier_all_reduce
 from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
@@ -31,6 +32,7 @@ ALGORITHMS: dict[str, Callable[..., None]] = {
     "mpi": mpi_all_reduce,
     "shm": shm_all_reduce,
     "hier": hier_all_reduce,
+    "cuda_ipc": cuda_ipc_all_reduce,
 }
 
 
@@ -57,5 +59,6 @@ def resolve(name: str, transport: Transport, buf: Any) -> tuple:
 
 __all__ = ["ALGORITHMS", "resolve", "direct_all_reduce", "ring_all_reduce", "tree_all_reduce",
            "rd_all_reduce", "mpi_all_reduce", "shm_all_reduce", "hier_all_reduce",
+           "cuda_ipc_all_reduce", "cuda_ipc_available",
            "ring_reduce_scatter", "ring_all_gather",
            "tree_reduce", "tree_broadcast"]

@@ -29,7 +29,10 @@ one (MPI, stream 0: ``node_transport``): (1) is then a ``shm`` all-reduce on the
 gets the node's sum; no messages) and (3) an all-gather through the window; elsewhere (TCP,
 threads, other streams) they are rings over the node's ranks with the owners' regions as chunks.
 Phase (2) runs recursive doubling below ``RD_MAX_BYTES`` (latency: log2 N steps) and the ring
-above (bandwidth). The sub-groups are rank-subset views of the transport (``members``), so
+above (bandwidth). A device (CuPy) buffer runs (1) and (3) over CUDA IPC on the node
+(``cuda_ipc``: no host memory) and stages only (2) through pinned host memory
+(``minidist.comm.staging``), when every node has 2-8 ranks in separate processes; otherwise
+the whole all-reduce is staged. The sub-groups are rank-subset views of the transport (``members``), so
 their messages go through the parent transport and its byte counters.
 
 Cost (a, b, g: alpha, beta, gamma per level): intra 2(k-1)(a_i + K/k b_i) + ...; inter, ring:
@@ -46,11 +49,15 @@ from typing import Any
 
 import numpy as np
 
+from minidist import xp as backend
+from minidist.comm.algorithms.cuda_ipc import MAX_RANKS, cuda_ipc_all_gather, \
+    cuda_ipc_all_reduce, cuda_ipc_available
 from minidist.comm.algorithms.recursive_doubling import rd_all_reduce
 from minidist.comm.algorithms.ring import chunk_bounds, ring_all_reduce
 from minidist.comm.algorithms.scratch import scratch
 from minidist.comm.algorithms.shm import shm_all_gather, shm_all_reduce, shm_available
 from minidist.comm.ops import ReduceOp, combine, finalize
+from minidist.comm.staging import stager_for
 from minidist.comm.topology import Topology, detect_topology
 from minidist.comm.transports.base import Request, Transport, stream_of
 
@@ -83,6 +90,9 @@ class Members(Transport):
     def alloc_buffer(self, numel: int, dtype: Any, xp: Any = None) -> Any:
         return self.parent.alloc_buffer(numel, dtype) if xp is None else \
             self.parent.alloc_buffer(numel, dtype, xp)
+
+    def cuda_aware(self) -> bool:
+        return self.parent.cuda_aware()
 
 
 _VIEWS: "weakref.WeakKeyDictionary[Transport, dict]" = weakref.WeakKeyDictionary()
@@ -183,11 +193,57 @@ def _ring_all_gather(t: Transport, buf: Any, b: list, tag: int) -> None:
         t.sendrecv(buf[b[sc]:b[sc + 1]], right, buf[b[rc]:b[rc + 1]], left, tag)
 
 
+def _hier_device(transport: Transport, buf: Any, op: ReduceOp, tag: int) -> bool:
+    """A device buffer: phases (1) and (3) over CUDA IPC on my node, phase (2) staged through
+    host memory (unless the MPI is CUDA-aware). False (nothing done) when my node has no
+    CUDA-IPC transport: then the caller stages the whole all-reduce."""
+    topo = detect_topology(transport)
+    plan = _plan(topo, buf.size)
+    # Decided alike on every rank (what all of them know: the topology, the stream), so no
+    # rank stages the whole all-reduce while another runs the node phases.
+    if not (2 <= min(len(n) for n in topo.nodes) and plan.kmax <= MAX_RANKS
+            and stream_of(tag) == 0):
+        return False
+    node = node_transport(transport, topo)  # collective
+    if node is None or not cuda_ipc_available(node, buf, tag):
+        return False
+    inner = ReduceOp.SUM if op is ReduceOp.AVG else op
+    cuda_ipc_all_reduce(node, buf, inner, tag)  # (1) every rank of the node: the node's sum
+    for j, group in plan.cross:  # (2) my shards across nodes
+        shard = buf[plan.shards[j]:plan.shards[j + 1]]
+        if shard.size:
+            algo = rd_all_reduce if shard.nbytes < RD_MAX_BYTES else ring_all_reduce
+            sub = members(transport, group)
+            stager = stager_for(sub, shard)
+
+            def across(chunk: Any, algo: Any = algo, sub: Transport = sub) -> None:
+                algo(sub, chunk, inner, tag)
+            if stager is None:
+                across(shard)
+            else:
+                stager.all_reduce(shard, across)
+    cuda_ipc_all_gather(node, buf, plan.region, tag)  # (3)
+    finalize(buf, op, transport.size)
+    return True
+
+
 def hier_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -> None:
     """All-reduce ``buf`` (1-D, contiguous) in place, node by node; see the module docstring.
 
     The topology comes from ``detect_topology`` (the process group finds it at construction).
+    A device (CuPy) buffer runs phases (1) and (3) with CUDA IPC inside each node and stages
+    only phase (2) through host memory; where a node has no CUDA IPC (one rank, TCP, threads)
+    the whole all-reduce is staged (``minidist.comm.staging``).
     """
+    if type(buf) is not np.ndarray and backend.is_device_array(buf) and transport.size > 1 \
+            and buf.size > 0:
+        if _hier_device(transport, buf, op, tag):
+            return
+        stager = stager_for(transport, buf)
+        if stager is not None:
+            stager.all_reduce(buf, lambda chunk: hier_all_reduce(transport, chunk, op, tag))
+            return
+        # else a CUDA-aware MPI: the message-passing phases below take the device buffer
     n = transport.size
     if n > 1 and buf.size > 0:
         topo = detect_topology(transport)
@@ -213,5 +269,8 @@ def hier_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) 
             _ring_all_gather(local, buf, plan.region, tag)
     finalize(buf, op, n)
 
+
+# It stages what it must itself (phase (2) only, when the nodes have CUDA IPC).
+hier_all_reduce.takes_device_buffers = True  # type: ignore[attr-defined]
 
 __all__ = ["hier_all_reduce", "Members", "members", "RD_MAX_BYTES"]

@@ -328,6 +328,11 @@ class Transport(abc.ABC):
         """An MPI communicator whose node-local ranks can share memory windows, or None."""
         return None
 
+    def cuda_aware(self) -> bool:
+        """Whether GPU buffers may be passed to this transport as they are (a CUDA-aware MPI);
+        False: their collectives are staged through host memory (minidist.comm.staging)."""
+        return False
+
     def side_comm(self) -> Any | None:
         """The MPI communicator that carries the side channel (for barriers beside it), or None."""
         return None

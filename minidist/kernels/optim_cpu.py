@@ -1,0 +1,142 @@
+"""Numba CPU kernels for the fused optimizer steps: one pass over parameter, gradient and state.
+
+    from minidist.kernels import optim_cpu     # imports numba; minidist.optim.fused does it lazily
+    optim_cpu.adam_step(p, g, m, v, decay, l2, beta1, 1 - beta1, beta2, 1 - beta2, bc2, eps, step)
+    optim_cpu.sgd_step(p, g, buf, lr, momentum, 1 - dampening, weight_decay, nesterov, first)
+
+Arguments are 1-D C-contiguous arrays of one dtype (float32 or float64) and scalars of that
+dtype; ``minidist.optim.fused`` checks and prepares them. Why one pass: the per-parameter NumPy
+step of AdamW makes 14 whole-array passes (each reads one or two arrays and writes one), about
+100 bytes of memory traffic per parameter; this loop reads p, g, m, v once and writes p, m, v
+once (28 bytes for float32)::
+
+    NumPy (optim/adam.py)                     this module
+    p *= 1 - lr*wd          read p, write p   for i in range(n):
+    m *= b1; b = g*(1-b1)   ...                   p_i, m_i, v_i = adam_element(p[i], g[i],
+    m += b; v *= b2; ...    (14 passes,                                      m[i], v[i], ...)
+    a = sqrt(v); a /= ...    2 temporaries)       p[i], m[i], v[i] = p_i, m_i, v_i
+
+The element logic is ``optim_math``'s, inlined, in the same order of operations as the NumPy
+path: the results are the same bits (tests/unit/test_fused_optim.py). The loop vectorizes
+(AVX) because of two settings: ``error_model="numpy"`` (Python's error model checks every
+division for zero and raises, a branch that stops vectorization; NumPy's gives IEEE inf/NaN,
+as the NumPy path does) and no ``fastmath`` (which would let LLVM reassociate, and change bits).
+
+Threads: as ``kernels/cpu.py``, ``prange`` only when ``NUMBA_NUM_THREADS`` is set and the array
+is long (``PARALLEL_MIN_NUMEL``); otherwise one thread.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, NamedTuple
+
+import numba
+import numpy as np
+from numba import njit, prange
+from numba.core.errors import NumbaError
+
+from minidist.kernels import optim_math
+
+__all__ = ["sgd_step", "adam_step", "COMPILE_ERRORS", "check_usable", "signature"]
+
+COMPILE_ERRORS: tuple[type[BaseException], ...] = (NumbaError,)
+"""Errors that mean "Numba cannot compile this here" (the caller falls back to NumPy)."""
+
+_sgd_element = njit(inline="always", error_model="numpy")(optim_math.sgd_element)
+_adam_element = njit(inline="always", error_model="numpy")(optim_math.adam_element)
+
+# Numba's workqueue threading layer aborts when two Python threads run parallel kernels at once.
+_PARALLEL_LOCK = threading.Lock()
+
+
+class _Loops(NamedTuple):
+    sgd: Any
+    adam: Any
+
+
+def _compile_loops(parallel: bool) -> _Loops:
+    """Both loops, from one source, with ``prange`` or ``range`` (see kernels/cpu.py: the
+    closure variable keeps the two variants' cache entries apart)."""
+    loop_range = prange if parallel else range
+    jit = njit(parallel=parallel, cache=True, error_model="numpy")
+
+    @jit
+    def sgd(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep: Any, weight_decay: Any,
+            nesterov: bool, first: bool) -> None:  # pragma: no cover - compiled
+        if momentum != 0:
+            for i in loop_range(p.size):
+                new_p, new_buf = _sgd_element(p[i], g[i], buf[i], lr, momentum, keep,
+                                              weight_decay, nesterov, first)
+                p[i] = new_p
+                buf[i] = new_buf
+        else:  # no momentum buffer: `buf` is not read (it may be any array)
+            for i in loop_range(p.size):
+                new_p, _ = _sgd_element(p[i], g[i], p[i], lr, momentum, keep, weight_decay,
+                                        nesterov, first)
+                p[i] = new_p
+
+    @jit
+    def adam(p: Any, g: Any, m: Any, v: Any, decay: Any, l2: Any, beta1: Any,
+             one_minus_beta1: Any, beta2: Any, one_minus_beta2: Any, bias_correction2_sqrt: Any,
+             eps: Any, step_size: Any) -> None:  # pragma: no cover - compiled
+        for i in loop_range(p.size):
+            new_p, new_m, new_v = _adam_element(p[i], g[i], m[i], v[i], decay, l2, beta1,
+                                                one_minus_beta1, beta2, one_minus_beta2,
+                                                bias_correction2_sqrt, eps, step_size)
+            p[i] = new_p
+            m[i] = new_m
+            v[i] = new_v
+
+    return _Loops(sgd, adam)
+
+
+PARALLEL_LOOPS = _compile_loops(parallel=True)
+SERIAL_LOOPS = _compile_loops(parallel=False)
+
+PARALLEL_MIN_NUMEL = 1 << 18
+"""Shorter arrays run on one thread (waking the pool costs more than the work)."""
+
+THREADS_REQUESTED = "NUMBA_NUM_THREADS" in os.environ
+
+
+def _loops(numel: int) -> _Loops:
+    if THREADS_REQUESTED and numel >= PARALLEL_MIN_NUMEL and numba.get_num_threads() > 1:
+        return PARALLEL_LOOPS
+    return SERIAL_LOOPS
+
+
+def signature(op: str, *args: Any) -> tuple:
+    """What selects a compiled specialization (``minidist.kernels.fallback`` rehearses each
+    once): the op and the parameter array's type and dtype; every other array and scalar of a
+    call has that dtype (``minidist.optim.fused`` makes sure), the flags are bools. Cheaper
+    than the default signature, which looks at every argument (~6 us a call)."""
+    first = args[0]
+    return op, type(first), first.dtype.char
+
+
+def check_usable() -> None:
+    """Nothing to probe: importing Numba was the test (compiling happens on first use)."""
+
+
+def sgd_step(p: np.ndarray, g: np.ndarray, buf: np.ndarray, lr: Any, momentum: Any, keep: Any,
+             weight_decay: Any, nesterov: bool, first: bool) -> None:
+    """One SGD step in place on 1-D arrays (``buf``: the momentum buffer, unread if momentum 0)."""
+    loops = _loops(p.size)
+    args = (p, g, buf, lr, momentum, keep, weight_decay, bool(nesterov), bool(first))
+    if loops is PARALLEL_LOOPS:
+        with _PARALLEL_LOCK:
+            loops.sgd(*args)
+    else:
+        loops.sgd(*args)
+
+
+def adam_step(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, *scalars: Any) -> None:
+    """One Adam/AdamW step in place on 1-D arrays; ``scalars`` as ``optim_math.adam_element``."""
+    loops = _loops(p.size)
+    if loops is PARALLEL_LOOPS:
+        with _PARALLEL_LOCK:
+            loops.adam(p, g, m, v, *scalars)
+    else:
+        loops.adam(p, g, m, v, *scalars)

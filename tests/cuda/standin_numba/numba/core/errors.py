@@ -1,0 +1,6 @@
+class NumbaError(Exception):
+    pass
+
+
+class NumbaPerformanceWarning(Warning):
+    pass

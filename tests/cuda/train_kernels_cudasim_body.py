@@ -1,0 +1,108 @@
+"""The fused optimizer kernels (and the CUDA-IPC reduce kernel) under Numba's simulator.
+
+Run by test_train_kernels_cudasim.py in its own process with NUMBA_ENABLE_CUDASIM=1. The
+simulator runs the kernels' Python on NumPy scalars, so the results must equal the default
+NumPy path of ``minidist.optim`` bit for bit. Sizes stay small (n <= 1500, grid 2 x 64, n not
+a multiple of 128: the grid-stride tail runs).
+"""
+
+import numpy as np
+import pytest
+
+from minidist import optim
+from minidist.kernels import optim_cuda
+from minidist.nn import Parameter
+
+pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
+
+N = 1001
+
+
+def test_running_in_the_simulator():
+    from numba import config
+
+    assert config.ENABLE_CUDASIM and optim_cuda.SIMULATOR
+    with pytest.raises(RuntimeError, match="simulator"):
+        optim_cuda.check_usable()
+    assert optim_cuda.launch_config(4096) == (2, 64)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kw", [dict(lr=0.1), dict(lr=0.1, momentum=0.9),
+                                dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
+                                dict(lr=0.1, momentum=0.8, dampening=0.3, weight_decay=0.1)])
+def test_sgd_kernel_equals_default_path(kw, dtype):
+    rng = np.random.default_rng(0)
+    p0 = rng.standard_normal(N).astype(dtype)
+    ref = Parameter(p0.copy())
+    opt = optim.SGD([ref], **kw)
+    p, buf = p0.copy(), np.zeros(N, dtype)
+    dt = np.dtype(dtype).type
+    for step in range(3):
+        g = rng.standard_normal(N).astype(dtype)
+        ref.grad = g.copy()
+        opt.step()
+        optim_cuda.sgd_step(p, g, buf, dt(kw["lr"]), dt(kw.get("momentum", 0.0)),
+                            dt(1.0 - kw.get("dampening", 0.0)), dt(kw.get("weight_decay", 0.0)),
+                            kw.get("nesterov", False), step == 0, launch=(2, 64))
+        assert np.array_equal(p, ref.data), (step, np.abs(p - ref.data).max())
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_adam_kernel_equals_default_path(decoupled):
+    import math
+
+    rng = np.random.default_rng(1)
+    p0 = rng.standard_normal(N).astype(np.float32)
+    ref = Parameter(p0.copy())
+    lr, b1, b2, eps, wd = 3e-3, 0.8, 0.99, 1e-6, 0.1
+    opt = (optim.AdamW if decoupled else optim.Adam)([ref], lr=lr, betas=(b1, b2), eps=eps,
+                                                    weight_decay=wd)
+    p, m, v = p0.copy(), np.zeros(N, np.float32), np.zeros(N, np.float32)
+    f = np.float32
+    for t in range(1, 4):
+        g = rng.standard_normal(N).astype(np.float32)
+        g[5] = 0.0
+        ref.grad = g.copy()
+        opt.step()
+        optim_cuda.adam_step(p, g, m, v, f(1 - lr * wd if decoupled else 1.0),
+                             f(0.0 if decoupled else wd), f(b1), f(1 - b1), f(b2), f(1 - b2),
+                             f(math.sqrt(1 - b2 ** t)), f(eps), f(lr / (1 - b1 ** t)),
+                             launch=(2, 64))
+        assert np.array_equal(p, ref.data), (t, np.abs(p - ref.data).max())
+        assert np.array_equal(m, opt.state[0]["exp_avg"])
+        assert np.array_equal(v, opt.state[0]["exp_avg_sq"])
+
+
+# ----------------------------------------------------------------------------- cuda_ipc reduce
+@pytest.mark.parametrize("n", [2, 3, 8])
+@pytest.mark.parametrize("dtype,op", [(np.float32, "sum"), (np.float16, "sum"),
+                                      (np.float64, "prod"), (np.float32, "max"),
+                                      (np.float32, "min"), (np.int32, "sum")])
+def test_reduce_kernel_equals_rank_order_numpy(n, dtype, op):
+    from minidist.comm.ops import reference_reduce
+    from minidist.kernels import reduce_cuda
+
+    rng = np.random.default_rng(n)
+    m = 301
+    srcs = [(rng.standard_normal(m) * 4).astype(dtype) for _ in range(n)]
+    if np.dtype(dtype).kind == "f":
+        srcs[0][3] = np.nan
+        srcs[n - 1][5] = np.nan
+        srcs[1][7] = np.inf
+    want = reference_reduce(srcs, op)
+    out = np.full(m, 7, dtype)
+    reduce_cuda.reduce_slices(out, srcs, op, launch=(2, 64))
+    assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), op
+    first = srcs[0].copy()  # out may be one of the sources (the rank's own window)
+    reduce_cuda.reduce_slices(srcs[0], [first] + srcs[1:], op, launch=(2, 64))
+    assert np.array_equal(srcs[0].view(np.uint8), want.view(np.uint8))
+
+
+def test_reduce_kernel_refuses_bad_source_counts():
+    from minidist.kernels import reduce_cuda
+
+    a = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="2 to 8"):
+        reduce_cuda.reduce_slices(a, [a], "sum")
