@@ -136,6 +136,11 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
     Variable("MINIDIST_SHM_SMALL_BYTES", _whole(0), 32 << 10, "a whole number of bytes"),
     Variable("MINIDIST_SHM_PIECE_BYTES", _whole(64), 1 << 20,
              "a whole number of bytes, at least 64"),
+    Variable("MINIDIST_STAGE_CHUNK_BYTES", _whole(1), None, "a positive whole number of bytes"),
+    Variable("MINIDIST_CUDA_JIT", _choice("auto", "numba-cuda", "numba-cuda-mlir"), "auto",
+             "auto, numba-cuda or numba-cuda-mlir"),
+    Variable("MINIDIST_CUDA_LAUNCH", _choice("direct", "dispatcher"), "direct",
+             "direct or dispatcher"),
 ]}
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from procs import REPO, job_env
 
-MODULES = ["minidist.launch", "minidist.tune", "minidist.viz"]
+MODULES = ["minidist.launch", "minidist.testing.cluster", "minidist.tune", "minidist.viz"]
 SHELL = ["mpirun.sh", "test.sh"]
 
 
