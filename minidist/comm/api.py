@@ -27,12 +27,13 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
 from minidist import log as mdlog
+from minidist.envvars import env as env_var
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
                                detect_launch, warn_if_single)
+from minidist.comm import leaving, report
 from minidist.comm.group import ProcessGroup
 from minidist.comm.ledger import LedgerEntry
 from minidist.comm.ops import ReduceOp
@@ -97,11 +98,8 @@ def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
     ``MINIDIST_RENDEZVOUS_PORT`` chooses the port explicitly (every rank must set the same).
     """
     env = os.environ if env is None else env
-    explicit = env.get("MINIDIST_RENDEZVOUS_PORT")
-    if explicit:
-        if not explicit.isdigit() or not 0 < int(explicit) < 65536:
-            raise ValueError(f"init_process_group: MINIDIST_RENDEZVOUS_PORT={explicit!r} is not a "
-                             "port number; set it to the same free port (1-65535) on every rank.")
+    explicit = env_var("MINIDIST_RENDEZVOUS_PORT", env)
+    if explicit is not None:
         return int(explicit)
     if env.get("TORCHELASTIC_RUN_ID") and info.master_port is not None:
         port = info.master_port + 1
@@ -196,17 +194,14 @@ def _install_excepthooks(group: ProcessGroup) -> None:
     def end_world(exc_type: Any, exc: Any, tb: Any, where: str) -> None:
         if not ending.acquire(blocking=False):
             return  # the process is already ending (Ctrl-C, or another thread's failure)
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        prefix = mdlog.rank_prefix()
-        sys.stderr.write("".join(f"{prefix} {line}\n" for line in text.rstrip().splitlines()))
-        sys.stderr.write(f"{prefix} uncaught exception {where}; ending the job on all "
-                         f"{group.size} ranks.\n")
-        sys.stderr.flush()
+        report.write_block(report.uncaught_block(exc_type, exc, tb, mdlog.rank_prefix(), where,
+                                                 group.size))
         if group.transport.abort_ends_job:
             time.sleep(ABORT_FLUSH_S)  # let the launcher relay the traceback first
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # MPI's own abort line repeats ours
         # MPI: takes every rank down (does not return); TCP and others close, so peers see
-        # the closed connection.
-        group.transport.abort(1)
+        # the closed connection. A rank that left (PeerExited) gives the job its exit code.
+        group.transport.abort(getattr(exc, "exit_code", 1))
 
     def caused_by_interrupt(exc: Any) -> bool:
         """KeyboardInterrupt itself, or an error raised while one was being handled."""
@@ -363,7 +358,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if backend in TORCH_BACKENDS:
         _torch_backend(backend, chosen)
     if chosen == "local":
-        warn_if_single(info)
+        if requested == "auto":  # backend="local" asked for one process: nothing to warn of
+            warn_if_single(info)
         if info.world_size not in (None, 1):
             raise ValueError(f"init_process_group(backend='local'): the launcher ({info.launcher}) "
                              f"started {info.world_size} ranks but 'local' runs one. Use "
@@ -373,6 +369,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     group = ProcessGroup(transport, algorithm=algorithm, backend=chosen)
     _group, _info = group, info
     _install_excepthooks(group)
+    if group.size > 1:
+        report.whole_lines()  # the launcher merges ranks' output: one write per line
+    leaving.install(lambda: _group)  # a rank that exits with the group open ends the job
     _export_rank_env(group, info)
     log.info("process group ready: backend=%s launcher=%s rank=%d world_size=%d local_rank=%d "
              "timeout=%.0fs", chosen, info.launcher, group.rank, group.size, info.local_rank,
@@ -397,6 +396,7 @@ def destroy_process_group() -> None:
     if _restore_signals is not None:
         _restore_signals()
         _restore_signals = None
+    leaving.uninstall()
     if _group is not None:
         _group.close()
     _group, _info = None, None

@@ -8,6 +8,7 @@ Messages follow one format, so a user reading a log from 64 ranks can act on any
       CollectiveMismatch       the ranks called different collectives (op, dtype, count, order)
         CollectiveMismatchTimeout   ... found by comparing ledgers after a timeout
       PeerFailed               another rank reported a failure while this rank waited
+      PeerExited               another rank left the job (exit) while this rank waited for it
 
 When a collective fails, the ranks compare their ledgers (``minidist.comm.ledger``) and the error
 says where they first differ; ``error.diagnosis`` holds the same finding as a dict.
@@ -34,6 +35,7 @@ class CommError(RuntimeError):
 
     diagnosis: dict[str, Any] | None = None
     how: str | None = None
+    logged: bool = False  # its message is already on stderr (failure.on_failure logs it)
 
 
 class CommTimeout(CommError, TimeoutError):
@@ -62,6 +64,18 @@ class PeerFailed(CommError):
     def __init__(self, message: str, peer: int) -> None:
         super().__init__(message)
         self.peer = peer
+
+
+class PeerExited(CommError):
+    """Another rank left the job through Python's exit while this rank waited for it.
+
+    ``peer``: that rank; ``exit_code``: the code this job should end with (the peer's, or 1
+    for a peer that returned normally while the others still waited). See comm/leaving.py.
+    """
+
+    def __init__(self, message: str, peer: int, exit_code: int) -> None:
+        super().__init__(message)
+        self.peer, self.exit_code = peer, exit_code
 
 
 def failure_kind(error: BaseException) -> str:

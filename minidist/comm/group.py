@@ -123,6 +123,7 @@ class ProcessGroup:
         self._plans: dict = {}  # all_reduce: (algorithm, nbytes, dtype, op, shared) -> plan
         self._plan_epoch = _select.EPOCH
         self._byes: dict[int, dict[int, int]] = {}  # peer -> its final counts (SIDE_BYE)
+        self._exit_codes: dict[int, int] = {}  # peer -> its exit code, if it left (leaving.py)
         self._token = np.zeros(1, np.uint8)
         self._token_in = np.zeros(1, np.uint8)
         self._worker: AsyncWorker | None = None  # started by the first run_async

@@ -43,6 +43,7 @@ from minidist.comm.ops import ReduceOp, finalize, parse_op
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, MAX_STREAMS, Request, Transport,
                                            stream_of, wait_until)
 from minidist.log import get_logger
+from minidist.envvars import env, raw
 
 log = get_logger(__name__)
 
@@ -74,15 +75,8 @@ def parse_cuda_aware_env(value: str | None) -> bool | None:
     Raises:
         ValueError: for any other value, naming the variable and the accepted values.
     """
-    v = (value or "auto").strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    if v == "auto":
-        return None
-    raise ValueError(f"MINIDIST_CUDA_AWARE_MPI={value!r} is not understood; use 'auto' (probe the "
-                     "MPI library), '1' (pass GPU buffers to MPI) or '0' (stage through host).")
+    value_: bool | None = env("MINIDIST_CUDA_AWARE_MPI", {"MINIDIST_CUDA_AWARE_MPI": value or ""})
+    return value_
 
 
 def mpi_cuda_aware() -> bool | None:
@@ -245,13 +239,13 @@ class MPITransport(Transport):
     def cuda_aware(self) -> bool:
         """Whether device buffers go to MPI directly (decided once, logged once)."""
         if self._cuda_aware is None:
-            forced = parse_cuda_aware_env(os.environ.get("MINIDIST_CUDA_AWARE_MPI"))
+            forced = env("MINIDIST_CUDA_AWARE_MPI")
             probed = mpi_cuda_aware() if forced is None else None
             self._cuda_aware = bool(forced) if forced is not None else probed is True
             if self.rank == 0:
                 log.info("GPU buffers: %s (MINIDIST_CUDA_AWARE_MPI=%s, probe=%s)",
                          "passed to MPI directly" if self._cuda_aware else "staged through host",
-                         os.environ.get("MINIDIST_CUDA_AWARE_MPI", "auto"), probed)
+                         raw("MINIDIST_CUDA_AWARE_MPI") or "auto", probed)
         return self._cuda_aware
 
     def _host_view(self, buf: Any, for_recv: bool) -> tuple:

@@ -73,6 +73,7 @@ import numpy as np
 
 from minidist.comm.errors import CommError, CommTimeout
 from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, POLL_S, Request, Transport, stream_of
+from minidist.envvars import env
 from minidist.log import get_logger
 
 log = get_logger(__name__)
@@ -84,16 +85,7 @@ MAX_JSON_BYTES = 1 << 20        # a rendezvous message (the address table of ~10
 MAX_SIDE_BYTES = 64 << 20       # a side-channel message (a rank's ledger)
 
 
-def _env_bytes(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    try:
-        return int(raw) if raw else default
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a whole number of bytes; unset it (default "
-                         f"{default}) or set one, e.g. {name}={default}.") from None
-
-
-MAX_MESSAGE_BYTES = _env_bytes("MINIDIST_TCP_MAX_MESSAGE_BYTES", 1 << 34)  # 16 GiB
+MAX_MESSAGE_BYTES = int(env("MINIDIST_TCP_MAX_MESSAGE_BYTES"))  # default 16 GiB
 STAGE_BYTES = 64 << 10          # per-peer staging buffer: one recv gets header and payload
 DIRECT_MIN = 16 << 10           # a payload part at least this big goes straight to its buffer
 # Handshake on every connection (rendezvous and data), before anything else is read::
@@ -107,20 +99,8 @@ NONCE_BYTES = 16
 MAC_BYTES = 32                  # HMAC-SHA256
 
 
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{name}={raw!r} is not a positive number of seconds; unset it "
-                         f"(default {default:g}) or set one, e.g. {name}={default:g}.")
-    return value
-
-
 # How long one connection may take to say who it is (raise it on a slow network).
-HANDSHAKE_S = _env_seconds("MINIDIST_TCP_HANDSHAKE_S", 5.0)
+HANDSHAKE_S = float(env("MINIDIST_TCP_HANDSHAKE_S"))
 
 
 class _Stranger(Exception):
@@ -128,7 +108,7 @@ class _Stranger(Exception):
 
 
 def _auth_key() -> bytes:
-    return os.environ.get("MINIDIST_AUTH_TOKEN", "").encode()
+    return str(env("MINIDIST_AUTH_TOKEN")).encode()
 
 
 def _mac(key: bytes, role: bytes, a: bytes, b: bytes) -> bytes:
