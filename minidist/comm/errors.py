@@ -79,8 +79,9 @@ class PeerExited(CommError):
 
 
 def failure_kind(error: BaseException) -> str:
-    """``"mismatch"`` (the ranks disagree), ``"network"`` (a peer or the network failed: timeout,
-    lost connection, a peer's failure notice) or ``"local"`` (not a communication error).
+    """``"mismatch"`` (the ranks disagree), ``"exited"`` (a peer left through Python's exit),
+    ``"network"`` (a peer or the network failed: timeout, lost connection, a peer's failure
+    notice) or ``"local"`` (not a communication error).
 
     Example:
         >>> failure_kind(CommTimeout("[rank 0/2] recv(src=1): no message within 30 s."))
@@ -90,6 +91,8 @@ def failure_kind(error: BaseException) -> str:
     """
     if isinstance(error, CollectiveMismatch):
         return "mismatch"
+    if isinstance(error, PeerExited):
+        return "exited"
     if isinstance(error, CommError):
         return "mismatch" if (error.diagnosis or {}).get("kind") == "mismatch" else "network"
     return "local"
@@ -109,6 +112,11 @@ def failure_advice(error: BaseException) -> str:
     if kind == "mismatch":
         return ("The ranks disagree: every rank must run the same model and the same steps "
                 "(same parameters, same forward/backward calls)")
+    if kind == "exited":
+        peer, code = getattr(error, "peer", "?"), getattr(error, "exit_code", "?")
+        return (f"Rank {peer} left the job (exit code {code}) while this rank still waited for "
+                f"it: see rank {peer}'s log for why it exited; every rank must stay until the "
+                "last collective")
     if kind == "network":
         peers = _peers(error)
         who = (f"rank {peers[0]}" if len(peers) == 1 else
