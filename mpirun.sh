@@ -30,6 +30,10 @@ fi
 # Export the thread pins to every rank explicitly (Hydra forwards the environment anyway).
 cmd=("$mpiexec_bin" "${extra[@]}" "$@")
 if [ -n "${MINIDIST_JOB_TIMEOUT_S:-}" ]; then
+    if ! [[ "$MINIDIST_JOB_TIMEOUT_S" =~ ^[0-9]+([.][0-9]+)?$ ]] || [[ "$MINIDIST_JOB_TIMEOUT_S" =~ ^0*([.]0*)?$ ]]; then
+        echo "mpirun.sh: MINIDIST_JOB_TIMEOUT_S='$MINIDIST_JOB_TIMEOUT_S' is not valid: it accepts a positive number of seconds (default: no limit). Set such a value, or unset it." >&2
+        exit 2
+    fi
     exec timeout --kill-after=10 "$MINIDIST_JOB_TIMEOUT_S" "${cmd[@]}"
 fi
 exec "${cmd[@]}"

@@ -666,9 +666,11 @@ def main(argv: list[str] | None = None) -> int:
             stem = args.name or f"allreduce_n{group.size}"
             path = write_json(args.out / f"{stem}.json", result)
             png = plot(result, args.out / f"{stem}.png") if args.plot else None
-            cross = result["crossover_ring_tree"]
-            print(f"# ring faster than tree from {human(cross)} up" if cross else
-                  "# ring never faster than tree at the largest sizes measured")
+            measured = {r["algorithm"] for r in result["rows"]}
+            if {"ring", "tree"} <= measured:  # else there is nothing to compare
+                cross = result["crossover_ring_tree"]
+                print(f"# ring faster than tree from {human(cross)} up" if cross else
+                      "# ring never faster than tree at the largest sizes measured")
             print(f"# wrote {shown(path)}" + (f" and {shown(png)}" if png else ""), flush=True)
     finally:
         if group.backend == "mpi":

@@ -99,7 +99,9 @@ def draw(ax, events: list, steps: dict, title: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("trace", help="merged trace.json from ddp_scaling.py --trace")
-    p.add_argument("--out", default="docs/img/ddp_step_trace.png")
+    p.add_argument("--out", default="runs/bench/ddp_step_trace.png",
+                   help="the PNG (default runs/bench/, git-ignored; the docs' picture: "
+                        "--out docs/img/ddp_step_trace.png)")
     p.add_argument("--model", default="large", choices=["small", "large"])
     args = p.parse_args()
     try:

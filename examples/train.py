@@ -341,6 +341,10 @@ def main(argv: list[str] | None = None) -> float:
                   f", loss scaling from {trainer.scaler.get_scale():g}"
                   f"{', float16 weights + float32 masters' if cfg.master_weights else ''}",
                   flush=True)
+        if cfg.zero:  # what this rank keeps optimizer state for: its shard of every bucket
+            owned = sum(p.data.size for g in optimizer.optim.param_groups for p in g["params"])
+            print(f"zero: ZeRO-1 on, {cfg.optimizer} state sharded over {world} rank(s): rank 0 "
+                  f"keeps it for {owned:,} of {n_params:,} elements", flush=True)
 
     if cfg.amp:
         check_float16_path(model, train_set.x[:2], trainer.device_type, cfg.model)

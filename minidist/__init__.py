@@ -1,7 +1,7 @@
 """minidist: distributed data-parallel training written from scratch in Python.
 
 Layers, bottom up (each imports only from the ones below it; see docs/layout.md):
-xp -> tensor -> nn, optim, comm, utils -> data, kernels -> amp -> ddp -> checkpoint -> trainer.
+xp -> tensor, kernels -> nn, optim, comm, utils -> data -> amp -> ddp -> checkpoint -> trainer.
 """
 
 import sys as _sys

@@ -219,8 +219,10 @@ class Launcher:
             if failed is not None:
                 code = _exit_code(failed.proc.returncode)
                 self.stop_all(signal.SIGTERM)
+                last = (f"Last line of rank {failed.rank}: {failed.last_line!r}"
+                        if failed.last_line else f"Rank {failed.rank} printed nothing.")
                 self._say(f"rank {failed.rank} exited with code {code}; stopped the other "
-                          f"ranks. Last line of rank {failed.rank}: {failed.last_line!r}")
+                          f"ranks. {last}")
                 return code
             if all(r.proc.poll() == 0 for r in self.ranks):
                 self.kill_all()  # joins the relays, so every line is out before we exit

@@ -4,7 +4,9 @@
     log = get_logger(__name__)          # a child of the "minidist" logger
     log.info("bucket plan: %d buckets", n)
 
-The rank prefix is filled in by ``init_process_group`` (``set_rank``). Level comes from
+The rank prefix is filled in by ``init_process_group`` (``set_rank``); before that (or in a
+process that builds its transport itself) it comes from the launcher's variables (``RANK`` /
+``WORLD_SIZE``, ``PMI_RANK`` / ``PMI_SIZE``, ``OMPI_COMM_WORLD_*``), else ``[rank 0/1]``. Level comes from
 ``MINIDIST_LOG_LEVEL`` (default WARNING) or ``MINIDIST_DEBUG=1`` (DEBUG). Progress output meant
 for people goes through ``is_main_process()`` checks in the callers: only rank 0 prints it.
 """
@@ -14,9 +16,13 @@ from __future__ import annotations
 import logging
 import os
 
-_rank = 0
+from minidist.envvars import env
+
+_rank: int | None = None  # None: not set yet, read the launcher's variables
 _world_size = 1
 _configured = False
+_LAUNCHER_VARS = (("RANK", "WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                  ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
 
 
 def set_rank(rank: int, world_size: int) -> None:
@@ -27,15 +33,18 @@ def set_rank(rank: int, world_size: int) -> None:
 
 def rank_prefix() -> str:
     """``[rank r/N]``: the prefix every error message and log line starts with."""
+    if _rank is None:
+        for rank_var, size_var in _LAUNCHER_VARS:
+            rank, size = os.environ.get(rank_var, ""), os.environ.get(size_var, "")
+            if rank.isdigit() and size.isdigit():
+                return f"[rank {rank}/{size}]"
+        return "[rank 0/1]"
     return f"[rank {_rank}/{_world_size}]"
 
 
 def debug_level() -> int:
     """``MINIDIST_DEBUG`` as an int: 0 off, 1 each collective's algorithm, 2 every message."""
-    try:
-        return int(os.environ.get("MINIDIST_DEBUG", "0") or 0)
-    except ValueError:
-        return 0
+    return int(env("MINIDIST_DEBUG"))
 
 
 class _RankFilter(logging.Filter):
@@ -53,7 +62,7 @@ def _configure() -> None:
     if debug_level() > 0:
         level = "DEBUG"
     else:
-        level = os.environ.get("MINIDIST_LOG_LEVEL", "WARNING").upper()
+        level = env("MINIDIST_LOG_LEVEL")
     root.setLevel(getattr(logging, level, logging.WARNING))
     if not root.handlers:
         handler = logging.StreamHandler()

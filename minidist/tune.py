@@ -2,13 +2,15 @@
 
     ./mpirun.sh -n 2 python -m minidist.tune                  # MPI transport, 2 ranks
     python -m minidist.launch --standalone --nproc-per-node 2 -m minidist.tune   # TCP
-    ./mpirun.sh -n 4 python -m minidist.tune --full           # sizes up to 64 MiB (slower)
+    ./mpirun.sh -n 4 python -m minidist.tune --full           # sizes up to 32 MiB (slower)
     ./mpirun.sh -n 2 python -m minidist.tune --show           # what auto uses now; no timing
 
 A few seconds of timed all-reduces of every candidate algorithm (ring, tree, rd, MPI's own,
-shared memory: what this transport offers) at sizes 8 B .. 4 MiB (``--full``: 64 MiB), then
-the same fit as the shipped table: size rules per buffer kind and alpha-beta-gamma constants
-per algorithm (``minidist.comm.algorithms.calibrate``). Rank 0 writes the result to
+shared memory: what this transport offers) at sizes 8 B, 32 B, ... 2 MiB (``--full``: up to
+32 MiB), then the same fit as the shipped table: size rules per buffer kind and
+alpha-beta-gamma constants per algorithm (``minidist.comm.algorithms.calibrate``). Past twice
+the largest size measured, "auto" keeps the shipped table's choice: a calibration never
+extrapolates what it did not time. Rank 0 writes the result to
 ``$MINIDIST_CACHE_DIR`` (default ``~/.cache/minidist``), one file per host, transport and
 world size; from then on every process group of that key uses it (``MINIDIST_DEBUG=1`` logs
 which table "auto" uses; ``MINIDIST_TUNE=0`` ignores the cache; ``MINIDIST_TUNE=1`` calibrates
@@ -32,8 +34,10 @@ log = get_logger(__name__)
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m minidist.tune", description=__doc__.split("\n")[0])
-    p.add_argument("--full", action="store_true", help="sizes up to 64 MiB, more calls per size")
-    p.add_argument("--max-bytes", type=int, default=None, help="largest message measured")
+    p.add_argument("--full", action="store_true",
+                   help="sizes up to 32 MiB (default: up to 2 MiB), more calls per size")
+    p.add_argument("--max-bytes", type=int, default=None,
+                   help="measure sizes 8 B, 32 B, ... up to this many bytes")
     p.add_argument("--backend", default=None, help="mpi or tcp (default: from the launcher)")
     p.add_argument("--show", action="store_true",
                    help="print what auto uses now (cache file or shipped table); measure nothing")
@@ -73,16 +77,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "under ./mpirun.sh -n N or python -m minidist.launch --nproc-per-node N.")
             return 0
         if not args.show:
+            before = group.auto_table()["source"]
             cal = calibrate.calibrate(group, quick=not args.full, max_bytes=args.max_bytes,
                                       write=not args.dry_run)
             group.use_calibration(cal)
         if group.rank == 0:
             print(report(group))
             if not args.show:
-                where = ("not written (--dry-run)" if args.dry_run
-                         else f"wrote {calibrate.cache_path(group.transport.name, group.size)}")
-                print(f"# {where}; MINIDIST_TUNE=0 ignores it, delete it to go back to the "
-                      "shipped table", flush=True)
+                top = select.human_bytes(cal.measured_bytes or 0)
+                print(f"# measured up to {top}; larger messages keep the shipped table's "
+                      "choice (no extrapolation)")
+                if args.dry_run:
+                    print(f"# --dry-run: nothing written; auto still uses the {before}",
+                          flush=True)
+                else:
+                    print(f"# wrote {calibrate.cache_path(group.transport.name, group.size)}; "
+                          "MINIDIST_TUNE=0 ignores it, delete it to go back to the shipped "
+                          "table", flush=True)
     finally:
         if group.backend == "mpi":
             from minidist.comm.algorithms.shm import shm_close

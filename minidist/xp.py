@@ -16,10 +16,11 @@ a missing wheel (ImportError) and a missing device (``cupy.cuda.is_available()``
 
 from __future__ import annotations
 
-import os
 from typing import Any, Union
 
 import numpy
+
+from minidist.envvars import env, raw
 
 try:  # CuPy is optional: the `gpu` extra.
     import cupy as _cupy
@@ -31,7 +32,7 @@ Array = Union[numpy.ndarray, Any]  # numpy.ndarray or cupy.ndarray
 
 np = numpy  # the host module, for code that always works on the CPU (data loading, I/O)
 
-_default_device = os.environ.get("MINIDIST_DEVICE", "cpu").lower()
+_default_device = (raw("MINIDIST_DEVICE") or "cpu").lower()  # checked at first use
 
 
 class DeviceUnavailableError(RuntimeError):
@@ -86,8 +87,7 @@ def default_array_module() -> Any:
     if _default_device == "cuda":
         return require_cuda()
     if _default_device != "cpu":  # only reachable through the environment variable
-        raise ValueError(f"MINIDIST_DEVICE={_default_device!r} is not a device minidist knows; "
-                         "set it to 'cpu' (NumPy) or 'cuda' (CuPy), or unset it.")
+        env("MINIDIST_DEVICE", {"MINIDIST_DEVICE": _default_device})  # raises: says what works
     return numpy
 
 

@@ -12,7 +12,7 @@ if [ ! -x "$minidist_venv/bin/python" ] || [ "$(cat "$_minidist_stamp" 2>/dev/nu
     echo "minidist: setting up $minidist_venv (first run only, about a minute)..." >&2
     if [ ! -x "$minidist_venv/bin/python" ]; then
         "${MINIDIST_PYTHON:-python3}" -m venv "$minidist_venv" || {
-            echo "minidist: could not create a virtual environment; install python3-venv or set MINIDIST_PYTHON" >&2
+            echo "minidist: MINIDIST_PYTHON='${MINIDIST_PYTHON:-python3}' could not create a virtual environment: it accepts a Python 3 interpreter with the venv module (install python3-venv, or set MINIDIST_PYTHON to another python3)" >&2
             exit 1
         }
     fi

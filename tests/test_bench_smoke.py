@@ -68,3 +68,13 @@ def test_allreduce_benchmark_over_tcp_beside_gloo(tmp_path):
         assert not gloo and "torch is not installed: no gloo column" in res.stdout, res.stdout
     else:
         assert len(gloo) == 2 and all(r["ratio_to_gloo"] > 0 for r in rows), rows
+
+
+@pytest.mark.mpi
+def test_allreduce_benchmark_compares_only_what_it_measured(tmp_path):
+    """No ring-vs-tree verdict when tree was not among the algorithms measured."""
+    res = run_mpi(2, [BENCH, "--min-bytes", "8", "--max-bytes", "128", "--step", "16",
+                      "--iters", "2", "--warmup", "1", "--out", tmp_path, "--no-plot",
+                      "--algorithms", "ring,mpi"], timeout_s=60, env={"MINIDIST_TIMEOUT_S": "20"})
+    assert res.returncode == 0, res.report()
+    assert "than tree" not in res.stdout, res.stdout

@@ -103,6 +103,11 @@ def test_train_ddp_resume_and_seed_are_bit_exact(tmp_path):
     history = json.loads((a / "history.json").read_text())
     assert len(history["val_accuracies"]) == 4 and history["world_size"] == 2
     assert final_accuracy(resumed.stdout) == final_accuracy(straight.stdout)
+    # the README's "continue a run" command: a finished run goes on with a larger --epochs
+    more = run_mpi(2, [TRAIN, "--epochs", "5", "--model", "mlp", "--seed", "5",
+                       "--checkpoint-dir", a, "--resume"], timeout_s=120)
+    assert more.returncode == 0, more.report()
+    assert "epoch 5/5" in more.stdout and "epoch 4/5" not in more.stdout, more.report()
 
 
 @pytest.mark.mpi

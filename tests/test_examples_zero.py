@@ -20,6 +20,7 @@ def test_train_zero_resume_equals_a_straight_run(tmp_path):
     assert resumed.returncode == 0, resumed.report()
     straight = run_mpi(3, common, timeout_s=120)
     assert straight.returncode == 0, straight.report()
+    assert "zero: ZeRO-1 on, adamw state sharded over 3 rank(s)" in straight.stdout, straight.stdout
 
     def epoch2(out):
         return re.findall(r"^epoch 2/2 +(loss .*val_acc [0-9.]+)", out, flags=re.M)

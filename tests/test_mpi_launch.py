@@ -5,6 +5,8 @@ group on timeout or failure, so no rank outlives its test.
 """
 
 
+import re
+
 import pytest
 
 from procs import run_mpi
@@ -36,3 +38,18 @@ def test_mismatched_shapes_raise_comm_error_naming_the_rank(algorithm):
                      env={"MINIDIST_DEBUG": "1"})
     assert result.returncode == 0, result.report()
     assert result.stdout.count("rank 1 passed numel=99") == 3, result.report()
+
+
+@pytest.mark.mpi
+def test_ranks_lines_reach_mpiexec_whole_even_unbuffered():
+    """print() with several arguments under PYTHONUNBUFFERED: one write per line, so two ranks'
+    lines never run together in mpiexec's merged output."""
+    code = ("import minidist as md; md.init_process_group(); r = md.get_rank()\n"
+            "for i in range(1000): print('LINE', r, i, *'abcdefgh', 'end')\n"
+            "md.destroy_process_group()")
+    job = run_mpi(2, ["-c", code], timeout_s=90, env={"PYTHONUNBUFFERED": "1"})
+    assert job.returncode == 0, job.report()
+    lines = [line for line in job.stdout.splitlines() if line]
+    assert len(lines) == 2000, job.report()
+    bad = [line for line in lines if not re.fullmatch(r"LINE [01] \d+ a b c d e f g h end", line)]
+    assert not bad, bad[:5]

@@ -16,3 +16,7 @@ def test_readme_snippet_runs_on_two_ranks(index, tmp_path):
     result = run_mpi(2, [script], timeout_s=120)
     assert result.returncode == 0, result.report()
     assert result.stdout.count("snippet ok") == 2, result.report()
+    # the snippet itself shows that it worked (a reader sees more than silence)
+    own = [line for line in result.stdout.splitlines() if line and line != "snippet ok"]
+    assert own, result.report()
+    assert "Traceback" not in result.stderr and "WARNING" not in result.stderr, result.report()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from procs import run_mpi, run_python
+from procs import REPO, run_mpi, run_python
 
 
 def results(job) -> list[dict]:
@@ -71,3 +71,30 @@ def test_tune_over_tcp_under_the_launcher(tmp_path):
     data = json.loads(files[0].read_text())
     assert set(data["rules"]) == {"2"} and "mpi" not in data["model"]  # no MPI, no window
     assert f"calibration {files[0]}" in job.stdout
+
+
+@pytest.mark.mpi
+def test_tune_dry_run_writes_nothing_and_says_so(tmp_path):
+    job = run_mpi(2, ["-m", "minidist.tune", "--max-bytes", "2048", "--dry-run"], timeout_s=90,
+                  env={"MINIDIST_CACHE_DIR": str(tmp_path)})
+    assert job.returncode == 0, job.report()
+    assert list(tmp_path.iterdir()) == []
+    assert "--dry-run: nothing written; auto still uses the shipped table" in job.stdout
+    assert "delete it" not in job.stdout, job.stdout
+    assert "measured up to 2 KiB; larger messages keep the shipped table's choice" in job.stdout
+
+
+def test_help_and_docs_agree_on_the_ranges():
+    from minidist.comm.algorithms import calibrate
+    from minidist.tune import parse_args
+
+    assert (calibrate.QUICK_MAX_BYTES, calibrate.FULL_MAX_BYTES) == (2 << 20, 32 << 20)
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        parse_args(["--help"])
+    assert "up to 32 MiB (default: up to 2 MiB)" in " ".join(out.getvalue().split())
+    doc = (REPO / "docs" / "benchmarks.md").read_text()
+    assert "--full   # up to 32 MiB" in doc and "64 MiB" not in doc.split(
+        "## Tuning auto for your machine")[1].split("\n## ")[0]

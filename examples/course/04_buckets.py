@@ -98,10 +98,14 @@ def main():
         results[name] = [p.grad.copy() for p in params]
     if r == 0:
         print(f"n={n}, {len(params)} parameters, {sum(g.nbytes for g in local)} B of gradients")
-        print(f"per-parameter: {len(params)} all-reduces, {times['per-parameter'] * 1e3:.2f} ms")
+        per, bucketed = times["per-parameter"], times["bucketed"]
+        print(f"per-parameter: {len(params)} all-reduces, {per * 1e3:.2f} ms "
+              f"({per / len(params) * 1e6:.0f} us each)")
         print(f"bucketed ({args.bucket_kb:g} KiB cap): {len(buckets)} all-reduces, "
-              f"{times['bucketed'] * 1e3:.2f} ms  "
-              f"(x{times['per-parameter'] / times['bucketed']:.2f} faster)")
+              f"{bucketed * 1e3:.2f} ms  (x{per / bucketed:.2f} the per-parameter speed)")
+        print(f"bucketing {'paid' if bucketed < per else 'did not pay'} here: "
+              f"{len(params) - len(buckets)} fewer messages against two copies of "
+              f"{sum(g.nbytes for g in local)} B; it pays more the more each message costs")
     ok = all(np.allclose(a, b, rtol=1e-6, atol=1e-7)
              for a, b in zip(results["per-parameter"], results["bucketed"]))
     print(f"[rank {r}/{n}] check: bucketed average equals per-parameter average: "

@@ -2,6 +2,7 @@
 
     python ddp_spawn.py                                   # its minidist port: ddp_spawn_minidist.py
 """
+import argparse
 import os
 
 import torch
@@ -61,4 +62,6 @@ def run_demo(demo_fn, world_size):
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     run_demo(demo_basic, 2)

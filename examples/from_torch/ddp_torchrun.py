@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node 2 ddp_torchrun.py           # its minidist port: ddp_torchrun_minidist.py
 """
+import argparse
 import os
 
 import torch
@@ -64,4 +65,6 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m minidist.launch --standalone --nproc-per-node 2 examples/from_torch/ddp_torchrun_minidist.py
 """
+import argparse
 import os
 
 import minidist as torch
@@ -64,4 +65,6 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

@@ -3,6 +3,8 @@ ZeroRedundancyOptimizer, in the torchrun shape (the original; torch needed).
 
     torchrun --nproc_per_node 2 ddp_zero.py           # its minidist port: ddp_zero_minidist.py
 """
+import argparse
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -83,4 +85,6 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

@@ -2,6 +2,8 @@
 
     .venv/bin/python -m minidist.launch --standalone --nproc-per-node 2 examples/from_torch/ddp_zero_minidist.py
 """
+import argparse
+
 import minidist as torch
 import minidist as dist
 import minidist.nn as nn
@@ -82,4 +84,6 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

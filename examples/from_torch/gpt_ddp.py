@@ -3,6 +3,7 @@
 
     torchrun --nproc_per_node 2 gpt_ddp.py           # its minidist port: gpt_ddp_minidist.py
 """
+import argparse
 import math
 import os
 from dataclasses import dataclass
@@ -185,4 +186,6 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m minidist.launch --standalone --nproc-per-node 2 examples/from_torch/gpt_ddp_minidist.py
 """
+import argparse
 import math
 import os
 from dataclasses import dataclass
@@ -184,4 +185,6 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

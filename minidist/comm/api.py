@@ -28,8 +28,10 @@ from typing import Any
 
 from minidist import log as mdlog
 from minidist.comm import interrupts
+from minidist.envvars import env as env_var
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
                                detect_launch, warn_if_single)
+from minidist.comm import leaving, report
 from minidist.comm.group import ProcessGroup
 from minidist.comm.diagnosis.ledger import LedgerEntry
 from minidist.comm.ops import ReduceOp
@@ -92,11 +94,8 @@ def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
     ``MINIDIST_RENDEZVOUS_PORT`` chooses the port explicitly (every rank must set the same).
     """
     env = os.environ if env is None else env
-    explicit = env.get("MINIDIST_RENDEZVOUS_PORT")
-    if explicit:
-        if not explicit.isdigit() or not 0 < int(explicit) < 65536:
-            raise ValueError(f"init_process_group: MINIDIST_RENDEZVOUS_PORT={explicit!r} is not a "
-                             "port number; set it to the same free port (1-65535) on every rank.")
+    explicit = env_var("MINIDIST_RENDEZVOUS_PORT", env)
+    if explicit is not None:
         return int(explicit)
     if env.get("TORCHELASTIC_RUN_ID") and info.master_port is not None:
         port = info.master_port + 1
@@ -189,7 +188,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if backend in TORCH_BACKENDS:
         _torch_backend(backend, chosen)
     if chosen == "local":
-        warn_if_single(info)
+        if requested == "auto":  # backend="local" asked for one process: nothing to warn of
+            warn_if_single(info)
         if info.world_size not in (None, 1):
             raise ValueError(f"init_process_group(backend='local'): the launcher ({info.launcher}) "
                              f"started {info.world_size} ranks but 'local' runs one. Use "
@@ -199,6 +199,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     group = ProcessGroup(transport, algorithm=algorithm, backend=chosen)
     _group, _info = group, info
     interrupts.install(group)  # one rank's failure or Ctrl-C ends every rank
+    if group.size > 1:
+        report.whole_lines()  # the launcher merges ranks' output: one write per line
+    leaving.install(lambda: _group)  # a rank that exits with the group open ends the job
     _export_rank_env(group, info)
     log.info("process group ready: backend=%s launcher=%s rank=%d world_size=%d local_rank=%d "
              "timeout=%.0fs", chosen, info.launcher, group.rank, group.size, info.local_rank,
@@ -218,6 +221,7 @@ def destroy_process_group() -> None:
     if _group is not None:
         _group.farewell()  # may raise: the exception hooks are still installed
     interrupts.uninstall()
+    leaving.uninstall()
     if _group is not None:
         _group.close()
     _group, _info = None, None

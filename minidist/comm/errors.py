@@ -8,6 +8,7 @@ Messages follow one format, so a user reading a log from 64 ranks can act on any
       CollectiveMismatch       the ranks called different collectives (op, dtype, count, order)
         CollectiveMismatchTimeout   ... found by comparing ledgers after a timeout
       PeerFailed               another rank reported a failure while this rank waited
+      PeerExited               another rank left the job (exit) while this rank waited for it
 
 When a collective fails, the ranks compare their ledgers (``minidist.comm.diagnosis.ledger``) and
 the error says where they first differ; ``error.diagnosis`` holds the same finding as a dict.
@@ -34,6 +35,7 @@ class CommError(RuntimeError):
 
     diagnosis: dict[str, Any] | None = None
     how: str | None = None
+    logged: bool = False  # its message is already on stderr (failure.on_failure logs it)
 
 
 class CommTimeout(CommError, TimeoutError):
@@ -64,9 +66,22 @@ class PeerFailed(CommError):
         self.peer = peer
 
 
+class PeerExited(CommError):
+    """Another rank left the job through Python's exit while this rank waited for it.
+
+    ``peer``: that rank; ``exit_code``: the code this job should end with (the peer's, or 1
+    for a peer that returned normally while the others still waited). See comm/leaving.py.
+    """
+
+    def __init__(self, message: str, peer: int, exit_code: int) -> None:
+        super().__init__(message)
+        self.peer, self.exit_code = peer, exit_code
+
+
 def failure_kind(error: BaseException) -> str:
-    """``"mismatch"`` (the ranks disagree), ``"network"`` (a peer or the network failed: timeout,
-    lost connection, a peer's failure notice) or ``"local"`` (not a communication error).
+    """``"mismatch"`` (the ranks disagree), ``"exited"`` (a peer left through Python's exit),
+    ``"network"`` (a peer or the network failed: timeout, lost connection, a peer's failure
+    notice) or ``"local"`` (not a communication error).
 
     Example:
         >>> failure_kind(CommTimeout("[rank 0/2] recv(src=1): no message within 30 s."))
@@ -76,6 +91,8 @@ def failure_kind(error: BaseException) -> str:
     """
     if isinstance(error, CollectiveMismatch):
         return "mismatch"
+    if isinstance(error, PeerExited):
+        return "exited"
     if isinstance(error, CommError):
         return "mismatch" if (error.diagnosis or {}).get("kind") == "mismatch" else "network"
     return "local"
@@ -95,6 +112,11 @@ def failure_advice(error: BaseException) -> str:
     if kind == "mismatch":
         return ("The ranks disagree: every rank must run the same model and the same steps "
                 "(same parameters, same forward/backward calls)")
+    if kind == "exited":
+        peer, code = getattr(error, "peer", "?"), getattr(error, "exit_code", "?")
+        return (f"Rank {peer} left the job (exit code {code}) while this rank still waited for "
+                f"it: see rank {peer}'s log for why it exited; every rank must stay until the "
+                "last collective")
     if kind == "network":
         peers = _peers(error)
         who = (f"rank {peers[0]}" if len(peers) == 1 else

@@ -95,6 +95,7 @@ class ProcessGroup(Collectives):
         self._explainer = Explainer(self.size)  # MINIDIST_DEBUG: auto, once per size class
         # peer -> its final collective counts per stream, from its farewell (SIDE_BYE)
         self.farewells: dict[int, dict[int, int]] = {}
+        self.exit_codes: dict[int, int] = {}  # peer -> its exit code, if it left (leaving.py)
         self._token = np.zeros(1, np.uint8)
         self._token_in = np.zeros(1, np.uint8)
         self._worker: AsyncWorker | None = None  # started by the first run_async

@@ -35,10 +35,10 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from typing import Any, Callable
 
 from minidist import log as mdlog
+from minidist.comm import report
 
 INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
 # A rank whose main thread waits inside a blocking MPI call (Barrier, Comm_split_type, MPI's
@@ -95,17 +95,14 @@ class _Ending:
         """An uncaught exception: the rank-prefixed traceback, then abort(1)."""
         if not self.lock.acquire(blocking=False):
             return  # the process is already ending (Ctrl-C, or another thread's failure)
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        prefix = mdlog.rank_prefix()
-        sys.stderr.write("".join(f"{prefix} {line}\n" for line in text.rstrip().splitlines()))
-        sys.stderr.write(f"{prefix} uncaught exception {where}; ending the job on all "
-                         f"{self.group.size} ranks.\n")
-        sys.stderr.flush()
+        report.write_block(report.uncaught_block(exc_type, exc, tb, mdlog.rank_prefix(), where,
+                                                 self.group.size))
         if self.group.transport.abort_ends_job:
             time.sleep(ABORT_FLUSH_S)  # let the launcher relay the traceback first
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # MPI's own abort line repeats ours
         # MPI: takes every rank down (does not return); TCP and others close, so peers see
-        # the closed connection.
-        self.group.transport.abort(1)
+        # the closed connection. A rank that left (PeerExited) gives the job its exit code.
+        self.group.transport.abort(getattr(exc, "exit_code", 1))
 
 
 def _flush_std_streams() -> None:

@@ -37,7 +37,6 @@ and run them only when an event is waited for: a missing wait gives a wrong resu
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -47,6 +46,7 @@ import numpy as np
 
 from minidist import xp as backend
 from minidist.comm.transports.base import Transport
+from minidist.envvars import env
 from minidist.log import get_logger
 
 log = get_logger(__name__)
@@ -117,16 +117,8 @@ def chunk_bounds(numel: int, itemsize: int, chunk_bytes: int | None = None) -> l
     [(0, 4), (4, 8), (8, 10)]
     """
     if chunk_bytes is None:
-        env = os.environ.get("MINIDIST_STAGE_CHUNK_BYTES", "").strip()
-        if env:
-            try:
-                chunk_bytes = int(env)
-            except ValueError:
-                raise ValueError(f"MINIDIST_STAGE_CHUNK_BYTES={env!r} is not a number of bytes; "
-                                 "set it to e.g. 1048576, or unset it.") from None
-            if chunk_bytes <= 0:
-                raise ValueError(f"MINIDIST_STAGE_CHUNK_BYTES={env!r} must be > 0 bytes.")
-        else:
+        chunk_bytes = env("MINIDIST_STAGE_CHUNK_BYTES")  # a bad value: one line (envvars.py)
+        if chunk_bytes is None:
             chunk_bytes = min(max(numel * itemsize // 4, MIN_CHUNK_BYTES), MAX_CHUNK_BYTES)
     step = max(1, chunk_bytes // itemsize)
     return [(lo, min(lo + step, numel)) for lo in range(0, numel, step)]

@@ -26,7 +26,6 @@ computes the same ``Topology`` from the same table.
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
 
@@ -34,6 +33,7 @@ import numpy as np
 
 from minidist.comm.errors import CommError
 from minidist.comm.transports.base import Transport, host_machine_key, set_peer_nodes
+from minidist.envvars import env
 
 ENV = "MINIDIST_RANKS_PER_NODE"
 
@@ -110,16 +110,7 @@ def ranks_per_node() -> int | None:
     Raises:
         ValueError: not a positive integer (says what to set).
     """
-    raw = os.environ.get(ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        k = int(raw)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise ValueError(f"{ENV}={raw!r} is not a positive integer; set it to the number of "
-                         "consecutive ranks per virtual node (e.g. 2), or unset it.")
+    k: int | None = env(ENV)
     return k
 
 

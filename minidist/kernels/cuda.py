@@ -56,21 +56,18 @@ from __future__ import annotations
 
 import collections
 import math
-import os
 import warnings
 from typing import Any, Hashable, NamedTuple, no_type_check
 
 import numpy as np
 
+from minidist.envvars import env
 from minidist.kernels import reference
 from minidist.kernels.fallback import default_signature, private_copies
 
 
 def _import_cuda() -> tuple[Any, str]:
-    choice = os.environ.get("MINIDIST_CUDA_JIT", "auto").strip().lower() or "auto"
-    if choice not in ("auto", "numba-cuda", "numba-cuda-mlir"):
-        raise ValueError(f"MINIDIST_CUDA_JIT={choice!r}: choose 'auto', 'numba-cuda' or "
-                         "'numba-cuda-mlir'")
+    choice = env("MINIDIST_CUDA_JIT")  # a bad value: one line naming it (envvars.py)
     if choice == "numba-cuda-mlir":
         from numba_cuda_mlir import cuda as mlir_cuda
         return mlir_cuda, "numba-cuda-mlir"
@@ -108,7 +105,7 @@ UNROLL = 4             # loads in flight per thread (the kernels are written out
 MAX_BUFFERS_PER_LAUNCH = 16
 """Buffer pairs one multi-buffer launch takes (kernel parameters: ~56 bytes per array)."""
 PLAN_CACHE_SIZE = 512
-FAST_LAUNCH = os.environ.get("MINIDIST_CUDA_LAUNCH", "direct").strip().lower() != "dispatcher"
+FAST_LAUNCH = env("MINIDIST_CUDA_LAUNCH") != "dispatcher"
 
 try:  # CuPy is optional: without it only the simulator (NumPy arrays) can use this module
     import cupy as _cupy

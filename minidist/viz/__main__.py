@@ -1,7 +1,12 @@
-"""``.venv/bin/python -m minidist.viz [OUT_DIR]``: regenerate the pictures of docs/algorithms.md."""
+"""``.venv/bin/python -m minidist.viz [OUT_DIR]``: draw the pictures of docs/algorithms.md.
+
+    .venv/bin/python -m minidist.viz             # into runs/viz/ (git-ignored)
+    .venv/bin/python -m minidist.viz docs/img    # regenerate the docs' own pictures
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -12,7 +17,15 @@ PICTURES = [("ring", 4), ("ring", 3), ("tree", 8), ("tree", 3), ("rd", 4), ("rd"
 
 
 def main(argv: list) -> int:
-    out = Path(argv[0] if argv else "docs/img")
+    p = argparse.ArgumentParser(
+        prog="python -m minidist.viz",
+        description="Draw the step-by-step pictures of each all-reduce algorithm (and the cost "
+                    "model beside benchmarks/results/allreduce_n2.json) for docs/algorithms.md. "
+                    "Needs matplotlib.")
+    p.add_argument("out_dir", nargs="?", default="runs/viz",
+                   help="folder for the PNG files (default runs/viz; docs/img regenerates the "
+                        "docs' pictures)")
+    out = Path(p.parse_args(argv).out_dir)
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -95,7 +95,7 @@ def test_tune_mode_reads_the_variable(monkeypatch):
         calibrate.tune_mode()
 
 
-def test_the_fit_gives_rules_per_buffer_kind_and_stops_extrapolating():
+def test_the_fit_gives_rules_per_buffer_kind():
     times = {"plain": {8: {"mpi": 5.0, "ring": 12.0, "tree": 9.0},
                        4096: {"mpi": 9.0, "ring": 14.0, "tree": 12.0},
                        1 << 20: {"mpi": 400.0, "ring": 200.0, "tree": 390.0}},
@@ -134,3 +134,26 @@ def test_calibrate_on_threads_writes_a_file_that_new_groups_use(tmp_path, monkey
         assert source == f"calibration {path}" and reason.startswith("calibrated")
         assert name in ("ring", "tree", "rd") and value == 3.0
         assert n_new == 1 and n_old == 0  # the measurement leaves the ledger alone
+
+
+def test_beyond_the_measured_sizes_auto_keeps_the_shipped_choice(tmp_path, monkeypatch):
+    """A quick calibration measured up to 2 MiB: from 4 MiB on, auto is what it would be
+    without it (no extrapolation of the fitted rules)."""
+    data = good(rules={"2": [[None, "tree"]], "2s": [[None, "tree"]]})
+    data["measured_bytes"] = 2 << 20
+    write(tmp_path, monkeypatch, data)
+    cal = calibrate.load("mpi", 2)
+    assert cal.measured_bytes == 2 << 20 and cal.covers(3 << 20) and not cal.covers(4 << 20)
+    for shared in (False, True):
+        assert select.choose(2, 1 << 20, True, True, shared, calibration=cal) == "tree"
+        for nbytes in (4 << 20, 16 << 20, 64 << 20):
+            name, reason = select.choose_with_reason(2, nbytes, True, True, shared, cal)
+            assert name == select.choose(2, nbytes, True, True, shared), (nbytes, shared)
+            assert "beyond the calibrated sizes, up to 2 MiB" in reason
+
+
+def test_the_fit_adds_no_rule_past_the_measured_sizes():
+    times = {"plain": {8: {"mpi": 5.0, "ring": 12.0}, 1 << 20: {"mpi": 900.0, "ring": 200.0}}}
+    _, rules, _ = calibrate.fit(times, 2)
+    assert rules["2"][-1] == [None, "ring"] and all(u is None or u <= 2 << 20
+                                                    for u, _ in rules["2"])

@@ -108,7 +108,8 @@ def test_topology_numbering_and_errors(monkeypatch):
     with pytest.raises(ValueError, match="there are 3 nodes"):
         t.ranks_of_node(3)
     monkeypatch.setenv("MINIDIST_RANKS_PER_NODE", "zero")
-    with pytest.raises(ValueError, match="not a positive integer"):
+    with pytest.raises(ValueError, match="MINIDIST_RANKS_PER_NODE='zero' is not valid: it "
+                                         "accepts a positive whole number"):
         ranks_per_node()
     monkeypatch.setenv("MINIDIST_RANKS_PER_NODE", "")
     assert ranks_per_node() is None

@@ -88,6 +88,17 @@ def test_a_failing_rank_ends_the_job_with_its_code():
     assert pids and not _gone(pids), f"ranks left alive: {pids}"
 
 
+def test_a_rank_that_printed_nothing_is_named_as_such(tmp_path):
+    script = tmp_path / "silent.py"
+    script.write_text("import os, sys, time\n"
+                      "sys.exit(5) if os.environ['RANK'] == '1' else time.sleep(30)\n")
+    job = _launch(["--standalone", "--nproc-per-node", "2", script])
+    out, err = _finish(job)
+    assert job.returncode == 5, out + err
+    assert "rank 1 exited with code 5; stopped the other ranks. Rank 1 printed nothing." in err
+    assert "''" not in err, err
+
+
 def test_sigint_to_the_launcher_ends_every_rank_with_130():
     job = _launch(["--standalone", "--nproc-per-node", "2", BODY, "wait"])
     pids: list[int] = []

@@ -88,6 +88,27 @@ def test_mpi_uncaught_mismatch_ends_the_job_with_every_ranks_finding():
 
 
 @pytest.mark.mpi
+def test_mpi_uncaught_mismatch_says_each_finding_once_in_one_block_per_rank():
+    """A skipped collective at n=2: each rank's finding once, then one short block (where the
+    program called it), written in one piece: no line holds two ranks' text."""
+    res = run_mpi(2, [SCRIPT, "--uncaught", "skip"], timeout_s=60, env=ENV)
+    assert res.returncode == 1, res.report()
+    lines = res.stderr.splitlines()
+    for r in range(2):
+        mine = [i for i, line in enumerate(lines) if line.startswith(f"[rank {r}/2] ")]
+        text = "\n".join(lines[i] for i in mine)
+        assert text.count("the ranks called different collectives") == 1, res.report()
+        assert "ERROR minidist.comm.failure: CollectiveMismatch" in lines[mine[0]], res.report()
+        block = mine[1:]  # after the finding: the block, its lines next to each other
+        assert block == list(range(block[0], block[0] + len(block))), res.report()
+        assert lines[block[-1]].endswith("ending the job on all 2 ranks."), res.report()
+        assert "Traceback (most recent call last)" not in text, res.report()
+    assert len(lines) <= 20, res.report()
+    assert not any(line.count("[rank ") > 1 for line in lines), res.report()
+    assert "MPI_Abort" not in res.stderr, res.report()  # the line above already says it
+
+
+@pytest.mark.mpi
 def test_mpi_dead_rank_is_named_when_mpiexec_keeps_the_others_running():
     # By default mpiexec ends the whole job when a rank exits non-zero (exit code 3 here);
     # with -disable-auto-cleanup the survivors time out and say the dead rank did not answer.

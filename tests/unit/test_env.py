@@ -66,3 +66,18 @@ def test_cuda_aware_env_parsing():
     assert parse_cuda_aware_env("1") is True and parse_cuda_aware_env("false") is False
     with pytest.raises(ValueError, match="MINIDIST_CUDA_AWARE_MPI='maybe'"):
         parse_cuda_aware_env("maybe")
+
+
+def test_log_prefix_comes_from_the_launcher_before_init(monkeypatch):
+    """A process that builds its transport itself (no init_process_group) still logs its rank."""
+    from minidist import log
+    monkeypatch.setattr(log, "_rank", None)
+    for k in ("RANK", "WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK",
+              "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    assert log.rank_prefix() == "[rank 0/1]"
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert log.rank_prefix() == "[rank 2/3]"
+    log.set_rank(1, 4)
+    assert log.rank_prefix() == "[rank 1/4]"

@@ -10,8 +10,8 @@ import pytest
 from procs import run_env_ranks
 
 from minidist import nn
-from minidist.comm.errors import (CollectiveMismatch, CommError, CommTimeout, PeerFailed,
-                                  failure_advice, failure_kind)
+from minidist.comm.errors import (CollectiveMismatch, CommError, CommTimeout, PeerExited,
+                                  PeerFailed, failure_advice, failure_kind)
 from minidist.ddp import DistributedDataParallel
 from minidist.tensor import Tensor
 
@@ -27,6 +27,14 @@ def test_kinds():
     diagnosed.diagnosis = {"kind": "mismatch", "missing": {}}
     assert failure_kind(diagnosed) == "mismatch"
     assert failure_kind(ValueError("kernel")) == "local"
+
+
+def test_a_peer_that_exited_is_named_with_its_code_not_as_a_network_failure():
+    error = PeerExited("[rank 0/2] all_reduce: rank 1 exited with code 3", 1, 3)
+    assert failure_kind(error) == "exited"
+    text = failure_advice(error)
+    assert text.startswith("Rank 1 left the job (exit code 3)") and "rank 1's log" in text
+    assert DISAGREE not in text and "network" not in text and not text.endswith(".")
 
 
 def test_network_advice_names_the_peer():

@@ -8,6 +8,7 @@ slices between ``bounds``: n near-equal chunks whose sizes differ by at most one
 sized for the largest chunk and cut to the size of the chunk that arrives.
 """
 
+import argparse
 import sys
 
 import numpy as np
@@ -50,4 +51,6 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

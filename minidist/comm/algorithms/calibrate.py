@@ -52,6 +52,7 @@ import numpy as np
 from minidist.comm.algorithms import select
 from minidist.log import get_logger
 from minidist.version import __version__
+from minidist.envvars import env
 
 log = get_logger(__name__)
 
@@ -70,6 +71,13 @@ class Calibration:
     rules: dict
     path: Path | None
     digest: int
+    measured_bytes: int | None = None  # the largest size timed (None: a file without it)
+
+    def covers(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` lies within what was measured (up to twice the largest size
+        timed: the sweep's own spacing); beyond, "auto" uses the shipped table instead of
+        extrapolating the calibration."""
+        return self.measured_bytes is None or nbytes < 2 * self.measured_bytes
 
     def describe(self) -> str:
         """``calibration ~/.cache/minidist/allreduce-h-mpi-n2.json`` (for logs and reasons)."""
@@ -166,7 +174,9 @@ def load(transport: str, world_size: int, warn: bool = True) -> Calibration | No
             if why is None:
                 model = {n: {c: float(v) for c, v in m.items()} for n, m in data["model"].items()}
                 rules = {str(k): [[u, a] for u, a in r] for k, r in data["rules"].items()}
-                return Calibration(data["key"], model, rules, path, digest(model, rules))
+                top = data.get("measured_bytes")
+                return Calibration(data["key"], model, rules, path, digest(model, rules),
+                                   top if isinstance(top, int) and top > 0 else None)
     if path not in _warned:
         _warned.add(path)
         (log.warning if warn else log.debug)(
@@ -187,15 +197,7 @@ def save(cal_data: dict, path: Path) -> Path:
 def tune_mode() -> str:
     """``MINIDIST_TUNE``: "off" (0: ignore the cache), "use" (unset: use a matching file),
     "run" (1: use one, or calibrate quickly when none matches)."""
-    raw = os.environ.get("MINIDIST_TUNE", "").strip().lower()
-    if raw in ("", "auto"):
-        return "use"
-    if raw in ("0", "off", "false", "no"):
-        return "off"
-    if raw in ("1", "on", "true", "yes"):
-        return "run"
-    raise ValueError(f"MINIDIST_TUNE={raw!r}: use 1 (calibrate when no cached calibration "
-                     "matches), 0 (ignore the cache) or leave it unset (use a matching one).")
+    return str(env("MINIDIST_TUNE"))
 
 
 def agreed(group: Any) -> Calibration | None:
@@ -306,6 +308,10 @@ def _iters(nbytes: int, quick: bool) -> int:
     return max(3, min(15 if quick else 40, (16 << 20 if quick else 64 << 20) // max(nbytes, 1)))
 
 
+QUICK_MAX_BYTES = 2 << 20   # sizes 8 B, 32 B, ... (x4): the quick sweep ends at 2 MiB
+FULL_MAX_BYTES = 32 << 20   # --full: at 32 MiB
+
+
 def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dict:
     """Median time (us, slowest rank) of every candidate algorithm at each size, per buffer kind.
 
@@ -316,7 +322,7 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
     from minidist.comm.algorithms.shm import shm_alloc_buffer
     from minidist.comm.transports.shm_window import shm_free_buffer
 
-    max_bytes = max_bytes or ((4 << 20) if quick else (64 << 20))
+    max_bytes = max_bytes or (QUICK_MAX_BYTES if quick else FULL_MAX_BYTES)
     sizes, s = [], 8
     while s <= max_bytes:
         sizes.append(s)
@@ -361,9 +367,8 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
 def fit(times: dict, world_size: int) -> tuple[dict, dict, list]:
     """``(model, rules, report)`` from ``measure``'s times for one world size.
 
-    Past the largest size measured a rule does not extrapolate: its last measured segment ends
-    at twice that size, and from there the fitted model's pick at 64x that size decides (ring
-    and the shared window gain on latency-bound algorithms as messages grow).
+    The rules cover what was measured; past twice the largest size timed, "auto" does not
+    extrapolate them but uses the shipped table (``Calibration.covers``).
     """
     points: dict = {}
     for nbytes, row in times.get("plain", {}).items():
@@ -377,16 +382,7 @@ def fit(times: dict, world_size: int) -> tuple[dict, dict, list]:
     for kind, suffix in (("plain", ""), ("shared", "s")):
         if not times.get(kind):
             continue
-        rule = size_rules(times[kind])
-        top = max(times[kind])
-        names = list(times[kind][top])
-        far = min(names, key=lambda a: select.predict_us(
-            "shm_zc" if suffix and a == "shm" else a, world_size, 64 * top,
-            model if a in model else None))
-        if far != rule[-1][1]:
-            rule[-1][0] = 2 * top
-            rule.append([None, far])
-        rules[f"{world_size}{suffix}"] = rule
+        rules[f"{world_size}{suffix}"] = size_rules(times[kind])
     return model, rules, report
 
 
@@ -405,6 +401,7 @@ def calibrate(group: Any, quick: bool = True, max_bytes: int | None = None,
         model, rules, report = fit(times, n)
         data = {"format": FORMAT, "key": cache_key(transport, n), "model": model,
                 "rules": rules, "quick": quick,
+                "measured_bytes": max(int(s) for v in times.values() for s in v),
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
                     timespec="seconds"),
                 "elapsed_s": round(time.perf_counter() - t0, 3),
@@ -431,7 +428,7 @@ def calibrate(group: Any, quick: bool = True, max_bytes: int | None = None,
             ledger.enabled = was
     data["key"] = cache_key(transport, n)  # this rank's own host (the file holds rank 0's)
     return Calibration(data["key"], data["model"], data["rules"], path if write else None,
-                       digest(data["model"], data["rules"]))
+                       digest(data["model"], data["rules"]), data.get("measured_bytes"))
 
 
 __all__ = ["Calibration", "cache_dir", "cache_key", "cache_path", "load", "save", "agreed",

@@ -168,6 +168,11 @@ def choose_with_reason(world_size: int, nbytes: int, has_native: bool = False,
     if hit is None:
         names = [c for c in CANDIDATES if (c != "mpi" or has_native) and (c != "shm" or has_shm)]
         model = None
+        beyond = ""
+        if calibration is not None and not calibration.covers(nbytes):
+            beyond = (f" (beyond the calibrated sizes, up to "
+                      f"{human_bytes(calibration.measured_bytes)}: the shipped choice)")
+            calibration = None
         if calibration is not None:  # measured on this transport: its rules apply everywhere
             model = calibration.model
             name, reason = _from_rules(world_size, nbytes, shared, names, calibration.rules,
@@ -185,7 +190,7 @@ def choose_with_reason(world_size: int, nbytes: int, has_native: bool = False,
                     f"{c} {costs[c]:.0f} us" for c in sorted(names, key=costs.__getitem__)))
         if len(_memo) > 4096:
             _memo.clear()
-        _memo[key] = hit = (name, reason)
+        _memo[key] = hit = (name, reason + beyond)
     return hit
 
 

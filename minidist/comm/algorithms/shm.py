@@ -51,7 +51,6 @@ race. ``auto`` on another stream picks a message-passing algorithm; ``algorithm=
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Any
 
@@ -63,10 +62,11 @@ from minidist.comm.topology import detect_topology
 from minidist.comm.transports.base import Transport, stream_of
 from minidist.comm.transports.shm_window import (SharedWindow, ShmNode, shm_alloc_buffer,
                                                   shm_close, shm_node)
+from minidist.envvars import env
 
-CHUNK_BYTES = int(os.environ.get("MINIDIST_SHM_CHUNK_BYTES", 64 << 20))
-SMALL_BYTES = int(os.environ.get("MINIDIST_SHM_SMALL_BYTES", 32 << 10))  # -> _small_path
-PIECE_BYTES = int(os.environ.get("MINIDIST_SHM_PIECE_BYTES", 1 << 20))  # -> _reduce_push
+CHUNK_BYTES = int(env("MINIDIST_SHM_CHUNK_BYTES"))  # default 64 MiB
+SMALL_BYTES = int(env("MINIDIST_SHM_SMALL_BYTES"))  # default 32 KiB -> _small_path
+PIECE_BYTES = int(env("MINIDIST_SHM_PIECE_BYTES"))  # default 1 MiB -> _reduce_push
 _OPS = list(ReduceOp)
 _DTYPES = ["float16", "float32", "float64", "int32", "int64", "int8", "uint8", "int16"]
 _DTYPE_CODES: dict = {}

@@ -37,6 +37,7 @@ from minidist.comm.diagnosis.diagnose import diagnose
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
                                   CommTimeout, PeerFailed)
 from minidist.comm.diagnosis.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, dump_dir
+from minidist.comm.leaving import bye_payload, parse_bye, peer_exited, peer_left
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_DONE, SIDE_FAIL,
                                            Transport, has_fingerprint)
 from minidist.log import get_logger
@@ -155,6 +156,9 @@ def on_failure(group: Any, row: list | None, error: CommError, call: str) -> Com
         ledger.fail(row, error)
     if not ledger.enabled or group.size == 1 or getattr(error, "diagnosis", None) is not None:
         return error
+    left = peer_left(group)  # a peer that exited explains it (e.g. its closed connection)
+    if left is not None:
+        return left
     if row is not None:
         stream, seq = row[SITE][S_STREAM], row[SEQ]
         status = "timed out" if isinstance(error, CommTimeout) else "failed"
@@ -195,6 +199,7 @@ def on_failure(group: Any, row: list | None, error: CommError, call: str) -> Com
     # Printed here, before the DONE round: under MPI the first rank to raise ends the job
     # (excepthook -> Abort), and every rank's finding should be on record by then.
     log.error("%s: %s", type(out).__name__, message.split("] ", 1)[-1])
+    out.logged = True  # an uncaught one is not printed again (comm/report.py)
     _done(group.transport, answered)
     return out
 
@@ -233,13 +238,9 @@ def poll(group: Any, src: int | None, tag: int) -> CommError | None:
                 "message: the ranks called different collectives.")
             err.how = f"when rank {src} started an MPI collective this rank has not called"
             return err
-    peer = t.side_channel.pending(SIDE_BYE)
-    while peer is not None:
-        raw = t.side_channel.try_recv(peer, SIDE_BYE)
-        if raw is None:
-            break
-        group.farewells[peer] = {int(k): v for k, v in json.loads(raw.decode()).items()}
-        peer = t.side_channel.pending(SIDE_BYE)
+    left = peer_left(group)  # reads the peers' goodbyes (SIDE_BYE) into group.farewells
+    if left is not None:
+        return left
     if group.farewells:
         mine = group.ledger.counts()
         for p, theirs in group.farewells.items():
@@ -278,7 +279,7 @@ def farewell(group: Any) -> None:
         return
     peers = [p for p in range(group.size) if p != group.rank]
     counts = ledger.counts()
-    data = json.dumps({str(k): v for k, v in counts.items()}).encode()
+    data = bye_payload(counts)
     for p in peers:
         t.side_channel.send(p, SIDE_BYE, data)
     timeout_s = float(t.timeout_s or DEFAULT_TIMEOUT_S) + exchange_timeout_s(t)
@@ -294,7 +295,9 @@ def farewell(group: Any) -> None:
         for p in list(pending):
             raw = t.side_channel.try_recv(p, SIDE_BYE)
             if raw is not None:
-                theirs[p] = {int(k): v for k, v in json.loads(raw.decode()).items()}
+                theirs[p], code = parse_bye(raw)
+                if code is not None:
+                    group.exit_codes[p] = code
                 pending.remove(p)
             elif t.side_channel.peer_lost(p) is not None:
                 pending.remove(p)
@@ -303,6 +306,10 @@ def farewell(group: Any) -> None:
         log.warning("destroy_process_group: ranks %s did not reach destroy_process_group within "
                     "%.0f s; the collective counts were not compared.", pending, timeout_s)
     differ = [p for p, c in theirs.items() if c != counts]
+    if differ and differ[0] in group.exit_codes:
+        p = differ[0]
+        raise peer_exited(group, "destroy_process_group", p, group.exit_codes[p],
+                          theirs[p].get(0, 0))
     if differ:
         error = CollectiveMismatch(
             f"{group.where('destroy_process_group')}: rank {differ[0]} made "

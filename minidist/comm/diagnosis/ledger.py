@@ -64,6 +64,7 @@ import numpy as np
 
 from minidist.comm.ops import SUPPORTED_DTYPES, ReduceOp
 from minidist.comm.transports.base import STREAM_BITS, fingerprint_mask
+from minidist.envvars import env
 
 DEFAULT_CAPACITY = 512
 _M64 = (1 << 64) - 1
@@ -71,17 +72,12 @@ _M64 = (1 << 64) - 1
 
 def ledger_enabled() -> bool:
     """``MINIDIST_LEDGER`` (default on): ``0`` turns the ledger and the fingerprints off."""
-    return os.environ.get("MINIDIST_LEDGER", "1").strip().lower() not in ("0", "off", "false")
+    return bool(env("MINIDIST_LEDGER"))
 
 
 def ledger_capacity() -> int:
     """``MINIDIST_LEDGER_SIZE``: entries kept per process group (default 512, at least 16)."""
-    raw = os.environ.get("MINIDIST_LEDGER_SIZE", "").strip()
-    try:
-        return max(16, int(raw)) if raw else DEFAULT_CAPACITY
-    except ValueError:
-        raise ValueError(f"MINIDIST_LEDGER_SIZE={raw!r} is not an integer; set a number of "
-                         "entries such as 512, or unset it.") from None
+    return int(env("MINIDIST_LEDGER_SIZE"))
 
 
 class CallStatus(enum.Enum):

@@ -67,7 +67,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-DEFAULT_TIMEOUT_S = float(os.environ.get("MINIDIST_TIMEOUT_S", "300"))
+from minidist.envvars import env
+
+DEFAULT_TIMEOUT_S = float(env("MINIDIST_TIMEOUT_S"))
 
 # Tag layout: stream in the low STREAM_BITS, the call's fingerprint (never 0) above them.
 STREAM_BITS = 10

@@ -38,8 +38,10 @@ from minidist.comm.errors import CommError, CommTimeout
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, Request, SideChannel, Transport,
                                            poller,
                                            stream_of, wait_until)
-from minidist.comm.transports.mpi_library import load_mpi, mpi_cuda_aware, parse_cuda_aware_env
+from minidist.comm.transports.mpi_library import (load_mpi, mpi_cuda_aware,  # noqa: F401
+                                                  parse_cuda_aware_env)  # (re-exported)
 from minidist.log import get_logger
+from minidist.envvars import env, raw
 
 log = get_logger(__name__)
 
@@ -250,14 +252,14 @@ class MPITransport(Transport):
     def cuda_aware(self) -> bool:
         """Whether device buffers go to MPI directly (decided once, logged once)."""
         if self._cuda_aware_now is None:
-            forced = parse_cuda_aware_env(os.environ.get("MINIDIST_CUDA_AWARE_MPI"))
+            forced = env("MINIDIST_CUDA_AWARE_MPI")
             probed = mpi_cuda_aware() if forced is None else None
             self._cuda_aware_now = bool(forced) if forced is not None else probed is True
             if self.rank == 0:
                 log.info("GPU buffers: %s (MINIDIST_CUDA_AWARE_MPI=%s, probe=%s)",
                          "passed to MPI directly" if self._cuda_aware_now
                          else "staged through host",
-                         os.environ.get("MINIDIST_CUDA_AWARE_MPI", "auto"), probed)
+                         raw("MINIDIST_CUDA_AWARE_MPI") or "auto", probed)
         return self._cuda_aware_now
 
     def _host_view(self, buf: Any, for_recv: bool) -> tuple:

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from minidist.comm.errors import CommError
+from minidist.envvars import env
 
 
 def load_mpi() -> Any:
@@ -35,15 +36,8 @@ def parse_cuda_aware_env(value: str | None) -> bool | None:
     Raises:
         ValueError: for any other value, naming the variable and the accepted values.
     """
-    v = (value or "auto").strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    if v == "auto":
-        return None
-    raise ValueError(f"MINIDIST_CUDA_AWARE_MPI={value!r} is not understood; use 'auto' (probe the "
-                     "MPI library), '1' (pass GPU buffers to MPI) or '0' (stage through host).")
+    value_: bool | None = env("MINIDIST_CUDA_AWARE_MPI", {"MINIDIST_CUDA_AWARE_MPI": value or ""})
+    return value_
 
 
 def mpi_cuda_aware() -> bool | None:

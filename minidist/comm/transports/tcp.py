@@ -44,7 +44,6 @@ arrived first. A receive waiting longer than ``POLL_S`` runs the transport's
 from __future__ import annotations
 
 import collections
-import os
 import select
 import socket
 import struct
@@ -58,6 +57,7 @@ from minidist.comm.errors import CommError, CommTimeout
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, POLL_S, Request, SideChannel,
                                            Transport, stream_of)
 from minidist.comm.transports.tcp_rendezvous import Mesh
+from minidist.envvars import env
 from minidist.log import get_logger
 
 log = get_logger(__name__)
@@ -67,16 +67,7 @@ _HEADER = struct.Struct("<qQ")  # tag, nbytes
 MAX_SIDE_BYTES = 64 << 20       # a side-channel message (a rank's ledger)
 
 
-def _env_bytes(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    try:
-        return int(raw) if raw else default
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a whole number of bytes; unset it (default "
-                         f"{default}) or set one, e.g. {name}={default}.") from None
-
-
-MAX_MESSAGE_BYTES = _env_bytes("MINIDIST_TCP_MAX_MESSAGE_BYTES", 1 << 34)  # 16 GiB
+MAX_MESSAGE_BYTES = int(env("MINIDIST_TCP_MAX_MESSAGE_BYTES"))  # default 16 GiB
 STAGE_BYTES = 64 << 10          # per-peer staging buffer: one recv gets header and payload
 DIRECT_MIN = 16 << 10           # a payload part at least this big goes straight to its buffer
 

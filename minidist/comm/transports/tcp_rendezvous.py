@@ -40,6 +40,7 @@ import time
 from typing import Any
 
 from minidist.comm.errors import CommError, CommTimeout
+from minidist.envvars import env
 from minidist.log import get_logger
 
 log = get_logger("minidist.comm.transports.tcp")  # one logger name for the TCP transport
@@ -57,20 +58,8 @@ NONCE_BYTES = 16
 MAC_BYTES = 32                  # HMAC-SHA256
 
 
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{name}={raw!r} is not a positive number of seconds; unset it "
-                         f"(default {default:g}) or set one, e.g. {name}={default:g}.")
-    return value
-
-
 # How long one connection may take to say who it is (raise it on a slow network).
-HANDSHAKE_S = _env_seconds("MINIDIST_TCP_HANDSHAKE_S", 5.0)
+HANDSHAKE_S = float(env("MINIDIST_TCP_HANDSHAKE_S"))
 
 
 class _Stranger(Exception):
@@ -78,7 +67,7 @@ class _Stranger(Exception):
 
 
 def _auth_key() -> bytes:
-    return os.environ.get("MINIDIST_AUTH_TOKEN", "").encode()
+    return str(env("MINIDIST_AUTH_TOKEN")).encode()
 
 
 def _mac(key: bytes, role: bytes, a: bytes, b: bytes) -> bytes:
