@@ -201,7 +201,12 @@ def _install_excepthooks(group: ProcessGroup) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # MPI's own abort line repeats ours
         # MPI: takes every rank down (does not return); TCP and others close, so peers see
         # the closed connection. A rank that left (PeerExited) gives the job its exit code.
-        group.transport.abort(getattr(exc, "exit_code", 1))
+        code = getattr(exc, "exit_code", None)
+        group.transport.abort(code or 1)
+        if code:  # TCP and others return from abort: end with the job's code, not Python's 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
     def caused_by_interrupt(exc: Any) -> bool:
         """KeyboardInterrupt itself, or an error raised while one was being handled."""
