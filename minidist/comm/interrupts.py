@@ -102,7 +102,12 @@ class _Ending:
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # MPI's own abort line repeats ours
         # MPI: takes every rank down (does not return); TCP and others close, so peers see
         # the closed connection. A rank that left (PeerExited) gives the job its exit code.
-        self.group.transport.abort(getattr(exc, "exit_code", 1))
+        code = getattr(exc, "exit_code", None)
+        self.group.transport.abort(code or 1)
+        if code:  # TCP and others return from abort: end with the job's code, not Python's 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
 
 def _flush_std_streams() -> None:

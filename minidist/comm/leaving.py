@@ -35,6 +35,7 @@ import atexit
 import builtins
 import json
 import os
+import socket
 import sys
 import time
 from typing import Any, Callable
@@ -44,6 +45,7 @@ from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_FAIL
 from minidist.log import rank_prefix
 
 EXIT_KEY = "exit"   # the BYE payload's entry for the exit code (the others are stream counts)
+PROCESS_KEY = "process"  # ... and for the leaving process: [host name, pid]
 GRACE_S = 2.0       # a nonzero exit: how long the peers get to say they are finishing too
 AFTER_PEER_S = 2.0  # not MPI: a rank that saw a peer leave with a nonzero code raises once the
                     # peer is gone (at most this late), so a launcher names the leaving rank
@@ -53,6 +55,7 @@ _POLL_S = 0.001
 _get_group: Callable[[], Any] | None = None
 _code: int | None = None  # what the script passed to sys.exit/exit/quit, None: not called
 _saved: dict[str, Any] = {}
+_processes: dict[tuple[int, int], tuple[str, int] | None] = {}  # (group, peer) -> its process
 
 
 def _status(arg: Any) -> int:
@@ -98,10 +101,12 @@ def uninstall() -> None:
 
 
 def bye_payload(counts: dict[int, int], exit_code: int | None = None) -> bytes:
-    """The SIDE_BYE message: ``{stream: calls}``, plus the exit code of a rank leaving."""
-    data: dict[str, int] = {str(k): v for k, v in counts.items()}
+    """The SIDE_BYE message: ``{stream: calls}``, plus the exit code of a rank leaving (and
+    which process it is: host name and pid)."""
+    data: dict[str, Any] = {str(k): v for k, v in counts.items()}
     if exit_code is not None:
         data[EXIT_KEY] = exit_code
+        data[PROCESS_KEY] = [socket.gethostname(), os.getpid()]
     return json.dumps(data).encode()
 
 
@@ -109,7 +114,22 @@ def parse_bye(raw: bytes) -> tuple[dict[int, int], int | None]:
     """``(counts, exit code or None)`` of a SIDE_BYE message."""
     data = json.loads(raw.decode())
     code = data.pop(EXIT_KEY, None)
+    data.pop(PROCESS_KEY, None)
     return {int(k): v for k, v in data.items()}, code
+
+
+def leaving_process(raw: bytes) -> tuple[str, int] | None:
+    """``(host name, pid)`` of the rank that sent this SIDE_BYE while leaving, else None."""
+    where = json.loads(raw.decode()).get(PROCESS_KEY)
+    return (str(where[0]), int(where[1])) if where else None
+
+
+def _process_alive(where: tuple[str, int] | None) -> bool:
+    """Whether a process of this host still exists (a zombie counts: its parent, e.g. the
+    launcher, has not collected its exit code yet). False for another host's process."""
+    if where is None or where[0] != socket.gethostname():
+        return False
+    return os.path.exists(f"/proc/{where[1]}")
 
 
 def peer_exited(group: Any, call: str, peer: int, exit_code: int, calls: int) -> PeerExited:
@@ -121,8 +141,11 @@ def peer_exited(group: Any, call: str, peer: int, exit_code: int, calls: int) ->
     """
     t = group.transport
     if exit_code and not t.abort_ends_job:
+        # gone: its connection closed and, on this host, its process collected by its parent
+        where = _processes.get((id(group), peer))
         deadline = time.monotonic() + AFTER_PEER_S
-        while t.side_channel.peer_lost(peer) is None and time.monotonic() < deadline:
+        while ((t.side_channel.peer_lost(peer) is None or _process_alive(where))
+               and time.monotonic() < deadline):
             time.sleep(0.01)
     if exit_code == 0:
         what = (f"rank {peer} returned normally (exit code 0) after {calls} collective(s) while "
@@ -149,6 +172,7 @@ def peer_left(group: Any) -> PeerExited | None:
         group.farewells[peer], code = parse_bye(raw)
         if code is not None:
             group.exit_codes[peer] = code
+            _processes[(id(group), peer)] = leaving_process(raw)
         peer = t.side_channel.pending(SIDE_BYE)
     mine = group.ledger.counts()
     for p, code in group.exit_codes.items():
