@@ -46,9 +46,8 @@ import numpy as np
 
 from minidist import amp, comm, trace
 from minidist import xp as backend
-from minidist.checkpoint import (CheckpointError, check_state_dict, checkpoint_path,
-                                 list_checkpoints, load_checkpoint, remove_stale_temp_files,
-                                 save_checkpoint)
+from minidist.checkpoint import checkpoint_path, save_checkpoint
+from minidist.checkpoint.resume import agree_on_checkpoint, restore
 from minidist.data import DataLoader, DistributedSampler, random_split
 from minidist.ddp import DistributedDataParallel, check_manifest
 from minidist.log import get_logger, rank_prefix
@@ -65,7 +64,6 @@ SCHEDULES = ("cosine", "constant")
 _AGREED_CONFIG = ("epochs", "batch_size", "grad_accum_steps", "shuffle", "seed",
                   "stop_after_epochs", "stop_after_steps", "checkpoint_every_n_steps",
                   "validation_split", "resume")
-_RESUME_KEYS = ("model", "optimizer", "epoch", "global_step", "world_size", "rng")
 
 
 @dataclass
@@ -480,37 +478,13 @@ class Trainer:
         return np.array([float(loss.item()) * n, float(correct.sum()), n], dtype=np.float64)
 
     def _resume(self) -> None:
-        chosen = self._agree_on_checkpoint()
+        chosen = agree_on_checkpoint(self.config.checkpoint_dir, self.rank, self.world_size)
         if chosen is None:
             self._log(f"resume: no checkpoint in {self.config.checkpoint_dir}; starting fresh")
             return
         path, ckpt = chosen
-        if int(ckpt["world_size"]) != self.world_size:
-            raise CheckpointError(
-                f"{rank_prefix()} resume from {path}: written at world size {ckpt['world_size']}"
-                f", resuming at {self.world_size}. The data order and the learning-rate schedule "
-                "depend on it; resume with the same number of ranks (-n), or start a new run.")
-        check_state_dict(self.model.state_dict(), ckpt["model"], "model", path)
-        # Everything checked: now load (nothing was changed before this point).
-        self.model.load_state_dict(ckpt["model"])
-        try:
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-        except (ValueError, KeyError) as e:
-            raise CheckpointError(f"{rank_prefix()} resume from {path}: optimizer state does "
-                                  f"not fit this optimizer ({e}). Build the same optimizer "
-                                  "(type and parameter groups) to resume.") from e
-        if self.scheduler is not None and ckpt.get("scheduler") is not None:
-            # Only the position: the shape (warm-up, total steps, min_lr) is this run's config,
-            # so a resumed run given more epochs decays over the new total.
-            self.scheduler.load_state_dict({k: v for k, v in ckpt["scheduler"].items()
-                                            if k in ("last_epoch", "base_lrs", "_last_lr")})
-        if self.scaler.is_enabled():
-            if ckpt.get("scaler"):
-                self.scaler.load_state_dict(ckpt["scaler"])
-            else:
-                self._log(f"resume: {path} has no GradScaler state (saved without amp); the "
-                          "loss scale starts fresh")
-        tensor_random.default_generator().bit_generator.state = ckpt["rng"]
+        restore(ckpt, path, self.world_size, self.model, self.optimizer, self.scheduler,
+                self.scaler, self._log)
         self.start_epoch = int(ckpt["epoch"])
         self.global_step = int(ckpt["global_step"])
         loader_state = ckpt.get("loader")
@@ -542,70 +516,6 @@ class Trainer:
                 "matmul, linear and conv2d in float16, and only from float32 inputs (float64 "
                 "models are left alone). Train without amp, or build the model in float32 from "
                 "such layers (nn.Linear, nn.Conv2d).")
-
-    def _agree_on_checkpoint(self) -> tuple[Path, dict] | None:
-        """Rank 0 picks the newest checkpoint that loads; every rank then loads that one.
-
-            rank 0: remove stale temp files; try checkpoint-N, N-1, ... until one loads
-                    (each one skipped: one warning line naming it and why)
-            broadcast {path, error} from rank 0                -> the same choice everywhere
-            ranks 1..N-1 load that path; all_gather who failed -> the same error everywhere
-        """
-        directory = str(self.config.checkpoint_dir)
-        choice: dict = {"path": None, "error": None}
-        ckpt: dict | None = None
-        unexpected: Exception | None = None
-        if self.rank == 0:
-            try:
-                ckpt, choice = self._pick_checkpoint(directory)
-            except Exception as e:  # noqa: BLE001 - told to the other ranks, then raised here
-                choice["error"], unexpected = f"resume: {type(e).__name__}: {e}", e
-        if self.world_size > 1:
-            choice = comm.broadcast_object(choice, src=0)
-        if unexpected is not None:
-            raise unexpected
-        if choice["error"]:
-            raise CheckpointError(f"{rank_prefix()} {choice['error']}")
-        if choice["path"] is None:
-            return None
-        path, failed = Path(choice["path"]), None
-        if ckpt is None:  # the other ranks read the file rank 0 chose
-            try:
-                ckpt = load_checkpoint(path)
-            except CheckpointError as e:
-                failed = e.reason
-        if self.world_size > 1:
-            failures = [(r, f) for r, f in enumerate(comm.all_gather_object(failed)) if f]
-            if failures:
-                r, why = failures[0]
-                raise CheckpointError(
-                    f"{rank_prefix()} resume from {path}: rank 0 read it but rank {r} cannot "
-                    f"({why}). Every rank must see the same checkpoint_dir (a shared file "
-                    "system, or the same copy on every node).")
-        assert ckpt is not None, "every rank loaded the checkpoint or raised above"
-        return path, ckpt
-
-    @staticmethod
-    def _pick_checkpoint(directory: str) -> tuple[dict | None, dict]:
-        """Rank 0: (the newest loadable Trainer checkpoint, {"path", "error"} for the others)."""
-        remove_stale_temp_files(directory)
-        skipped = []
-        for candidate in list_checkpoints(directory):
-            try:
-                loaded = load_checkpoint(candidate)
-            except CheckpointError as e:
-                why = e.reason
-            else:
-                missing = [k for k in _RESUME_KEYS if k not in loaded]
-                if not missing:
-                    return loaded, {"path": str(candidate), "error": None}
-                why = f"it has no {missing[0]!r} entry, so Trainer did not write it"
-            skipped.append(f"{candidate.name} ({why})")
-            log.warning("resume: skipped %s: %s", candidate, why)
-        error = (f"resume: none of the {len(skipped)} checkpoints in {directory} loads: "
-                 f"{'; '.join(skipped)}. Restore a copy, or move them aside to start fresh."
-                 if skipped else None)
-        return None, {"path": None, "error": error}
 
     def _progress_enabled(self) -> bool:
         if self.rank != 0:

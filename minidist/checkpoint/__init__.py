@@ -40,6 +40,8 @@ The package, one concept per module (each imports only those above it):
     integrity.py  the CRC-32 trailer, the non-finite check, the messages for damaged files
     store.py      save_checkpoint, load_checkpoint, prune_checkpoints, check_state_dict
     serialize.py  save, load: torch.save/torch.load for state dicts, NOT collective
+    resume.py     which checkpoint every rank resumes from (collective), and the Trainer's
+                  restore from it
 """
 
 from minidist.checkpoint.codec import FORMAT_VERSION, META_KEY

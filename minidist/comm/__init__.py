@@ -39,7 +39,7 @@ from minidist.comm.env import LaunchInfo, detect_launch
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
                                   CommTimeout, PeerFailed)
 from minidist.comm.group import ProcessGroup, new_group_from_transport
-from minidist.comm.ledger import CallStatus, Ledger, LedgerEntry, ledger_label
+from minidist.comm.diagnosis.ledger import CallStatus, Ledger, LedgerEntry, ledger_label
 from minidist.comm.ops import ReduceOp
 from minidist.comm.topology import Topology
 from minidist.comm.work import Work

@@ -11,31 +11,29 @@ Run with ``./mpirun.sh -n 4 python script.py``. Before ``init_process_group`` th
 answer for a single process (rank 0 of 1) so logging code works anywhere; collectives raise.
 
 Every collective is recorded in the group's ledger (``get_ledger()``, ``ledger_label``; see
-``minidist.comm.ledger``), and ``auto_table()`` shows what ``algorithm="auto"`` will pick.
+``minidist.comm.diagnosis.ledger``), and ``auto_table()`` shows what ``algorithm="auto"`` will pick.
 
 ``init_process_group`` also installs a ``sys.excepthook`` and ``threading.excepthook``: an
 uncaught exception on one rank prints its traceback prefixed with ``[rank r/N]`` and then, under
 MPI, calls ``MPI.COMM_WORLD.Abort(1)``, so the whole job ends at once instead of the other ranks
-waiting for a message that never comes (over TCP it closes the transport, which wakes the peers).
+waiting for a message that never comes (over TCP it closes the transport, which wakes the peers);
+Ctrl-C ends every rank in one line. Both live in ``minidist.comm.interrupts``.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import signal
-import sys
-import threading
-import time
 from typing import Any
 
 from minidist import log as mdlog
+from minidist.comm import interrupts
 from minidist.envvars import env as env_var
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
                                detect_launch, warn_if_single)
 from minidist.comm import leaving, report
 from minidist.comm.group import ProcessGroup
-from minidist.comm.ledger import LedgerEntry
+from minidist.comm.diagnosis.ledger import LedgerEntry
 from minidist.comm.ops import ReduceOp
 from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Transport
 
@@ -43,8 +41,6 @@ log = mdlog.get_logger(__name__)
 
 _group: ProcessGroup | None = None
 _info: LaunchInfo | None = None
-_saved_hooks: tuple | None = None
-_restore_signals: Any = None  # undoes _watch_sigint (SIGINT handler, wakeup fd, watcher)
 BACKENDS = ("auto", "mpi", "tcp", "local", "gloo", "nccl")
 # torch's backend names, as minidist runs them: gloo is TCP; nccl is the GPU path (CuPy arrays)
 # over whatever transport the launcher implies, since minidist has no NCCL of its own.
@@ -112,177 +108,6 @@ def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
         raise ValueError("init_process_group(backend='tcp'): MASTER_PORT is not set; set it to "
                          "the same free port on every rank (or pass init_method='tcp://host:port').")
     return int(info.master_port)
-
-
-INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
-# A rank whose main thread waits inside a blocking MPI call (Barrier, Comm_split_type, MPI's
-# Allreduce) runs no Python code, so Python's SIGINT handler cannot raise KeyboardInterrupt
-# there. The watcher thread gives the main thread this long to take the interrupt itself.
-INTERRUPT_GRACE_S = 1.0
-# Python took the interrupt but the rank is still alive this long after: something on the way
-# out (a handler, a ``finally``, a thread the exit waits for) is stuck. The watcher ends it, so
-# Ctrl-C always ends every rank in bounded time.
-INTERRUPT_UNWIND_S = 15.0
-# Ranks other than 0 wait this long before ending: rank 0's exit usually makes the launcher end
-# them first, so a Ctrl-C prints one line, not one per rank. Longer than INTERRUPT_GRACE_S so
-# rank 0, even in a blocking call, gets there first.
-INTERRUPT_QUIET_S = 2.0
-# Before MPI Abort: time for the launcher to relay this rank's last lines (an "interrupted"
-# line, a traceback); Abort kills the job at once, and Hydra drops output still in flight.
-ABORT_FLUSH_S = 0.2
-
-
-def _install_excepthooks(group: ProcessGroup) -> None:
-    """One rank's failure ends the world; so does Ctrl-C, promptly and in one line.
-
-    - An uncaught exception (main thread or any other): the traceback, prefixed ``[rank r/N]``,
-      then ``transport.abort(1)`` (MPI Abort ends every rank) or ``transport.close()`` (TCP
-      peers see the closed connection).
-    - Ctrl-C (SIGINT; mpiexec forwards it to every rank): one line ``[rank 0/N] interrupted
-      (SIGINT): ...``, no traceback, then ``transport.abort(130)``: every rank ends and
-      mpiexec exits with 130 (over TCP: ``os._exit(130)``; MPI_Finalize and atexit handlers
-      would wait for peers that are gone). Ranks other than 0 wait ``INTERRUPT_QUIET_S``
-      first, so rank 0's abort usually ends them before they print. A rank whose main thread
-      is inside a blocking MPI call cannot run Python's handler; a watcher thread (woken
-      through ``signal.set_wakeup_fd``) ends it after ``INTERRUPT_GRACE_S``::
-
-          SIGINT --> C handler --+--> main thread in Python: KeyboardInterrupt -> sys_hook --.
-                                 '--> wakeup fd -> watcher: Python saw it within 1 s? no ----+
-                                                                                             v
-                                                 "[rank r/N] interrupted ..."; abort(130)
-
-    The watcher is also the backstop when Python did take the interrupt: a rank still alive
-    ``INTERRUPT_UNWIND_S`` later (stuck on its way out) is ended the same way.
-
-    The Ctrl-C part applies at world size > 1, when SIGINT still has Python's default handler
-    and no wakeup fd is set (asyncio), and in the main thread; otherwise Python's behaviour
-    stays. ``destroy_process_group`` restores everything.
-    """
-    global _saved_hooks, _restore_signals
-    if _saved_hooks is None:
-        _saved_hooks = (sys.excepthook, threading.excepthook)
-    prev_sys, _ = _saved_hooks
-    ending = threading.Lock()  # the first path that ends the process wins; others go quiet
-    python_saw_sigint = threading.Event()
-
-    def end_interrupted() -> None:
-        if not ending.acquire(blocking=False):
-            time.sleep(INTERRUPT_QUIET_S)  # another thread is already ending this process
-            os._exit(INTERRUPT_EXIT_CODE)
-        if group.rank != 0:
-            time.sleep(INTERRUPT_QUIET_S)  # rank 0's abort normally ends this process first
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        sys.stderr.write(f"{mdlog.rank_prefix()} interrupted (SIGINT): ending the job on all "
-                         f"{group.size} ranks with exit code {INTERRUPT_EXIT_CODE}.\n")
-        sys.stderr.flush()
-        transport = group.transport
-        if transport.abort_ends_job:
-            # MPI Abort ends every rank, even those inside a blocking call, and mpiexec exits
-            # with our code. The launcher relays our stderr through a pipe, and the abort can
-            # tear that down before it has read the line above: give it a moment. MPI prints
-            # its own "application called MPI_Abort" line; ours already says it, so stderr goes
-            # quiet first.
-            time.sleep(ABORT_FLUSH_S)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-            transport.abort(INTERRUPT_EXIT_CODE)
-        os._exit(INTERRUPT_EXIT_CODE)  # TCP and others: peers see the closed connections
-
-    def end_world(exc_type: Any, exc: Any, tb: Any, where: str) -> None:
-        if not ending.acquire(blocking=False):
-            return  # the process is already ending (Ctrl-C, or another thread's failure)
-        report.write_block(report.uncaught_block(exc_type, exc, tb, mdlog.rank_prefix(), where,
-                                                 group.size))
-        if group.transport.abort_ends_job:
-            time.sleep(ABORT_FLUSH_S)  # let the launcher relay the traceback first
-            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # MPI's own abort line repeats ours
-        # MPI: takes every rank down (does not return); TCP and others close, so peers see
-        # the closed connection. A rank that left (PeerExited) gives the job its exit code.
-        code = getattr(exc, "exit_code", None)
-        group.transport.abort(code or 1)
-        if code:  # TCP and others return from abort: end with the job's code, not Python's 1
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-
-    def caused_by_interrupt(exc: Any) -> bool:
-        """KeyboardInterrupt itself, or an error raised while one was being handled."""
-        seen = 0
-        while exc is not None and seen < 32:
-            if isinstance(exc, KeyboardInterrupt):
-                return True
-            exc, seen = exc.__context__, seen + 1
-        return False
-
-    def sys_hook(exc_type: Any, exc: Any, tb: Any) -> None:
-        if group.size == 1:
-            prev_sys(exc_type, exc, tb)
-            return
-        if caused_by_interrupt(exc):
-            end_interrupted()
-        end_world(exc_type, exc, tb, "in the main thread")
-
-    def thread_hook(args: Any) -> None:
-        if args.exc_type is SystemExit or group.size == 1:
-            _saved_hooks[1](args)
-            return
-        end_world(args.exc_type, args.exc_value, args.exc_traceback,
-                  f"in thread {getattr(args.thread, 'name', '?')}")
-
-    sys.excepthook = sys_hook
-    threading.excepthook = thread_hook
-    if (group.size > 1 and _restore_signals is None
-            and threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-        _restore_signals = _watch_sigint(python_saw_sigint, end_interrupted)
-
-
-def _watch_sigint(python_saw: threading.Event, end: Any) -> Any:
-    """Route SIGINT through a wakeup pipe to a watcher thread; return the undo function."""
-    rfd, wfd = os.pipe()
-    os.set_blocking(wfd, False)  # set_wakeup_fd's requirement: the C handler must never block
-    old_fd = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
-    if old_fd != -1:  # somebody (asyncio) already listens: leave SIGINT to them
-        signal.set_wakeup_fd(old_fd)
-        os.close(rfd)
-        os.close(wfd)
-        return None
-
-    stopped = threading.Event()  # set by restore(): the group is gone, the watcher stands down
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        python_saw.set()
-        raise KeyboardInterrupt
-
-    def watch() -> None:
-        while True:
-            try:
-                got = os.read(rfd, 64)
-            except OSError:
-                return
-            if not got or 0 in got:  # 0: destroy_process_group asked the watcher to stop
-                os.close(rfd)
-                return
-            if signal.SIGINT in got:
-                if not python_saw.wait(INTERRUPT_GRACE_S):
-                    end()  # the main thread is stuck in C: end from here
-                python_saw.clear()  # Python raised KeyboardInterrupt; the next Ctrl-C is new
-                if not stopped.wait(INTERRUPT_UNWIND_S):  # normally the rank has ended by now
-                    end()  # still here, group not destroyed: stuck on the way out
-
-    signal.signal(signal.SIGINT, on_sigint)
-    threading.Thread(target=watch, name="minidist-sigint-watcher", daemon=True).start()
-
-    def restore() -> None:
-        stopped.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.set_wakeup_fd(-1)
-        os.write(wfd, b"\0")
-        os.close(wfd)
-    return restore
 
 
 def _torch_backend(backend: str, chosen: str) -> None:
@@ -373,7 +198,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     mdlog.set_rank(transport.rank, transport.size)  # before the group: its set-up logs too
     group = ProcessGroup(transport, algorithm=algorithm, backend=chosen)
     _group, _info = group, info
-    _install_excepthooks(group)
+    interrupts.install(group)  # one rank's failure or Ctrl-C ends every rank
     if group.size > 1:
         report.whole_lines()  # the launcher merges ranks' output: one write per line
     leaving.install(lambda: _group)  # a rank that exits with the group open ends the job
@@ -392,15 +217,10 @@ def destroy_process_group() -> None:
     collective raises CollectiveMismatch here, with the group left open (call again to close).
     With ``MINIDIST_LEDGER_DUMP=dir`` each rank then writes its ledger to ``dir``.
     """
-    global _group, _info, _saved_hooks, _restore_signals
+    global _group, _info
     if _group is not None:
         _group.farewell()  # may raise: the exception hooks are still installed
-    if _saved_hooks is not None:
-        sys.excepthook, threading.excepthook = _saved_hooks
-        _saved_hooks = None
-    if _restore_signals is not None:
-        _restore_signals()
-        _restore_signals = None
+    interrupts.uninstall()
     leaving.uninstall()
     if _group is not None:
         _group.close()
@@ -467,7 +287,9 @@ def all_reduce(array: Any, op: str | ReduceOp = "sum", algorithm: str | None = N
     queues it on the group's worker and returns a :class:`Work` at once (comm/work.py); do not
     touch ``array`` until ``work.wait()`` returns.
     """
-    g = _g(group)
+    g = group if group is not None else get_default_group()
+    if not async_op:  # the common case, called straight (every gradient bucket comes here)
+        return g.all_reduce(array, op, algorithm, label=label)
     return _run(g, "all_reduce", lambda: g.all_reduce(array, op, algorithm, label=label), array,
                 async_op)
 

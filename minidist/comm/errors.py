@@ -10,8 +10,8 @@ Messages follow one format, so a user reading a log from 64 ranks can act on any
       PeerFailed               another rank reported a failure while this rank waited
       PeerExited               another rank left the job (exit) while this rank waited for it
 
-When a collective fails, the ranks compare their ledgers (``minidist.comm.ledger``) and the error
-says where they first differ; ``error.diagnosis`` holds the same finding as a dict.
+When a collective fails, the ranks compare their ledgers (``minidist.comm.diagnosis.ledger``) and
+the error says where they first differ; ``error.diagnosis`` holds the same finding as a dict.
 
 ``failure_kind(error)`` sorts any exception into what happened, so a caller that wraps it (DDP's
 communication thread) gives the advice that fits, and ``failure_advice(error)`` words it::

@@ -144,7 +144,7 @@ def peer_exited(group: Any, call: str, peer: int, exit_code: int, calls: int) ->
         # gone: its connection closed and, on this host, its process collected by its parent
         where = _processes.get((id(group), peer))
         deadline = time.monotonic() + AFTER_PEER_S
-        while ((t.peer_lost(peer) is None or _process_alive(where))
+        while ((t.side_channel.peer_lost(peer) is None or _process_alive(where))
                and time.monotonic() < deadline):
             time.sleep(0.01)
     if exit_code == 0:
@@ -154,29 +154,29 @@ def peer_exited(group: Any, call: str, peer: int, exit_code: int, calls: int) ->
     else:
         what = (f"rank {peer} exited with code {exit_code} after {calls} collective(s), so it "
                 f"will not join this call. Look at rank {peer}'s output for why it left")
-    err = PeerExited(f"{group._where(call)}: {what}.", peer, exit_code or 1)
+    err = PeerExited(f"{group.where(call)}: {what}.", peer, exit_code or 1)
     err.how = f"when rank {peer} left the job"
     err.diagnosis = {"kind": "exited", "rank": peer, "exit_code": exit_code}  # no exchange
     return err
 
 
 def peer_left(group: Any) -> PeerExited | None:
-    """Read the peers' pending goodbyes (SIDE_BYE) into ``group._byes``; the error to raise
+    """Read the peers' pending goodbyes (SIDE_BYE) into ``group.farewells``; the error to raise
     if one of them left (an exit code) with fewer collectives than this rank has started."""
     t = group.transport
-    peer = t.side_pending(SIDE_BYE)
+    peer = t.side_channel.pending(SIDE_BYE)
     while peer is not None:
-        raw = t.side_try_recv(peer, SIDE_BYE)
+        raw = t.side_channel.try_recv(peer, SIDE_BYE)
         if raw is None:
             break
-        group._byes[peer], code = parse_bye(raw)
+        group.farewells[peer], code = parse_bye(raw)
         if code is not None:
-            group._exit_codes[peer] = code
+            group.exit_codes[peer] = code
             _processes[(id(group), peer)] = leaving_process(raw)
-        peer = t.side_pending(SIDE_BYE)
+        peer = t.side_channel.pending(SIDE_BYE)
     mine = group.ledger.counts()
-    for p, code in group._exit_codes.items():
-        theirs = group._byes.get(p, {})
+    for p, code in group.exit_codes.items():
+        theirs = group.farewells.get(p, {})
         for stream, n in mine.items():
             if theirs.get(stream, 0) < n:
                 last = group.ledger.entries(stream, last=1)
@@ -201,27 +201,27 @@ def leave(group: Any, code: int) -> None:
     mine = group.ledger.counts()
     peers = [p for p in range(group.size) if p != group.rank]
     for p in peers:
-        t.side_send(p, SIDE_BYE, bye_payload(mine, code))
+        t.side_channel.send(p, SIDE_BYE, bye_payload(mine, code))
     if code == 0 or not t.abort_ends_job:
         # 0: an ordinary end (MPI_Finalize waits for the others, as it always did; a rank still
         # waiting for this one in a collective raises PeerExited). Not MPI: exit now; the peers
         # raise once this process is gone, so a launcher names this rank.
         return
-    finished: dict[int, dict[int, int]] = dict(group._byes)  # what the poll hook already read
+    finished: dict[int, dict[int, int]] = dict(group.farewells)  # what the poll hook already read
     gone: set[int] = set()
     deadline = time.monotonic() + min(GRACE_S, float(t.timeout_s or DEFAULT_TIMEOUT_S))
     while time.monotonic() < deadline:
         waiting = [p for p in peers if p not in finished and p not in gone]
         if not waiting:
             break
-        failed = t.side_pending(SIDE_FAIL)
+        failed = t.side_channel.pending(SIDE_FAIL)
         if failed is not None:
             gone.add(failed)
         for p in waiting:
-            raw = t.side_try_recv(p, SIDE_BYE)
+            raw = t.side_channel.try_recv(p, SIDE_BYE)
             if raw is not None:
                 finished[p] = parse_bye(raw)[0]
-            elif t.peer_lost(p) is not None:
+            elif t.side_channel.peer_lost(p) is not None:
                 gone.add(p)
         time.sleep(_POLL_S)
     still = [p for p in peers if finished.get(p) != mine]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minidist.comm.errors import CommError
-from minidist.comm.transports.base import Transport
+from minidist.comm.transports.base import Transport, host_machine_key, set_peer_nodes
 from minidist.envvars import env
 
 ENV = "MINIDIST_RANKS_PER_NODE"
@@ -149,7 +149,9 @@ def detect_topology(transport: Transport) -> Topology:
         table = np.array([[0, r, k or 0] for r in range(n)], np.int64)
     else:
         table = np.zeros((n, 3), np.int64)
-        table[transport.rank] = (transport.machine_key(), transport.world_rank, k or 0)
+        mpi = transport.mpi
+        table[transport.rank] = ((mpi.machine_key(), mpi.world_rank, k or 0) if mpi is not None
+                                 else (host_machine_key(), transport.rank, k or 0))
         _all_gather_rows(transport, table)
         ks = sorted(set(table[:, 2].tolist()))
         if len(ks) > 1:
@@ -160,7 +162,7 @@ def detect_topology(transport: Transport) -> Topology:
     keys = [(int(machine), int(world) // k if k else 0) for machine, world, _ in table]
     topo = Topology(transport.rank, number_nodes(keys), virtual=bool(k))
     _CACHE[transport] = topo
-    transport.set_peer_nodes(list(topo.node_of))
+    set_peer_nodes(transport, list(topo.node_of))
     return topo
 
 

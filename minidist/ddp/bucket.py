@@ -37,6 +37,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from minidist import xp as backend
+
 # 1 MiB first bucket, 25 MiB cap, as torch reducer.hpp (kDefaultFirstBucketBytes,
 # kDefaultBucketBytesCap).
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
@@ -157,7 +159,7 @@ class Bucket:
         self.pending = len(self.params)
         self._done = [False] * len(self.params)  # which grads reported this step
         self.finite = True  # the last reduced contents held no NaN/inf (set by the reducer)
-        self.prescaled = False  # this step: grads divided by the world size on the way in
+        self.is_float = np.dtype(spec.dtype).kind == "f"  # can hold grad / n (not integers)
         self.scaler: Any = None  # this step: the GradScaler that unscales it after reduction
 
     def __repr__(self) -> str:
@@ -219,3 +221,13 @@ class Bucket:
         self.pending -= 1
         self.state = BucketState.READY if self.pending == 0 else BucketState.FILLING
         return self.pending == 0
+
+
+def alloc_bucket_buffer(group: Any, numel: int, dtype: Any, xp: Any) -> Any:
+    """A bucket's flat buffer from the process group (a transport may place it in shared
+    memory), or a plain ``xp`` array when the group's buffer lives elsewhere (device
+    parameters, host-only transport)."""
+    buf = group.alloc_buffer(numel, dtype, xp)
+    if backend.get_array_module(buf) is not xp:
+        buf = xp.empty(numel, dtype=dtype)
+    return buf

@@ -12,7 +12,10 @@ algorithm). torch hooks return a Future; ours run synchronously on the comm thre
 the same overlap with backward without futures.
 
 Hooks here:
-- ``allreduce_hook``: the default, one all-reduce with op "avg".
+- ``allreduce_hook``: the default, one all-reduce. It declares ``prescale``: the Reducer then
+  has backward write each gradient divided by n into its bucket slot (``bucket.prescaled``),
+  and the average is an all-reduce SUM, with no pass to divide (torch's ``div_factor``);
+  integer buckets (and one rank) get op "avg".
 - ``fp16_compress_hook``: divide by the world size, cast to float16, all-reduce the sum, cast
   back. Dividing first (as torch's ``fp16_compress_hook``) keeps the float16 sum from
   overflowing (max 65504) at large world sizes.
@@ -55,10 +58,13 @@ class GradBucket:
         names: the parameter names, for messages.
         world_size: number of ranks.
         is_last: True for the last bucket of the step.
+        prescaled: the gradients arrived divided by n (a hook that declares ``prescale``, on
+            a floating-point bucket, with more than one rank): a SUM is their average.
     """
 
     def __init__(self, bucket: Any, all_reduce: Callable[[Any, str], None], world_size: int,
-                 is_last: bool = False) -> None:
+                 is_last: bool = False, prescaled: bool = False) -> None:
+        self.prescaled = prescaled
         self.buffer = bucket.buffer
         self.index = bucket.index
         self.views = bucket.views
@@ -73,13 +79,26 @@ class GradBucket:
 
 
 def allreduce_hook(state: Any, bucket: GradBucket) -> None:
-    """The default hook: average the bucket with one all-reduce (op "avg").
+    """The default hook: average the bucket with one all-reduce.
 
-    While this hook is registered the Reducer does the same job one pass cheaper: it divides
-    each gradient by n while copying it into the bucket and all-reduces with "sum" (reducer.py).
+    It declares ``prescale`` (below), so on a floating-point bucket the gradients arrive
+    divided by n (backward wrote ``grad / n`` into the bucket: reducer.py) and a SUM is the
+    average; otherwise (integer buckets) the op is "avg".
     """
-    if bucket.world_size > 1:  # the average over one rank is the bucket itself
+    if bucket.prescaled:
+        bucket.all_reduce(bucket.buffer, "sum")
+    elif bucket.world_size > 1:  # the average over one rank is the bucket itself
         bucket.all_reduce(bucket.buffer, "avg")
+
+
+allreduce_hook.prescale = True  # type: ignore[attr-defined]
+
+
+def wants_prescaled(hook: Callable[..., Any]) -> bool:
+    """True when ``hook`` declares ``prescale = True``: its buckets should arrive with every
+    gradient already divided by n (what ``allreduce_hook`` sums). Other hooks (fp16,
+    PowerSGD, a user's) get the gradients as backward computed them."""
+    return getattr(hook, "prescale", False) is True
 
 
 def fp16_compress_hook(state: Any, bucket: GradBucket) -> None:

@@ -75,6 +75,17 @@ def library_manifest(world_size: int) -> dict[str, Any]:
             "world size": int(world_size)}
 
 
+def run_manifest(world_size: int, metas: list[Any], specs: list[Any], algorithm: str,
+                 group: Any) -> dict[str, Any]:
+    """A DDP rank's run manifest: what every rank must agree on (library, parameters, bucket
+    plan, all-reduce table). The Trainer extends it (dataset, batches per epoch, ...) for its
+    own check at ``fit``."""
+    return {**library_manifest(world_size),
+            "parameter": [[m.name, list(m.shape), m.dtype] for m in metas],
+            "bucket": [[s.dtype, list(s.param_indices), s.numel] for s in specs],
+            "all-reduce": allreduce_table(algorithm, group)}
+
+
 def allreduce_table(algorithm: str, group: Any) -> dict[str, Any]:
     """What decides which all-reduce algorithm runs: the names asked for and the "auto" table.
 

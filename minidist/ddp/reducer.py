@@ -47,37 +47,27 @@ Rules that keep every rank in step:
 - an exception in the comm thread is kept and re-raised in the main thread, naming the bucket;
 - under ``no_sync`` the hooks do nothing: gradients just accumulate in the bucket views.
 
-With a GradScaler (mixed precision, minidist.amp): ``scaler.scale(loss)`` makes the scaler
-active; each bucket launched while it is active is UNSCALED right after its all-reduce by the
-scaler's fused kernel (``unscale_bucket_``: unscale + inf/NaN flag in one pass), in place of the
-finiteness dot product, so AMP adds no pass over the gradients. The flags are identical on
-every rank (the buckets are), so every rank skips the same steps. The scaler, not the reducer,
-then reports an inf/NaN (it is expected now and then: the scale was too high).
-
-Without a scaler, a NaN/inf after the reduction is reported once (warning) and then counted
-(``nonfinite_grad_steps``). Every rank sees the same reduced buckets, so all ranks take that
-slow path together, and it may run one small all-reduce: which ranks' forward outputs were
-already non-finite (the references kept by ``watch_output``; nothing is checked on the fast
-path), so the message can name the rank(s) where the NaN/inf started.
+With a GradScaler each bucket is unscaled right after its all-reduce (in place of the NaN/inf
+check); without one, a NaN/inf after the reduction is reported (grad_checks.py).
 """
 
 from __future__ import annotations
 
 import collections
-import enum
-import queue
-import threading
 import time
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 from minidist import comm, trace
 from minidist import xp as backend
 from minidist.amp import active_scaler
 from minidist.comm.errors import failure_advice, sentence
 from minidist.ddp.bucket import Bucket, BucketState
-from minidist.ddp.hooks import GradBucket, allreduce_hook
+from minidist.ddp.comm_thread import CommThread
+from minidist.ddp.grad_checks import (all_finite_fast, float_arrays, missing_gradients_error,
+                                      nonfinite_names, report_nonfinite, where_it_started)
+from minidist.ddp.hooks import GradBucket, allreduce_hook, wants_prescaled
+from minidist.ddp.states import StepState, SyncMode
 from minidist.log import get_logger, rank_prefix
 from minidist.tensor import GradDestination, queue_callback
 
@@ -85,69 +75,6 @@ log = get_logger(__name__)
 
 NONFINITE_POLICIES = ("warn", "raise", "ignore")
 _MAX_WATCHED_OUTPUTS = 64  # forward outputs kept between syncs (no_sync micro-batches)
-
-
-class StepState(enum.Enum):
-    """Where the Reducer is in a synced step (one explicit state, as BucketState for a bucket)::
-
-        IDLE --prepare_for_forward (sync)--> PREPARED --first gradient hook--> BACKWARD
-          ^   (queues the end-of-backward check)                                  |
-          '--- last bucket reduced (_finalize), or the check/an error ends it ----'
-
-    Under ``no_sync`` (and after forward under ``no_grad``) the Reducer stays IDLE: hooks do
-    nothing. The end-of-backward check raises if it finds the step not IDLE (a gradient never
-    came, so a bucket was never reduced).
-    """
-
-    IDLE = "idle"              # no synced step in progress
-    PREPARED = "prepared"      # forward prepared a synced step; no gradient has arrived yet
-    BACKWARD = "backward"      # gradients are arriving; the end-of-backward check is queued
-
-
-class _CommThread:
-    """One daemon thread that runs bucket reductions in the order they are submitted."""
-
-    def __init__(self, work: Callable[[Bucket], None], device: Any = None) -> None:
-        self._work = work
-        self._device = device  # CuPy's current device is per thread: use the buffers' one
-        self._queue: queue.Queue = queue.Queue()
-        self._cond = threading.Condition()
-        self._outstanding = 0
-        self.error: tuple[Bucket, BaseException] | None = None
-        self._thread = threading.Thread(target=self._run, name="minidist-ddp-comm", daemon=True)
-        self._thread.start()
-
-    def submit(self, bucket: Bucket) -> None:
-        with self._cond:
-            self._outstanding += 1
-        self._queue.put(bucket)
-
-    def _run(self) -> None:
-        if self._device is not None:  # pragma: no cover - needs a GPU
-            self._device.use()
-        while True:
-            bucket = self._queue.get()
-            if bucket is None:
-                return
-            try:
-                if self.error is None:  # after a failure the collectives are out of step: skip
-                    self._work(bucket)
-            except BaseException as e:  # kept for the main thread, which re-raises it
-                self.error = (bucket, e)
-            finally:
-                with self._cond:
-                    self._outstanding -= 1
-                    self._cond.notify_all()
-
-    def wait_all(self) -> None:
-        """Block until every submitted bucket is done (each collective has its own deadline)."""
-        with self._cond:
-            while self._outstanding:
-                self._cond.wait(timeout=1.0)
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5.0)
 
 
 class Reducer:
@@ -186,6 +113,7 @@ class Reducer:
         self.find_unused_parameters = find_unused_parameters
         self.nonfinite_grads = nonfinite_grads
         self.require_sync = True  # False inside no_sync()
+        self.mode = SyncMode.NO_SYNC  # this step's (prepare_for_forward decides)
         self.comm_hook: Callable[[Any, GradBucket], None] = allreduce_hook
         self.hook_state: Any = None
         self.num_syncs = 0  # completed synced backward passes (the "step" in messages)
@@ -212,7 +140,7 @@ class Reducer:
                          for i, p in enumerate(self.params)]
         device = self.buckets[0].buffer.device if self.buckets and \
             backend.is_device_array(self.buckets[0].buffer) else None
-        self._thread = _CommThread(self._reduce_bucket, device) if overlap else None
+        self._thread = CommThread(self._reduce_bucket, device) if overlap else None
         for b in self.buckets:
             b.attach_grads()
 
@@ -228,28 +156,40 @@ class Reducer:
             # None grads stay None: backward writes them into their reserved slots.
             if b.attach_grads(zero_missing=False):
                 log.debug("bucket %d: user-assigned grads copied into the bucket", b.index)
-        if not self.require_sync:
+        self.mode = self._step_mode()
+        if self.mode is SyncMode.NO_SYNC:
             self._reset_scales()  # no_sync: gradients accumulate as they are
             self.step_state = StepState.IDLE
             return
-        # The default hook's average is folded into the write into the bucket (backward writes
-        # grad / n into the slot, then an all-reduce SUM): no separate pass to divide it.
-        prescale = self.comm_hook is allreduce_hook and self.world_size > 1
+        # PRESCALED: the average is folded into the write into the bucket (backward writes
+        # grad / n into the slot, then the hook's all-reduce SUM): no separate pass to divide.
         scale = 1.0 / self.divisor
         self._check_in_hook = False  # decided at the first gradient (a GradScaler is known then)
         self._unused = []
         for b in self.buckets:
             b.reset()
             b.finite = True
-            b.prescaled = prescale and np.dtype(b.spec.dtype).kind == "f"
+            prescaled = self._prescaled(b)
             for p, i in zip(b.params, b.spec.param_indices):
                 # A slot that already holds a gradient (no_sync accumulation, zero_grad with
                 # set_to_none=False) is divided in place when ready; an empty one gets grad / n.
-                self._dests[i].scale = scale if b.prescaled and p.grad is None else 1.0
+                self._dests[i].scale = scale if prescaled and p.grad is None else 1.0
         self._next_launch = 0
         self.step_state = StepState.PREPARED
         self._comm_busy_s = 0.0
         self.stats = {"wait_s": 0.0, "comm_s": 0.0}
+
+    def _step_mode(self) -> SyncMode:
+        """This step's SyncMode (see its docstring)."""
+        if not self.require_sync:
+            return SyncMode.NO_SYNC
+        if wants_prescaled(self.comm_hook):
+            return SyncMode.PRESCALED if self.world_size > 1 else SyncMode.LOCAL
+        return SyncMode.RAW
+
+    def _prescaled(self, bucket: Bucket) -> bool:
+        """This step, ``bucket``'s gradients are written divided by n (PRESCALED, floats)."""
+        return self.mode is SyncMode.PRESCALED and bucket.is_float
 
     def mark_unused(self, unused: Sequence[int]) -> None:
         """Mark parameters that will get no gradient this step as ready (reduced as they are).
@@ -271,7 +211,7 @@ class Reducer:
         Only if a reduced gradient turns out non-finite are they checked, to tell which
         ranks' forward passes already produced NaN/inf (``_check_finite``).
         """
-        self._outputs.extend(_arrays(output))
+        self._outputs.extend(float_arrays(output))
 
     # ------------------------------------------------------------------ hooks
 
@@ -283,8 +223,8 @@ class Reducer:
                     queue_callback(self._end_of_backward)
                     # One rank with the default hook reduces nothing: check each gradient as
                     # soon as it is written (still in cache), not the buckets afterwards.
-                    self._check_in_hook = (self.world_size == 1 and active_scaler() is None
-                                           and self.comm_hook is allreduce_hook
+                    self._check_in_hook = (self.mode is SyncMode.LOCAL
+                                           and active_scaler() is None
                                            and self.nonfinite_grads != "ignore")
                     if self._check_in_hook:
                         for j in self._unused:  # marked ready before backward started
@@ -313,19 +253,8 @@ class Reducer:
                             self._thread.error[1])
                 self._thread.error = None
         self.step_state = StepState.IDLE
-        missing = [n for b in self.buckets for n in b.missing_names()]
-        unreduced = [b.index for b in self.buckets[self._next_launch:]]
-        why = ("They are in the autograd graph of the output but received no gradient"
-               if self.find_unused_parameters else
-               "These parameters were not used to compute the loss on this rank")
-        raise RuntimeError(
-            f"{rank_prefix()} DistributedDataParallel: backward of step {self.num_syncs} "
-            f"finished without a gradient for {len(missing)} parameter(s): {missing[:8]}"
-            f"{'...' if len(missing) > 8 else ''}, so bucket(s) {unreduced} were never "
-            f"all-reduced and this step's gradients are not averaged. {why}. Pass "
-            "find_unused_parameters=True to DistributedDataParallel (they are then reduced as "
-            "zeros), or remove them from the model; if you call backward more than once per "
-            "step, run all but the last inside no_sync().")
+        raise missing_gradients_error(self.buckets, self.buckets[self._next_launch:],
+                                      self.num_syncs, self.find_unused_parameters)
 
     def _reset_scales(self) -> None:
         """Gradient destinations back to scale 1 (outside a synced step nothing is averaged)."""
@@ -338,18 +267,19 @@ class Reducer:
             return
         p, view, dest = self.params[i], bucket.views[k], self._dests[i]
         g = p.grad
-        # The gradient must be in its bucket slot, divided by n when the default hook reduces
-        # with SUM (``prescaled``, like torch's div_factor). Usually backward wrote it there
-        # already, divided (the slot is its destination, with scale 1/n): nothing to do.
+        # The gradient must be in its bucket slot, divided by n in PRESCALED mode (the hook
+        # then sums, like torch's div_factor). Usually backward wrote it there already,
+        # divided (the slot is its destination, with scale 1/n): nothing to do.
+        prescaled = self._prescaled(bucket)
         if g is None:  # unused parameter (find_unused_parameters): reduced as zeros
             view[...] = 0
         elif g is not view:  # not in the slot (assigned after forward?): copy it in, one pass
-            if bucket.prescaled and dest.scale == 1.0:
+            if prescaled and dest.scale == 1.0:
                 backend.get_array_module(view).divide(g, view.dtype.type(self.divisor),
                                                       out=view)
             else:
                 view[...] = g
-        elif bucket.prescaled and dest.scale == 1.0:  # accumulated before this backward
+        elif prescaled and dest.scale == 1.0:  # accumulated before this backward
             view /= view.dtype.type(self.divisor)     # (no_sync, zero_grad(set_to_none=False))
         dest.scale = 1.0  # this step's gradient is complete: a later backward is not averaged
         p.grad = view
@@ -418,12 +348,10 @@ class Reducer:
         # The ledger names this bucket in every collective it runs (a diagnosis then says
         # "bucket=2" beside the call site).
         with comm.ledger_label(f"bucket={bucket.index}"):
-            if bucket.prescaled:  # grads were divided by n in _grad_ready: sum = average
-                self.all_reduce(bucket.buffer, "sum")
-            else:
-                grad_bucket = GradBucket(bucket, self.all_reduce, self.world_size,
-                                         is_last=bucket.index == len(self.buckets) - 1)
-                self.comm_hook(self.hook_state, grad_bucket)
+            grad_bucket = GradBucket(bucket, self.all_reduce, self.world_size,
+                                     is_last=bucket.index == len(self.buckets) - 1,
+                                     prescaled=self._prescaled(bucket))
+            self.comm_hook(self.hook_state, grad_bucket)  # default: hooks.allreduce_hook
         if bucket.scaler is not None and bucket.scaler.unscale_bucket_(
                 bucket.buffer, bucket.params, bucket.names):
             bucket.finite = True  # unscaled + checked in one pass; the scaler reports inf/NaN
@@ -439,43 +367,14 @@ class Reducer:
     def _check_finite(self) -> None:
         # Each bucket was checked right after its reduction (_reduce_bucket, one dot product);
         # only a bucket that may hold NaN/inf is searched for the parameters to name.
-        if self.nonfinite_grads == "ignore":
-            return
-        bad = []
-        for b in self.buckets:
-            if b.finite:
-                continue
-            xp = backend.get_array_module(b.buffer)
-            bad += [n for n, v in zip(b.names, b.views) if not bool(xp.isfinite(v).all())]
-        if not bad:
-            return
-        # Every rank is here (the reduced buckets are identical): one small collective is safe.
-        self.nonfinite_grad_steps += 1
-        msg = (f"{rank_prefix()} DistributedDataParallel: non-finite (NaN/inf) averaged gradient "
-               f"at step {self.num_syncs - 1} in {bad[:8]}{'...' if len(bad) > 8 else ''}; "
-               f"{self._where_it_started()}. Lower the learning rate, clip gradients, or check "
-               "the inputs of that step.")
-        if self.nonfinite_grads == "raise":
-            raise FloatingPointError(msg)
-        if self.nonfinite_grad_steps == 1:
-            log.warning("%s Warned once: later non-finite steps are only counted "
-                        "(DistributedDataParallel.nonfinite_grad_steps).", msg)
-        else:
-            log.debug("%s (non-finite step %d)", msg, self.nonfinite_grad_steps)
-
-    def _where_it_started(self) -> str:
-        """Which ranks' forward outputs were non-finite this step (one all-reduce of n flags)."""
-        flags = np.zeros(max(self.world_size, 1), dtype=np.float64)
-        finite = all(bool(backend.get_array_module(a).isfinite(a).all()) for a in self._outputs)
-        flags[self.rank] = 0.0 if finite else 1.0
-        if self.world_size > 1:
-            self.all_reduce(flags, "sum")
-        ranks = [r for r in range(len(flags)) if flags[r] > 0]
-        if ranks:
-            return (f"it started on rank(s) {ranks}, whose forward output was already "
-                    "non-finite (look at the input batch there, or the weights)")
-        return ("every rank's forward output was finite, so it arose in backward (a gradient "
-                "overflowed on some rank) or in the sum of the all-reduce")
+        bad = nonfinite_names(self.buckets) if self.nonfinite_grads != "ignore" else []
+        if bad:
+            # Every rank is here (the reduced buckets are identical): a small collective is safe.
+            self.nonfinite_grad_steps += 1
+            started = where_it_started(self._outputs, self.rank, self.world_size,
+                                       self.all_reduce)
+            report_nonfinite(bad, self.num_syncs - 1, started, self.nonfinite_grads,
+                             self.nonfinite_grad_steps)
 
     def close(self) -> None:
         """Remove the gradient hooks and destinations, and stop the comm thread."""
@@ -488,62 +387,3 @@ class Reducer:
         if self._thread is not None:
             self._thread.close()
             self._thread = None
-
-
-def all_finite_fast(buf: Any) -> bool:
-    """True if ``buf`` holds no NaN/inf; False means "maybe": search it exactly then.
-
-    One BLAS dot product ``buf . buf`` (a single vectorized read of the buffer, ~4x faster than
-    ``buf.sum()`` here and no boolean temporary like ``isfinite(buf).all()``): a NaN or inf
-    element makes it NaN/inf, and the squares are >= 0, so nothing cancels. It can also overflow
-    for finite values above ~1e19 (float32): a false "maybe", which the exact search clears.
-    """
-    if buf.dtype.kind != "f":
-        return True
-    xp = backend.get_array_module(buf)
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow = "maybe", not a warning
-        s = xp.dot(buf, buf) if buf.dtype.itemsize >= 4 else buf.sum(dtype=xp.float32)
-    return bool(xp.isfinite(s))
-
-
-def _arrays(output: Any) -> list[Any]:
-    """The float arrays of the Tensors in a forward output (a Tensor, or nested list/dict)."""
-    if isinstance(output, (list, tuple)):
-        return [a for o in output for a in _arrays(o)]
-    if isinstance(output, dict):
-        return [a for o in output.values() for a in _arrays(o)]
-    data = getattr(output, "data", None)
-    return [data] if hasattr(data, "dtype") and data.dtype.kind == "f" else []
-
-
-def unused_param_indices(outputs: Any, params: Sequence[Any],
-                         parents: Callable[[Any], Sequence[Any]]) -> list[int]:
-    """Indices of ``params`` the autograd graph of ``outputs`` does not reach.
-
-    Args:
-        outputs: a Tensor, or a (nested) tuple/list/dict of them, as returned by forward.
-        params: the parameters, in registration order.
-        parents: returns the input tensors a tensor was computed from.
-    """
-    stack: list[Any] = []
-
-    def collect(o: Any) -> None:
-        if isinstance(o, (list, tuple)):
-            for x in o:
-                collect(x)
-        elif isinstance(o, dict):
-            for x in o.values():
-                collect(x)
-        elif hasattr(o, "data") and hasattr(o, "grad"):
-            stack.append(o)
-
-    collect(outputs)
-    seen: set[int] = set()
-    while stack:
-        t = stack.pop()
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        stack.extend(parents(t))
-    return [i for i, p in enumerate(params) if id(p) not in seen]
-

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy
 
-from minidist.tensor.autograd import GradDestination, RemovableHandle, queue_callback
+from minidist.tensor.autograd import RemovableHandle, queue_callback
+from minidist.tensor.grad_destination import GradDestination
 from minidist.tensor.attention import scaled_dot_product_attention
 from minidist.tensor.clip_grad import clip_grad_norm_, clip_grad_value_
 from minidist.tensor.conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d

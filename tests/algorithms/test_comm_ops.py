@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from minidist.comm.algorithms import resolve, select
+from minidist.comm.algorithms import select
+from minidist.comm.planner import check_algorithm
 from minidist.comm.ops import ReduceOp, check_dtype, combine, finalize, parse_op
 from minidist.comm.transports.local import LocalTransport
 
@@ -55,4 +56,4 @@ def test_auto_rule_is_data(tmp_path):
 
 def test_resolve_unknown_algorithm():
     with pytest.raises(ValueError, match="unknown algorithm 'bogus'"):
-        resolve("bogus", LocalTransport(), np.zeros(1))
+        check_algorithm("bogus")

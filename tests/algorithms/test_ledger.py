@@ -12,8 +12,8 @@ import pytest
 import minidist as md
 from minidist.comm import (CollectiveMismatch, CommError, ProcessGroup, ledger_label,
                            new_group_from_transport)
-from minidist.comm.diagnose import diagnose
-from minidist.comm.ledger import Ledger, fingerprint
+from minidist.comm.diagnosis.diagnose import diagnose
+from minidist.comm.diagnosis.ledger import Ledger, fingerprint
 from minidist.comm.ops import ReduceOp
 from minidist.comm.transports.base import has_fingerprint, stream_of, wire_tag
 from minidist.comm.transports.local import LocalTransport
@@ -243,7 +243,7 @@ def test_a_timeout_with_nothing_different_says_so():
             import time
 
             from minidist.comm.transports.base import SIDE_FAIL
-            while g.transport.side_pending(SIDE_FAIL) is None:  # rank 0 has given up
+            while g.transport.side_channel.pending(SIDE_FAIL) is None:  # rank 0 has given up
                 time.sleep(0.01)
             g.all_reduce(np.ones(4, np.float32), algorithm="tree")
 

@@ -1,8 +1,8 @@
 """Every transport declares the capabilities callers use; nobody probes transports instead.
 
-The Transport base class (minidist/comm/transports/base.py) declares ``timeout_s``,
-``abort``/``abort_ends_job``, ``has_native_all_reduce``/``native_all_reduce``,
-``shared_memory_comm``, ``side_comm`` and ``guard_node`` with defaults that mean "not
+The Transport base class (minidist/comm/transports/base.py) is the point-to-point interface
+(at most 12 public methods); it declares ``timeout_s``, ``abort``/``abort_ends_job``, ``mpi``
+(MPI's communicators, for MPI-only code) and ``side_channel`` with defaults that mean "not
 supported". These tests walk every Transport subclass in the package and check that each one
 keeps the contract, and that no module reads a transport through getattr/hasattr.
 """
@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import minidist
-from minidist.comm.transports.base import Transport
+from minidist.comm.transports.base import NO_SIDE_CHANNEL, SideChannel, Transport
 from minidist.comm.transports.local import LocalTransport
 from minidist.comm.transports.tcp import TCPTransport
 from minidist.comm.transports.threads import ThreadWorld
@@ -45,26 +45,44 @@ def test_every_transport_class_keeps_the_declared_interface():
     assert {"LocalTransport", "ThreadTransport", "TCPTransport", "MPITransport"} <= names, names
     for cls in classes:
         assert isinstance(cls.abort_ends_job, bool), cls
-        assert isinstance(cls.has_native_all_reduce, bool), cls
         # A declared capability comes with its implementation, and an implementation with
         # its declaration (one without the other is a probe waiting to happen).
-        assert cls.has_native_all_reduce == _overrides(cls, "native_all_reduce"), cls
         assert cls.abort_ends_job == _overrides(cls, "abort"), cls
-        for method in ("shared_memory_comm", "side_comm", "abort", "close", "isend", "irecv"):
+        for method in ("abort", "close", "isend", "irecv"):
             assert callable(getattr(cls, method)), (cls, method)
+
+
+POINT_TO_POINT = {"isend", "irecv", "send", "recv", "sendrecv", "alloc_buffer", "split",
+                  "abort", "close", "traffic", "reset_traffic", "cuda_aware"}
+
+
+def _public_methods(cls: type) -> set[str]:
+    return {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))
+            or isinstance(getattr(cls, n, None), property)}
+
+
+def test_transport_is_the_point_to_point_interface():
+    """Side channels, MPI's own paths and capability flags live on objects of their own
+    (``side_channel``, ``mpi``), not as more methods of every transport."""
+    assert _public_methods(Transport) <= POINT_TO_POINT and len(POINT_TO_POINT) <= 12
+    for cls in _all_transport_classes():
+        extra = _public_methods(cls) - _public_methods(Transport)
+        assert not extra, f"{cls.__name__} adds public methods {sorted(extra)}"
+    assert isinstance(Transport.side_channel, SideChannel)
 
 
 def _check_instance(t: Transport, timeout_s: float) -> None:
     assert t.timeout_s == timeout_s, (type(t), t.timeout_s)
-    assert t.shared_memory_comm() is None and t.side_comm() is None
-    assert t.guard_node is None
-    assert not t.abort_ends_job and not t.has_native_all_reduce
-    try:
-        t.native_all_reduce(None, None)
-    except NotImplementedError as e:
-        assert "has_native_all_reduce" in str(e)
-    else:
-        raise AssertionError(f"{type(t).__name__}.native_all_reduce did not raise")
+    assert t.mpi is None
+    assert not t.abort_ends_job
+    assert isinstance(t.side_channel, SideChannel)
+    if t.size == 1 and t.side_channel is NO_SIDE_CHANNEL:
+        try:
+            t.side_channel.send(0, 1, b"")
+        except NotImplementedError as e:
+            assert "no side channel" in str(e)
+        else:
+            raise AssertionError(f"{type(t).__name__}.side_channel.send did not raise")
 
 
 def test_instances_without_mpi_have_the_defaults():

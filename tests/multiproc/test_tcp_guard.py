@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from minidist.comm.transports import tcp
+from minidist.comm.transports import tcp_rendezvous as tcp
 from procs import REPO, free_port, job_env, run_env_ranks
 
 BODY = REPO / "tests" / "multiproc" / "tcp_body.py"

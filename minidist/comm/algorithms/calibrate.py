@@ -213,10 +213,9 @@ def agreed(group: Any) -> Calibration | None:
         return None
     mine = load(transport, n, warn=group.rank == 0)
     d = mine.digest if mine is not None else 0
-    comm = group.transport.mpi_comm()
-    if comm is not None:  # MPI: compare, no transport message
-        lo, hi = -comm.allreduce(-d, op=group.transport.MPI.MAX), comm.allreduce(
-            d, op=group.transport.MPI.MAX)
+    mpi = group.transport.mpi
+    if mpi is not None:  # MPI: compare, no transport message
+        lo, hi = -mpi.comm.allreduce(-d, op=mpi.MPI.MAX), mpi.comm.allreduce(d, op=mpi.MPI.MAX)
     else:  # one host (threads), or TCP: each host reads its own file (see the module doc)
         lo = hi = d
     if lo != hi and group.rank == 0:
@@ -328,7 +327,7 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
     while s <= max_bytes:
         sizes.append(s)
         s *= 4
-    native, has_shm = group._native, group._shm is not None
+    native, has_shm = group.planner.native, group.planner.shm is not None
     names = [c for c in select.CANDIDATES if (c != "mpi" or native) and (c != "shm" or has_shm)]
     count = max_bytes // 4
     kinds = {"plain": np.zeros(count, np.float32)}

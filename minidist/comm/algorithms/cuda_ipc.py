@@ -38,7 +38,7 @@ import numpy as np
 
 from minidist import xp as backend
 from minidist.comm.algorithms.ring import ring_all_gather
-from minidist.comm.algorithms.shm import _bounds
+from minidist.comm.algorithms.shm import line_aligned_bounds
 from minidist.comm.errors import CollectiveMismatch
 from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.topology import detect_topology
@@ -183,7 +183,7 @@ def run_cuda_ipc(windows: Windows, transport: Transport, flat: Any, op: ReduceOp
     n, me = transport.size, transport.rank
     inner = ReduceOp.SUM if op is ReduceOp.AVG else op
     slots = windows.slots(windows.half, flat.dtype, flat.size)
-    b = _bounds(flat.size, n, flat.itemsize)
+    b = line_aligned_bounds(flat.size, n, flat.itemsize)
     windows.copy(slots[me], flat)  # (1)
     windows.sync()
     _check_headers(transport, _barrier(transport, _header(flat, op, tag, True), tag))  # (2)

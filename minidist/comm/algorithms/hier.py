@@ -113,13 +113,14 @@ _NODE: "weakref.WeakKeyDictionary[Transport, Any]" = weakref.WeakKeyDictionary()
 def node_transport(transport: Transport, topo: Topology) -> Transport | None:
     """The transport of my node's ranks when it has a shared window, else None.
 
-    Made on first use (collective over ``transport``: ``split_by_color`` by node, then the node's
-    shared-memory set-up), cached afterwards. None where the transport has no sub-communicators
-    (TCP, threads) or my node has one rank.
+    Made on first use (collective over ``transport``: MPI's ``split_by_color`` by node, then
+    the node's shared-memory set-up), cached afterwards. None where the transport has no
+    sub-communicators (TCP, threads) or my node has one rank.
     """
     node = _NODE.get(transport, False)
     if node is False:
-        sub = transport.split_by_color(topo.node_rank, topo.local_rank)
+        sub = (transport.mpi.split_by_color(topo.node_rank, topo.local_rank)
+               if transport.mpi is not None else None)
         node = sub if sub is not None and shm_available(sub) else None
         if node is not None:  # its waits watch the group's failure notices too
             parent = weakref.ref(transport)

@@ -2,31 +2,173 @@
 
     mpi_all_reduce(transport, buf, ReduceOp.SUM)   # = MPI_Iallreduce(MPI_IN_PLACE, buf, ...)
 
-It only exists on the MPI transport (``transport.native_all_reduce``); elsewhere it raises a
-ValueError before anything is sent. MPI picks its own algorithm inside (MPICH: recursive
-doubling for small messages, Rabenseifner or ring for large ones). The call is non-blocking
-and waited with the transport's deadline; ``tag`` carries the call's fingerprint, which the
-transport checks across ranks beside the reduction (MPI collectives have no tags).
+    native = native_all_reduce(transport)          # the process group's overlap:
+    req = native.post(buf, ReduceOp.SUM, tag)      #   post, write the ledger row while the
+    native.wait(req, buf, ReduceOp.SUM, tag)       #   data is in flight, then wait
+
+It only exists on the MPI transport (``transport.mpi`` is its ``MPIHandles``); elsewhere
+``mpi_all_reduce`` raises a ValueError before anything is sent. MPI picks its own algorithm
+inside (MPICH: recursive doubling for small messages, Rabenseifner or ring for large ones). The
+call is non-blocking and waited with the transport's deadline.
+
+MPI's Allreduce cannot carry a tag, so the fingerprint of the call (``tag`` from the process
+group; ``has_fingerprint``) is guarded beside it: on one node each rank writes ``(call number,
+fingerprint)`` into its line of the shared control window before posting and compares the
+peers' lines after (or while) waiting (``ShmNode.guard_post`` / ``guard_agrees``); across
+nodes a 2-word ``Iallreduce(MAX)`` of ``[fp, -fp]`` runs alongside the data. A difference is
+``CollectiveMismatch`` on every rank, never a silently wrong sum (MPICH itself sums mismatched
+dtypes and even counts silently).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
-from minidist.comm.ops import ReduceOp
-from minidist.comm.transports.base import Transport
+import numpy as np
+
+from minidist.comm.errors import CollectiveMismatch, CommError, CommTimeout
+from minidist.comm.ops import ReduceOp, finalize
+from minidist.comm.transports.base import Transport, has_fingerprint, wait_until
+
+_MPI_OPS = {ReduceOp.SUM: "SUM", ReduceOp.AVG: "SUM", ReduceOp.MAX: "MAX", ReduceOp.MIN: "MIN",
+            ReduceOp.PROD: "PROD"}
 
 
 def supports_native(transport: Transport) -> bool:
     """True when the transport can run MPI's own Allreduce."""
-    return transport.has_native_all_reduce
+    return transport.mpi is not None
+
+
+class NativeAllReduce:
+    """MPI's Allreduce on one MPI transport, with the fingerprint guard and a deadline."""
+
+    def __init__(self, transport: Transport) -> None:
+        mpi = transport.mpi
+        assert mpi is not None, f"{transport.name} transport has no MPI"
+        self.transport, self.mpi, self.MPI = transport, mpi, mpi.MPI
+        self.where = f"[rank {transport.rank}/{transport.size}]"
+        self.in_place = self.MPI.IN_PLACE
+        self.spin_tests = mpi.spin_tests  # Test() calls before the deadline-bounded wait
+        self.guard = np.zeros(2, np.int64)  # across nodes: [fp, -fp] reduced with MAX
+        self.ops = [None] + [getattr(self.MPI, _MPI_OPS[op]) for op in ReduceOp]  # by op.code
+        # The guard of the call in flight (post -> wait): its call number in the shared guard
+        # lines (0: none), the [fp, -fp] request across nodes, the copy back of a staged view.
+        self.k: int = 0
+        self.guard_req: Any = None
+        self.after: Any = None
+
+    def post(self, buf: Any, op: ReduceOp, tag: int = 0) -> Any:
+        """Publish the fingerprint guard and post the ``Iallreduce``; return its request, or
+        None when it completed at once.
+
+        One call is in flight per transport: ``wait`` for it before the next ``post`` (MPI
+        issues the collectives of a communicator in program order, so they never overlap).
+        """
+        view, self.after = ((buf, None) if type(buf) is np.ndarray
+                            else self.mpi.host_view(buf, True))
+        self.k, self.guard_req = 0, None
+        if has_fingerprint(tag):
+            node = self.mpi.guard_node
+            if node is not None:
+                self.k = node.guard_post(tag)  # my guard line in the shared window (shm_window)
+            else:
+                self.guard[0], self.guard[1] = tag, -tag
+                self.guard_req = self.mpi.comm.Iallreduce(self.in_place, self.guard,
+                                                          op=self.MPI.MAX)
+        req = self.mpi.comm.Iallreduce(self.in_place, view, op=self.ops[op.code])
+        # MPICH advances a non-blocking collective only inside MPI calls (no progress thread):
+        # one Test() now sends this rank's data, so the caller's work until wait() overlaps
+        # the transfer instead of delaying it.
+        return None if req.Test() else req
+
+    def wait(self, req: Any, buf: Any, op: ReduceOp, tag: int = 0,
+             timeout_s: float | None = None) -> None:
+        """Finish the ``post`` of ``buf`` that returned ``req`` (None: already complete): wait
+        with the deadline, check the guard, finalize AVG."""
+        k, guard_req = self.k, self.guard_req
+        try:
+            if req is not None:
+                for _ in range(self.spin_tests):
+                    if req.Test():
+                        break
+                else:
+                    self._wait(req, buf.nbytes, timeout_s, k, tag)
+            if guard_req is not None:
+                self._wait(guard_req, 16, timeout_s, 0, tag)
+        except self.MPI.Exception as e:
+            self._check_guard(k, tag, complete=True)
+            raise CommError(f"{self.where} all_reduce(algorithm=\"mpi\", {buf.nbytes} bytes): "
+                            f"MPI error {e}. Every rank must pass the same shape and dtype.") from e
+        if k:
+            if not self.mpi.guard_node.guard_agrees(k, tag):
+                self._check_guard(k, tag, complete=True)
+        elif guard_req is not None and (self.guard[0] != tag or self.guard[1] != -tag):
+            raise CollectiveMismatch(
+                f"{self.where} all_reduce(algorithm=\"mpi\"): another rank called a different "
+                "collective here (its call fingerprint differs).")
+        if self.after is not None:
+            self.after()
+        if op is ReduceOp.AVG:
+            finalize(buf, op, self.transport.size)
+
+    def all_reduce(self, buf: Any, op: ReduceOp, tag: int = 0,
+                   timeout_s: float | None = None) -> None:
+        """``wait(post(buf, op, tag), buf, op, tag, timeout_s)``."""
+        self.wait(self.post(buf, op, tag), buf, op, tag, timeout_s)
+
+    def _wait(self, req: Any, nbytes: int, timeout_s: float | None, k: int, tag: int) -> None:
+        t = self.transport
+        timeout_s = t.timeout_s if timeout_s is None else timeout_s
+
+        def timed_out() -> CommTimeout:
+            return CommTimeout(
+                f"{self.where} all_reduce(algorithm=\"mpi\", {nbytes} bytes): not complete "
+                f"after {timeout_s:.1f} s. Some rank did not join this MPI Allreduce; check "
+                "every rank calls the same collectives in the same order (raise "
+                "MINIDIST_TIMEOUT_S for slow steps).")
+
+        hook = t.poll_hook
+
+        def poll() -> Exception | None:
+            if k:  # a peer that posted this call number with another fingerprint: fail now
+                try:
+                    self._check_guard(k, tag, complete=False)
+                except CollectiveMismatch as e:
+                    return e
+            return None if hook is None else hook(None, tag)
+        wait_until(req.Test, timeout_s, timed_out, poll)
+
+    def _check_guard(self, k: int, tag: int, complete: bool) -> None:
+        if not k:
+            return
+        bad = self.mpi.guard_node.guard_mismatch(k, tag, complete)
+        if bad:
+            raise CollectiveMismatch(
+                f"{self.where} all_reduce(algorithm=\"mpi\"): rank"
+                f"{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} called a different "
+                "collective as this MPI call (its call fingerprint differs).")
+
+
+_NATIVE: "weakref.WeakKeyDictionary[Transport, NativeAllReduce]" = weakref.WeakKeyDictionary()
+
+
+def native_all_reduce(transport: Transport) -> NativeAllReduce:
+    """The transport's NativeAllReduce (made on first use). Raises ValueError without MPI."""
+    native = _NATIVE.get(transport)
+    if native is None:
+        if not supports_native(transport):
+            raise ValueError(
+                f"[rank {transport.rank}/{transport.size}] all_reduce(algorithm=\"mpi\"): the "
+                f"{transport.name!r} transport has no MPI Allreduce. Use algorithm='ring', "
+                "'tree', 'rd', 'direct' or 'auto', or run with backend='mpi' under mpiexec.")
+        native = _NATIVE[transport] = NativeAllReduce(transport)
+    return native
 
 
 def mpi_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -> None:
     """All-reduce ``buf`` in place with MPI's Iallreduce; ``tag``'s fingerprint is guarded."""
-    if not supports_native(transport):
-        raise ValueError(
-            f"[rank {transport.rank}/{transport.size}] all_reduce(algorithm=\"mpi\"): the "
-            f"{transport.name!r} transport has no MPI Allreduce. Use algorithm='ring', 'tree', "
-            "'rd', 'direct' or 'auto', or run with backend='mpi' under mpiexec.")
-    transport.native_all_reduce(buf, op, tag)
+    native_all_reduce(transport).all_reduce(buf, op, tag)
+
+
+__all__ = ["mpi_all_reduce", "native_all_reduce", "supports_native", "NativeAllReduce"]

@@ -72,7 +72,7 @@ _DTYPES = ["float16", "float32", "float64", "int32", "int64", "int8", "uint8", "
 _DTYPE_CODES: dict = {}
 
 
-def _bounds(numel: int, n: int, itemsize: int) -> list[int]:
+def line_aligned_bounds(numel: int, n: int, itemsize: int) -> list[int]:
     """Slice starts per rank (+ end), cut at 64-byte multiples so writers don't share lines."""
     align = max(1, 64 // itemsize)
     per = -(-numel // n)
@@ -110,6 +110,11 @@ def _owners(node: ShmNode) -> frozenset:
         ids = frozenset(id(w.slots[node.rank].base) for w in wins)
         cached = node.extra["owners"] = (list(wins), ids)  # holds the windows: ids stay unique
     return cached[1]
+
+
+def shm_owns(node: ShmNode, flat: Any) -> bool:
+    """True when ``flat`` (a NumPy array) views one of this rank's shared windows."""
+    return bool(node.user_windows) and id(flat.base) in _owners(node)
 
 
 def _where(node: ShmNode, flat: np.ndarray) -> tuple[int, int]:
@@ -224,7 +229,7 @@ def _copy_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool) 
     step = max(CHUNK_BYTES // flat.itemsize, 1)
     for c0 in range(0, flat.size, step):
         part = flat[c0:c0 + step]
-        b = _bounds(part.size, n, flat.itemsize)
+        b = line_aligned_bounds(part.size, n, flat.itemsize)
         lo, hi = b[me], b[me + 1]
         sc = _scratch(node, part.nbytes)  # grows at c0 == 0 only: later chunks are smaller
         slots = sc.slots(node.half, flat.dtype, part.size)
@@ -259,7 +264,7 @@ def _in_place_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, where: tuple) 
     """All buffers are shared at the same offset: reduce my slice from them and push it into
     every buffer (no copy-in, no copy-out), then wait until peers pushed theirs into mine."""
     win, n, me = node.user_windows[where[0]], node.size, node.rank
-    b = _bounds(flat.size, n, flat.itemsize)
+    b = line_aligned_bounds(flat.size, n, flat.itemsize)
     lo, hi = b[me], b[me + 1]
     if hi > lo:
         bufs = [s[where[1] + lo * flat.itemsize: where[1] + hi * flat.itemsize].view(flat.dtype)
@@ -316,7 +321,7 @@ def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
         if small:
             slot[...] = first
         else:
-            b = _bounds(first.size, n, flat.itemsize)
+            b = line_aligned_bounds(first.size, n, flat.itemsize)
             _copy_in(slot, first, b[node.rank], b[node.rank + 1])
     node.calls += 1
     node.headers[node.rank][node.calls & 1, :7] = (
@@ -356,14 +361,14 @@ def shm_available(transport: Transport, buf: Any = None) -> bool:
     (if given) a NumPy ``buf``.
 
     The first call per transport is collective (it splits the communicator by node), so call it
-    on every rank alike, as ``resolve("auto", ...)`` does; later calls are a dictionary lookup.
+    on every rank alike, as ``ProcessGroup`` construction does; later calls are a dictionary lookup.
     """
     if buf is not None and not isinstance(buf, np.ndarray):
         return False
     ok = _AVAILABLE.get(transport)
     if ok is None:
         ok = False
-        if (transport.size >= 2 and transport.shared_memory_comm() is not None
+        if (transport.size >= 2 and transport.mpi is not None
                 and detect_topology(transport).is_single_node()):
             try:
                 shm_node(transport)
@@ -377,12 +382,12 @@ def shm_available(transport: Transport, buf: Any = None) -> bool:
 def shm_is_shared(transport: Transport, buf: Any) -> bool:
     """True when ``buf`` lies in one of this rank's shared windows (shm_alloc_buffer)."""
     node = shm_node(transport)
-    return (isinstance(buf, np.ndarray) and bool(node.user_windows)
-            and id(buf.base) in _owners(node))
+    return isinstance(buf, np.ndarray) and shm_owns(node, buf)
 
 
 _AVAILABLE: "weakref.WeakKeyDictionary[Transport, bool]" = weakref.WeakKeyDictionary()
 
 
 __all__ = ["shm_all_reduce", "shm_all_gather", "shm_alloc_buffer", "shm_close", "shm_available", "shm_is_shared",
+           "shm_owns", "line_aligned_bounds",
            "CHUNK_BYTES"]

@@ -26,11 +26,12 @@ Side channel (used only when a collective fails, and at ``destroy_process_group`
 messages of a few kinds (``SIDE_FAIL``, ``SIDE_BYE``, ``SIDE_DONE``) that travel apart from the
 data messages, so they get through while a collective is stuck::
 
-    t.side_send(dst, SIDE_FAIL, payload)     # never blocks; a lost peer is ignored
-    t.side_try_recv(src, SIDE_FAIL)          # bytes, or None when nothing arrived yet
-    t.side_pending(SIDE_FAIL)                # a peer with such a message unread, or None
-    t.peer_lost(src)                         # why ``src`` is unreachable, or None
-    t.stray_tag(src, tag)                    # a message from src on tag's stream, other tag
+    side = t.side_channel                    # a SideChannel (one rank: NO_SIDE_CHANNEL)
+    side.send(dst, SIDE_FAIL, payload)       # never blocks; a lost peer is ignored
+    side.try_recv(src, SIDE_FAIL)            # bytes, or None when nothing arrived yet
+    side.pending(SIDE_FAIL)                  # a peer with such a message unread, or None
+    side.peer_lost(src)                      # why ``src`` is unreachable, or None
+    side.stray_tag(src, tag)                 # a message from src on tag's stream, other tag
 
 Capabilities: every transport has these attributes and methods (the defaults below suit a
 transport without the feature), so callers use them directly instead of probing::
@@ -38,14 +39,10 @@ transport without the feature), so callers use them directly instead of probing:
     t.timeout_s                  deadline of every blocking wait (seconds)
     t.abort(code)                end this rank's part of the job now (default: ``close()``)
     t.abort_ends_job             True when ``abort`` takes every rank down at once (MPI Abort)
-    t.has_native_all_reduce      True when ``t.native_all_reduce(buf, op, tag)`` exists (MPI)
-    t.mpi_comm()                 the MPI communicator the transport sends on (MPI), else None
-    t.shared_memory_comm()       an MPI communicator for shared windows (MPI), else None
-    t.side_comm()                the MPI communicator of the side channel (MPI), else None
-    t.guard_node                 the shared-memory node that guards native collectives, or None
+    t.mpi                        MPI transports: its communicators (``MPIHandles``), else None
+    t.cuda_aware()               True when device (CuPy) buffers may be passed as they are
     t.thread_safe                True when several threads may call it at once (async work)
     t.split(members, timeout_s)  a transport over some ranks (sub-groups; see ``split``)
-    t.split_by_color(color, key) MPI_Comm_split's form, where the transport has it, else None
 
 Byte counters: every transport counts the payload bytes it sends, split by where the peer
 lives (``set_peer_nodes``: the node of every rank, from ``minidist.comm.topology``)::
@@ -146,6 +143,30 @@ def wait_until(test: Callable[[], bool], timeout_s: float, timed_out: Callable[[
         os.sched_yield()  # releases the GIL and the core (time.sleep(0) costs ~55 us here)
 
 
+def set_peer_nodes(transport: Transport, nodes: list[int]) -> None:
+    """Tell ``transport``'s byte counters the node of every rank (``nodes[r]``); counts restart
+    at 0 (topology.py calls it once the nodes are known)."""
+    me = nodes[transport.rank]
+    transport._other_node = [int(n != me) for n in nodes]
+    transport._sent = [0, 0]
+
+
+def poller(transport: Transport, src: int | None, tag: int) -> Callable[[], Any] | None:
+    """The ``poll`` argument of ``wait_until`` for a wait of ``transport`` on ``(src, tag)``."""
+    hook = transport.poll_hook
+    return None if hook is None else (lambda: hook(src, tag))
+
+
+def host_machine_key() -> int:
+    """An integer equal on ranks that share one machine (a hash of the host name); MPI asks
+    MPI instead (``MPIHandles.machine_key``: its shared-memory split)."""
+    import hashlib
+    import socket
+
+    digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=7).digest()
+    return int.from_bytes(digest, "little")
+
+
 class Request(abc.ABC):
     """Handle of a non-blocking send or receive."""
 
@@ -156,6 +177,36 @@ class Request(abc.ABC):
     @abc.abstractmethod
     def test(self) -> bool:
         """True once the operation has completed (never blocks)."""
+
+
+class SideChannel:
+    """Small byte messages beside the data messages (failure notices, farewells); see the
+    module docstring. This base is the "no side channel" of a one-rank transport: nothing ever
+    arrives; each transport with peers has its own (``transport.side_channel``)."""
+
+    def send(self, dst: int, kind: int, payload: bytes) -> None:
+        """Queue ``payload`` for rank ``dst``; never blocks, never raises for a lost peer."""
+        raise NotImplementedError("this transport has no side channel (one rank, no peers)")
+
+    def try_recv(self, src: int, kind: int) -> bytes | None:
+        """The next side message of ``kind`` from ``src``, or None if none arrived yet."""
+        return None
+
+    def pending(self, kind: int) -> int | None:
+        """A peer whose side message of ``kind`` waits unread, or None (cheap; polled)."""
+        return None
+
+    def stray_tag(self, src: int, tag: int) -> int | None:
+        """The tag of a data message from ``src`` waiting unmatched on ``tag``'s stream with
+        another tag (another call's fingerprint), or None."""
+        return None
+
+    def peer_lost(self, src: int) -> str | None:
+        """Why rank ``src`` can no longer be reached (connection closed), or None."""
+        return None
+
+
+NO_SIDE_CHANNEL = SideChannel()
 
 
 class Transport(abc.ABC):
@@ -170,47 +221,21 @@ class Transport(abc.ABC):
     poll_hook: PollHook | None = None  # installed by the process group (see "Polling")
     timeout_s: float = DEFAULT_TIMEOUT_S  # deadline of every blocking wait (set per instance)
     abort_ends_job: bool = False  # abort() ends every rank (MPI), not only this one
-    has_native_all_reduce: bool = False  # native_all_reduce runs the library's own all-reduce
+    # MPI transports: their MPIHandles (communicators, the mpi4py module) for MPI-only code
+    # (MPI's own Allreduce, shared-memory windows); None elsewhere.
+    mpi: Any = None
+    side_channel: SideChannel = NO_SIDE_CHANNEL  # each transport with peers sets its own
     # Calls from several threads at once are safe (async collectives run on a worker thread;
     # MPI: only with MPI_THREAD_MULTIPLE).
     thread_safe: bool = True
     subgroups_made: int = 0  # how many ``split`` calls this rank made (numbers the groups)
-    guard_node: Any = None  # shm_window's node that guards native collectives (MPI, one node)
 
     # Class defaults: a transport needs no constructor call for these.
     one_process: bool = False  # every rank lives in this process (threads, local): one node
     _other_node: list | None = None  # per rank: 1 if it lives on another node, else 0
     _sent: list | None = None  # payload bytes sent: [to my node, to other nodes]
 
-    @property
-    def world_rank(self) -> int:
-        """This rank in the whole job (MPI: in ``COMM_WORLD``; a sub-communicator differs)."""
-        return self.rank
-
-    def machine_key(self) -> int:
-        """An integer equal on ranks that share one machine's memory, different across machines.
-
-        The default hashes the host name; the MPI transport asks MPI (its shared-memory split).
-        Collective where the transport's answer is (MPI): call it on every rank alike.
-        """
-        import hashlib
-        import socket
-
-        digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=7).digest()
-        return int.from_bytes(digest, "little")
-
-    def split_by_color(self, color: int, key: int) -> "Transport | None":
-        """A transport over the ranks that pass the same ``color`` (ranked by ``key``), or None
-        where this transport has no sub-communicators (the default). Collective: every rank."""
-        return None
-
-    def set_peer_nodes(self, nodes: list[int]) -> None:
-        """Tell the byte counters the node of every rank (``nodes[r]``); counts restart at 0."""
-        me = nodes[self.rank]
-        self._other_node = [int(n != me) for n in nodes]
-        self._sent = [0, 0]
-
-    def count_sent(self, dst: int, nbytes: int) -> None:
+    def _count_sent(self, dst: int, nbytes: int) -> None:
         """Add ``nbytes`` sent to ``dst`` to the byte counters (every send path calls this)."""
         sent, other = self._sent, self._other_node
         if sent is None:
@@ -230,11 +255,6 @@ class Transport(abc.ABC):
     def reset_traffic(self) -> None:
         """Zero the byte counters."""
         self._sent = [0, 0]
-
-    def poller(self, src: int | None, tag: int) -> Callable[[], Any] | None:
-        """The ``poll`` argument of ``wait_until`` for a wait on ``(src, tag)``."""
-        hook = self.poll_hook
-        return None if hook is None else (lambda: hook(src, tag))
 
     @abc.abstractmethod
     def isend(self, buf: Any, dst: int, tag: int = 0) -> Request:
@@ -268,74 +288,10 @@ class Transport(abc.ABC):
         """
         return xp.empty(int(numel), dtype=dtype)
 
-    # -- side channel (see the module docstring); a one-rank transport has no peers ---------
-    def side_send(self, dst: int, kind: int, payload: bytes) -> None:
-        """Queue ``payload`` for rank ``dst`` on the side channel; never blocks, never raises
-        for a lost peer."""
-        raise NotImplementedError(f"the {self.name!r} transport has no side channel")
-
-    def side_try_recv(self, src: int, kind: int) -> bytes | None:
-        """The next side message of ``kind`` from ``src``, or None if none arrived yet."""
-        return None
-
-    def side_pending(self, kind: int) -> int | None:
-        """A peer whose side message of ``kind`` waits unread, or None (cheap; polled)."""
-        return None
-
-    def stray_tag(self, src: int, tag: int) -> int | None:
-        """The tag of a message from ``src`` waiting unmatched on ``tag``'s stream with another
-        tag (another call's fingerprint), or None."""
-        return None
-
-    def peer_lost(self, src: int) -> str | None:
-        """Why rank ``src`` can no longer be reached (connection closed), or None."""
-        return None
-
-    # -- capabilities (see the module docstring); the defaults describe "not supported" ------
-    def native_all_reduce(self, buf: Any, op: Any, tag: int = 0,
-                          timeout_s: float | None = None) -> None:
-        """All-reduce ``buf`` in place with the library's own collective (``has_native_all_reduce``).
-
-        Raises:
-            NotImplementedError: this transport has none (only MPI does).
-        """
-        raise NotImplementedError(
-            f"[rank {self.rank}/{self.size}] native_all_reduce: the {self.name!r} transport has "
-            "no library all-reduce (check has_native_all_reduce first).")
-
-    def native_post(self, buf: Any, op: Any, tag: int = 0) -> tuple:
-        """Start ``native_all_reduce`` without waiting; finish it with ``native_wait``.
-
-        Raises:
-            NotImplementedError: this transport has none (only MPI does).
-        """
-        raise NotImplementedError(
-            f"[rank {self.rank}/{self.size}] native_post: the {self.name!r} transport has "
-            "no library all-reduce (check has_native_all_reduce first).")
-
-    def native_wait(self, pending: tuple, timeout_s: float | None = None) -> None:
-        """Wait for a ``native_post`` to complete (same deadline rules as every wait)."""
-        raise NotImplementedError(
-            f"[rank {self.rank}/{self.size}] native_wait: the {self.name!r} transport has "
-            "no library all-reduce (check has_native_all_reduce first).")
-
-    def mpi_comm(self) -> Any | None:
-        """The MPI communicator this transport sends on (MPI), else None: for a collective
-        that must send no transport message (e.g. ranks comparing a digest at set-up)."""
-        return None
-
-    def shared_memory_comm(self) -> Any | None:
-        """An MPI communicator whose node-local ranks can share memory windows, or None."""
-        return None
-
     def cuda_aware(self) -> bool:
         """Whether GPU buffers may be passed to this transport as they are (a CUDA-aware MPI);
         False: their collectives are staged through host memory (minidist.comm.staging)."""
         return False
-
-    def side_comm(self) -> Any | None:
-        """The MPI communicator that carries the side channel (for barriers beside it), or None."""
-        return None
 
     def split(self, members: list[int], timeout_s: float) -> Transport | None:
         """A transport over ``members`` (ranks of this one; index = rank in the new one).

@@ -99,7 +99,7 @@ class ShmNode:
     """
 
     def __init__(self, transport: Transport, timeout_s: float | None = None) -> None:
-        comm = transport.shared_memory_comm()
+        comm = transport.mpi.comm if transport.mpi is not None else None
         prefix = f"[rank {transport.rank}/{transport.size}]"
         if comm is None:
             raise CommError(
@@ -114,7 +114,7 @@ class ShmNode:
         self.timeout_s = float(timeout_s)
         # The side communicator and (weakly) the transport, whose poll hook the waits here run:
         # this object is cached per transport in a weak dictionary, so it must not keep it alive.
-        self.side = transport.side_comm()
+        self.side = transport.mpi.side
         self._transport = weakref.ref(transport)
         self.arrive("shared-memory set-up")
         self.comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
@@ -172,6 +172,15 @@ class ShmNode:
         g[i + 1] = fp  # fingerprint first, then the call number that makes it valid
         g[i] = k
         return k
+
+    def guard_agrees(self, k: int, fp: int) -> bool:
+        """True when every peer's slot for call ``k`` holds ``(k, fp)`` (the fast check after
+        an MPI call completed; ``guard_mismatch`` names the ranks that differ)."""
+        i = (k & 3) << 1
+        for g in self.peer_guards:
+            if g[i] != k or g[i + 1] != fp:
+                return False
+        return True
 
     def guard_mismatch(self, k: int, fp: int, complete: bool) -> list[int]:
         """Ranks whose slot for call ``k`` holds another fingerprint.
@@ -247,8 +256,8 @@ def shm_node(transport: Transport) -> ShmNode:
     node = _NODES.get(transport)
     if node is None:
         node = _NODES[transport] = ShmNode(transport)
-        if transport.has_native_all_reduce:  # MPI's Allreduce guards fingerprints through it
-            transport.guard_node = node
+        if transport.mpi is not None:  # MPI's Allreduce guards fingerprints through it
+            transport.mpi.guard_node = node
     return node
 
 
@@ -292,6 +301,6 @@ def shm_close(transport: Transport) -> None:
     """Free the transport's shared windows (collective); call before closing the transport."""
     node = _NODES.pop(transport, None)
     if node is not None:
-        if transport.guard_node is node:
-            transport.guard_node = None
+        if transport.mpi is not None and transport.mpi.guard_node is node:
+            transport.mpi.guard_node = None
         node.free()

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from minidist.comm.errors import CommTimeout
-from minidist.comm.transports.base import GROUP_SHIFT, Request, Transport, wait_until
+from minidist.comm.transports.base import (GROUP_SHIFT, Request, SideChannel, Transport, poller,
+                                           wait_until)
 
 SIDE_SHIFT = 8  # side kinds of a group: kind + (group number << SIDE_SHIFT)
 
@@ -56,8 +57,37 @@ class _SubgroupRequest(Request):
                     f"complete after {timeout_s:g} s. Group rank {self.peer} (parent rank "
                     f"{view.members[self.peer]}) is late, stuck in another collective, or dead; "
                     "every member must call the group's collectives in the same order.")
-            wait_until(self.inner.test, timeout_s, timed_out, view.poller(self.peer, self.tag))
+            wait_until(self.inner.test, timeout_s, timed_out, poller(view, self.peer, self.tag))
         self.inner.wait(timeout_s)  # done: completes it (e.g. copies an early message out)
+
+
+class _SubgroupSideChannel(SideChannel):
+    """A sub-group's side channel: the parent's, in the group's own kinds."""
+
+    def __init__(self, t: "SubgroupTransport") -> None:
+        self.t = t
+
+    def send(self, dst: int, kind: int, payload: bytes) -> None:
+        t = self.t
+        t.parent.side_channel.send(t.members[dst], kind + t._side_bits, payload)
+
+    def try_recv(self, src: int, kind: int) -> bytes | None:
+        t = self.t
+        return t.parent.side_channel.try_recv(t.members[src], kind + t._side_bits)
+
+    def pending(self, kind: int) -> int | None:
+        t = self.t
+        peer = t.parent.side_channel.pending(kind + t._side_bits)
+        return None if peer is None else t._of_parent.get(peer)
+
+    def stray_tag(self, src: int, tag: int) -> int | None:
+        t = self.t
+        other = t.parent.side_channel.stray_tag(t.members[src], tag | t._bits)
+        return None if other is None else other & ~t._bits
+
+    def peer_lost(self, src: int) -> str | None:
+        t = self.t
+        return t.parent.side_channel.peer_lost(t.members[src])
 
 
 class SubgroupTransport(Transport):
@@ -80,6 +110,7 @@ class SubgroupTransport(Transport):
         self._bits = self.group << GROUP_SHIFT
         self._side_bits = self.group << SIDE_SHIFT
         self._of_parent = {p: g for g, p in enumerate(self.members)}
+        self.side_channel = _SubgroupSideChannel(self)
 
     def isend(self, buf: Any, dst: int, tag: int = 0) -> Request:
         inner = self.parent.isend(buf, self.members[dst], tag | self._bits)
@@ -93,23 +124,6 @@ class SubgroupTransport(Transport):
         return self.parent.alloc_buffer(numel, dtype, xp)
 
     # -- side channel, in the group's own kinds ---------------------------------------------
-    def side_send(self, dst: int, kind: int, payload: bytes) -> None:
-        self.parent.side_send(self.members[dst], kind + self._side_bits, payload)
-
-    def side_try_recv(self, src: int, kind: int) -> bytes | None:
-        return self.parent.side_try_recv(self.members[src], kind + self._side_bits)
-
-    def side_pending(self, kind: int) -> int | None:
-        peer = self.parent.side_pending(kind + self._side_bits)
-        return None if peer is None else self._of_parent.get(peer)
-
-    def stray_tag(self, src: int, tag: int) -> int | None:
-        other = self.parent.stray_tag(self.members[src], tag | self._bits)
-        return None if other is None else other & ~self._bits
-
-    def peer_lost(self, src: int) -> str | None:
-        return self.parent.peer_lost(self.members[src])
-
     def split(self, members: list[int], timeout_s: float) -> Transport | None:
         raise NotImplementedError(
             f"[rank {self.rank}/{self.size}] new_group(ranks={members}) on a sub-group: make "

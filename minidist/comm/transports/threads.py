@@ -16,7 +16,7 @@ must match exactly (a mismatch raises CommError naming both ranks).
 Counting hook for structural tests: every transport counts ``messages_sent`` and ``bytes_sent``,
 and ``world.log`` records ``(src, dst, tag, nbytes)`` of every message in send order.
 
-Side channel: ``side_send`` drops bytes into a mailbox keyed ``(src, dst, ("side", kind))``
+Side channel: ``side_channel.send`` drops bytes into a mailbox keyed ``(src, dst, ("side", kind))``
 (never counted or logged) and wakes every waiter, which then runs the ``poll_hook``.
 """
 
@@ -30,7 +30,8 @@ from typing import Any, Callable
 import numpy as np
 
 from minidist.comm.errors import CommError, CommTimeout
-from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Request, Transport, stream_of
+from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, Request, SideChannel, Transport,
+                                           stream_of)
 
 
 class ThreadWorld:
@@ -131,6 +132,49 @@ class _RecvRequest(Request):
                     raise error
 
 
+class _ThreadSideChannel(SideChannel):
+    """The threads side channel: mailboxes keyed ('side', kind) in the shared world."""
+
+    def __init__(self, t: "ThreadTransport") -> None:
+        self.t = t
+
+    def send(self, dst: int, kind: int, payload: bytes) -> None:
+        t = self.t
+        t._check_peer("side_send", dst)
+        with t.world.cond:
+            t.world.mailboxes[(t.rank, dst, ("side", kind))].append(bytes(payload))
+            t.world.cond.notify_all()
+
+    def try_recv(self, src: int, kind: int) -> bytes | None:
+        t = self.t
+        with t.world.cond:
+            key = (src, t.rank, ("side", kind))
+            box = t.world.mailboxes.get(key)
+            if not box:
+                return None
+            data = box.popleft()
+            if not box:
+                del t.world.mailboxes[key]
+            return data
+
+    def pending(self, kind: int) -> int | None:
+        t = self.t
+        with t.world.cond:
+            boxes = t.world.mailboxes
+            return next((src for src in range(t.size)
+                         if boxes.get((src, t.rank, ("side", kind)))), None)
+
+    def stray_tag(self, src: int, tag: int) -> int | None:
+        t = self.t
+        stream = stream_of(tag)
+        with t.world.cond:
+            for (s, d, other), box in t.world.mailboxes.items():
+                if (s == src and d == t.rank and box and type(other) is int and other != tag
+                        and stream_of(other) == stream):
+                    return other
+        return None
+
+
 class ThreadTransport(Transport):
     """One rank's view of a ``ThreadWorld``."""
 
@@ -144,6 +188,7 @@ class ThreadTransport(Transport):
         self.timeout_s = world.timeout_s
         self.messages_sent = 0
         self.bytes_sent = 0
+        self.side_channel = _ThreadSideChannel(self)
 
     def _check_peer(self, op: str, peer: int) -> None:
         if not 0 <= peer < self.size:
@@ -159,7 +204,7 @@ class ThreadTransport(Transport):
             self.world.cond.notify_all()
         self.messages_sent += 1
         self.bytes_sent += len(data)
-        self.count_sent(dst, len(data))
+        self._count_sent(dst, len(data))
         return _SendRequest()
 
     def irecv(self, buf: Any, src: int, tag: int = 0) -> Request:
@@ -167,42 +212,6 @@ class ThreadTransport(Transport):
         return _RecvRequest(self, buf, src, tag)
 
     # -- side channel ------------------------------------------------------------------------
-    def side_send(self, dst: int, kind: int, payload: bytes) -> None:
-        self._check_peer("side_send", dst)
-        with self.world.cond:
-            self.world.mailboxes[(self.rank, dst, ("side", kind))].append(bytes(payload))
-            self.world.cond.notify_all()
-
-    def side_try_recv(self, src: int, kind: int) -> bytes | None:
-        with self.world.cond:
-            key = (src, self.rank, ("side", kind))
-            box = self.world.mailboxes.get(key)
-            if not box:
-                return None
-            data = box.popleft()
-            if not box:
-                del self.world.mailboxes[key]
-            return data
-
-    def side_pending(self, kind: int) -> int | None:
-        with self.world.cond:
-            boxes = self.world.mailboxes
-            return next((src for src in range(self.size)
-                         if boxes.get((src, self.rank, ("side", kind)))), None)
-
-    def stray_tag(self, src: int, tag: int) -> int | None:
-        stream = stream_of(tag)
-        with self.world.cond:
-            for (s, d, t), box in self.world.mailboxes.items():
-                if (s == src and d == self.rank and box and type(t) is int and t != tag
-                        and stream_of(t) == stream):
-                    return t
-        return None
-
-    def reset_counts(self) -> None:
-        """Zero ``messages_sent``/``bytes_sent`` (structural tests count one collective)."""
-        self.messages_sent = 0
-        self.bytes_sent = 0
 
 
 def run_threads(n: int, fn: Callable[[ThreadTransport], Any], timeout_s: float = 60.0,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from minidist.comm.ledger import describe
+from minidist.comm.diagnosis.ledger import describe
 
 FIELDS = ("collective", "op", "dtype", "count", "root", "algorithm")
 

@@ -165,7 +165,7 @@ def ledger_label(text: str) -> Iterator[None]:
         _LABEL.reset(token)
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PACKAGE_DIR = str(Path(os.path.abspath(__file__)).parents[2]) + os.sep  # minidist/
 _THREADING_FILE = threading.__file__
 _internal: dict[str, bool] = {}
 
@@ -179,10 +179,13 @@ def _inside(filename: str) -> bool:
 
 def _walk_out(f: Any) -> tuple[Any, int]:
     """``(code, lasti)`` of the first frame at or above ``f`` outside minidist (see caller_site)."""
-    last = f
+    last, known = f, _internal
     while f is not None:
         code = f.f_code
-        if not _inside(code.co_filename):
+        inside = known.get(code.co_filename)  # a dict hit for every frame after the first call
+        if inside is None:
+            inside = _inside(code.co_filename)
+        if not inside:
             if code.co_filename == _THREADING_FILE:
                 break
             return code, f.f_lasti
@@ -370,17 +373,17 @@ class Ledger:
         return seq, stream | ((hash((seq, sig)) & self._fp_mask) or 1) << STREAM_BITS
 
     def record(self, seq: int, tag: int, t0: float, stream: int, shape: Any,
-               label: str | None, plan: tuple) -> list:
+               label: str | None, plan: tuple, depth: int = 2) -> list:
         """The second half of ``begin``: write the row of a ``claim``ed call started at ``t0``
-        (``time.perf_counter()``); return it. Called directly by the collective, as ``begin``
-        is (the caller's site is two frames up).
+        (``time.perf_counter()``); return it. The caller's site is ``depth`` frames up (2:
+        called directly by the collective, as ``begin`` is).
 
         ``plan``: ``call_plan(...)`` of the call, the same tuple object each time the caller
         makes the same call (the process group memoizes it): a repeated call at a known site
         is then recognised by identity, not field by field.
         """
         try:
-            f = sys._getframe(2)
+            f = sys._getframe(depth)
         except ValueError:  # called from the top of a stack
             f = sys._getframe(1)
         code = f.f_code

@@ -33,16 +33,16 @@ import sys
 import time
 from typing import Any
 
-from minidist.comm.diagnose import diagnose
+from minidist.comm.diagnosis.diagnose import diagnose
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
                                   CommTimeout, PeerFailed)
+from minidist.comm.diagnosis.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, dump_dir
 from minidist.comm.leaving import bye_payload, parse_bye, peer_exited, peer_left
-from minidist.comm.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, dump_dir
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_DONE, SIDE_FAIL,
                                            Transport, has_fingerprint)
 from minidist.log import get_logger
 
-log = get_logger(__name__)
+log = get_logger("minidist.comm.failure")  # the name users filter on (docs/troubleshooting.md)
 
 EXCHANGE_S = 5.0       # at most this long for the peers' reports (less with a shorter timeout)
 REPORT_ENTRIES = 64    # ledger entries each rank sends (the dump has all of them)
@@ -71,12 +71,12 @@ def _collect(t: Transport, kind: int, peers: list[int], timeout_s: float
     deadline = time.monotonic() + timeout_s
     while pending:
         for p in list(pending):
-            data = t.side_try_recv(p, kind)
+            data = t.side_channel.try_recv(p, kind)
             if data is not None:
                 got[p] = data
                 pending.remove(p)
                 continue
-            if t.peer_lost(p) is not None:
+            if t.side_channel.peer_lost(p) is not None:
                 missing[p] = "is dead: its connection closed (it exited or crashed)"
                 pending.remove(p)
         if not pending or time.monotonic() > deadline:
@@ -128,7 +128,7 @@ def exchange(group: Any, stream: int, state: str, error: BaseException) -> tuple
     peers = [p for p in range(group.size) if p != group.rank]
     data = json.dumps(mine).encode()
     for p in peers:
-        t.side_send(p, SIDE_FAIL, data)
+        t.side_channel.send(p, SIDE_FAIL, data)
     got, missing = _collect(t, SIDE_FAIL, peers, exchange_timeout_s(t))
     reports = {group.rank: mine}
     for p, raw in got.items():
@@ -142,7 +142,7 @@ def exchange(group: Any, stream: int, state: str, error: BaseException) -> tuple
 def _done(t: Transport, answered: list[int]) -> None:
     """Tell the ranks that answered that this rank has its finding; wait for theirs."""
     for p in answered:
-        t.side_send(p, SIDE_DONE, b"1")
+        t.side_channel.send(p, SIDE_DONE, b"1")
     _collect(t, SIDE_DONE, answered, exchange_timeout_s(t) + 1.0)
 
 
@@ -190,7 +190,7 @@ def on_failure(group: Any, row: list | None, error: CommError, call: str) -> Com
     else:
         cls = type(error) if not isinstance(error, PeerFailed) else CommError
     what = "the ranks called different collectives: " if diag["kind"] == "mismatch" else ""
-    message = f"{group._where(where)}: {what}{text}. {fix}."
+    message = f"{group.where(where)}: {what}{text}. {fix}."
     try:
         out = cls(message)
     except TypeError:  # an error class with another constructor
@@ -214,41 +214,40 @@ def poll(group: Any, src: int | None, tag: int) -> CommError | None:
     this rank has started.
     """
     t = group.transport
-    failed = t.side_pending(SIDE_FAIL)
+    failed = t.side_channel.pending(SIDE_FAIL)
     if failed is not None:
-        return PeerFailed(f"{group._where('wait')}: rank {failed} reported a failed "
+        return PeerFailed(f"{group.where('wait')}: rank {failed} reported a failed "
                           "collective.", failed)
     if not group.ledger.enabled or group.size == 1:
         return None
     if src is not None and has_fingerprint(tag):
-        other = t.stray_tag(src, tag)
+        other = t.side_channel.stray_tag(src, tag)
         if other is not None:
             err = CollectiveMismatch(
-                f"{group._where('wait')}: rank {src} sent a message of another collective "
+                f"{group.where('wait')}: rank {src} sent a message of another collective "
                 f"(tag {other}, awaited tag {tag}): the ranks called different collectives.")
             err.how = f"when rank {src} sent a message of another call"
             return err
         # src already posted an MPI Allreduce this rank has not: it is past this call
         # (only with one stream: another thread's MPI calls would look the same).
-        ahead = (group._shm.native_ahead(src) if group._shm is not None
-                 and len(group.ledger.counts()) == 1 else 0)
+        ahead = group.mpi_calls_ahead(src) if len(group.ledger.counts()) == 1 else 0
         if ahead and _held(group, src, ahead):
             err = CollectiveMismatch(
-                f"{group._where('wait')}: rank {src} is already in MPI collective call "
+                f"{group.where('wait')}: rank {src} is already in MPI collective call "
                 f"{ahead}, which this rank has not called, instead of sending the awaited "
                 "message: the ranks called different collectives.")
             err.how = f"when rank {src} started an MPI collective this rank has not called"
             return err
-    left = peer_left(group)  # reads the peers' goodbyes (SIDE_BYE) into group._byes
+    left = peer_left(group)  # reads the peers' goodbyes (SIDE_BYE) into group.farewells
     if left is not None:
         return left
-    if group._byes:
+    if group.farewells:
         mine = group.ledger.counts()
-        for p, theirs in group._byes.items():
+        for p, theirs in group.farewells.items():
             for stream, n in mine.items():
                 if theirs.get(stream, 0) < n:
                     err = CollectiveMismatch(
-                        f"{group._where('wait')}: rank {p} has finished (it called "
+                        f"{group.where('wait')}: rank {p} has finished (it called "
                         f"destroy_process_group after {theirs.get(stream, 0)} collectives "
                         f"on stream {stream}), so it will not join collective #{n}.")
                     err.how = f"when rank {p} reached destroy_process_group"
@@ -282,38 +281,38 @@ def farewell(group: Any) -> None:
     counts = ledger.counts()
     data = bye_payload(counts)
     for p in peers:
-        t.side_send(p, SIDE_BYE, data)
+        t.side_channel.send(p, SIDE_BYE, data)
     timeout_s = float(t.timeout_s or DEFAULT_TIMEOUT_S) + exchange_timeout_s(t)
     deadline = time.monotonic() + timeout_s
-    theirs: dict[int, dict] = dict(group._byes)  # what the poll hook already read
+    theirs: dict[int, dict] = dict(group.farewells)  # what the poll hook already read
     pending = [p for p in peers if p not in theirs]
     while pending and time.monotonic() < deadline:
-        failed = t.side_pending(SIDE_FAIL)
+        failed = t.side_channel.pending(SIDE_FAIL)
         if failed is not None:
             raise on_failure(group, None, PeerFailed(
-                f"{group._where('destroy_process_group')}: rank {failed} reported a failed "
+                f"{group.where('destroy_process_group')}: rank {failed} reported a failed "
                 "collective.", failed), "destroy_process_group")
         for p in list(pending):
-            raw = t.side_try_recv(p, SIDE_BYE)
+            raw = t.side_channel.try_recv(p, SIDE_BYE)
             if raw is not None:
                 theirs[p], code = parse_bye(raw)
                 if code is not None:
-                    group._exit_codes[p] = code
+                    group.exit_codes[p] = code
                 pending.remove(p)
-            elif t.peer_lost(p) is not None:
+            elif t.side_channel.peer_lost(p) is not None:
                 pending.remove(p)
         time.sleep(_POLL_S)
     if pending:
         log.warning("destroy_process_group: ranks %s did not reach destroy_process_group within "
                     "%.0f s; the collective counts were not compared.", pending, timeout_s)
     differ = [p for p, c in theirs.items() if c != counts]
-    if differ and differ[0] in group._exit_codes:
+    if differ and differ[0] in group.exit_codes:
         p = differ[0]
-        raise peer_exited(group, "destroy_process_group", p, group._exit_codes[p],
+        raise peer_exited(group, "destroy_process_group", p, group.exit_codes[p],
                           theirs[p].get(0, 0))
     if differ:
         error = CollectiveMismatch(
-            f"{group._where('destroy_process_group')}: rank {differ[0]} made "
+            f"{group.where('destroy_process_group')}: rank {differ[0]} made "
             f"{theirs[differ[0]].get(0, 0)} collectives but this rank made {counts.get(0, 0)}.")
         error.how = "at destroy_process_group, where the ranks' collective counts differ"
         raise on_failure(group, None, error, "destroy_process_group")

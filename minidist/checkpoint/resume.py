@@ -1,0 +1,142 @@
+"""Resume: which checkpoint every rank loads, and how a Trainer's state is restored from it.
+
+    chosen = agree_on_checkpoint("runs/exp1", rank, world_size)   # COLLECTIVE
+    if chosen is not None:
+        path, ckpt = chosen                                         # the same file everywhere
+        restore(ckpt, path, world_size, model, optimizer, scheduler, scaler, log)
+
+How the ranks agree (rank 0 picks, everyone loads the same file or everyone raises)::
+
+    rank 0: remove stale temp files; try checkpoint-N, N-1, ... until one loads
+            (each one skipped: one warning line naming it and why)
+    broadcast {path, error} from rank 0                -> the same choice everywhere
+    ranks 1..N-1 load that path; all_gather who failed -> the same error everywhere
+
+``restore`` checks before it changes anything: the world size the checkpoint was written at,
+and that the model's state dict fits; then it loads model, optimizer, the scheduler's
+position, the GradScaler and the random generator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from minidist import comm
+from minidist.checkpoint.errors import CheckpointError
+from minidist.checkpoint.folder import list_checkpoints, remove_stale_temp_files
+from minidist.checkpoint.store import check_state_dict, load_checkpoint
+from minidist.log import get_logger, rank_prefix
+from minidist.tensor import random as tensor_random
+
+log = get_logger("minidist.trainer")  # resume is the Trainer's: its log lines keep that name
+
+# The entries a Trainer checkpoint has (a checkpoint without them was written by someone else)
+RESUME_KEYS = ("model", "optimizer", "epoch", "global_step", "world_size", "rng")
+
+
+def pick_checkpoint(directory: str | Path) -> tuple[dict | None, dict]:
+    """Rank 0: (the newest loadable Trainer checkpoint, ``{"path", "error"}`` for the others)."""
+    remove_stale_temp_files(directory)
+    skipped = []
+    for candidate in list_checkpoints(directory):
+        try:
+            loaded = load_checkpoint(candidate)
+        except CheckpointError as e:
+            why = e.reason
+        else:
+            missing = [k for k in RESUME_KEYS if k not in loaded]
+            if not missing:
+                return loaded, {"path": str(candidate), "error": None}
+            why = f"it has no {missing[0]!r} entry, so Trainer did not write it"
+        skipped.append(f"{candidate.name} ({why})")
+        log.warning("resume: skipped %s: %s", candidate, why)
+    error = (f"resume: none of the {len(skipped)} checkpoints in {directory} loads: "
+             f"{'; '.join(skipped)}. Restore a copy, or move them aside to start fresh."
+             if skipped else None)
+    return None, {"path": None, "error": error}
+
+
+def agree_on_checkpoint(directory: str | Path, rank: int, world_size: int
+                        ) -> tuple[Path, dict] | None:
+    """Rank 0 picks the newest checkpoint that loads; every rank then loads that one.
+
+    COLLECTIVE over the default group (when ``world_size > 1``). Returns ``(path, state)``, or
+    None when the folder holds no checkpoint.
+
+    Raises:
+        CheckpointError: on every rank alike: no checkpoint loads, or a rank cannot read the
+            one rank 0 chose.
+    """
+    choice: dict = {"path": None, "error": None}
+    ckpt: dict | None = None
+    unexpected: Exception | None = None
+    if rank == 0:
+        try:
+            ckpt, choice = pick_checkpoint(str(directory))
+        except Exception as e:  # noqa: BLE001 - told to the other ranks, then raised here
+            choice["error"], unexpected = f"resume: {type(e).__name__}: {e}", e
+    if world_size > 1:
+        choice = comm.broadcast_object(choice, src=0)
+    if unexpected is not None:
+        raise unexpected
+    if choice["error"]:
+        raise CheckpointError(f"{rank_prefix()} {choice['error']}")
+    if choice["path"] is None:
+        return None
+    path, failed = Path(choice["path"]), None
+    if ckpt is None:  # the other ranks read the file rank 0 chose
+        try:
+            ckpt = load_checkpoint(path)
+        except CheckpointError as e:
+            failed = e.reason
+    if world_size > 1:
+        failures = [(r, f) for r, f in enumerate(comm.all_gather_object(failed)) if f]
+        if failures:
+            r, why = failures[0]
+            raise CheckpointError(
+                f"{rank_prefix()} resume from {path}: rank 0 read it but rank {r} cannot "
+                f"({why}). Every rank must see the same checkpoint_dir (a shared file "
+                "system, or the same copy on every node).")
+    assert ckpt is not None, "every rank loaded the checkpoint or raised above"
+    return path, ckpt
+
+
+def restore(ckpt: dict, path: Path, world_size: int, model: Any, optimizer: Any,
+            scheduler: Any, scaler: Any, note: Callable[[str], None]) -> None:
+    """Load a Trainer checkpoint into model, optimizer, scheduler, scaler and the generator.
+
+    Checks first (nothing is changed if a check fails); ``note`` gets rank-0 messages.
+
+    Raises:
+        CheckpointError: written at another world size, or the model or optimizer differ.
+    """
+    if int(ckpt["world_size"]) != world_size:
+        raise CheckpointError(
+            f"{rank_prefix()} resume from {path}: written at world size {ckpt['world_size']}"
+            f", resuming at {world_size}. The data order and the learning-rate schedule "
+            "depend on it; resume with the same number of ranks (-n), or start a new run.")
+    check_state_dict(model.state_dict(), ckpt["model"], "model", path)
+    # Everything checked: now load (nothing was changed before this point).
+    model.load_state_dict(ckpt["model"])
+    try:
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"{rank_prefix()} resume from {path}: optimizer state does "
+                              f"not fit this optimizer ({e}). Build the same optimizer "
+                              "(type and parameter groups) to resume.") from e
+    if scheduler is not None and ckpt.get("scheduler") is not None:
+        # Only the position: the shape (warm-up, total steps, min_lr) is this run's config,
+        # so a resumed run given more epochs decays over the new total.
+        scheduler.load_state_dict({k: v for k, v in ckpt["scheduler"].items()
+                                   if k in ("last_epoch", "base_lrs", "_last_lr")})
+    if scaler.is_enabled():
+        if ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+        else:
+            note(f"resume: {path} has no GradScaler state (saved without amp); the "
+                 "loss scale starts fresh")
+    tensor_random.default_generator().bit_generator.state = ckpt["rng"]
+
+
+__all__ = ["RESUME_KEYS", "agree_on_checkpoint", "pick_checkpoint", "restore"]

@@ -1,0 +1,166 @@
+"""The all-reduce planner: which algorithm runs for a call, and why, decided once per shape.
+
+    planner = Planner(transport, num_nodes, shm, calibration)   # ProcessGroup makes one
+    plan = planner.plan("auto", flat, ReduceOp.SUM)              # a Plan (memoized)
+    plan.algorithm, plan.reason                                  # "ring", "bandwidth: ..."
+    plan.run(transport, flat, ReduceOp.SUM, wire_tag)            # the algorithm's function
+
+One answer for everyone who asks: ``ProcessGroup.all_reduce`` runs the plan, and DDP's trace
+labels and run manifest name ``plan.algorithm`` of the same planner, so after ``python -m
+minidist.tune`` both name the calibrated choice that ran.
+
+How "auto" decides (select.py): ranks on several nodes -> "hier" (or "rd" for small
+messages); a device buffer on one node with CUDA IPC -> "cuda_ipc"; otherwise the size rules
+and the alpha-beta model, from the calibration every rank holds alike (``calibrate.agreed``) or
+the shipped table. A training loop repeats a few shapes, so plans are memoized per (algorithm,
+bytes, dtype, op, shared window?, stream 0?, array type) and expire when the rules change
+(``select.EPOCH``: ``load_model``, a tune).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from minidist.comm.algorithms import ALGORITHMS, cuda_ipc_available
+from minidist.comm.algorithms import select
+from minidist.comm.algorithms.mpi_native import (NativeAllReduce, mpi_all_reduce,
+                                                 native_all_reduce, supports_native)
+from minidist.comm.algorithms.shm import shm_owns
+from minidist.comm.diagnosis.ledger import call_plan
+from minidist.comm.ops import ReduceOp
+from minidist.comm.staging import Stager, stager_for
+from minidist.comm.transports.base import Transport
+
+MAX_PLANS = 256  # a model has a few bucket shapes; more means shapes change every call
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one all-reduce shape runs.
+
+    Attributes:
+        algorithm: the algorithm that runs ("ring", "mpi", ...), never "auto".
+        reason: why ("explicit", or select.py's words for "auto").
+        run: its function, ``run(transport, flat, op, tag)``.
+        call: the ledger's fixed part of this call (``ledger.call_plan``).
+        native: MPI's own Allreduce (algorithms/mpi_native.py) when the plan is "mpi" on an
+            MPI transport of 2+ ranks: posted and waited around the ledger row; else None.
+        stager: a device buffer the transport cannot read runs through pinned host memory in
+            chunks (comm/staging.py); None for host buffers and device-aware algorithms.
+    """
+
+    algorithm: str
+    reason: str
+    run: Callable[..., None]
+    call: tuple
+    native: NativeAllReduce | None
+    stager: Stager | None
+
+
+def check_algorithm(name: str) -> None:
+    """Raise ValueError unless ``name`` is "auto" or an algorithm of the registry (the caller
+    adds the rank prefix)."""
+    if name != "auto" and name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; use one of "
+                         f"{', '.join(repr(k) for k in [*ALGORITHMS, 'auto'])}")
+
+
+class Planner:
+    """Plans of one process group (not collective: every input was settled at construction).
+
+    Args:
+        transport: the group's transport.
+        num_nodes: how many nodes its ranks span (topology).
+        shm: the group's shared-memory node (algorithms/shm.py), or None.
+        calibration: a ``calibrate.Calibration`` every rank holds alike, or None (shipped table).
+    """
+
+    def __init__(self, transport: Transport, num_nodes: int, shm: Any, calibration: Any) -> None:
+        self.transport = transport
+        self.size = transport.size
+        self.num_nodes = num_nodes
+        self.shm = shm
+        self.native = supports_native(transport)
+        self.mpi = native_all_reduce(transport) if self.native else None  # MPI's Allreduce
+        self.calibration = calibration
+        self._plans: dict = {}
+        self._epoch = select.EPOCH
+
+    def use_calibration(self, calibration: Any) -> None:
+        """Plan "auto" from ``calibration`` from now on (None: the shipped table)."""
+        self.calibration = calibration
+        self._plans.clear()
+
+    def is_shared(self, flat: Any, tag: int = 0) -> bool:
+        """True when ``flat`` lies in a shared window "shm" can reduce in place (stream 0)."""
+        shm = self.shm  # no user windows (the usual case): nothing can be shared
+        return (shm is not None and not tag and bool(shm.user_windows)
+                and type(flat) is np.ndarray and shm_owns(shm, flat))
+
+    def plan(self, algorithm: str, flat: Any, op: ReduceOp, tag: int = 0) -> Plan:
+        """The Plan of an all-reduce of ``flat`` (1-D) on stream ``tag`` (memoized).
+
+        Raises:
+            ValueError: unknown ``algorithm``, or "mpi" without MPI (nothing was sent).
+        """
+        if self._epoch != select.EPOCH:  # the model or rules changed (load_model, tune)
+            self._plans.clear()
+            self._epoch = select.EPOCH
+        shm = self.shm  # the buffer kind matters to "auto" only, and only with shared windows
+        shared = (algorithm == "auto" and shm is not None and bool(shm.user_windows)
+                  and self.is_shared(flat, tag))
+        key = (algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag, type(flat))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._make(algorithm, flat, op, shared, tag)
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    def _make(self, algorithm: str, flat: Any, op: ReduceOp, shared: bool, tag: int) -> Plan:
+        if algorithm == "auto":
+            name, reason = self.choose(flat, shared, tag)
+        else:
+            try:
+                check_algorithm(algorithm)
+            except ValueError as e:
+                raise ValueError(f"[rank {self.transport.rank}/{self.size}] "
+                                 f"all_reduce(algorithm={algorithm!r}): {e}.") from None
+            name, reason = algorithm, "explicit"
+            if name == "mpi" and not self.native:
+                mpi_all_reduce(self.transport, flat, op, 0)  # the clear "no MPI here" error
+        fn = ALGORITHMS[name]
+        stager = stager_for(self.transport, flat, fn)  # device buffer, MPI not CUDA-aware
+        return Plan(name, reason, fn,
+                    call_plan("all_reduce", flat.size, flat.dtype, op, -1, name, reason),
+                    self.mpi if name == "mpi" and self.size > 1 and stager is None else None,
+                    stager)
+
+    def choose(self, flat: Any, shared: bool, tag: int = 0) -> tuple[str, str]:
+        """``(algorithm, reason)`` that "auto" picks for ``flat``."""
+        by_nodes = select.choose_for_nodes(self.num_nodes, flat.nbytes)
+        if by_nodes is not None:  # several nodes: hier (or rd for small messages)
+            return by_nodes
+        if cuda_ipc_available(self.transport, flat, tag):
+            return "cuda_ipc", "device buffer, ranks on one node: CUDA IPC windows"
+        has_shm = self.shm is not None and type(flat) is np.ndarray and not tag  # stream 0
+        return select.choose_with_reason(self.size, flat.nbytes, self.native, has_shm, shared,
+                                         self.calibration)
+
+    def table(self) -> dict:
+        """What "auto" picks at every power-of-two size (``select.table``, nodes applied)."""
+        t = select.table(self.size, self.native, self.shm is not None,
+                         calibration=self.calibration)
+        for row in t["sizes"]:  # several nodes: hier from HIER_MIN_BYTES up, rd below
+            by_nodes = select.choose_for_nodes(self.num_nodes, row["nbytes"])
+            if by_nodes is not None:
+                row["plain"] = {"algorithm": by_nodes[0], "reason": by_nodes[1],
+                                "predicted_us": None}
+        return t
+
+
+__all__ = ["Plan", "Planner", "check_algorithm", "MAX_PLANS"]

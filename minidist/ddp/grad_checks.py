@@ -1,0 +1,151 @@
+"""Checks on gradients around the reduction: NaN/inf, and parameters the output does not reach.
+
+    all_finite_fast(bucket.buffer)        # one dot product: True, or "maybe not" (search then)
+    nonfinite_names(buckets)              # the parameters whose reduced gradient holds NaN/inf
+    where_it_started(outputs, rank, n, all_reduce)   # which ranks' forward was non-finite
+    unused_param_indices(out, params, parents)       # find_unused_parameters
+
+With a GradScaler (mixed precision, minidist.amp): ``scaler.scale(loss)`` makes the scaler
+active; each bucket launched while it is active is UNSCALED right after its all-reduce by the
+scaler's fused kernel (``unscale_bucket_``: unscale + inf/NaN flag in one pass), in place of the
+finiteness dot product, so AMP adds no pass over the gradients. The flags are identical on
+every rank (the buckets are), so every rank skips the same steps. The scaler, not the reducer,
+then reports an inf/NaN (it is expected now and then: the scale was too high).
+
+Without a scaler, a NaN/inf after the reduction is reported once (warning) and then counted
+(``nonfinite_grad_steps``). Every rank sees the same reduced buckets, so all ranks take that
+slow path together, and it may run one small all-reduce: which ranks' forward outputs were
+already non-finite (the references kept by ``watch_output``; nothing is checked on the fast
+path), so the message can name the rank(s) where the NaN/inf started.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from minidist import xp as backend
+from minidist.log import get_logger, rank_prefix
+
+log = get_logger("minidist.ddp.reducer")  # the Reducer's reports: one logger name for them
+
+
+def missing_gradients_error(buckets: Sequence[Any], unreduced: Sequence[Any], step: int,
+                            find_unused_parameters: bool) -> RuntimeError:
+    """The error of a synced backward that ended with buckets never ready (Reducer)."""
+    missing = [n for b in buckets for n in b.missing_names()]
+    why = ("They are in the autograd graph of the output but received no gradient"
+           if find_unused_parameters else
+           "These parameters were not used to compute the loss on this rank")
+    return RuntimeError(
+        f"{rank_prefix()} DistributedDataParallel: backward of step {step} "
+        f"finished without a gradient for {len(missing)} parameter(s): {missing[:8]}"
+        f"{'...' if len(missing) > 8 else ''}, so bucket(s) {[b.index for b in unreduced]} were "
+        f"never all-reduced and this step's gradients are not averaged. {why}. Pass "
+        "find_unused_parameters=True to DistributedDataParallel (they are then reduced as "
+        "zeros), or remove them from the model; if you call backward more than once per "
+        "step, run all but the last inside no_sync().")
+
+
+def report_nonfinite(bad: list[str], step: int, started: str, policy: str, count: int) -> None:
+    """Raise (``policy="raise"``), warn once, or count a step with NaN/inf averaged gradients."""
+    msg = (f"{rank_prefix()} DistributedDataParallel: non-finite (NaN/inf) averaged gradient "
+           f"at step {step} in {bad[:8]}{'...' if len(bad) > 8 else ''}; {started}. Lower the "
+           "learning rate, clip gradients, or check the inputs of that step.")
+    if policy == "raise":
+        raise FloatingPointError(msg)
+    if count == 1:
+        log.warning("%s Warned once: later non-finite steps are only counted "
+                    "(DistributedDataParallel.nonfinite_grad_steps).", msg)
+    else:
+        log.debug("%s (non-finite step %d)", msg, count)
+
+
+def nonfinite_names(buckets: Sequence[Any]) -> list[str]:
+    """Names of the parameters whose gradient holds NaN/inf, in the buckets not known finite."""
+    bad: list[str] = []
+    for b in buckets:
+        if b.finite:
+            continue
+        xp = backend.get_array_module(b.buffer)
+        bad += [n for n, v in zip(b.names, b.views) if not bool(xp.isfinite(v).all())]
+    return bad
+
+
+def where_it_started(outputs: Sequence[Any], rank: int, world_size: int,
+                     all_reduce: Callable[[Any, str], None]) -> str:
+    """Which ranks' forward outputs were non-finite this step (one all-reduce of n flags)."""
+    flags = np.zeros(max(world_size, 1), dtype=np.float64)
+    finite = all(bool(backend.get_array_module(a).isfinite(a).all()) for a in outputs)
+    flags[rank] = 0.0 if finite else 1.0
+    if world_size > 1:
+        all_reduce(flags, "sum")
+    ranks = [r for r in range(len(flags)) if flags[r] > 0]
+    if ranks:
+        return (f"it started on rank(s) {ranks}, whose forward output was already "
+                "non-finite (look at the input batch there, or the weights)")
+    return ("every rank's forward output was finite, so it arose in backward (a gradient "
+            "overflowed on some rank) or in the sum of the all-reduce")
+
+
+def all_finite_fast(buf: Any) -> bool:
+    """True if ``buf`` holds no NaN/inf; False means "maybe": search it exactly then.
+
+    One BLAS dot product ``buf . buf`` (a single vectorized read of the buffer, ~4x faster than
+    ``buf.sum()`` here and no boolean temporary like ``isfinite(buf).all()``): a NaN or inf
+    element makes it NaN/inf, and the squares are >= 0, so nothing cancels. It can also overflow
+    for finite values above ~1e19 (float32): a false "maybe", which the exact search clears.
+    """
+    if buf.dtype.kind != "f":
+        return True
+    xp = backend.get_array_module(buf)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow = "maybe", not a warning
+        s = xp.dot(buf, buf) if buf.dtype.itemsize >= 4 else buf.sum(dtype=xp.float32)
+    return bool(xp.isfinite(s))
+
+
+def float_arrays(output: Any) -> list[Any]:
+    """The float arrays of the Tensors in a forward output (a Tensor, or nested list/dict)."""
+    if isinstance(output, (list, tuple)):
+        return [a for o in output for a in float_arrays(o)]
+    if isinstance(output, dict):
+        return [a for o in output.values() for a in float_arrays(o)]
+    data: Any = getattr(output, "data", None)
+    return [data] if hasattr(data, "dtype") and data.dtype.kind == "f" else []
+
+
+def unused_param_indices(outputs: Any, params: Sequence[Any],
+                         parents: Callable[[Any], Sequence[Any]]) -> list[int]:
+    """Indices of ``params`` the autograd graph of ``outputs`` does not reach.
+
+    Args:
+        outputs: a Tensor, or a (nested) tuple/list/dict of them, as returned by forward.
+        params: the parameters, in registration order.
+        parents: returns the input tensors a tensor was computed from.
+    """
+    stack: list[Any] = []
+
+    def collect(o: Any) -> None:
+        if isinstance(o, (list, tuple)):
+            for x in o:
+                collect(x)
+        elif isinstance(o, dict):
+            for x in o.values():
+                collect(x)
+        elif hasattr(o, "data") and hasattr(o, "grad"):
+            stack.append(o)
+
+    collect(outputs)
+    seen: set[int] = set()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        stack.extend(parents(t))
+    return [i for i, p in enumerate(params) if id(p) not in seen]
+
+
+__all__ = ["all_finite_fast", "float_arrays", "missing_gradients_error", "nonfinite_names",
+           "report_nonfinite", "unused_param_indices", "where_it_started"]
