@@ -52,6 +52,8 @@ def test_trace_and_manifest_name_the_calibrated_algorithm(tmp_path, monkeypatch)
         out = run_threads(2, body, timeout_s=60)
     finally:
         trace.stop()
+        if comm.is_initialized():  # DDP made a default group beside the threads' groups
+            comm.destroy_process_group()
     events = [e for e in tr.events if e.get("cat") == "allreduce"]
     assert events and all(e["args"]["algorithm"] == calibrated for e in events)
     for source, ran, manifest in out:
