@@ -289,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# wrote {shown(path)} (CPU dry run: not a GPU result)")
         return 0
     if not backend.gpu_available():
+        if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) != "0":
+            return 0  # under mpiexec: rank 0 says it once
         print("# gpu_training: no CUDA GPU here (CuPy missing, or cupy.cuda.is_available() is "
               "False): nothing measured")
         return 0

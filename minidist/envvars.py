@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 from typing import Any, Callable, Mapping
 
 TRUE = ("1", "true", "yes", "on")
@@ -174,5 +175,23 @@ def env(name: str, environ: Mapping[str, str] | None = None) -> Any:
         default = ("unset" if var.default is None else ("1" if var.default else "0")
                    if isinstance(var.default, bool) else f"{var.default:g}"
                    if isinstance(var.default, float) else str(var.default))
+        _report_in_one_line()
         raise EnvVarError(f"{name}={raw!r} is not valid: it accepts {var.accepts} (default "
                           f"{default}). Set such a value, or unset it.") from None
+
+
+def _report_in_one_line() -> None:
+    """If the EnvVarError about to be raised ends the program (often at import, before any
+    user code ran), print its one line, not a traceback through minidist's imports."""
+    previous = sys.excepthook
+    if getattr(previous, "minidist_envvars", False):
+        return
+
+    def hook(exc_type: Any, exc: Any, tb: Any) -> None:
+        if isinstance(exc, EnvVarError):
+            sys.stderr.write(f"minidist: {exc}\n")
+        else:
+            previous(exc_type, exc, tb)
+
+    hook.minidist_envvars = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

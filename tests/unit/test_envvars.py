@@ -94,3 +94,14 @@ def test_mpirun_sh_checks_its_job_timeout():
                          text=True, timeout=120, env=job_env({"MINIDIST_JOB_TIMEOUT_S": "abc"}))
     assert out.returncode == 2
     assert "MINIDIST_JOB_TIMEOUT_S='abc' is not valid: it accepts a positive number" in out.stderr
+
+
+def test_a_bad_value_at_import_ends_the_program_with_one_line():
+    env = job_env()
+    env["MINIDIST_TIMEOUT_S"] = "abc"
+    res = subprocess.run([sys.executable, "-c", "import minidist"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert res.stderr.splitlines() == [
+        "minidist: MINIDIST_TIMEOUT_S='abc' is not valid: it accepts a positive number of "
+        "seconds (default 300). Set such a value, or unset it."], res.stderr
