@@ -107,13 +107,7 @@ def _loops(numel: int) -> _Loops:
     return SERIAL_LOOPS
 
 
-def signature(op: str, *args: Any) -> tuple:
-    """What selects a compiled specialization (``minidist.kernels.fallback`` rehearses each
-    once): the op and the parameter array's type and dtype; every other array and scalar of a
-    call has that dtype (``minidist.optim.fused`` makes sure), the flags are bools. Cheaper
-    than the default signature, which looks at every argument (~6 us a call)."""
-    first = args[0]
-    return op, type(first), first.dtype.char
+signature = optim_math.signature  # the fallback's per-signature rehearsal key
 
 
 def check_usable() -> None:

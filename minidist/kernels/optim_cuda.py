@@ -144,13 +144,7 @@ def _launch(kernel: Any, n: int, launch: tuple[int, int] | None, *args: Any) -> 
         configured(kernel, blocks, threads)(*args)
 
 
-def signature(op: str, *args: Any) -> tuple:
-    """What selects a compiled specialization (``minidist.kernels.fallback`` rehearses each
-    once): the op and the parameter array's type and dtype; every other array and scalar of a
-    call has that dtype (``minidist.optim.fused`` makes sure), the flags are bools. Cheaper
-    than the default signature, which looks at every argument (~6 us a call)."""
-    first = args[0]
-    return op, type(first), first.dtype.char
+signature = optim_math.signature  # the fallback's per-signature rehearsal key
 
 
 def check_usable() -> None:
