@@ -370,7 +370,9 @@ class Mesh:
                 leftover = list(results)
                 results.clear()
                 silent = list(pending.items())
-            for conn, *_ in leftover:
+            for conn, addr, _, error in leftover:  # checked, but after every rank arrived
+                if isinstance(error, _Stranger):
+                    self._drop(where, addr, error)
                 conn.close()
             for conn, addr in silent:  # its thread closes it once the read fails
                 self._drop(where, addr, "was still silent when every rank had arrived")
