@@ -46,6 +46,7 @@ from minidist import xp as backend
 from minidist.kernels import optim_math
 from minidist.kernels.fallback import CompiledBackend
 from minidist.log import get_logger, rank_prefix
+from minidist.optim import multi_tensor
 
 log = get_logger(__name__)
 
@@ -286,9 +287,7 @@ def sgd_step(opt: Any, fallback: Update) -> None:
         dt = np.dtype(dtype).type
         scalars = (dt(group["lr"]), dt(group["momentum"]), dt(1.0 - group["dampening"]),
                    dt(group["weight_decay"]), bool(group["nesterov"]), bool(first))
-        for p_flat, g_flat, b_flat in flat_runs(ready):
-            kernels.call("sgd_step", optim_math.sgd_step_reference, p_flat, g_flat, b_flat,
-                         *scalars)
+        _launch(kernels, "sgd", flat_runs(ready), scalars)
 
 
 def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
@@ -321,5 +320,26 @@ def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
         scalars = (dt(1.0 - lr * wd if decoupled else 1.0), dt(0.0 if decoupled else wd),
                    dt(beta1), dt(1.0 - beta1), dt(beta2), dt(1.0 - beta2),
                    dt(math.sqrt(1.0 - beta2 ** t)), dt(eps), dt(lr / (1.0 - beta1 ** t)))
-        for run in flat_runs(ready):
-            kernels.call("adam_step", optim_math.adam_step_reference, *run, *scalars)
+        _launch(kernels, "adam", flat_runs(ready), scalars)
+
+
+_REFERENCES = {"sgd_step": optim_math.sgd_step_reference,
+               "adam_step": optim_math.adam_step_reference,
+               "sgd_multi_step": optim_math.sgd_multi_step_reference,
+               "adam_multi_step": optim_math.adam_multi_step_reference}
+
+
+def _launch(kernels: CompiledBackend, name: str, runs: list[tuple[Any, ...]],
+            scalars: tuple) -> None:
+    """One kernel call for all ``runs`` (one dtype and device): a single run directly, several
+    through a multi-tensor table (``multi_tensor``); one call per run only when the addresses
+    allow no table."""
+    table = multi_tensor.table_of(runs) if len(runs) > 1 else None
+    if table is not None:
+        op = f"{name}_multi_step"
+        kernels.call(op, _REFERENCES[op], table.base, table.offsets, table.max_numel,
+                     *scalars)
+        return
+    op = f"{name}_step"
+    for run in runs:
+        kernels.call(op, _REFERENCES[op], *run, *scalars)
