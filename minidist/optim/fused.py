@@ -51,7 +51,7 @@ from minidist.optim import multi_tensor
 log = get_logger(__name__)
 
 __all__ = ["check_flags", "sgd_step", "adam_step", "implementation", "flatten_parameters",
-           "flat_runs"]
+           "flat_runs", "kernel_calls"]
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -77,6 +77,12 @@ _CUDA = CompiledBackend("numba-cuda optimizer", "minidist.kernels.optim_cuda",
 
 def _kernels_for(array: Any) -> CompiledBackend:
     return _CUDA if backend.is_device_array(array) else _CPU
+
+
+def kernel_calls() -> int:
+    """How many compiled (or fallback) kernel calls the fused steps made so far, CPU and GPU
+    together: a benchmark's count of launches per optimizer step."""
+    return _CPU.calls + _CUDA.calls
 
 
 def implementation(array: Any) -> str:
