@@ -95,22 +95,17 @@ def _compile_loops(parallel: bool) -> _Loops:
 
     # Multi-tensor: every tensor of a (dtype) group in one call. ``base`` spans them all and
     # row k of ``table`` holds tensor k's element offsets in it, then its numel (multi_tensor).
+    # Each tensor's columns are cut out of ``base`` as slices and run through the loop above:
+    # indexing ``base[offset + j]`` directly would make Numba check each index for
+    # wraparound (it cannot prove offset + j >= 0), which stops the loop vectorizing (~7x).
     @jit
     def sgd_multi(base: Any, table: Any, lr: Any, momentum: Any, keep: Any, weight_decay: Any,
                   nesterov: bool, first: bool) -> None:  # pragma: no cover - compiled
         for k in range(table.shape[0]):
-            op, og, ob, n = table[k, 0], table[k, 1], table[k, 2], table[k, 3]
-            if momentum != 0:
-                for j in loop_range(n):
-                    new_p, new_buf = _sgd_element(base[op + j], base[og + j], base[ob + j], lr,
-                                                  momentum, keep, weight_decay, nesterov, first)
-                    base[op + j] = new_p
-                    base[ob + j] = new_buf
-            else:
-                for j in loop_range(n):
-                    new_p, _ = _sgd_element(base[op + j], base[og + j], base[op + j], lr,
-                                            momentum, keep, weight_decay, nesterov, first)
-                    base[op + j] = new_p
+            n = table[k, 3]
+            sgd(base[table[k, 0]:table[k, 0] + n], base[table[k, 1]:table[k, 1] + n],
+                base[table[k, 2]:table[k, 2] + n], lr, momentum, keep, weight_decay, nesterov,
+                first)
 
     @jit
     def adam_multi(base: Any, table: Any, decay: Any, l2: Any, beta1: Any,
@@ -118,15 +113,11 @@ def _compile_loops(parallel: bool) -> _Loops:
                    bias_correction2_sqrt: Any, eps: Any,
                    step_size: Any) -> None:  # pragma: no cover - compiled
         for k in range(table.shape[0]):
-            op, og, om, ov, n = table[k, 0], table[k, 1], table[k, 2], table[k, 3], table[k, 4]
-            for j in loop_range(n):
-                new_p, new_m, new_v = _adam_element(base[op + j], base[og + j], base[om + j],
-                                                    base[ov + j], decay, l2, beta1,
-                                                    one_minus_beta1, beta2, one_minus_beta2,
-                                                    bias_correction2_sqrt, eps, step_size)
-                base[op + j] = new_p
-                base[om + j] = new_m
-                base[ov + j] = new_v
+            n = table[k, 4]
+            adam(base[table[k, 0]:table[k, 0] + n], base[table[k, 1]:table[k, 1] + n],
+                 base[table[k, 2]:table[k, 2] + n], base[table[k, 3]:table[k, 3] + n], decay,
+                 l2, beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps,
+                 step_size)
 
     return _Loops(sgd, adam, sgd_multi, adam_multi)
 

@@ -293,7 +293,7 @@ def sgd_step(opt: Any, fallback: Update) -> None:
         dt = np.dtype(dtype).type
         scalars = (dt(group["lr"]), dt(group["momentum"]), dt(1.0 - group["dampening"]),
                    dt(group["weight_decay"]), bool(group["nesterov"]), bool(first))
-        _launch(kernels, "sgd", flat_runs(ready), scalars)
+        _launch(kernels, "sgd", ready, scalars)
 
 
 def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
@@ -326,8 +326,11 @@ def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
         scalars = (dt(1.0 - lr * wd if decoupled else 1.0), dt(0.0 if decoupled else wd),
                    dt(beta1), dt(1.0 - beta1), dt(beta2), dt(1.0 - beta2),
                    dt(math.sqrt(1.0 - beta2 ** t)), dt(eps), dt(lr / (1.0 - beta1 ** t)))
-        _launch(kernels, "adam", flat_runs(ready), scalars)
+        _launch(kernels, "adam", ready, scalars)
 
+
+MULTI_TENSOR = True
+"""False: one kernel call per run, as before multi-tensor tables (benchmarks compare both)."""
 
 _REFERENCES = {"sgd_step": optim_math.sgd_step_reference,
                "adam_step": optim_math.adam_step_reference,
@@ -335,12 +338,14 @@ _REFERENCES = {"sgd_step": optim_math.sgd_step_reference,
                "adam_multi_step": optim_math.adam_multi_step_reference}
 
 
-def _launch(kernels: CompiledBackend, name: str, runs: list[tuple[Any, ...]],
+def _launch(kernels: CompiledBackend, name: str, ready: list[tuple[Any, ...]],
             scalars: tuple) -> None:
-    """One kernel call for all ``runs`` (one dtype and device): a single run directly, several
-    through a multi-tensor table (``multi_tensor``); one call per run only when the addresses
-    allow no table."""
-    table = multi_tensor.table_of(runs) if len(runs) > 1 else None
+    """One kernel call for all tensors in ``ready`` (one dtype and device): a single flat run
+    directly, several runs through a multi-tensor table of the tensors (``multi_tensor``;
+    built from the tensors themselves, whose addresses it remembers); one call per run only
+    when the addresses allow no table."""
+    runs = flat_runs(ready)
+    table = multi_tensor.table_of(ready) if len(runs) > 1 and MULTI_TENSOR else None
     if table is not None:
         op = f"{name}_multi_step"
         kernels.call(op, _REFERENCES[op], table.base, table.offsets, table.max_numel,
