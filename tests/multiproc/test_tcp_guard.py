@@ -19,7 +19,7 @@ import time
 import pytest
 
 from minidist.comm.transports import tcp_rendezvous as tcp
-from procs import REPO, free_port, job_env, run_env_ranks
+from procs import REPO, free_port, job_env, kill_group, run_env_ranks
 
 BODY = REPO / "tests" / "multiproc" / "tcp_body.py"
 
@@ -34,13 +34,15 @@ def _rank(r: int, port: int, extra: dict | None = None) -> subprocess.Popen:
 
 
 def _finish(procs: list, timeout_s: float = 60) -> list[tuple[int, str, str]]:
+    """(exit code, stdout, stderr) of each rank, under one deadline for all of them."""
+    deadline = time.monotonic() + timeout_s
     try:
-        return [(p.communicate(timeout=timeout_s) and p.returncode, *p.communicate())
-                for p in procs]
+        return [(p.communicate(timeout=max(0.0, deadline - time.monotonic())) and p.returncode,
+                 *p.communicate()) for p in procs]
     finally:
         for p in procs:
+            kill_group(p.pid, leader_alive=p.poll() is None)
             if p.poll() is None:
-                os.killpg(p.pid, 9)
                 p.communicate()
 
 
