@@ -332,10 +332,11 @@ def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
 MULTI_TENSOR = True
 """False: one kernel call per run, as before multi-tensor tables (benchmarks compare both)."""
 
-_REFERENCES = {"sgd_step": optim_math.sgd_step_reference,
-               "adam_step": optim_math.adam_step_reference,
-               "sgd_multi_step": optim_math.sgd_multi_step_reference,
-               "adam_multi_step": optim_math.adam_multi_step_reference}
+_REFERENCES: dict[str, Callable[..., Any]] = {
+    "sgd_step": optim_math.sgd_step_reference,
+    "adam_step": optim_math.adam_step_reference,
+    "sgd_multi_step": optim_math.sgd_multi_step_reference,
+    "adam_multi_step": optim_math.adam_multi_step_reference}
 
 
 def _launch(kernels: CompiledBackend, name: str, ready: list[tuple[Any, ...]],

@@ -296,7 +296,8 @@ class Tensor:
     def __repr__(self) -> str:
         """torch's layout, ``tensor([0.5000, 0.2500], requires_grad=True)`` (see printing)."""
         where = str(self.device) if self.is_cuda else None
-        return printing.tensor_repr(backend.to_host(self.data, explicit="print"), where, self.requires_grad,
+        host = backend.to_host(self.data, explicit="print")
+        return printing.tensor_repr(host, where, self.requires_grad,
                                     None if self.is_leaf else self._op)
 
     def __format__(self, format_spec: str) -> str:
