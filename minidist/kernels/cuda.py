@@ -58,6 +58,7 @@ import collections
 import math
 import sys
 import threading
+import warnings
 from typing import Any, Hashable, NamedTuple, no_type_check
 
 import numpy as np
@@ -457,18 +458,21 @@ def configure_quietly(kernel: Any, blocks: int, threads: int, stream: Any) -> An
     ``config.CUDA_LOW_OCCUPANCY_WARNINGS`` of its dispatcher's module (grids under 128 blocks
     warn). Small grids are chosen here (one thread updates the loss scale; a small buffer
     needs few blocks), so the flag is off while THIS configuration is built and restored
-    right after: the user's own launches still warn, and no warnings filter (process-wide,
-    not thread-safe) is touched.
+    right after: the user's own launches still warn. A Numba that decides it elsewhere is
+    covered by a warnings filter around the configuration as well.
     """
     config = getattr(sys.modules.get(type(kernel).__module__), "config", None)
-    if config is None or not getattr(config, "CUDA_LOW_OCCUPANCY_WARNINGS", 0):
-        return kernel[blocks, threads, stream]
-    with _CONFIGURE_LOCK:
-        before, config.CUDA_LOW_OCCUPANCY_WARNINGS = config.CUDA_LOW_OCCUPANCY_WARNINGS, 0
+    flag = config is not None and getattr(config, "CUDA_LOW_OCCUPANCY_WARNINGS", 0)
+    with _CONFIGURE_LOCK, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Grid size \d+ will likely result in GPU "
+                                "under-utilization")
+        if flag:
+            config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
         try:
             return kernel[blocks, threads, stream]
         finally:
-            config.CUDA_LOW_OCCUPANCY_WARNINGS = before
+            if flag:
+                config.CUDA_LOW_OCCUPANCY_WARNINGS = flag
 
 
 def launch_plan(kernel: Any, arrays: tuple[Any, ...], n: int,

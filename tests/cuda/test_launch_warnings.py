@@ -41,3 +41,20 @@ def test_a_small_grid_warns_unless_configured_quietly():
         warnings.simplefilter("always")
         tiny[2, 32, 0]                                   # the flag is back for the user
     assert any("under-utilization" in str(w.message) for w in seen)
+
+
+def test_the_check_is_off_while_our_configuration_is_built_and_back_after():
+    dispatcher_module = sys.modules[type(tiny).__module__]
+    config = getattr(dispatcher_module, "config", None)
+    if config is None or not config.CUDA_LOW_OCCUPANCY_WARNINGS:
+        pytest.skip("this numba.cuda decides the warning elsewhere (or has it off)")
+    seen = []
+
+    class Probe:  # looks up its config where Numba's dispatcher does
+        def __getitem__(self, launch):
+            seen.append(config.CUDA_LOW_OCCUPANCY_WARNINGS)
+            return launch
+
+    Probe.__module__ = dispatcher_module.__name__
+    assert kcuda.configure_quietly(Probe(), 1, 32, 0) == (1, 32, 0)
+    assert seen == [0] and config.CUDA_LOW_OCCUPANCY_WARNINGS
