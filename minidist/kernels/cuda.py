@@ -461,8 +461,8 @@ def configure_quietly(kernel: Any, blocks: int, threads: int, stream: Any) -> An
     right after: the user's own launches still warn. A Numba that decides it elsewhere is
     covered by a warnings filter around the configuration as well.
     """
-    config = getattr(sys.modules.get(type(kernel).__module__), "config", None)
-    flag = config is not None and getattr(config, "CUDA_LOW_OCCUPANCY_WARNINGS", 0)
+    config: Any = getattr(sys.modules.get(type(kernel).__module__), "config", None)
+    flag: Any = getattr(config, "CUDA_LOW_OCCUPANCY_WARNINGS", 0) if config is not None else 0
     with _CONFIGURE_LOCK, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Grid size \d+ will likely result in GPU "
                                 "under-utilization")

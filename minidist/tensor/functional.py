@@ -20,7 +20,7 @@ import numpy
 
 from minidist import xp as backend
 from minidist.envvars import env
-from minidist.tensor import random
+from minidist.tensor import random, xent_cupy
 from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, as_array, error
 from minidist.tensor.reduce import normalize_axes
@@ -130,6 +130,11 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None,  # noqa: A002 
         if weight is not None or label_smoothing:
             return _cross_entropy_general(logits, t, t != ignore_index, weight, ignore_index,
                                           reduction, label_smoothing)
+        if xent_cupy.available():
+            try:
+                return _cross_entropy_fused(logits, t, ignore_index, reduction)
+            except Exception as exc:  # compiling the kernels failed: the formulas, once warned
+                xent_cupy.give_up(exc)
         return cross_entropy_on_device(logits, t, ignore_index, reduction)
     host = numpy.asarray(t)
     kept = _check_labels(host, c, ignore_index)
@@ -202,6 +207,29 @@ def cross_entropy_on_device(logits: Tensor, t: Any, ignore_index: int = -100,
         scale = weight * g if reduction == "none" else weight * (g / count if reduction == "mean"
                                                                  else g)
         grad *= scale[:, None]
+        return (grad,)
+
+    return Tensor._make(out, (logits,), backward, "cross_entropy")
+
+
+def _cross_entropy_fused(logits: Tensor, t: Any, ignore_index: int,
+                         reduction: str) -> Tensor:  # pragma: no cover - needs a GPU
+    """``cross_entropy_on_device`` in two fused CuPy kernels (``xent_cupy``): one launch
+    forward (+ the reduction), one backward; nothing read on the host."""
+    xp = backend.get_array_module(logits.data)
+    n, c = logits.shape
+    x = xp.ascontiguousarray(logits.data)
+    t = t.astype(xp.int64, copy=False)
+    losses, m, s = xent_cupy.forward_kernel()(x, t, c, ignore_index, numpy.nan)
+    count = (t != ignore_index).sum(dtype=x.dtype) if reduction == "mean" else None
+    out = losses.sum() / count if reduction == "mean" else (losses.sum() if reduction == "sum"
+                                                             else losses)
+
+    def backward(g: Any) -> tuple:
+        scale = g if reduction == "none" else (g / count if reduction == "mean" else g)
+        scale = xp.ascontiguousarray(scale.astype(x.dtype, copy=False).reshape(-1))
+        grad = xent_cupy.backward_kernel()(x, m, s, t, scale, reduction == "none", c,
+                                           ignore_index, numpy.nan)
         return (grad,)
 
     return Tensor._make(out, (logits,), backward, "cross_entropy")
