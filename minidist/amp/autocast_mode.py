@@ -18,7 +18,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy
 
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 from minidist.tensor import autocast_mode as state
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -127,11 +127,11 @@ def check_same_dtype(op: str, x: Tensor, weight: Tensor) -> None:
     must have the same dtype": NumPy would silently promote, and a float64 batch (NumPy's
     default) would run a float32 model in float64. Narrower inputs keep NumPy's promotion (a
     float32 batch into a float16 model with float32 masters, docs/amp.md)."""
-    if x.dtype == numpy.float64 and weight.dtype != numpy.float64 and \
-            is_floating(weight.dtype):
-        raise TypeError(error(op, f"input dtype {x.dtype} differs from weight dtype "
-                              f"{weight.dtype} (torch: mat1 and mat2 must have the same dtype). "
-                              f"Cast the input (x.float(), array.astype(numpy.{weight.dtype})) "
+    xd, wd = x.data.dtype, weight.data.dtype
+    if xd == numpy.float64 and wd != numpy.float64 and is_floating(wd):
+        raise TypeError(error(op, f"input dtype {xd} differs from weight dtype "
+                              f"{wd} (torch: mat1 and mat2 must have the same dtype). "
+                              f"Cast the input (x.float(), array.astype(numpy.{wd})) "
                               "or the model (.double()), or run under autocast."))
 
 
