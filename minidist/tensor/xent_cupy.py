@@ -26,7 +26,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 
 _FORWARD = r"""
     const long long row = i * c;
