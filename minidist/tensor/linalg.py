@@ -8,8 +8,8 @@ For ``out = a @ b`` with ``a (..., n, k)`` and ``b (..., k, m)``::
 A 1-D left operand acts as a row ``(1, k)``, a 1-D right one as a column ``(k, 1)``; the added
 dim is dropped from the result and from the gradients. ``linear(x, W, b) = x @ W^T + b`` is one
 node, so its backward writes ``grad W = g^T @ x`` directly in W's (out, in) layout: into W's
-reserved gradient buffer when it has one (``autograd.claim_grad_destination``: a DDP bucket
-slot), as the GEMM's own output, with no copy; the bias gradient is summed into its slot too.
+reserved gradient buffer when it has one (``grad_destination.claim_grad_destination``: a DDP
+bucket slot), as the GEMM's own output, with no copy; the bias gradient is summed into its slot too.
 
 Under autocast (``autocast_mode``) all three run in float16. Every product goes through ``mm``,
 which emulates a float16 GEMM on the CPU (float32 BLAS, result rounded to float16): NumPy has no
@@ -25,9 +25,9 @@ import numpy
 
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
-from minidist.tensor import autograd
 from minidist.tensor.core import Tensor, error, is_floating
 from minidist.tensor.elementwise import broadcast_message, unbroadcast
+from minidist.tensor.grad_destination import adopt_grad, claim_grad_destination
 
 
 def mm(a: Any, b: Any, out: Any = None, scale: float = 1.0) -> Any:
@@ -103,10 +103,11 @@ def sum_rows(g: Any, axis: int = 0, out: Any = None, scale: float = 1.0) -> Any:
 
 def _mm_into(leaf: Tensor, a: Any, b: Any) -> Any:
     """``leaf``'s gradient ``a @ b``: into its reserved buffer if it has one (see
-    ``autograd.claim_grad_destination``), else a new array."""
-    dest = autograd.claim_grad_destination(leaf)
+    ``grad_destination.claim_grad_destination``), else a new array that becomes its
+    ``.grad`` when it is the first (``adopt_grad``)."""
+    dest = claim_grad_destination(leaf)
     if dest is None:
-        return mm(a, b)
+        return adopt_grad(leaf, mm(a, b))
     return mm(a, b, out=dest.buffer, scale=dest.scale)
 
 
@@ -200,9 +201,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             return gx, gw
         gb = None
         if bias.requires_grad:
-            dest = autograd.claim_grad_destination(bias)
-            gb = sum_rows(g2) if dest is None else sum_rows(g2, out=dest.buffer,
-                                                            scale=dest.scale)
+            dest = claim_grad_destination(bias)
+            gb = adopt_grad(bias, sum_rows(g2)) if dest is None else \
+                sum_rows(g2, out=dest.buffer, scale=dest.scale)
         return gx, gw, gb
 
     return Tensor._make(out, parents, backward, "linear")
