@@ -5,14 +5,15 @@
 Forward recorded, for every op result, its inputs and a closure ``g -> (g_in1, g_in2, ...)``.
 Backward:
 
-1. collects the nodes that reach the root through tensors that require grad, in topological
-   order (inputs before outputs), and counts, for each leaf, how many edges lead into it;
-2. visits the nodes in reverse order: calls the closure with the node's gradient and routes the
-   results to the inputs. An intermediate input sums its contributions in a dict; a leaf adds
-   each contribution straight into ``leaf.grad`` IN PLACE (contract 1: never rebinds it);
-3. when a leaf's last edge has delivered, its gradient for this backward is complete: its
-   post-accumulate-grad hooks fire then (contract 2), so DDP can start reducing that bucket
-   while the earlier layers are still being differentiated;
+1. orders the tensors that reach the root through tensors that require grad topologically
+   (inputs before outputs);
+2. visits them in reverse (micrograd's ``for v in reversed(topo): v._backward()``): an
+   intermediate sums the gradients its consumers sent it and its closure turns the sum into
+   its inputs' gradients; a leaf adds each contribution into ``leaf.grad`` IN PLACE
+   (contract 1: never rebinds it);
+3. a leaf is visited right after its last consumer, so its gradient for this backward is
+   complete then: its post-accumulate-grad hooks fire (contract 2), and DDP can start
+   reducing that bucket while the earlier layers are still being differentiated;
 4. drops each node's closure and inputs once used (unless ``retain_graph=True``), so the
    activations of a step are freed and memory does not grow across steps;
 5. when the walk is done, runs the callbacks queued during it (``queue_callback``), in order:
@@ -38,7 +39,7 @@ from minidist import trace
 from minidist import xp as backend
 from minidist.tensor.core import Tensor, as_array, error
 from minidist.tensor.grad_destination import (GradDestination, claim_grad_destination,
-                                              scale_of, store_first, writing_grads)
+                                              scale_of, store_first, writing)
 
 _handle_ids = itertools.count()
 # One list of queued callbacks per backward that is running on this thread (innermost last):
@@ -126,29 +127,28 @@ def _freed(g: Any) -> tuple:
         "time if you really need two passes, or recompute the forward."))
 
 
-def _topological_order(root: Tensor) -> tuple[list[Tensor], dict[int, int]]:
-    """Nodes reachable from root through requires-grad edges (inputs first) + edges per leaf."""
+def _topological_order(root: Tensor) -> list[Tensor]:
+    """The tensors reachable from root through requires-grad edges, each after its inputs.
+
+    Iterative post-order DFS (deep graphs do not hit the recursion limit). A node's leaf
+    inputs are explored after its other inputs, so in reverse order a leaf comes right after
+    its last consumer: its gradient is complete then, and its hooks fire while the earlier
+    layers are still to be differentiated (a Linear's bias, then its weight).
+    """
     order: list[Tensor] = []
-    leaf_edges: dict[int, int] = {}
     visited: set[int] = set()
     stack: list[tuple[Tensor, bool]] = [(root, False)]
-    while stack:  # iterative post-order DFS: deep graphs do not hit the recursion limit
+    while stack:
         node, expanded = stack.pop()
         if expanded:
             order.append(node)
-            continue
-        if id(node) in visited:
-            continue
-        visited.add(id(node))
-        stack.append((node, True))
-        for parent in node._parents:
-            if not parent.requires_grad:
-                continue
-            if parent._backward is None:
-                leaf_edges[id(parent)] = leaf_edges.get(id(parent), 0) + 1
-            if id(parent) not in visited:
-                stack.append((parent, False))
-    return order, leaf_edges
+        elif id(node) not in visited:
+            visited.add(id(node))
+            stack.append((node, True))
+            inputs = [p for p in reversed(node._parents) if p.requires_grad]
+            stack += [(p, False) for p in inputs if p._backward is None]  # leaves: popped last
+            stack += [(p, False) for p in inputs if p._backward is not None]
+    return order
 
 
 def _accumulate(leaf: Tensor, g: Any) -> None:
@@ -194,15 +194,16 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
     frames.append(callbacks)
     tr = trace.active  # the step timeline (minidist/trace.py); None when tracing is off
     t0 = tr.now() if tr is not None else 0.0
+    writing.flags.append(True)  # ops may write into .grad (grad_destination.py)
     try:
-        with writing_grads(True):
-            _walk(root, seed, retain_graph, _accumulate, _fire_hooks)
+        _walk(root, seed, retain_graph, _accumulate, _fire_hooks)
         i = 0
         while i < len(callbacks):  # a callback may queue more: they join the end of the list
             callbacks[i]()
             i += 1
     finally:  # an error in the walk drops the queued callbacks
         frames.pop()
+        writing.flags.pop()
         if tr is not None:
             tr.complete("backward", t0, tr.now())
 
@@ -233,8 +234,11 @@ def grad(outputs: Tensor, inputs: Sequence[Tensor], grad_outputs: Any = None,
             captured[key] = g if captured[key] is None else captured[key] + g
 
     seed = _seed(outputs, grad_outputs)
-    with writing_grads(False):  # no op may claim a destination or adopt into .grad here
+    writing.flags.append(False)  # no op may claim a destination or adopt into .grad here
+    try:
         _walk(outputs, seed, retain_graph, capture, lambda leaf: None)
+    finally:
+        writing.flags.pop()
     return tuple(captured[id(t)] for t in inputs)
 
 
@@ -263,41 +267,27 @@ def _walk(root: Tensor, seed: Any, retain_graph: bool,
           deliver: Callable[[Tensor, Any], None], complete: Callable[[Tensor], None]) -> None:
     """The backward walk (steps 1-4 of the module docstring).
 
-    ``deliver(leaf, g)`` receives each gradient contribution of a leaf (``_accumulate``, or
-    ``grad()``'s capture); ``complete(leaf)`` runs when the leaf's last one has arrived
-    (``_fire_hooks``).
+    Every tensor is visited after all its consumers (reverse topological order). An
+    intermediate's contributions are summed and passed through its closure; a leaf's are
+    handed to ``deliver(leaf, g)`` one by one, in arrival order (``_accumulate``, or
+    ``grad()``'s capture), then ``complete(leaf)`` runs (``_fire_hooks``).
     """
-    if root._backward is None:  # backward on a leaf: its gradient is the seed itself
-        deliver(root, seed)
-        complete(root)
-        return
-    order, leaf_edges = _topological_order(root)
-    grads: dict[int, Any] = {id(root): seed}  # an intermediate's gradient, summed so far
-    delivered: set[int] = set()               # leaves that received a gradient in this pass
-    for node in reversed(order):
-        if node._backward is None:
-            continue  # a leaf: its consumers deliver to it
-        g = grads.pop(id(node), None)
-        parents = node._parents
-        parent_grads = node._backward(g) if g is not None else (None,) * len(parents)
-        # Route in reverse input order: Linear(x, weight, bias) finishes bias before weight,
-        # so hooks fire in exactly the reverse of parameters() order.
-        for i in range(len(parents) - 1, -1, -1):
-            parent, pg = parents[i], parent_grads[i]
-            if not parent.requires_grad:
-                continue
-            key = id(parent)
-            if parent._backward is not None:  # an intermediate: sum its contributions
-                if pg is not None:
-                    prev = grads.get(key)
-                    grads[key] = pg if prev is None else prev + pg  # never in place: pg may alias
-                continue
-            if pg is not None:  # a leaf: accumulate; complete once its last edge delivered
-                deliver(parent, pg)
-                delivered.add(key)
-            leaf_edges[key] -= 1
-            if leaf_edges[key] == 0 and key in delivered:
-                complete(parent)
+    grads: dict[int, list[Any]] = {id(root): [seed]}  # contributions received so far
+    for node in reversed(_topological_order(root)):
+        contributions = grads.pop(id(node), [])
+        if node._backward is None:  # a leaf
+            for g in contributions:
+                deliver(node, g)
+            if contributions:
+                complete(node)
+            continue
+        if contributions:
+            g = contributions[0]
+            for more in contributions[1:]:
+                g = g + more  # never in place: a contribution may alias another array
+            for parent, pg in zip(node._parents, node._backward(g)):
+                if pg is not None and parent.requires_grad:
+                    grads.setdefault(id(parent), []).append(pg)
         if not retain_graph:
             node._backward, node._parents = _freed, ()
 

@@ -18,21 +18,18 @@ can compute a leaf's whole gradient in one go ask it the other two::
 A claimed destination (or an adopted array) becomes ``leaf.grad`` at once, so the walk finds
 the op's result already in place (``g is leaf.grad``) and adds nothing; a second use of the
 same leaf in the same op gets no claim and is added onto it. Claims and adoption happen only
-while a backward that writes ``.grad`` runs (``writing_grads``): ``autograd.grad()`` returns
+while a backward that writes ``.grad`` runs (``writing.flags``): ``autograd.grad()`` returns
 gradients and never touches ``.grad`` or a destination.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 from minidist import xp as backend
 from minidist.tensor.core import Tensor, error
 
-# One flag per backward running on this thread (innermost last): does it write .grad?
-_writing = threading.local()
 
 
 class GradDestination:
@@ -87,22 +84,15 @@ class GradDestination:
                 f"scale={self.scale})")
 
 
-@contextlib.contextmanager
-def writing_grads(enabled: bool) -> Iterator[None]:
-    """The backward inside the block writes ``.grad`` (``run_backward``) or not (``grad()``)."""
-    stack = getattr(_writing, "stack", None)
-    if stack is None:
-        stack = _writing.stack = []
-    stack.append(enabled)
-    try:
-        yield
-    finally:
-        stack.pop()
+class _Writing(threading.local):
+    """Per thread: one flag per backward running on it (innermost last): does it write
+    ``.grad`` (``run_backward``: True) or only return gradients (``grad()``: False)?"""
+
+    def __init__(self) -> None:
+        self.flags: list[bool] = []
 
 
-def _writes_grad() -> bool:
-    stack = getattr(_writing, "stack", None)
-    return bool(stack) and stack[-1]
+writing = _Writing()
 
 
 def claim_grad_destination(tensor: Tensor) -> GradDestination | None:
@@ -118,7 +108,7 @@ def claim_grad_destination(tensor: Tensor) -> GradDestination | None:
         gw = mm(g2.T, x2) if dest is None else mm(g2.T, x2, out=dest.buffer, scale=dest.scale)
     """
     dest = tensor._grad_dest
-    if dest is None or tensor._grad is not None or not _writes_grad():
+    if dest is None or tensor._grad is not None or not writing.flags[-1]:
         return None
     tensor._grad = dest.buffer
     return dest
@@ -128,7 +118,7 @@ def adopt_grad(tensor: Tensor, g: Any) -> Any:
     """For an op's backward: ``g``, a fresh array only this op made, becomes ``tensor.grad``
     without a copy when it is the leaf's first gradient of a backward that writes ``.grad``
     (and has the leaf's dtype). Returns ``g`` (the op returns it as usual)."""
-    if (tensor._grad is None and tensor._grad_dest is None and _writes_grad()
+    if (tensor._grad is None and tensor._grad_dest is None and writing.flags[-1]
             and g.dtype == tensor.data.dtype and g.shape == tensor.data.shape):
         tensor._grad = g
     return g
@@ -156,4 +146,4 @@ def scale_of(leaf: Tensor) -> float:
 
 
 __all__ = ["GradDestination", "adopt_grad", "claim_grad_destination", "scale_of",
-           "store_first", "writing_grads"]
+           "store_first", "writing"]

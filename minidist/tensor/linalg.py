@@ -55,49 +55,44 @@ def mm(a: Any, b: Any, out: Any = None, scale: float = 1.0) -> Any:
                 return prod.astype(numpy.float16)
             numpy.copyto(out, prod, casting="unsafe")
             return out
-    scale_out = False
-    if scale != 1.0:
-        smallest = min(a.size, b.size, a.shape[0] * b.shape[-1])
-        if a.size == smallest:
-            a = a * a.dtype.type(scale)
-        elif b.size == smallest:
-            b = b * b.dtype.type(scale)
-        else:
-            scale_out = True
+    if scale != 1.0:  # the average folded into a weight gradient (DDP's prescaled hook)
+        return _scaled_mm(a, b, out, scale)
     if out is None:
-        res = xp.matmul(a, b)
-        if scale_out:
-            res *= res.dtype.type(scale)
-        return res
+        return xp.matmul(a, b)
     if out.dtype == xp.result_type(a, b):
         xp.matmul(a, b, out=out)
     else:
         xp.copyto(out, xp.matmul(a, b), casting="unsafe")
-    if scale_out:
-        out *= out.dtype.type(scale)
     return out
+
+
+def _scaled_mm(a: Any, b: Any, out: Any, scale: float) -> Any:
+    """``scale * (a @ b)`` with the scale on the smallest of the three arrays (no extra pass
+    over the product when an operand is smaller)."""
+    smallest = min(a.size, b.size, a.shape[0] * b.shape[-1])
+    if a.size == smallest:
+        return mm(a * a.dtype.type(scale), b, out)
+    if b.size == smallest:
+        return mm(a, b * b.dtype.type(scale), out)
+    res = mm(a, b, out)
+    res *= res.dtype.type(scale)
+    return res
 
 
 def sum_rows(g: Any, axis: int = 0, out: Any = None, scale: float = 1.0) -> Any:
     """``scale * g.sum(axis)``, into ``out`` if given; float16 is accumulated in float32 and
     rounded once (bias gradients)."""
-    xp = backend.get_array_module(g)
     if g.dtype == numpy.float16:
         s = g.sum(axis=axis, dtype=numpy.float32)
         if scale != 1.0:
             s *= numpy.float32(scale)
         if out is None:
             return s.astype(numpy.float16)
-        xp.copyto(out, s, casting="unsafe")
-    elif out is None:
-        s = g.sum(axis=axis)
-        if scale != 1.0:
-            s *= s.dtype.type(scale)
-        return s
-    else:
-        g.sum(axis=axis, out=out)
-        if scale != 1.0:
-            out *= out.dtype.type(scale)
+        backend.get_array_module(g).copyto(out, s, casting="unsafe")
+        return out
+    out = g.sum(axis=axis, out=out)
+    if scale != 1.0:
+        out *= out.dtype.type(scale)
     return out
 
 

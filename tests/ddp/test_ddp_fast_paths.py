@@ -11,7 +11,8 @@ from minidist import comm, nn
 from minidist.comm.transports.threads import run_threads
 from minidist.ddp import DistributedDataParallel, auto_overlap
 from minidist.ddp.bucket import Bucket, ParamMeta, plan_buckets
-from minidist.ddp.reducer import Reducer, all_finite_fast
+from minidist.ddp.grad_checks import all_finite_fast
+from minidist.ddp.reducer import Reducer
 from minidist.tensor import Tensor
 
 
@@ -120,15 +121,24 @@ def test_ddp_backward_writes_grads_into_the_buckets_without_allocating_them(grou
     assert all(p.grad_destination is None for p in m.parameters())   # released with the hooks
 
 
+class RecordingGroup:
+    """A group whose "all-reduce" records the call and leaves the buffer as it is: what a SUM
+    gives when every peer contributed zeros."""
+
+    def __init__(self, size, calls):
+        self.size, self.calls = size, calls
+
+    def all_reduce(self, array, op="sum", algorithm=None, label=None):
+        self.calls.append(op)
+
+
 def reducer_for(params, world_size, reduce_calls):
-    """A Reducer over ``params`` whose "all-reduce" records the call and leaves the buffer as
-    it is: what a SUM gives when every peer contributed zeros."""
     names = [f"p{i}" for i in range(len(params))]
     specs = plan_buckets([ParamMeta(n, p.data.shape, str(p.data.dtype))
                           for n, p in zip(names, params)])
-    buckets = [Bucket(s, params, names, np.zeros(s.numel, np.float32)) for s in specs]
-    return Reducer(params, names, buckets, lambda buf, op: reduce_calls.append(op),
-                   world_size, overlap=False)
+    group = RecordingGroup(world_size, reduce_calls)
+    buckets = [Bucket(s, params, names, np.zeros(s.numel, np.float32), group) for s in specs]
+    return Reducer(params, names, buckets, overlap=False)
 
 
 def test_synced_step_writes_grad_over_n_into_the_slot_and_resets_after():
