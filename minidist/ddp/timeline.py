@@ -44,11 +44,12 @@ class StepTrace(StepStats):
         t0, t1 = self.reduction_span(bucket)
         self._busy += t1 - t0
         n, nbytes = bucket.world_size, int(bucket.buffer.nbytes)
-        busbw = 2 * (n - 1) / n * nbytes / max(t1 - t0, 1e-9) / 1e9 if n > 1 else 0.0
-        args = {"step": self.step, "bytes": nbytes, "algorithm": self.algorithms[bucket.index],
-                "op": "sum", "busbw_GBps": round(busbw, 3), "bucket": bucket.index}
-        self.tracer.complete(f"all_reduce bucket {bucket.index}", t0, t1, lane=trace.COMM,
-                             cat="allreduce", args=args)
+        if n > 1:  # one rank: nothing was all-reduced
+            busbw = 2 * (n - 1) / n * nbytes / max(t1 - t0, 1e-9) / 1e9
+            args = {"step": self.step, "bytes": nbytes, "op": "sum", "bucket": bucket.index,
+                    "algorithm": self.algorithms[bucket.index], "busbw_GBps": round(busbw, 3)}
+            self.tracer.complete(f"all_reduce bucket {bucket.index}", t0, t1, lane=trace.COMM,
+                                 cat="allreduce", args=args)
         self.tracer.instant(f"bucket {bucket.index} done", lane=trace.COMM,
                             args={"step": self.step})
 

@@ -42,9 +42,17 @@ from minidist.tensor.grad_destination import (GradDestination, claim_grad_destin
                                               scale_of, store_first, writing)
 
 _handle_ids = itertools.count()
-# One list of queued callbacks per backward that is running on this thread (innermost last):
-# a hook may itself call backward, and each backward runs only its own callbacks.
-_running = threading.local()
+
+
+class _Running(threading.local):
+    """Per thread: one list of queued callbacks per backward running on it (innermost last):
+    a hook may itself call backward, and each backward runs only its own callbacks."""
+
+    def __init__(self) -> None:
+        self.frames: list[list[Callable[[], None]]] = []
+
+
+_running = _Running()
 
 
 class RemovableHandle:
@@ -112,7 +120,7 @@ def queue_callback(callback: Callable[[], None]) -> None:
     Raises:
         RuntimeError: no backward is running on this thread.
     """
-    frames = getattr(_running, "frames", None)
+    frames = _running.frames
     if not frames:
         raise RuntimeError(error(
             "queue_callback", "no backward is running on this thread, so there is no end of "
@@ -187,22 +195,17 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
         RuntimeError: root does not require grad, or the graph was already freed.
     """
     seed = _seed(root, gradient)
-    frames = getattr(_running, "frames", None)
-    if frames is None:
-        frames = _running.frames = []
     callbacks: list[Callable[[], None]] = []
-    frames.append(callbacks)
+    _running.frames.append(callbacks)
     tr = trace.active  # the step timeline (minidist/trace.py); None when tracing is off
     t0 = tr.now() if tr is not None else 0.0
     writing.flags.append(True)  # ops may write into .grad (grad_destination.py)
     try:
         _walk(root, seed, retain_graph, _accumulate, _fire_hooks)
-        i = 0
-        while i < len(callbacks):  # a callback may queue more: they join the end of the list
-            callbacks[i]()
-            i += 1
+        for callback in callbacks:  # a callback may queue more: they join the end of the list
+            callback()
     finally:  # an error in the walk drops the queued callbacks
-        frames.pop()
+        _running.frames.pop()
         writing.flags.pop()
         if tr is not None:
             tr.complete("backward", t0, tr.now())
