@@ -44,7 +44,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from minidist import comm, trace
+from minidist import comm
+from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.amp import owner_of
 from minidist.comm.planner import check_algorithm
@@ -60,7 +61,7 @@ from minidist.ddp.observers import StepStats
 from minidist.ddp.reducer import Reducer
 from minidist.ddp.sync_batchnorm import SyncBatchNorm
 from minidist.ddp.timeline import StepTrace
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 from minidist.tensor.grad_mode import is_grad_enabled
 
 log = get_logger(__name__)
@@ -255,7 +256,7 @@ class DistributedDataParallel(ModulePassThrough):
             if self._buffer_packs and sync_buffers:
                 broadcast_buffer_packs(self._buffer_packs, self.process_group)
             return self.module(*args, **kwargs)
-        tr = trace.active  # the step timeline (minidist/trace.py); None when tracing is off
+        tr = trace.active  # the step timeline (minidist/tracing.py); None when tracing is off
         t0 = tr.now() if tr is not None else 0.0
         if tr is not None and (self._trace is None or self._trace.tracer is not tr):
             if self._trace is not None:

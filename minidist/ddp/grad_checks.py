@@ -30,7 +30,7 @@ import numpy as np
 
 from minidist import xp as backend
 from minidist.ddp.observers import ReducerObserver
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 
 log = get_logger("minidist.ddp.reducer")  # the Reducer's reports: one logger name for them
 

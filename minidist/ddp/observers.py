@@ -13,7 +13,7 @@ observer wants costs one empty loop). Registered here:
 
     grad_checks.NonfiniteCheck   nonfinite_grads="warn"|"raise" (default "warn")
     AmpUnscale                   a GradScaler scaled this step's loss (amp.add_scale_listener)
-    timeline.StepTrace           MINIDIST_TRACE: the step timeline (minidist/trace.py)
+    timeline.StepTrace           MINIDIST_TRACE: the step timeline (minidist/tracing.py)
     StepStats                    DistributedDataParallel.last_step_stats, once read
 
     reducer.add_observer(obs)            # for every step from now on

@@ -60,7 +60,7 @@ from minidist.ddp.hooks import allreduce_hook, wants_prescaled
 from minidist.ddp.observers import EVENTS, AmpUnscale, ReducerObserver, overridden
 from minidist.ddp.prescale import FoldedAverage
 from minidist.ddp.states import StepState
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 from minidist.tensor import GradDestination, queue_callback
 
 log = get_logger(__name__)

@@ -1,4 +1,4 @@
-"""What DistributedDataParallel records on the step timeline (minidist/trace.py, MINIDIST_TRACE).
+"""What DistributedDataParallel records on the step timeline (minidist/tracing.py, MINIDIST_TRACE).
 
 A Reducer observer (observers.py), registered while a Tracer is active::
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from minidist import trace
+from minidist import tracing as trace
 from minidist.ddp.observers import StepStats
 
 

@@ -35,7 +35,7 @@ import threading
 import weakref
 from typing import Any, Callable, Sequence
 
-from minidist import trace
+from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.tensor.core import Tensor, as_array, error
 from minidist.tensor.grad_destination import (GradDestination, claim_grad_destination,
@@ -197,7 +197,7 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
     seed = _seed(root, gradient)
     callbacks: list[Callable[[], None]] = []
     _running.frames.append(callbacks)
-    tr = trace.active  # the step timeline (minidist/trace.py); None when tracing is off
+    tr = trace.active  # the step timeline (minidist/tracing.py); None when tracing is off
     t0 = tr.now() if tr is not None else 0.0
     writing.flags.append(True)  # ops may write into .grad (grad_destination.py)
     try:
