@@ -127,9 +127,8 @@ class RNNBase(Module):
 
     def layer_params(self, layer: int, suffix: str) -> tuple:
         """``(w_ih, w_hh, b_ih, b_hh)`` of one layer and direction (biases may be None)."""
-        get = self.__dict__["_parameters"].get  # registered by Module.__init__
-        return (get(f"weight_ih_l{layer}{suffix}"), get(f"weight_hh_l{layer}{suffix}"),
-                get(f"bias_ih_l{layer}{suffix}"), get(f"bias_hh_l{layer}{suffix}"))
+        return tuple(getattr(self, f"{kind}_l{layer}{suffix}", None)
+                     for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
 
     def initial_states(self, hx: Any, batch: int, like: Tensor) -> list:
         """The per-(layer, direction) start states: from ``hx`` or zeros (torch's default)."""
