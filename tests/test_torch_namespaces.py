@@ -4,7 +4,6 @@ guides' mixed-precision + PowerSGD snippet run under the launcher at n=2 with it
 mapped to minidist's."""
 
 import importlib
-import textwrap
 
 import numpy as np
 import pytest
