@@ -87,7 +87,7 @@ class AvgPool2d(Module):
     """Mean over kernel windows (torch's ``nn.AvgPool2d``; stride defaults to the kernel size).
 
     ``count_include_pad=True`` (default) counts the zero padding in each divisor;
-    ``ceil_mode=True`` is not supported.
+    ``ceil_mode=True`` rounds the output size up, as torch.
     """
 
     def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0,

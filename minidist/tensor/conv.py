@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy
+
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor import autograd
@@ -215,42 +217,62 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     return Tensor._make(out, (x,), backward, "max_pool2d")
 
 
+def window_counts(size: int, k: int, s: int, p: int, out: int, count_pad: bool) -> list[int]:
+    """Per output position, how many of a window's k taps count in torch's divisor: the taps
+    inside input + padding (``count_pad``), or inside the input only; a ``ceil_mode`` window
+    that hangs past the padding counts only what it covers."""
+    counts = []
+    for i in range(out):
+        lo, hi = i * s - p, min(i * s - p + k, size + p)
+        counts.append(hi - lo if count_pad else min(hi, size) - max(lo, 0))
+    return counts
+
+
 def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
                ceil_mode: bool = False, count_include_pad: bool = True,
                divisor_override: int | None = None) -> Tensor:
     """Mean over each kernel window (torch's ``F.avg_pool2d``), NCHW.
 
     With ``count_include_pad=True`` (torch's default) the zero padding counts in each window's
-    divisor; with False only the real pixels do. ``divisor_override`` replaces the divisor. The
-    gradient spreads each output's gradient evenly over its window.
+    divisor; with False only the real pixels do. ``ceil_mode`` rounds the output size up, as in
+    ``max_pool2d``; a window hanging past the padding divides by what it covers (torch's rule).
+    ``divisor_override`` replaces the divisor. The gradient spreads each output's gradient
+    evenly over its window.
     """
     kh, kw = pair(kernel_size, "kernel_size")
     sh, sw = pair(stride if stride is not None else (kh, kw), "stride")
     ph, pw = pair(padding, "padding")
-    if ceil_mode:
-        raise ValueError(error("avg_pool2d", "ceil_mode=True is not supported; pad the input "
-                               "so the windows fit."))
     if 2 * ph > kh or 2 * pw > kw:
         raise ValueError(error("avg_pool2d", f"padding {(ph, pw)} must be at most half the "
                                f"kernel size {(kh, kw)}, as torch requires."))
     _out_size("avg_pool2d", x, kh, kw, ph, pw)
     xp = backend.get_array_module(x.data)
-    padded = pad2d(x.data, ph, pw)
+    h, w = x.shape[2:]
+    ho = pool_out_size("avg_pool2d", h, kh, sh, ph, 1, ceil_mode)
+    wo = pool_out_size("avg_pool2d", w, kw, sw, pw, 1, ceil_mode)
+    hp, wp = (ho - 1) * sh + kh, (wo - 1) * sw + kw  # what the windows read (zeros around x)
+    full = x.shape[:2] + (max(hp, h + ph), max(wp, w + pw))
+    if (ph, pw) == (0, 0) and hp <= h and wp <= w:
+        padded = x.data[:, :, :hp, :wp]  # no padding: a view
+    else:
+        padded = xp.zeros(full, dtype=x.dtype)
+        padded[:, :, ph:ph + h, pw:pw + w] = x.data
+        padded = padded[:, :, :hp, :wp]
     p = patches(padded, kh, kw, sh, sw)  # (kh, kw, C, N, Ho, Wo)
     if divisor_override:
         div: Any = float(divisor_override)
-    elif count_include_pad or not (ph or pw):
-        div = float(kh * kw)
-    else:  # the number of real pixels in each window, (Ho, Wo)
-        ones = pad2d(xp.ones((1, 1) + x.shape[2:], dtype=x.dtype), ph, pw)
-        div = patches(ones, kh, kw, sh, sw).sum(axis=(0, 1))[0, 0]
+    else:
+        rows = window_counts(h, kh, sh, ph, ho, count_include_pad)
+        cols = window_counts(w, kw, sw, pw, wo, count_include_pad)
+        div = xp.asarray(numpy.outer(rows, cols), dtype=x.dtype)  # (Ho, Wo)
     out = (p.sum(axis=(0, 1)) / div).astype(x.dtype, copy=False).transpose(1, 0, 2, 3)
 
     def backward(g: Any) -> tuple:
         share = (g.transpose(1, 0, 2, 3) / div).astype(g.dtype, copy=False)  # (C, N, Ho, Wo)
         gp = xp.broadcast_to(share, (kh, kw) + share.shape)
-        gx = col2im(gp, padded.shape, sh, sw)
-        return (gx[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]],)
+        gx = xp.zeros(full, dtype=g.dtype)
+        gx[:, :, :hp, :wp] = col2im(gp, padded.shape, sh, sw)
+        return (gx[:, :, ph:ph + h, pw:pw + w],)
 
     return Tensor._make(out, (x,), backward, "avg_pool2d")
 

@@ -109,6 +109,10 @@ def test_max_pool_padding_dilation_ceil_mode_sizes():
     np.testing.assert_array_equal(F.max_pool2d(neg, 3, 1, padding=1).data, -1)  # -inf padding
     with pytest.raises(ValueError, match="half"):
         nn.MaxPool2d(2, padding=2)(x)
+    ones = Tensor(np.ones((1, 1, 5, 5)))
+    # ceil_mode: the last window covers one row and column and divides by what it covers
+    np.testing.assert_array_equal(nn.AvgPool2d(2, ceil_mode=True)(ones).data, 1.0)
+    assert nn.AvgPool2d(2, ceil_mode=True)(ones).shape == (1, 1, 3, 3)
 
 
 def test_inplace_is_accepted_and_computes_the_same():
@@ -259,6 +263,13 @@ def test_group_norm_and_pooling_match_torch():
                  dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
                  dict(kernel_size=(3, 2), stride=(2, 1), padding=(1, 1), dilation=(2, 1))]:
         _compare(torch, torch.nn.MaxPool2d(**args), nn.MaxPool2d(**args),
+                 [RNG.normal(size=(2, 3, 9, 10)).astype(np.float32)])
+    for args in [dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+                 dict(kernel_size=3, stride=2, padding=1, ceil_mode=True,
+                      count_include_pad=False),
+                 dict(kernel_size=(3, 2), stride=(2, 1), padding=(1, 1)),
+                 dict(kernel_size=2, ceil_mode=True, divisor_override=3)]:
+        _compare(torch, torch.nn.AvgPool2d(**args), nn.AvgPool2d(**args),
                  [RNG.normal(size=(2, 3, 9, 10)).astype(np.float32)])
 
 
