@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from minidist.comm.algorithms.recursive_doubling import uses_halving
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 
