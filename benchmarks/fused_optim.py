@@ -74,7 +74,7 @@ def minidist_step(params0: list[np.ndarray], grads: list[np.ndarray], fused_on: 
     for p, g in zip(ps, grads):
         p.grad = g
     opt = optim.AdamW(ps, fused=fused_on, **HYPER)
-    return opt.step, lambda: [p.data for p in ps]
+    return opt.step, lambda: [p.array for p in ps]
 
 
 def torch_step(torch: Any, params0: list[np.ndarray], grads: list[np.ndarray], kind: str

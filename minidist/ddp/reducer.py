@@ -267,7 +267,7 @@ class Reducer:
         if bucket.is_slot_done(k):  # a second report is ignored
             return
         p, view, dest = self.params[i], bucket.views[k], self._dests[i]
-        g = p.grad
+        g = None if p.grad is None else p.grad.array
         # The gradient must be in its bucket slot, divided by n in PRESCALED mode (the hook
         # then sums, like torch's div_factor). Usually backward wrote it there already,
         # divided (the slot is its destination, with scale 1/n): nothing to do.

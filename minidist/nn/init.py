@@ -21,9 +21,9 @@ __all__ = ["manual_seed", "uniform_", "normal_", "constant_", "zeros_", "ones_",
 
 
 def _fill(t: Tensor, host: numpy.ndarray) -> Tensor:
-    xp = backend.get_array_module(t.data)
+    xp = backend.get_array_module(t.array)
     with no_grad():
-        t.data[...] = xp.asarray(host.astype(t.data.dtype))
+        t.array[...] = xp.asarray(host.astype(t.array.dtype))
     return t
 
 
@@ -39,19 +39,19 @@ def normal_(t: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
 
 def constant_(t: Tensor, val: float) -> Tensor:
     """Fill ``t`` with ``val`` in place; returns t."""
-    t.data[...] = val
+    t.array[...] = val
     return t
 
 
 def zeros_(t: Tensor) -> Tensor:
     """Fill ``t`` with zeros in place."""
-    t.data[...] = 0
+    t.array[...] = 0
     return t
 
 
 def ones_(t: Tensor) -> Tensor:
     """Fill ``t`` with ones in place."""
-    t.data[...] = 1
+    t.array[...] = 1
     return t
 
 

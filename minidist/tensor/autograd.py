@@ -191,7 +191,7 @@ def _adoptable(g: Any, leaf: Tensor) -> bool:
     """
     flags = g.flags
     return (bool(flags.owndata) and bool(getattr(flags, "writeable", True))
-            and bool(flags.c_contiguous) and g.dtype == leaf.data.dtype)
+            and bool(flags.c_contiguous) and g.dtype == leaf.array.dtype)
 
 
 def _accumulate(leaf: Tensor, g: Any, fresh: bool = False) -> None:
@@ -201,8 +201,8 @@ def _accumulate(leaf: Tensor, g: Any, fresh: bool = False) -> None:
     gradient adopts it instead of copying it, which saves one pass over every parameter. A
     leaf with a ``GradDestination`` gets ``scale * g`` written into (or added to) its buffer.
     """
-    if g.shape != leaf.data.shape:  # an op's backward broke its contract; not a user error
-        raise AssertionError(f"gradient of shape {g.shape} for a leaf of shape {leaf.data.shape}")
+    if g.shape != leaf.array.shape:  # an op's backward broke its contract; not a user error
+        raise AssertionError(f"gradient of shape {g.shape} for a leaf of shape {leaf.array.shape}")
     dest = leaf._grad_dest
     if dest is not None:
         xp = backend.get_array_module(dest.buffer)
@@ -219,7 +219,7 @@ def _accumulate(leaf: Tensor, g: Any, fresh: bool = False) -> None:
         if fresh and _adoptable(g, leaf):
             leaf._grad = g  # a new array only this leaf will ever see
         else:
-            leaf._grad = g.astype(leaf.data.dtype, copy=True)  # a fresh array the leaf owns
+            leaf._grad = g.astype(leaf.array.dtype, copy=True)  # a fresh array the leaf owns
     else:
         xp = backend.get_array_module(leaf._grad)
         xp.add(leaf._grad, g, out=leaf._grad, casting="unsafe")
@@ -308,15 +308,15 @@ def _walk(root: Tensor, gradient: Any, retain_graph: bool, capture: dict[int, An
             "no input with requires_grad=True went into it, or it was computed under no_grad(). "
             "Make sure the parameters require grad and the forward runs outside no_grad()."))
     if gradient is None:
-        if root.data.size != 1:
+        if root.array.size != 1:
             raise ValueError(error(
                 "backward", f"called on a tensor of shape {root.shape}; backward needs a scalar "
                 "loss (call .sum() or .mean() first) or pass gradient=..."))
-        xp = backend.get_array_module(root.data)
-        seed = xp.ones_like(root.data)
+        xp = backend.get_array_module(root.array)
+        seed = xp.ones_like(root.array)
     else:
-        seed = as_array(gradient, root.data.dtype)
-        if seed.shape != root.data.shape:
+        seed = as_array(gradient, root.array.dtype)
+        if seed.shape != root.array.shape:
             raise ValueError(error(
                 "backward", f"gradient has shape {tuple(seed.shape)} but the tensor has shape "
                 f"{root.shape}. Pass a gradient of the tensor's shape."))

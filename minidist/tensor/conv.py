@@ -113,14 +113,14 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
                                f"but the weight of shape {weight.shape} expects {c}. Check "
                                "in_channels."))
     n = x.shape[0]
-    xpad = pad2d(x.data, ph, pw)
+    xpad = pad2d(x.array, ph, pw)
     cols = patches(xpad, kh, kw, sh, sw, channels_first=True)
     ho, wo = cols.shape[4], cols.shape[5]
     cols = cols.reshape(c * kh * kw, n * ho * wo)
-    wmat = weight.data.reshape(o, c * kh * kw)  # W's own (O, C, kh, kw) order: a free view
+    wmat = weight.array.reshape(o, c * kh * kw)  # W's own (O, C, kh, kw) order: a free view
     out = mm(wmat, cols)
     if bias is not None:
-        out += bias.data[:, None]
+        out += bias.array[:, None]
     out = out.reshape(o, n, ho, wo).transpose(1, 0, 2, 3)  # NCHW view of the (O, N, ...) result
     parents = (x, weight) if bias is None else (x, weight, bias)
 
@@ -155,8 +155,8 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None) -> Tensor:
     kh, kw = pair(kernel_size, "kernel_size")
     sh, sw = pair(stride if stride is not None else (kh, kw), "stride")
     _out_size("max_pool2d", x, kh, kw, 0, 0)
-    xp = backend.get_array_module(x.data)
-    p = patches(x.data, kh, kw, sh, sw)
+    xp = backend.get_array_module(x.array)
+    p = patches(x.array, kh, kw, sh, sw)
     flat = p.reshape((kh * kw,) + p.shape[2:])  # (kh*kw, C, N, Ho, Wo)
     idx = flat.argmax(axis=0)
     out = flat.max(axis=0).transpose(1, 0, 2, 3)
@@ -165,7 +165,7 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None) -> Tensor:
         gt = g.transpose(1, 0, 2, 3)
         onehot = xp.arange(kh * kw).reshape(-1, 1, 1, 1, 1) == idx
         gp = (onehot * gt).astype(g.dtype, copy=False).reshape(p.shape)
-        return (col2im(gp, x.data.shape, sh, sw),)
+        return (col2im(gp, x.array.shape, sh, sw),)
 
     return Tensor._make(out, (x,), backward, "max_pool2d")
 
@@ -189,8 +189,8 @@ def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
         raise ValueError(error("avg_pool2d", f"padding {(ph, pw)} must be at most half the "
                                f"kernel size {(kh, kw)}, as torch requires."))
     _out_size("avg_pool2d", x, kh, kw, ph, pw)
-    xp = backend.get_array_module(x.data)
-    padded = pad2d(x.data, ph, pw)
+    xp = backend.get_array_module(x.array)
+    padded = pad2d(x.array, ph, pw)
     p = patches(padded, kh, kw, sh, sw)  # (kh, kw, C, N, Ho, Wo)
     if divisor_override:
         div: Any = float(divisor_override)
@@ -228,16 +228,16 @@ def adaptive_avg_pool2d(x: Tensor, output_size: Any) -> Tensor:
                                f"{output_size}."))
     if h % oh == 0 and w % ow == 0:  # equal, disjoint windows: an ordinary average pool
         return avg_pool2d(x, (h // oh, w // ow))
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     rows = [(i * h // oh, -(-(i + 1) * h // oh)) for i in range(oh)]
     cols = [(j * w // ow, -(-(j + 1) * w // ow)) for j in range(ow)]
     out = xp.empty(x.shape[:2] + (oh, ow), dtype=x.dtype)
     for i, (r0, r1) in enumerate(rows):
         for j, (c0, c1) in enumerate(cols):
-            out[:, :, i, j] = x.data[:, :, r0:r1, c0:c1].mean(axis=(2, 3))
+            out[:, :, i, j] = x.array[:, :, r0:r1, c0:c1].mean(axis=(2, 3))
 
     def backward(g: Any) -> tuple:
-        gx = xp.zeros(x.data.shape, dtype=g.dtype)
+        gx = xp.zeros(x.array.shape, dtype=g.dtype)
         for i, (r0, r1) in enumerate(rows):
             for j, (c0, c1) in enumerate(cols):
                 gx[:, :, r0:r1, c0:c1] += (g[:, :, i, j] / ((r1 - r0) * (c1 - c0)))[:, :, None,

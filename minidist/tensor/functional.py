@@ -38,9 +38,9 @@ def softmax(x: Tensor, dim: int | None = -1, *, axis: int | None = None) -> Tens
     """``exp(x) / sum(exp(x))`` along ``dim`` (stable; NumPy's ``axis=`` also accepted)."""
     axis = _dim("softmax", dim, axis)
     (x,) = autocast_args("softmax", x)
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     (ax,) = normalize_axes("softmax", axis, x.ndim)
-    e = xp.exp(x.data - x.data.max(axis=ax, keepdims=True))
+    e = xp.exp(x.array - x.array.max(axis=ax, keepdims=True))
     out = e / e.sum(axis=ax, keepdims=True)
     return Tensor._make(out, (x,), lambda g: (out * (g - (g * out).sum(axis=ax, keepdims=True)),),
                         "softmax")
@@ -50,9 +50,9 @@ def log_softmax(x: Tensor, dim: int | None = -1, *, axis: int | None = None) -> 
     """``x - logsumexp(x)`` along ``dim`` (stable; NumPy's ``axis=`` also accepted)."""
     axis = _dim("log_softmax", dim, axis)
     (x,) = autocast_args("log_softmax", x)
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     (ax,) = normalize_axes("log_softmax", axis, x.ndim)
-    shifted = x.data - x.data.max(axis=ax, keepdims=True)
+    shifted = x.array - x.array.max(axis=ax, keepdims=True)
     out = shifted - xp.log(xp.exp(shifted).sum(axis=ax, keepdims=True))
     return Tensor._make(out, (x,), lambda g: (g - xp.exp(out) * g.sum(axis=ax, keepdims=True),),
                         "log_softmax")
@@ -130,10 +130,10 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None,  # noqa: A002 
     if weight is not None or label_smoothing or not kept.all():
         return _cross_entropy_general(logits, host, kept, weight, ignore_index, reduction,
                                       label_smoothing)
-    xp = backend.get_array_module(logits.data)
+    xp = backend.get_array_module(logits.array)
     t = xp.asarray(t)
     rows = xp.arange(n)
-    shifted = logits.data - logits.data.max(axis=1, keepdims=True)
+    shifted = logits.array - logits.array.max(axis=1, keepdims=True)
     e = xp.exp(shifted)
     sumexp = e.sum(axis=1, keepdims=True)
     losses = xp.log(sumexp[:, 0]) - shifted[rows, t]
@@ -154,7 +154,7 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None,  # noqa: A002 
 
 def _class_weights(logits: Tensor, weight: Any) -> Any:
     """The (C,) weight array in the logits' dtype and device (ones when None)."""
-    xp = backend.get_array_module(logits.data)
+    xp = backend.get_array_module(logits.array)
     c = logits.shape[1]
     if weight is None:
         return xp.ones(c, dtype=logits.dtype)
@@ -169,7 +169,7 @@ def _cross_entropy_general(logits: Tensor, t: numpy.ndarray, kept: numpy.ndarray
                            ignore_index: int, reduction: str, eps: float) -> Tensor:
     """Class-index cross-entropy with class weights, ignore_index and label smoothing, built
     from tape ops (torch's formula, its mean normalized by the kept rows' target weights)."""
-    xp = backend.get_array_module(logits.data)
+    xp = backend.get_array_module(logits.array)
     n, c = logits.shape
     w = _class_weights(logits, weight)
     logp = log_softmax(logits, 1)
@@ -252,16 +252,16 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True,
         raise ValueError(error("dropout", f"p must be in [0, 1], got {p}."))
     if not training or p == 0.0:
         return x
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     if p == 1.0:
-        mask = xp.zeros(x.data.shape, dtype=x.dtype)
+        mask = xp.zeros(x.array.shape, dtype=x.dtype)
     else:
         if xp is numpy:
-            u = (generator or random.default_generator()).random(x.data.shape, dtype=numpy.float32)
+            u = (generator or random.default_generator()).random(x.array.shape, dtype=numpy.float32)
         else:  # pragma: no cover - needs a GPU
-            u = xp.random.random(x.data.shape, dtype=numpy.float32)
+            u = xp.random.random(x.array.shape, dtype=numpy.float32)
         mask = (u >= p).astype(x.dtype) * (1.0 / (1.0 - p))
-    return Tensor._make(x.data * mask, (x,), lambda g: (g * mask,), "dropout")
+    return Tensor._make(x.array * mask, (x,), lambda g: (g * mask,), "dropout")
 
 
 def dropout2d(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
@@ -274,14 +274,14 @@ def dropout2d(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
                                f"{x.shape}."))
     if not training or p == 0.0:
         return x
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     shape = x.shape[:-2] + (1, 1)
     if xp is numpy:
         u = random.default_generator().random(shape, dtype=numpy.float32)
     else:  # pragma: no cover - needs a GPU
         u = xp.random.random(shape, dtype=numpy.float32)
     mask = (u >= p).astype(x.dtype) * (1.0 / (1.0 - p) if p < 1.0 else 0.0)
-    return Tensor._make(x.data * mask, (x,), lambda g: (g * mask,), "dropout2d")
+    return Tensor._make(x.array * mask, (x,), lambda g: (g * mask,), "dropout2d")
 
 
 def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Tensor:  # noqa: A002
@@ -290,8 +290,8 @@ def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Ten
     The gradient of a row used several times is the sum of its uses; the ``padding_idx`` row
     gets none (as torch: the padding vector stays what it was).
     """
-    xp = backend.get_array_module(weight.data)
-    idx = xp.asarray(input.data if isinstance(input, Tensor) else input)
+    xp = backend.get_array_module(weight.array)
+    idx = xp.asarray(input.array if isinstance(input, Tensor) else input)
     num = weight.shape[0]
     if not numpy.issubdtype(idx.dtype, numpy.integer):
         raise TypeError(error("embedding", f"indices must be integers, got dtype {idx.dtype}. "
@@ -301,13 +301,13 @@ def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Ten
                                f"outside [0, {num}). Check the vocabulary size."))
 
     def backward(g: Any) -> tuple:
-        gw = xp.zeros(weight.data.shape, dtype=g.dtype)
+        gw = xp.zeros(weight.array.shape, dtype=g.dtype)
         xp.add.at(gw, idx, g)
         if padding_idx is not None:
             gw[padding_idx] = 0
         return (gw,)
 
-    return Tensor._make(weight.data[idx], (weight,), backward, "embedding")
+    return Tensor._make(weight.array[idx], (weight,), backward, "embedding")
 
 
 def layer_norm(x: Tensor, normalized_shape: tuple[int, ...], weight: Tensor | None = None,

@@ -48,9 +48,9 @@ def test_bad_cap_is_a_clear_error():
         plan_buckets(metas(((4,), "float32")), bucket_cap_bytes=0)
 
 
-class P:  # the two attributes a Bucket uses: .data and .grad
+class P:  # the two attributes a Bucket uses: .array and .grad
     def __init__(self, shape):
-        self.data = np.zeros(shape, np.float32)
+        self.array = np.zeros(shape, np.float32)
         self.grad = None
 
 

@@ -20,7 +20,7 @@ BUILD = threading.Lock()
 
 class P:
     def __init__(self, shape):
-        self.data = np.zeros(shape, np.float32)
+        self.array = np.zeros(shape, np.float32)
         self.grad = None
 
 
@@ -50,7 +50,7 @@ def test_huge_finite_grads_are_not_reported(group, caplog):
     ddp = DistributedDataParallel(m, nonfinite_grads="raise")
     x = np.full((2, 3), 1e20, np.float32)                 # dot overflows, values are finite
     (ddp(Tensor(x)).sum()).backward()                     # exact search finds nothing: no raise
-    assert np.isfinite(m.weight.grad).all() and not all_finite_fast(ddp.buckets[0].buffer)
+    assert np.isfinite(m.weight.grad.array).all() and not all_finite_fast(ddp.buckets[0].buffer)
     ddp.close()
 
 
@@ -111,7 +111,7 @@ def test_ddp_backward_writes_grads_into_the_buckets_without_allocating_them(grou
         slots = {id(v) for b in ddp.buckets for v in b.views}
         assert all(id(p.grad) in slots for p in m.parameters())
         # fc1.weight's gradient alone is 512 KiB: allocating it and copying it in would show
-        assert peak < m[0].weight.data.nbytes // 4, peak
+        assert peak < m[0].weight.array.nbytes // 4, peak
     ref = big_mlp()
     (ref(x) ** 2).mean().backward()
     for p, q in zip(m.parameters(), ref.parameters()):
@@ -124,7 +124,7 @@ def reducer_for(params, world_size, reduce_calls):
     """A Reducer over ``params`` whose "all-reduce" records the call and leaves the buffer as
     it is: what a SUM gives when every peer contributed zeros."""
     names = [f"p{i}" for i in range(len(params))]
-    specs = plan_buckets([ParamMeta(n, p.data.shape, str(p.data.dtype))
+    specs = plan_buckets([ParamMeta(n, p.array.shape, str(p.array.dtype))
                           for n, p in zip(names, params)])
     buckets = [Bucket(s, params, names, np.zeros(s.numel, np.float32)) for s in specs]
     return Reducer(params, names, buckets, lambda buf, op: reduce_calls.append(op),
@@ -144,7 +144,7 @@ def test_synced_step_writes_grad_over_n_into_the_slot_and_resets_after():
     loss = (m(x) ** 2).mean()
     peak = backward_peak_bytes(loss.backward)
     assert calls == ["sum"] * len(reducer.buckets)      # the average was folded in: a SUM
-    assert peak < m[0].weight.data.nbytes // 4, peak    # grad / n written, not copied in
+    assert peak < m[0].weight.array.nbytes // 4, peak    # grad / n written, not copied in
     for p, q in zip(params, ref.parameters()):
         np.testing.assert_allclose(p.grad, q.grad / 2, rtol=1e-6, atol=1e-8)
     # no_sync-style accumulation (no prepare): a later backward adds the full gradient
@@ -180,7 +180,7 @@ def test_conv_model_over_two_thread_ranks_matches_one_big_batch(group):
         views = {id(v) for b in ddp.buckets for v in b.views}
         assert all(id(p.grad) in views for p in model.parameters())
         ddp.close()
-        return [p.grad.copy() for p in model.parameters()]
+        return [p.grad.array.copy() for p in model.parameters()]
 
     grads = run_threads(2, body, timeout_s=60)
     ref = conv_net()
