@@ -13,7 +13,8 @@ from procs import REPO, run_python
 
 HERE = REPO / "examples" / "from_torch"
 PAIRS = [("ddp_torchrun.py", "ddp_torchrun_minidist.py"), ("ddp_spawn.py", "ddp_spawn_minidist.py"),
-         ("gpt_ddp.py", "gpt_ddp_minidist.py"), ("ddp_zero.py", "ddp_zero_minidist.py")]
+         ("gpt_ddp.py", "gpt_ddp_minidist.py"), ("ddp_zero.py", "ddp_zero_minidist.py"),
+         ("nanogpt_lars.py", "nanogpt_lars_minidist.py")]
 # (torch line, minidist line) pairs allowed besides imports: none today.
 EXCEPTIONS: set = set()
 
@@ -86,7 +87,22 @@ def test_zero_port_trains_with_a_dataset_of_tensors_checkpointing_and_zero():
     check_zero_run(job.stdout, job.report())
 
 
-@pytest.mark.parametrize("original", ["ddp_zero.py", "gpt_ddp.py"])
+def check_nanogpt_run(stdout, report):
+    losses = [float(v) for v in re.findall(r"train loss ([0-9.]+)", stdout)]
+    assert len(losses) >= 3 and losses[-1] < 0.8 * losses[0], report
+    assert re.findall(r"done: \d+ steps on 2 rank", stdout), report
+
+
+def test_nanogpt_port_with_data_init_randint_batches_and_lars_trains():
+    # p.data.normal_ / .zero_ / .fill_ init, data[i:i + n] with i from randint, a LARS
+    # optimizer over p.grad (dp.add(p, alpha=), norm, where, mul_, add_), nanoGPT's dtype table
+    job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
+                      HERE / "nanogpt_lars_minidist.py"], timeout_s=180, env={"STEPS": "40"})
+    assert job.returncode == 0, job.report()
+    check_nanogpt_run(job.stdout, job.report())
+
+
+@pytest.mark.parametrize("original", ["ddp_zero.py", "gpt_ddp.py", "nanogpt_lars.py"])
 def test_originals_run_under_torch(original):
     pytest.importorskip("torch")
     job = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -94,5 +110,7 @@ def test_originals_run_under_torch(original):
     assert job.returncode == 0, job.report()
     if original == "ddp_zero.py":
         check_zero_run(job.stdout, job.report())
+    elif original == "nanogpt_lars.py":
+        check_nanogpt_run(job.stdout, job.report())
     else:
         assert re.findall(r"sample: first ", job.stdout), job.report()

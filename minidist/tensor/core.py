@@ -78,9 +78,10 @@ def parse_to_args(op: str, args: tuple, kwargs: dict) -> tuple[Any, Any]:
 
 
 REFLECTED_UFUNCS = {
-    "add": "__radd__", "subtract": "__rsub__", "multiply": "__rmul__", "true_divide": "__rtruediv__",
-    "power": "__rpow__", "matmul": "__rmatmul__", "less": "__gt__", "less_equal": "__ge__",
-    "greater": "__lt__", "greater_equal": "__le__", "equal": "__eq__", "not_equal": "__ne__"}
+    "add": "__radd__", "subtract": "__rsub__", "multiply": "__rmul__",
+    "true_divide": "__rtruediv__", "power": "__rpow__", "matmul": "__rmatmul__",
+    "less": "__gt__", "less_equal": "__ge__", "greater": "__lt__", "greater_equal": "__le__",
+    "equal": "__eq__", "not_equal": "__ne__"}
 """NumPy ufunc -> the Tensor method that computes ``ndarray <op> tensor`` (the reflected op)."""
 
 
