@@ -284,12 +284,11 @@ def test_legacy_constructors_are_refused_with_the_modern_spelling():
 # ---- an optimizer written with p.grad and in-place methods (Barlow Twins' LARS) -------------
 
 
-def lars_step(lib, params, grads, state, lr=0.1, weight_decay=1e-4, momentum=0.9, eta=0.001):
-    """LARS as Barlow Twins writes it, on arrays handed in as grads (p.grad.array is an array in
-    minidist until the .grad-as-Tensor change; the arithmetic is the same)."""
+def lars_step(lib, params, state, lr=0.1, weight_decay=1e-4, momentum=0.9, eta=0.001):
+    """LARS as Barlow Twins writes it, over p.grad."""
     with lib.no_grad():
-        for p, g in zip(params, grads):
-            dp = lib.tensor(g) if lib is minidist else lib.from_numpy(g.copy())
+        for p in params:
+            dp = p.grad
             if p.ndim != 1:
                 dp = dp.add(p, alpha=weight_decay)
                 param_norm = lib.norm(p)
@@ -316,7 +315,84 @@ def test_lars_optimizer_matches_torch():
         b = lib.tensor(b0.copy(), requires_grad=True)
         state = {}
         for gw, gb in grads:
-            lars_step(lib, [w, b], [gw, gb], state)
+            w.grad, b.grad = lib.tensor(gw), lib.tensor(gb)
+            lars_step(lib, [w, b], state)
         out.append((np.asarray(w.detach()), np.asarray(b.detach())))
     np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(out[1][1], out[0][1], rtol=1e-5, atol=1e-7)
+
+
+# ---- .data and .grad are Tensors ------------------------------------------------------------
+
+
+def test_data_is_a_detached_tensor_sharing_the_array():
+    layer = nn.Linear(4, 3)
+    d = layer.weight.data
+    assert isinstance(d, Tensor) and not d.requires_grad and d.is_leaf
+    assert np.shares_memory(d.array, layer.weight.array)
+    minidist.manual_seed(0)
+    layer.weight.data.normal_(mean=0.0, std=0.02)           # minGPT's init
+    layer.bias.data.zero_()
+    assert abs(float(layer.weight.array.std()) - 0.02) < 0.02 and not layer.bias.array.any()
+    layer.bias.data.fill_(1.0)
+    assert layer.bias.array.tolist() == [1.0, 1.0, 1.0]
+    layer.weight.data = minidist.zeros(3, 4)               # p.data = t: p holds t's array
+    assert layer.weight.requires_grad and not layer.weight.array.any()
+    with pytest.raises(TypeError, match="assign a Tensor"):
+        layer.weight.data = [1.0, 2.0]
+
+
+def test_grad_is_a_tensor_over_the_gradient_array():
+    w = Tensor(np.ones((2, 3), np.float32), requires_grad=True)
+    (w * 3.0).sum().backward()
+    g = w.grad
+    assert isinstance(g, Tensor) and g is w.grad and not g.requires_grad
+    np.testing.assert_array_equal(g.array, np.full((2, 3), 3.0))
+    (w * 1.0).sum().backward()                               # accumulates in the same array
+    assert w.grad is g and g.array.tolist() == [[4.0] * 3] * 2
+    w.grad.data.zero_()                                       # torch's in-place zeroing
+    assert not w.grad.array.any()
+    w.grad = Tensor(np.full((2, 3), 2.0, np.float32))       # p.grad = t
+    assert w.grad.array.tolist() == [[2.0] * 3] * 2
+    w.grad = None
+    assert w.grad is None
+
+
+def test_confusing_a_tensor_with_an_array_says_what_to_do():
+    w = Tensor(np.ones(3, np.float32), requires_grad=True)
+    w.sum().backward()
+    with pytest.raises(AttributeError, match=r"\.data and \.grad are Tensors.*\.array"):
+        w.grad.copy()
+    with pytest.raises(TypeError, match=r"numpy.sign: got a Tensor.*t\.array"):
+        np.sign(w.grad)
+    assert np.sign(w.grad.array).tolist() == [1.0, 1.0, 1.0]
+    np.testing.assert_array_equal(np.ones(3) * w.grad, np.ones(3))   # ndarray <op> Tensor works
+
+
+def test_data_and_grad_types_match_torch():
+    torch = torch_or_skip()
+    for lib in (torch, minidist):
+        layer = lib.nn.Linear(3, 2)
+        layer(lib.ones(4, 3)).sum().backward()
+        assert isinstance(layer.weight.data, lib.Tensor)
+        assert isinstance(layer.weight.grad, lib.Tensor)
+        assert not layer.weight.data.requires_grad and layer.weight.grad is layer.weight.grad
+        before = np.array(layer.weight.detach().numpy())
+        grad = np.array(layer.weight.grad.numpy())
+        layer.weight.data.add_(layer.weight.grad, alpha=-0.5)   # word_language_model's step
+        np.testing.assert_allclose(layer.weight.detach().numpy(), before - 0.5 * grad, rtol=1e-6)
+
+
+def test_ddp_grads_are_tensors_over_the_bucket_views():
+    from minidist import DistributedDataParallel as DDP
+    minidist.init_process_group()
+    try:
+        model = DDP(nn.Linear(4, 2))
+        model(minidist.ones(3, 4)).sum().backward()
+        buffers = [b.buffer for b in model.buckets]
+        for p in model.parameters():
+            assert isinstance(p.grad, Tensor)
+            assert any(np.shares_memory(p.grad.array, buf) for buf in buffers)   # no copy
+        model.close()
+    finally:
+        minidist.destroy_process_group()
