@@ -17,7 +17,7 @@ from minidist import init_process_group, destroy_process_group
 
 # -----------------------------------------------------------------------------
 # config: plain globals, as nanoGPT's train.py
-eval_interval = 20
+eval_interval = 10
 eval_iters = 4
 batch_size = 8  # sequences per rank per step
 block_size = 32  # context length

@@ -475,9 +475,14 @@ class Tensor:
         """``ndarray <op> Tensor`` is the Tensor op (a Tensor, as in torch); any other NumPy
         ufunc on a Tensor is refused with the fix (pass ``t.array``, or use the method)."""
         reflected = REFLECTED_UFUNCS.get(ufunc.__name__)
-        if method == "__call__" and reflected and len(inputs) == 2 and inputs[1] is self \
-                and not kwargs:
-            return getattr(self, reflected)(inputs[0])
+        if method == "__call__" and reflected and len(inputs) == 2 and inputs[1] is self:
+            if not kwargs:
+                return getattr(self, reflected)(inputs[0])
+            out = kwargs.get("out")
+            if len(kwargs) == 1 and isinstance(out, tuple) and len(out) == 1 \
+                    and out[0] is inputs[0]:  # array += tensor: the array, updated in place
+                return ufunc(inputs[0], self.numpy() if isinstance(out[0], numpy.ndarray)
+                             else self.array, out=out)
         raise TypeError(error(
             f"numpy.{ufunc.__name__}", "got a Tensor. .data and .grad are Tensors, as in torch: "
             "use the Tensor method (t.abs(), t.sign(), t.add_(...)) or hand NumPy the array, "

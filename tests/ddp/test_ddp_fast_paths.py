@@ -18,10 +18,8 @@ from minidist.tensor import Tensor
 BUILD = threading.Lock()
 
 
-class P:
-    def __init__(self, shape):
-        self.array = np.zeros(shape, np.float32)
-        self.grad = None
+def P(shape):  # a parameter: what a Bucket uses is its .array and .grad
+    return Tensor(np.zeros(shape, np.float32), requires_grad=True)
 
 
 def test_attach_without_zeroing_leaves_none_grads_alone():
@@ -109,7 +107,7 @@ def test_ddp_backward_writes_grads_into_the_buckets_without_allocating_them(grou
         loss = (ddp(x) ** 2).mean()
         peak = backward_peak_bytes(loss.backward)
         slots = {id(v) for b in ddp.buckets for v in b.views}
-        assert all(id(p.grad) in slots for p in m.parameters())
+        assert all(id(p.grad.array) in slots for p in m.parameters())
         # fc1.weight's gradient alone is 512 KiB: allocating it and copying it in would show
         assert peak < m[0].weight.array.nbytes // 4, peak
     ref = big_mlp()
@@ -178,7 +176,7 @@ def test_conv_model_over_two_thread_ranks_matches_one_big_batch(group):
         sl = slice(2 * t.rank, 2 * t.rank + 2)
         nn.CrossEntropyLoss()(ddp(Tensor(x[sl])), Tensor(y[sl])).backward()
         views = {id(v) for b in ddp.buckets for v in b.views}
-        assert all(id(p.grad) in views for p in model.parameters())
+        assert all(id(p.grad.array) in views for p in model.parameters())
         ddp.close()
         return [p.grad.array.copy() for p in model.parameters()]
 
