@@ -87,7 +87,7 @@ def minidist_step(params0: list[np.ndarray], grads: list[np.ndarray], fused_on: 
         finally:
             fused.MULTI_TENSOR = before
 
-    return step, lambda: [p.data for p in ps]
+    return step, lambda: [p.array for p in ps]
 
 
 def torch_step(torch: Any, params0: list[np.ndarray], grads: list[np.ndarray], kind: str

@@ -466,12 +466,12 @@ class Trainer:
 
     def _batch_metrics(self, out: Any, y: Any, loss: Any, mask: Any = None) -> np.ndarray:
         """[loss x count, correct, count] of a batch, real (non-padding) samples only."""
-        logits = backend.to_host(out.data)
+        logits = backend.to_host(out.array)
         yh = backend.to_host(y)
         correct = logits.argmax(axis=-1) == yh
         if mask is not None and not mask.all():  # padding in this batch: recompute on the rest
             with no_grad(), self._autocast():
-                sub = self.loss_fn(Tensor(out.data[mask]), y[mask]) if mask.any() else None
+                sub = self.loss_fn(Tensor(out.array[mask]), y[mask]) if mask.any() else None
             n = int(mask.sum())
             lsum = float(sub.item()) * n if sub is not None else 0.0
             return np.array([lsum, float(correct[mask].sum()), n], dtype=np.float64)

@@ -15,7 +15,8 @@ from procs import REPO, run_python
 HERE = REPO / "examples" / "from_torch"
 PAIRS = [("ddp_torchrun.py", "ddp_torchrun_minidist.py"), ("ddp_spawn.py", "ddp_spawn_minidist.py"),
          ("gpt_ddp.py", "gpt_ddp_minidist.py"), ("ddp_zero.py", "ddp_zero_minidist.py"),
-         ("word_lm.py", "word_lm_minidist.py"), ("resnet_cnn.py", "resnet_cnn_minidist.py")]
+         ("word_lm.py", "word_lm_minidist.py"), ("resnet_cnn.py", "resnet_cnn_minidist.py"),
+         ("nanogpt_lars.py", "nanogpt_lars_minidist.py")]
 # (torch line, minidist line) pairs allowed besides imports: none today.
 EXCEPTIONS: set = set()
 
@@ -136,12 +137,29 @@ def test_loss_trajectories_match_torchs_within_the_noise_of_a_seed(pair, tmp_pat
     assert sum(within) >= len(within) - 1 and within[-1], job.stdout
 
 
-@pytest.mark.parametrize("original", ["ddp_zero.py", "gpt_ddp.py", "word_lm.py", "resnet_cnn.py"])
+def check_nanogpt_run(stdout, report):
+    losses = [float(v) for v in re.findall(r"train loss ([0-9.]+)", stdout)]
+    assert len(losses) >= 3 and losses[-1] < 0.8 * losses[0], report
+    assert re.findall(r"done: \d+ steps on 2 rank", stdout), report
+
+
+def test_nanogpt_port_with_data_init_randint_batches_and_lars_trains():
+    # p.data.normal_ / .zero_ / .fill_ init, data[i:i + n] with i from randint, a LARS
+    # optimizer over p.grad (dp.add(p, alpha=), norm, where, mul_, add_), nanoGPT's dtype table
+    job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
+                      HERE / "nanogpt_lars_minidist.py"], timeout_s=180, env={"STEPS": "40"})
+    assert job.returncode == 0, job.report()
+    check_nanogpt_run(job.stdout, job.report())
+
+
+@pytest.mark.parametrize("original", ["ddp_zero.py", "gpt_ddp.py", "word_lm.py", "resnet_cnn.py",
+                                      "nanogpt_lars.py"])
 def test_originals_run_under_torch(original, tmp_path):
     pytest.importorskip("torch")
     job = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                       HERE / original], timeout_s=300,
-                     env={"STEPS": "30"} if original in ("ddp_zero.py", "gpt_ddp.py") else
+                     env={"STEPS": "30"} if original in ("ddp_zero.py", "gpt_ddp.py",
+                                                         "nanogpt_lars.py") else
                      {"SAVE_TO": str(tmp_path / "model.pt")})
     assert job.returncode == 0, job.report()
     if original == "ddp_zero.py":
@@ -150,5 +168,7 @@ def test_originals_run_under_torch(original, tmp_path):
         check_word_lm_run(job.stdout, job.report())
     elif original == "resnet_cnn.py":
         check_resnet_run(job.stdout, job.report())
+    elif original == "nanogpt_lars.py":
+        check_nanogpt_run(job.stdout, job.report())
     else:
         assert re.findall(r"sample: first ", job.stdout), job.report()

@@ -169,7 +169,7 @@ def test_torch_module_paths_import():
     from minidist.utils import checkpoint as module_or_function
     lin = minidist.nn.Linear(3, 3)
     x = minidist.randn(2, 3, requires_grad=True)
-    np.testing.assert_array_equal(module_or_function(lin, x).data, checkpoint(lin, x).data)
+    np.testing.assert_array_equal(module_or_function(lin, x).array, checkpoint(lin, x).array)
     import minidist.utils.checkpoint as cp
     assert cp.checkpoint is checkpoint
 
@@ -205,10 +205,10 @@ def test_distributed_package_has_torchs_collective_signatures(group):
 
     t = minidist.ones(3)
     assert dist.all_reduce(t, dist.ReduceOp.SUM, None) is None       # torch's third: group
-    np.testing.assert_array_equal(t.data, 1.0)
+    np.testing.assert_array_equal(t.array, 1.0)
     out = [minidist.zeros(3)]
     dist.all_gather(out, minidist.full((3,), 2.0))
-    np.testing.assert_array_equal(out[0].data, 2.0)
+    np.testing.assert_array_equal(out[0].array, 2.0)
     objs = [None]
     dist.all_gather_object(objs, {"a": 1})
     assert objs == [{"a": 1}]

@@ -84,7 +84,7 @@ def main():
               f"{calls // args.steps} all-reduces {t_comm / timed * 1e3:.2f} ms")
         print(f"here communication adds {t_comm / max(t_backward, 1e-9):.1f}x the compute time "
               "to every step, all of it after backward (steps 4 and 5 attack that)")
-    ok = all(np.allclose(p.data, q.data, rtol=1e-4, atol=1e-5)
+    ok = all(np.allclose(p.array, q.array, rtol=1e-4, atol=1e-5)
              for p, q in zip(model.parameters(), ref.parameters()))
     print(f"[rank {r}/{n}] check: {n} ranks x batch {B} equal 1 process x batch {n * B} "
           f"after {args.steps} steps: {'OK' if ok else 'FAILED'}", flush=True)

@@ -37,11 +37,11 @@ def plan_buckets(params, cap_bytes):
     """Lists of parameters, in reverse order, each list holding about ``cap_bytes``."""
     buckets, current, size = [], [], 0
     for p in reversed(params):
-        if current and size + p.data.nbytes > cap_bytes:
+        if current and size + p.array.nbytes > cap_bytes:
             buckets.append(current)
             current, size = [], 0
         current.append(p)
-        size += p.data.nbytes
+        size += p.array.nbytes
     return buckets + [current]
 
 
@@ -49,12 +49,12 @@ def all_reduce_bucketed(buckets, flats):
     for bucket, flat in zip(buckets, flats):  # flats: one buffer per bucket, allocated once
         offset = 0
         for p in bucket:                                               # copy in
-            flat[offset:offset + p.grad.size] = p.grad.reshape(-1)
+            flat[offset:offset + p.grad.size] = p.grad.array.reshape(-1)
             offset += p.grad.size
         md.all_reduce(flat, op="avg", algorithm="ring")
         offset = 0
         for p in bucket:                                               # copy out
-            p.grad[...] = flat[offset:offset + p.grad.size].reshape(p.grad.shape)
+            p.grad.array[...] = flat[offset:offset + p.grad.size].reshape(p.grad.shape)
             offset += p.grad.size
 
 
@@ -79,7 +79,7 @@ def main():
     y = np.random.default_rng(2).integers(0, 10, 16 * n)
     mine = slice(16 * r, 16 * (r + 1))
     nn.CrossEntropyLoss()(model(md.Tensor(x[mine])), md.Tensor(y[mine])).backward()
-    local = [p.grad.copy() for p in params]
+    local = [p.grad.array.copy() for p in params]
     buckets = plan_buckets(params, int(args.bucket_kb * 1024))
     flats = [np.empty(sum(p.data.size for p in b), np.float32) for b in buckets]
 
@@ -89,13 +89,13 @@ def main():
         samples = []
         for _ in range(repeats + 1):  # the first run warms up buffers; not timed
             for p, g in zip(params, local):
-                p.grad[...] = g
+                p.grad.array[...] = g
             md.barrier()
             t0 = time.perf_counter()
             fn(*arg)
             samples.append(time.perf_counter() - t0)
         times[name] = float(np.median(samples[1:]))
-        results[name] = [p.grad.copy() for p in params]
+        results[name] = [p.grad.array.copy() for p in params]
     if r == 0:
         print(f"n={n}, {len(params)} parameters, {sum(g.nbytes for g in local)} B of gradients")
         per, bucketed = times["per-parameter"], times["bucketed"]

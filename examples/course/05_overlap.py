@@ -41,11 +41,11 @@ class BucketReducer:
     def __init__(self, params, cap_bytes, overlap, group=None):
         self.overlap, self.group, self.buckets, current, size = overlap, group, [], [], 0
         for p in reversed(params):  # the order backward finishes them
-            if current and size + p.data.nbytes > cap_bytes:
+            if current and size + p.array.nbytes > cap_bytes:
                 self.buckets.append(current)
                 current, size = [], 0
             current.append(p)
-            size += p.data.nbytes
+            size += p.array.nbytes
         self.buckets.append(current)
         self.flats = [np.empty(sum(p.data.size for p in b), np.float32) for b in self.buckets]
         self.where = {}
@@ -63,7 +63,7 @@ class BucketReducer:
 
     def _grad_ready(self, p):  # called by backward the moment p.grad is complete
         i, offset = self.where[id(p)]
-        self.flats[i][offset:offset + p.grad.size] = p.grad.reshape(-1)
+        self.flats[i][offset:offset + p.grad.size] = p.grad.array.reshape(-1)
         self.missing[i] -= 1
         if self.missing[i] == 0 and self.overlap:
             self.launched.append(self.comm.submit(md.all_reduce, self.flats[i], "avg", "ring",
@@ -80,7 +80,7 @@ class BucketReducer:
         for bucket, flat in zip(self.buckets, self.flats):
             for p in bucket:
                 _, offset = self.where[id(p)]
-                p.grad[...] = flat[offset:offset + p.grad.size].reshape(p.grad.shape)
+                p.grad.array[...] = flat[offset:offset + p.grad.size].reshape(p.grad.shape)
         self._reset()
 
 
@@ -112,7 +112,7 @@ def main():
             samples.append(time.perf_counter() - t0)
         reducer.comm.shutdown()
         times[overlap] = float(np.median(samples[1:]))
-        grads[overlap] = [p.grad.copy() for p in model.parameters()]
+        grads[overlap] = [p.grad.array.copy() for p in model.parameters()]
     if r == 0:
         print(f"n={n}, {len(reducer.buckets)} buckets of <= {args.bucket_kb:g} KiB; "
               f"forward+backward+all-reduce per step:")

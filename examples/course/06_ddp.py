@@ -62,7 +62,7 @@ def train(wrap, group, steps, B=16):
     elapsed = (time.perf_counter() - t0) / max(steps - 1, 1)
     if isinstance(dp, DistributedDataParallel):
         dp.close()
-    return [p.data.copy() for p in model.parameters()], elapsed
+    return [p.array.copy() for p in model.parameters()], elapsed
 
 
 def say(text):

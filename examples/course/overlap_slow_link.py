@@ -83,7 +83,7 @@ def main():
                 samples.append(time.perf_counter() - t0)
             reducer.comm.shutdown()
             times[overlap] = float(np.median(samples[1:]))
-            grads[overlap] = [p.grad.copy() for p in model.parameters()]
+            grads[overlap] = [p.grad.array.copy() for p in model.parameters()]
         ok = all(np.allclose(a, b, rtol=1e-6, atol=1e-7)
                  for a, b in zip(grads[False], grads[True]))
         return times, len(reducer.buckets), ok

@@ -258,7 +258,7 @@ class GradScaler:
             raise TypeError(f"{rank_prefix()} GradScaler.scale: expected a Tensor or a "
                             f"list/tuple of Tensors, got {type(outputs).__name__}.")
         if self._scale is None:
-            self._lazy_init(first.data)
+            self._lazy_init(first.array)
         flags = self._flags
         if flags is not None and flags.dirty and not self._per_optimizer:
             flags.zero()  # a step abandoned after unscaling: its flags must not skip this one
@@ -310,7 +310,7 @@ class GradScaler:
         """
         if not self._enabled or self._scale is None:
             return False
-        if sum(int(p.data.size) for p in params) != buffer.size:
+        if sum(int(p.array.size) for p in params) != buffer.size:
             return False
         targets: list[Any] = list(params)
         if buffer.dtype == np.float32:
@@ -378,14 +378,14 @@ class GradScaler:
                 checked += 1
                 continue
             if isinstance(p, MasterParameter):
-                src = p.model.grad
+                src = None if p.model.grad is None else p.model.grad.array
                 if src is None:
                     p.grad = None
                     continue
                 dst = owner_of(p.model).grad_buffer(p)
                 p.grad = dst
             else:
-                src = dst = p.grad
+                src = dst = None if p.grad is None else p.grad.array
                 if src is None:
                     continue
                 if src.dtype == np.float16:
@@ -488,7 +488,7 @@ class GradScaler:
         if isinstance(new_scale, (int, float)):
             self._scale[...] = float(new_scale)
             return
-        arr = new_scale.data if isinstance(new_scale, Tensor) else new_scale
+        arr = new_scale.array if isinstance(new_scale, Tensor) else new_scale
         if getattr(arr, "size", 0) != 1 or getattr(arr, "dtype", None) != np.float32:
             raise ValueError(f"{rank_prefix()} GradScaler.update: new_scale should be a float or "
                              "a 1-element float32 array/Tensor, got "

@@ -23,7 +23,7 @@ float32 copies and only the forward/backward see float16 weights::
     master params (float32, one flat buffer)  <--optimizer.step--  float32 master grads
 
 Construction converts the model IN PLACE: each parameter of ``optimizer`` gets a float32 master
-(an exact copy of its value) that replaces it in the optimizer's groups, and its ``.data``
+(an exact copy of its value) that replaces it in the optimizer's groups, and its ``.array``
 becomes a float16 view of one flat buffer (the rounded value). So the order is: build the model,
 build the optimizer, wrap it in MasterWeights, THEN wrap the model in DistributedDataParallel
 (whose buckets then hold float16 gradients; it broadcasts the masters too).
@@ -100,19 +100,19 @@ class MasterWeights(Optimizer):
         params = [p for g in optimizer.param_groups for p in g["params"]]
         for i, p in enumerate(params):
             self._check_convertible(i, p)
-        xp = backend.get_array_module(params[0].data)
-        total = sum(int(p.data.size) for p in params)
+        xp = backend.get_array_module(params[0].array)
+        total = sum(int(p.array.size) for p in params)
         self.master_buffer = xp.empty(total, dtype=np.float32)   # every master, flat
         self.model_buffer = xp.empty(total, dtype=np.float16)    # every model weight, flat
         off = 0
         for group in optimizer.param_groups:
             for k, p in enumerate(group["params"]):
-                n, shape = int(p.data.size), p.data.shape
+                n, shape = int(p.array.size), p.array.shape
                 master_view = self.master_buffer[off:off + n].reshape(shape)
-                master_view[...] = p.data  # float32 -> float32: exact
+                master_view[...] = p.array  # float32 -> float32: exact
                 master = MasterParameter(master_view)
                 master.model = p
-                p.data = self.model_buffer[off:off + n].reshape(shape)  # rebound: before DDP
+                p.array = self.model_buffer[off:off + n].reshape(shape)  # rebound: before DDP
                 group["params"][k] = master
                 self._masters.append(master)
                 self._grad_slices[id(master)] = (off, n, tuple(shape))
@@ -124,12 +124,12 @@ class MasterWeights(Optimizer):
                   len(params), total)
 
     def _check_convertible(self, i: int, p: Any) -> None:
-        where = f"{rank_prefix()} MasterWeights: parameter #{i} (shape {tuple(p.data.shape)})"
+        where = f"{rank_prefix()} MasterWeights: parameter #{i} (shape {tuple(p.array.shape)})"
         if owner_of(p) is not None or isinstance(p, MasterParameter):
             raise ValueError(f"{where} is already converted by another MasterWeights. Wrap each "
                              "optimizer once.")
-        if p.data.dtype != np.float32:
-            raise ValueError(f"{where} is {p.data.dtype}; MasterWeights converts float32 "
+        if p.array.dtype != np.float32:
+            raise ValueError(f"{where} is {p.array.dtype}; MasterWeights converts float32 "
                              "parameters to float16. Build the model in float32.")
         if p.grad is not None:
             raise ValueError(f"{where} already has a gradient. Build MasterWeights right after "
@@ -163,7 +163,7 @@ class MasterWeights(Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the model's float16 gradients (as ``Optimizer.zero_grad``) and the masters'."""
         for m in self._masters:
-            g = m.model.grad
+            g = None if m.model.grad is None else m.model.grad.array
             if g is not None:
                 if set_to_none:
                     m.model.grad = None
@@ -180,7 +180,7 @@ class MasterWeights(Optimizer):
         """
         if not self.master_grads_current:
             for m in self._masters:
-                g = m.model.grad
+                g = None if m.model.grad is None else m.model.grad.array
                 if g is None:
                     m.grad = None
                 else:
@@ -218,12 +218,12 @@ class MasterWeights(Optimizer):
         key = tuple(id(p) for p in params)
         entry = self._bucket_grads.get(key)
         if entry is None:
-            xp = backend.get_array_module(params[0].data)
-            flat = xp.empty(sum(int(p.data.size) for p in params), dtype=np.float32)
+            xp = backend.get_array_module(params[0].array)
+            flat = xp.empty(sum(int(p.array.size) for p in params), dtype=np.float32)
             views, off = [], 0
             for p in params:
-                views.append(flat[off:off + p.data.size].reshape(p.data.shape))
-                off += int(p.data.size)
+                views.append(flat[off:off + p.array.size].reshape(p.array.shape))
+                off += int(p.array.size)
             entry = self._bucket_grads[key] = (flat, views)
         flat, views = entry
         for p, v in zip(params, views):
@@ -235,7 +235,7 @@ class MasterWeights(Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """The inner optimizer's state dict plus ``"master_weights"``: the float32 masters."""
         sd = self.optimizer.state_dict()
-        sd["master_weights"] = [m.data.copy() for m in self._masters]
+        sd["master_weights"] = [m.array.copy() for m in self._masters]
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -263,11 +263,11 @@ class MasterWeights(Optimizer):
             log.warning("%s: no master weights in the state dict (saved from a float32 "
                         "optimizer?); the masters start from the model's float16 weights.", name)
             for m in self._masters:
-                m.data[...] = m.model.data
+                m.array[...] = m.model.array
         else:
             xp = backend.get_array_module(self.master_buffer)
             for m, v in zip(self._masters, saved):
-                m.data[...] = xp.asarray(v)
+                m.array[...] = xp.asarray(v)
         kernels.master_to_model(self.master_buffer, self.model_buffer)
 
     def __repr__(self) -> str:

@@ -48,11 +48,11 @@ def first_nonfinite(buckets: Iterable[tuple[Any, Sequence[Any], Sequence[str]]],
         if float(backend.to_host(found_inf, op=_OP)[0]) == 0.0:
             continue
         for k, t in enumerate(targets):
-            if t.grad is not None and not _finite(t.grad):
+            if t.grad is not None and not _finite(t.grad.array):
                 return repr(names[k]) if k < len(names) else f"a parameter of shape {t.shape}"
     for i in range(len(params) - 1, -1, -1):
         p = params[i]
-        if id(p) not in covered and p.grad is not None and not _finite(p.grad):
+        if id(p) not in covered and p.grad is not None and not _finite(p.grad.array):
             return f"parameter #{i} of the optimizer (shape {p.shape})"
     return "unknown (the flag was set but no gradient holds inf/NaN now)"
 

@@ -55,8 +55,8 @@ class TensorPickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, Tensor):
-            grad = obj.grad
-            return (rebuild_tensor, (type(obj), np.asarray(backend.to_host(obj.data)),
+            grad = None if obj.grad is None else obj.grad.array
+            return (rebuild_tensor, (type(obj), np.asarray(backend.to_host(obj.array)),
                                      None if grad is None else np.asarray(backend.to_host(grad)),
                                      obj.requires_grad))
         return NotImplemented

@@ -42,7 +42,7 @@ PathOrFile = str | os.PathLike | BinaryIO
 def _untensor(obj: Any) -> Any:
     """``obj`` with every Tensor replaced by its array (the codec stores arrays)."""
     if isinstance(obj, Tensor):
-        return obj.data
+        return obj.array
     if isinstance(obj, Mapping):
         return {k: _untensor(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

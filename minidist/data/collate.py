@@ -30,7 +30,7 @@ def _stack(samples: list, path: tuple) -> Tensor:
     """One field of every sample, stacked into a Tensor."""
     first = samples[0]
     if isinstance(first, Tensor) or backend.is_device_array(first):
-        arrays = [s.data if isinstance(s, Tensor) else s for s in samples]
+        arrays = [s.array if isinstance(s, Tensor) else s for s in samples]
         xp = backend.get_array_module(*arrays)
     else:
         if isinstance(first, bool):

@@ -9,7 +9,7 @@
 
 A batch is what torch's DataLoader yields: Tensors (no gradient), so a training loop's
 ``xb.to(device)``, ``yb.long()``, ``xb.size(0)``, ``xb.float()`` work as they are. Each Tensor
-wraps the batch's array without a copy (``xb.data`` is the NumPy or CuPy array, and
+wraps the batch's array without a copy (``xb.array`` is the NumPy or CuPy array, and
 ``numpy.asarray(xb)`` gives it back), so nothing costs more than it did with arrays. For an
 ``ArrayDataset`` or ``TensorDataset`` (and a ``Subset`` of one, e.g. from ``random_split``) a
 batch is ONE fancy-indexing step per array (``x[idx]``, ``y[idx]``), no per-sample Python loop;
@@ -49,7 +49,7 @@ from minidist.data.sampler import DistributedSampler
 def _to_device(batch: Any, device: str | None) -> Any:
     """The Tensors of a collated batch moved to ``device`` (the loader's, or the default)."""
     if isinstance(batch, Tensor):
-        return Tensor(backend.to_device(batch.data, device))
+        return Tensor(backend.to_device(batch.array, device))
     if isinstance(batch, dict):
         return {k: _to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):

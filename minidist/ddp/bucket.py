@@ -168,7 +168,7 @@ class Bucket:
         self.buffer = buffer
         self.params = [params[i] for i in spec.param_indices]
         self.names = [names[i] for i in spec.param_indices]
-        self.views = [buffer[off:off + p.data.size].reshape(p.data.shape)
+        self.views = [buffer[off:off + p.array.size].reshape(p.array.shape)
                       for off, p in zip(spec.offsets, self.params)]
         self.group = group
         self.algorithm = algorithm
@@ -218,7 +218,7 @@ class Bucket:
         """
         fixed = 0
         for p, view in zip(self.params, self.views):
-            g = p.grad
+            g = None if p.grad is None else p.grad.array
             if g is view:
                 continue
             if g is None:

@@ -20,7 +20,7 @@ def pack_buffers(module: Any) -> list[tuple[Any, list[Any]]]:
     ``flat``, broadcasts it once, and copies back, so a BatchNorm model pays one message
     per dtype per step (float32 statistics + int64 counters: two), not one per buffer.
     """
-    arrays = [t.data for _, t in module.named_buffers()] \
+    arrays = [t.array for _, t in module.named_buffers()] \
         if hasattr(module, "named_buffers") else []
     by_dtype: dict[Any, list[Any]] = {}
     for arr in arrays:

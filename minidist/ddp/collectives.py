@@ -6,7 +6,7 @@
     work = dist.broadcast(t, src=0, async_op=True); work.wait()
 
 ``minidist.comm`` moves plain xp arrays and never imports the tensor layer; this module, one
-layer up, unwraps a Tensor to its array (``t.data``, no copy) and calls the comm function.
+layer up, unwraps a Tensor to its array (``t.array``, no copy) and calls the comm function.
 The result is what torch gives: the Tensor itself (minidist.comm returns the array), or a
 :class:`minidist.comm.Work` with ``async_op=True``.
 """
@@ -20,7 +20,7 @@ from minidist.tensor import Tensor
 
 
 def _array(x: Any) -> Any:
-    return x.data if isinstance(x, Tensor) else x
+    return x.array if isinstance(x, Tensor) else x
 
 
 def _same(x: Any, result: Any) -> Any:

@@ -159,12 +159,12 @@ class DistributedDataParallel(ModulePassThrough):
                              "'auto'.")
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
-        metas = [ParamMeta(n, tuple(p.data.shape), str(p.data.dtype)) for n, p in named]
+        metas = [ParamMeta(n, tuple(p.array.shape), str(p.array.dtype)) for n, p in named]
         specs = plan_buckets(metas, int(bucket_cap_mb * _MiB), int(first_bucket_cap_mb * _MiB))
         self.manifest = run_manifest(self.world_size, metas, specs, self.algorithm, group)
         if self.world_size > 1:
             check_manifest(self.manifest, "DistributedDataParallel", self.process_group)
-        xp = backend.get_array_module(self._params[0].data)
+        xp = backend.get_array_module(self._params[0].array)
         buffers = [alloc_bucket_buffer(group, s.numel, np.dtype(s.dtype), xp) for s in specs]
         self.buckets = [Bucket(s, self._params, self._names, b, group, algorithm,
                                is_last=s.index == len(specs) - 1)
@@ -216,10 +216,10 @@ class DistributedDataParallel(ModulePassThrough):
         """Rank ``src``'s parameters (packed per bucket) and buffers go to every rank."""
         for b in self.buckets:
             for p, view in zip(b.params, b.views):
-                view[...] = p.data
+                view[...] = p.array
             comm.broadcast(b.buffer, src=src, group=self.process_group)
             for p, view in zip(b.params, b.views):
-                p.data[...] = view
+                p.array[...] = view
         # float16 weights (amp.MasterWeights): the float32 masters the optimizer steps, too
         owners = {id(o): o for o in map(owner_of, self._params) if o is not None}
         for owner in owners.values():
@@ -228,7 +228,7 @@ class DistributedDataParallel(ModulePassThrough):
         if hasattr(self.module, "named_buffers"):
             others += [t for _, t in self.module.named_buffers()]
         for t in others:
-            arr = t.data if hasattr(t, "data") else t
+            arr = t.array if hasattr(t, "array") else t
             if arr.flags.c_contiguous:
                 comm.broadcast(arr, src=src, group=self.process_group)
             else:
@@ -394,7 +394,7 @@ class DistributedDataParallel(ModulePassThrough):
         group = self.process_group or comm.get_default_group()
         for b in self.buckets:
             for p, view in zip(b.params, b.views):
-                if p.grad is view:
+                if p.grad is not None and p.grad.array is view:
                     p.grad = view.copy()
             buf, b.buffer, b.views = b.buffer, None, []
             group.free_buffer(buf)

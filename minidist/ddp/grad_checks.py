@@ -163,7 +163,7 @@ def float_arrays(output: Any) -> list[Any]:
         return [a for o in output for a in float_arrays(o)]
     if isinstance(output, dict):
         return [a for o in output.values() for a in float_arrays(o)]
-    data: Any = getattr(output, "data", None)
+    data: Any = getattr(output, "array", None)
     return [data] if hasattr(data, "dtype") and data.dtype.kind == "f" else []
 
 
@@ -185,7 +185,7 @@ def unused_param_indices(outputs: Any, params: Sequence[Any],
         elif isinstance(o, dict):
             for x in o.values():
                 collect(x)
-        elif hasattr(o, "data") and hasattr(o, "grad"):
+        elif hasattr(o, "array") and hasattr(o, "grad"):
             stack.append(o)
 
     collect(outputs)

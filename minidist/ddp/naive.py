@@ -38,7 +38,7 @@ class NaiveDataParallel:
         self.module, self.process_group, self.algorithm = module, process_group, algorithm
         self.params = [p for p in module.parameters() if p.requires_grad]
         for p in self.params:  # every rank starts from rank 0's weights
-            comm.broadcast(p.data, src=0, group=process_group)
+            comm.broadcast(p.array, src=0, group=process_group)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -51,7 +51,7 @@ class NaiveDataParallel:
         """
         for p in self.params:
             if p.grad is None:
-                p.grad = np.zeros_like(p.data)
-            comm.all_reduce(p.grad, op="avg", algorithm=self.algorithm,
+                p.grad = np.zeros_like(p.array)
+            comm.all_reduce(p.grad.array, op="avg", algorithm=self.algorithm,
                             group=self.process_group)
         return len(self.params)

@@ -19,7 +19,7 @@ def check_device_ids(module: Any, device_ids: Any, output_device: Any) -> None:
     torch's rule for one device per process: ``device_ids`` is None or ``[that device]``; for
     CPU modules it must be None.
     """
-    devices = {backend.device_of(p.data) for p in module.parameters()}
+    devices = {backend.device_of(p.array) for p in module.parameters()}
     where = ", ".join(sorted(str(d) for d in devices)) or "nowhere (no parameters)"
     if device_ids is None:
         if output_device is not None:

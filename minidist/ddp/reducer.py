@@ -268,8 +268,9 @@ class Reducer:
         if bucket.is_slot_done(k):  # a second report is ignored
             return
         p, view = self.params[i], bucket.views[k]
-        if p.grad is not view:  # no gradient (an unused parameter), or one assigned after
-            view[...] = 0 if p.grad is None else p.grad  # forward: into the slot, one pass
+        g = None if p.grad is None else p.grad.array
+        if g is not view:  # no gradient (an unused parameter), or one assigned after
+            view[...] = 0 if g is None else g  # forward: into the slot, one pass
             p.grad = view
         if self._fold is not None:
             self._fold.grad_ready(view, self._dests[i], self._dests[i].scale == 1.0)

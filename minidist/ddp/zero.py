@@ -28,7 +28,7 @@ n equal shards; rank r owns shard r::
 The reduce-scatter runs in DDP's comm hook (``register_comm_hook``), so it keeps DDP's buckets,
 their order and their overlap with backward; the all-gather runs at the end of ``step()``.
 The parameters of a bucket are re-pointed, once, at views of one flat array per bucket
-(``p.data`` is rebound at construction, never again), so the all-gather writes them in place.
+(``p.array`` is rebound at construction, never again), so the all-gather writes them in place.
 
 The inner optimizer (``optimizer_class``) sees one flat 1-D "parameter" per bucket: its shard.
 That is exact for element-wise optimizers (SGD, Adam, AdamW: every formula is per element),
@@ -74,6 +74,7 @@ from minidist import xp as backend
 from minidist.ddp.hooks import GradBucket
 from minidist.logger import get_logger, rank_prefix
 from minidist.optim import Optimizer
+from minidist.tensor import Tensor
 from minidist.optim.options import run_closure
 
 log = get_logger(__name__)
@@ -108,9 +109,9 @@ class _Shard:
         dtype = bucket.buffer.dtype
         self.flat = xp.empty(self.numel, dtype=dtype)         # every parameter of the bucket
         for p, off in zip(bucket.params, bucket.spec.offsets):
-            n = p.data.size
-            self.flat[off:off + n] = p.data.reshape(-1)
-            p.data = self.flat[off:off + n].reshape(p.data.shape)   # rebound once, here
+            n = p.array.size
+            self.flat[off:off + n] = p.array.reshape(-1)
+            p.array = self.flat[off:off + n].reshape(p.array.shape)   # rebound once, here
         # the reduce-scatter's output; after the step, the all-gather's input
         self.own_buffer = world_size > 1
         self.grad_shard = (bucket.buffer if world_size == 1  # one rank: the bucket is the mean
@@ -124,11 +125,12 @@ class _Shard:
         return int(self.grad_shard.nbytes) if self.own_buffer else 0
 
 
-class _Part:
-    """A flat "parameter" of the inner optimizer: a view of the parameters and its gradient."""
-
-    def __init__(self, data: Any, grad: Any) -> None:
-        self.data, self.grad = data, grad
+def _Part(data: Any, grad: Any) -> Tensor:  # noqa: N802 - builds what it names
+    """A flat "parameter" of the inner optimizer: a Tensor over a view of the parameters,
+    whose ``.grad`` is the matching view of the gradients."""
+    part = Tensor(data)
+    part.grad = grad
+    return part
 
 
 class ZeroRedundancyOptimizer(Optimizer):
@@ -168,7 +170,7 @@ class ZeroRedundancyOptimizer(Optimizer):
             self.process_group = process_group
             group = process_group or comm.get_default_group()
             self.rank, self.world_size = group.rank, group.size
-            self._check_same_everywhere(name, [[f"#{i}", list(p.data.shape), str(p.data.dtype)]
+            self._check_same_everywhere(name, [[f"#{i}", list(p.array.shape), str(p.array.dtype)]
                                                for i, p, _ in self.indexed_params()])
             self._partition = _Partition(self, optimizer_class, defaults)
             self.optim = self._partition.optim
@@ -218,8 +220,8 @@ class ZeroRedundancyOptimizer(Optimizer):
         """The same parameters on every rank, and exactly the DDP model's (in any order)."""
         ddp_names = {id(p): n for p, n in zip(ddp.reducer.params, ddp.reducer.names)}
         mine = [p for _, p, _ in self.indexed_params()]
-        listed = [[ddp_names.get(id(p), "<not in the DDP model>"), list(p.data.shape),
-                   str(p.data.dtype)] for p in mine]
+        listed = [[ddp_names.get(id(p), "<not in the DDP model>"), list(p.array.shape),
+                   str(p.array.dtype)] for p in mine]
         self._check_same_everywhere(name, listed)
         stray = [n for n, _, _ in listed if n == "<not in the DDP model>"]
         mine_ids = {id(p) for p in mine}
@@ -338,9 +340,9 @@ class ZeroRedundancyOptimizer(Optimizer):
             if not full:
                 continue
             for p, off in zip(s.params, s.offsets):
-                n = p.data.size
+                n = p.array.size
                 state[index[id(p)]] = {
-                    key: (v[off:off + n].reshape(p.data.shape).copy() if hasattr(v, "shape")
+                    key: (v[off:off + n].reshape(p.array.shape).copy() if hasattr(v, "shape")
                           else v) for key, v in full.items()}
         group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
         group["params"] = list(range(len(self.param_groups[0]["params"])))
@@ -375,9 +377,9 @@ class ZeroRedundancyOptimizer(Optimizer):
                                  f"{sorted(keys or [])}; {n_params} parameters).")
             for key, v in s.items():
                 if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0 and \
-                        tuple(v.shape) != tuple(p.data.shape):
+                        tuple(v.shape) != tuple(p.array.shape):
                     raise ValueError(f"{name}: state {key!r} of parameter {sid} has shape "
-                                     f"{tuple(v.shape)}, the parameter {tuple(p.data.shape)}.")
+                                     f"{tuple(v.shape)}, the parameter {tuple(p.array.shape)}.")
         index = {id(p): i for i, p, _ in self.indexed_params()}
         new_state: dict[int, dict[str, Any]] = {}
         for k, s in enumerate(self._shards):
@@ -394,7 +396,7 @@ class ZeroRedundancyOptimizer(Optimizer):
                     continue
                 full = xp.zeros(s.numel, dtype=s.flat.dtype)
                 for st, p, off in entries:
-                    full[off:off + p.data.size] = xp.asarray(st[key]).reshape(-1)
+                    full[off:off + p.array.size] = xp.asarray(st[key]).reshape(-1)
                 chunk[key] = full[s.lo:s.lo + s.chunk].copy()
                 tail[key] = full[s.split:].copy()
             new_state[2 * k], new_state[2 * k + 1] = chunk, tail
@@ -421,10 +423,10 @@ class _Partition:
         self.owner = [0] * len(params)
         index = {id(p): i for i, p, _ in outer.indexed_params()}
         for group in outer.param_groups:  # torch's _partition_parameters: greedy by size
-            for p in sorted(group["params"], key=lambda t: t.data.size, reverse=True):
+            for p in sorted(group["params"], key=lambda t: t.array.size, reverse=True):
                 r = sizes.index(min(sizes))
                 self.owner[index[id(p)]] = r
-                sizes[r] += int(p.data.size)
+                sizes[r] += int(p.array.size)
         self.mine = [i for i, r in enumerate(self.owner) if r == outer.rank]
         groups = []
         for group in outer.param_groups:
@@ -439,10 +441,10 @@ class _Partition:
             by_dtype: dict[Any, list[Any]] = {}
             for i, p in enumerate(params):
                 if self.owner[i] == r:
-                    by_dtype.setdefault((p.data.dtype, backend.get_array_module(p.data)),
+                    by_dtype.setdefault((p.array.dtype, backend.get_array_module(p.array)),
                                         []).append(p)
             for (dtype, xp), ps in by_dtype.items():
-                self.plan.append((r, xp.empty(sum(p.data.size for p in ps), dtype), ps))
+                self.plan.append((r, xp.empty(sum(p.array.size for p in ps), dtype), ps))
 
     def nbytes(self) -> int:
         return sum(int(flat.nbytes) for _, flat, _ in self.plan)
@@ -459,13 +461,13 @@ class _Partition:
             at = 0
             if r == outer.rank:
                 for p in ps:
-                    flat[at:at + p.data.size] = p.data.reshape(-1)
-                    at += p.data.size
+                    flat[at:at + p.array.size] = p.array.reshape(-1)
+                    at += p.array.size
             comm.broadcast(flat, src=r, group=outer.process_group)
             if r != outer.rank:
                 for p in ps:
-                    p.data[...] = flat[at:at + p.data.size].reshape(p.data.shape)
-                    at += p.data.size
+                    p.array[...] = flat[at:at + p.array.size].reshape(p.array.shape)
+                    at += p.array.size
 
     def gather_state(self) -> dict[str, Any]:
         """Every parameter's state from its owner (COLLECTIVE), in torch's layout."""
@@ -489,9 +491,9 @@ class _Partition:
                     if kind == "value":
                         full[key] = v
                         continue
-                    xp = backend.get_array_module(params[i].data)
+                    xp = backend.get_array_module(params[i].array)
                     arr = mine[i][key].copy() if r == outer.rank else \
-                        xp.empty(params[i].data.shape, dtype=v)
+                        xp.empty(params[i].array.shape, dtype=v)
                     if outer.world_size > 1:
                         comm.broadcast(arr, src=r, group=outer.process_group)
                     full[key] = arr

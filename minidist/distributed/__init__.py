@@ -95,12 +95,12 @@ def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool
     ``tensor_list`` (one per rank, each of ``tensor``'s shape) is overwritten with rank r's
     ``tensor``. Runs synchronously; ``async_op=True`` returns a Work that is already done."""
     gathered = collectives.all_gather(tensor, group)
-    rows = gathered.data if hasattr(gathered, "requires_grad") else gathered
+    rows = gathered.array if hasattr(gathered, "requires_grad") else gathered
     if len(tensor_list) != len(rows):
         raise ValueError(f"all_gather: tensor_list has {len(tensor_list)} entries but the group "
                          f"has {len(rows)} ranks. Pass one tensor per rank.")
     for out, row in zip(tensor_list, rows):
-        (out.data if hasattr(out, "requires_grad") else out)[...] = row
+        (out.array if hasattr(out, "requires_grad") else out)[...] = row
     if not async_op:
         return None
     return completed("all_gather", f"[rank {get_rank()}/{get_world_size()}]", tensor_list)

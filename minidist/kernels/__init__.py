@@ -109,7 +109,7 @@ def _module_of(op: str, name: str, a: Any) -> str:
     if backend.is_device_array(a):
         return "cupy"
     raise _error(op, f"{name} must be a NumPy or CuPy array, got {type(a).__name__}",
-                 "Pass the array itself (a Tensor's .data), not a Python list or scalar")
+                 "Pass the array itself (a Tensor's .array), not a Python list or scalar")
 
 
 def _same_module(op: str, names: tuple[str, ...], arrays: tuple[Any, ...]) -> str:

@@ -33,7 +33,7 @@ from minidist.tensor.core import error
 
 def _additive(mask: Any, dtype: Any, op: str) -> Any:
     """A float mask to add to the scores: bool True -> -inf, False -> 0; float kept."""
-    m = mask.data if isinstance(mask, Tensor) else mask
+    m = mask.array if isinstance(mask, Tensor) else mask
     xp = backend.default_array_module() if isinstance(m, (list, tuple)) else \
         backend.get_array_module(m)
     m = xp.asarray(m)

@@ -35,9 +35,9 @@ LINEAR_GAINS = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "con
 
 
 def _fill(t: Tensor, host: numpy.ndarray) -> Tensor:
-    xp = backend.get_array_module(t.data)
+    xp = backend.get_array_module(t.array)
     with no_grad():
-        t.data[...] = xp.asarray(host.astype(t.data.dtype))
+        t.array[...] = xp.asarray(host.astype(t.array.dtype))
     return t
 
 
@@ -95,19 +95,19 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
 
 def constant_(tensor: Tensor, val: float) -> Tensor:
     """Fill ``tensor`` with ``val`` in place; returns it."""
-    tensor.data[...] = val
+    tensor.array[...] = val
     return tensor
 
 
 def zeros_(tensor: Tensor) -> Tensor:
     """Fill ``tensor`` with zeros in place."""
-    tensor.data[...] = 0
+    tensor.array[...] = 0
     return tensor
 
 
 def ones_(tensor: Tensor) -> Tensor:
     """Fill ``tensor`` with ones in place."""
-    tensor.data[...] = 1
+    tensor.array[...] = 1
     return tensor
 
 

@@ -269,7 +269,7 @@ class Embedding(Module):
         """N(0, 1) draws, the padding row zeroed (torch's init)."""
         init.normal_(self.weight)
         if self.padding_idx is not None:
-            self.weight.data[self.padding_idx] = 0
+            self.weight.array[self.padding_idx] = 0
 
     def forward(self, indices: Any) -> Tensor:
         return embedding(indices, self.weight, self.padding_idx)

@@ -180,7 +180,7 @@ class Module:
             if set_to_none:
                 p.grad = None
             elif p.grad is not None:
-                p.grad[...] = 0
+                p.grad.array[...] = 0
 
     # ---- devices and dtypes ----------------------------------------------------------------
 
@@ -189,7 +189,7 @@ class Module:
 
             model.to("cuda:0"); model.to(numpy.float64); model.to(device, dtype); model.to(t)
 
-        The Parameter objects stay the same objects (only their ``.data``, and ``.grad`` if set,
+        The Parameter objects stay the same objects (only their ``.array``, and ``.grad`` if set,
         are replaced), so an optimizer built before ``.to()`` still updates them. As in torch, a
         dtype applies to floating-point parameters and buffers only (integer buffers keep theirs).
         Call it before wrapping the model in DistributedDataParallel, whose buckets hold views
@@ -213,9 +213,9 @@ class Module:
             for registry in (mod._parameters, mod._buffers):
                 for t in registry.values():
                     if t is not None:
-                        t.data = convert(t.data)
+                        t.array = convert(t.array)
                         if t.grad is not None:
-                            t.grad = convert(t.grad)
+                            t.grad = convert(t.grad.array)
         return self
 
     def cpu(self) -> Module:
@@ -249,7 +249,7 @@ class Module:
             for registry in (mod._parameters, mod._buffers):
                 for name, t in registry.items():
                     if t is not None:
-                        out[pre + name] = t.data.copy()
+                        out[pre + name] = t.array.copy()
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> IncompatibleKeys:
@@ -292,9 +292,9 @@ class Module:
         for key, t in own.items():
             if key in state_dict:
                 value = state_dict[key]
-                value = value.data if isinstance(value, Tensor) else value
-                xp = backend.get_array_module(t.data)
-                t.data[...] = xp.asarray(value).astype(t.data.dtype, copy=False)
+                value = value.array if isinstance(value, Tensor) else value
+                xp = backend.get_array_module(t.array)
+                t.array[...] = xp.asarray(value).astype(t.array.dtype, copy=False)
         return IncompatibleKeys(missing, unexpected)
 
     # ---- calling ---------------------------------------------------------------------------

@@ -75,10 +75,10 @@ class BatchNormBase(Module):
             centered = x - mean
             var = (centered * centered).mean(axis=axes, keepdims=True)
             if self.training and self.track_running_stats:
-                self.update_running_stats(mean.data.reshape(-1), var.data.reshape(-1), n)
+                self.update_running_stats(mean.array.reshape(-1), var.array.reshape(-1), n)
         else:
-            centered = x - Tensor(self.running_mean.data.reshape(shape).astype(x.dtype))
-            var = Tensor(self.running_var.data.reshape(shape).astype(x.dtype))
+            centered = x - Tensor(self.running_mean.array.reshape(shape).astype(x.dtype))
+            var = Tensor(self.running_var.array.reshape(shape).astype(x.dtype))
         out = centered / (var + self.eps) ** 0.5
         if self.weight is not None:
             out = out * self.weight.reshape(shape)
@@ -90,10 +90,10 @@ class BatchNormBase(Module):
         """Fold one batch's per-channel ``mean`` and biased ``var`` over ``n`` values into the
         running statistics (the variance enters unbiased, ``* n / (n - 1)``, as torch)."""
         with no_grad():
-            self.num_batches_tracked.data[...] += 1
-            m = (1.0 / int(self.num_batches_tracked.data) if self.momentum is None
+            self.num_batches_tracked.array[...] += 1
+            m = (1.0 / int(self.num_batches_tracked.array) if self.momentum is None
                  else self.momentum)  # momentum=None: a cumulative average, as torch
-            rm, rv = self.running_mean.data, self.running_var.data
+            rm, rv = self.running_mean.array, self.running_var.array
             rm[...] = (1 - m) * rm + m * mean.astype(rm.dtype)
             rv[...] = (1 - m) * rv + m * (var * n / (n - 1)).astype(rv.dtype)
 

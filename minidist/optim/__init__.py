@@ -12,7 +12,7 @@
 Modules: ``optimizer`` (base class: groups, state_dict; how to write one), ``sgd``, ``adam``
 (Adam, AdamW, amsgrad), ``adadelta``, ``adagrad``, ``rmsprop``, ``options`` (their shared
 checks), ``lr_scheduler``, ``fused`` (``fused=True`` steps, ``flatten_parameters``); ``clip_grad_norm_`` is the tensor layer's (``minidist.tensor.clip_grad``), the
-same function as ``nn.utils.clip_grad_norm_``. Every update works in place on ``param.data``.
+same function as ``nn.utils.clip_grad_norm_``. Every update works in place on ``param.array``.
 """
 
 from minidist.optim.adadelta import Adadelta

@@ -54,21 +54,21 @@ class Adadelta(Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                xp = backend.get_array_module(p.data)
+                xp = backend.get_array_module(p.array)
                 state = self.state[p]
                 if not state:
                     state["step"] = 0
-                    state["square_avg"] = xp.zeros_like(p.data)
-                    state["acc_delta"] = xp.zeros_like(p.data)
+                    state["square_avg"] = xp.zeros_like(p.array)
+                    state["acc_delta"] = xp.zeros_like(p.array)
                 state["step"] += 1
-                g = -p.grad if group["maximize"] else p.grad
+                g = -p.grad.array if group["maximize"] else p.grad.array
                 if group["weight_decay"] != 0:
-                    g = g + group["weight_decay"] * p.data
+                    g = g + group["weight_decay"] * p.array
                 sq, acc = state["square_avg"], state["acc_delta"]
                 sq *= rho
                 sq += (1 - rho) * g * g
                 delta = xp.sqrt(acc + eps) / xp.sqrt(sq + eps) * g
                 acc *= rho
                 acc += (1 - rho) * delta * delta
-                p.data -= group["lr"] * delta
+                p.array -= group["lr"] * delta
         return loss

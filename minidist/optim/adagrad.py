@@ -57,16 +57,16 @@ class Adagrad(Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                xp = backend.get_array_module(p.data)
+                xp = backend.get_array_module(p.array)
                 state = self.state[p]
                 if not state:
                     state["step"] = 0
-                    state["sum"] = xp.full_like(p.data, group["initial_accumulator_value"])
+                    state["sum"] = xp.full_like(p.array, group["initial_accumulator_value"])
                 state["step"] += 1
-                g = -p.grad if group["maximize"] else p.grad
+                g = -p.grad.array if group["maximize"] else p.grad.array
                 if group["weight_decay"] != 0:
-                    g = g + group["weight_decay"] * p.data
+                    g = g + group["weight_decay"] * p.array
                 clr = group["lr"] / (1 + (state["step"] - 1) * group["lr_decay"])
                 state["sum"] += g * g
-                p.data -= clr * (g / (xp.sqrt(state["sum"]) + group["eps"]))
+                p.array -= clr * (g / (xp.sqrt(state["sum"]) + group["eps"]))
         return loss

@@ -80,10 +80,10 @@ class Adam(Optimizer):
         return loss
 
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
-        xp = backend.get_array_module(p.data)
+        xp = backend.get_array_module(p.array)
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
         beta1, beta2 = group["betas"]
-        param, g = p.data, p.grad
+        param, g = p.array, p.grad.array
         state = self.state.setdefault(i, {})
         if not state:
             state["step"] = 0

@@ -204,8 +204,8 @@ def _flat_state(likes: list[Any]) -> list[Any]:
 def flatten_parameters(params: Iterable[Any]) -> list[Any]:
     """Move every parameter's data into one flat buffer per (device, dtype), in reverse order,
     and reserve its gradient in a second flat buffer of the same layout; return the parameter
-    buffers. Values are unchanged; ``p.data`` becomes a view of the buffer (so call this before
-    anything keeps ``p.data``: DDP, the optimizer, AMP's master weights).
+    buffers. Values are unchanged; ``p.array`` becomes a view of the buffer (so call this before
+    anything keeps ``p.array``: DDP, the optimizer, AMP's master weights).
 
     >>> import numpy as np
     >>> from minidist import nn
@@ -217,24 +217,24 @@ def flatten_parameters(params: Iterable[Any]) -> list[Any]:
 
     groups: dict[tuple, list[Any]] = {}
     for p in reversed(list(params)):
-        key = (backend.is_device_array(p.data), str(backend.device_of(p.data)), p.data.dtype)
+        key = (backend.is_device_array(p.array), str(backend.device_of(p.array)), p.array.dtype)
         groups.setdefault(key, []).append(p)
     flats = []
     for ps in groups.values():
-        xp = backend.get_array_module(ps[0].data)
-        total = sum(int(p.data.size) for p in ps)
-        flat = xp.empty(total, dtype=ps[0].data.dtype)
-        grads = xp.zeros(total, dtype=ps[0].data.dtype)
+        xp = backend.get_array_module(ps[0].array)
+        total = sum(int(p.array.size) for p in ps)
+        flat = xp.empty(total, dtype=ps[0].array.dtype)
+        grads = xp.zeros(total, dtype=ps[0].array.dtype)
         offset = 0
         for p in ps:
-            n, shape = int(p.data.size), p.data.shape
+            n, shape = int(p.array.size), p.array.shape
             view = flat[offset:offset + n].reshape(shape)
-            view[...] = p.data
-            p.data = view
+            view[...] = p.array
+            p.array = view
             if p.requires_grad:
                 gview = grads[offset:offset + n].reshape(shape)
                 if p.grad is not None:
-                    gview[...] = p.grad
+                    gview[...] = p.grad.array
                     p.grad = gview
                 p.grad_destination = GradDestination(gview)
             offset += n
@@ -261,8 +261,8 @@ def _fused_params(opt: Any, fallback: Update) -> Iterable[tuple[int, Any, dict[s
         if p.grad is None:
             continue
         fusable = group.get("fused") and not any(group.get(k) for k in UNFUSED_OPTIONS)
-        kernels = _kernels_for(p.data) if fusable else None
-        if kernels is None or kernels.get() is None or not _kernel_ready((p.data, p.grad)):
+        kernels = _kernels_for(p.array) if fusable else None
+        if kernels is None or kernels.get() is None or not _kernel_ready((p.array, p.grad.array)):
             fallback(i, p, group)
             continue
         yield i, p, group, kernels
@@ -276,17 +276,17 @@ def sgd_step(opt: Any, fallback: Update) -> None:
     """One fused SGD step over ``opt``'s fused groups (``fallback`` updates everything else)."""
     batches: dict[tuple, list] = {}
     for i, p, group, kernels in _fused_params(opt, fallback):
-        buf = opt.state.get(i, {}).get("momentum_buffer") if group["momentum"] != 0 else p.data
-        key = _group_key(group, kernels, p.data.dtype, buf is None)
+        buf = opt.state.get(i, {}).get("momentum_buffer") if group["momentum"] != 0 else p.array
+        key = _group_key(group, kernels, p.array.dtype, buf is None)
         batches.setdefault(key, []).append([i, p, group, kernels, buf])
     for (_, _, dtype, first), entries in batches.items():
         if first:  # the first momentum step: the buffers, flat, in the params' address order
-            for entry, buf in zip(entries, _flat_state([e[1].data for e in entries])):
+            for entry, buf in zip(entries, _flat_state([e[1].array for e in entries])):
                 entry[4] = opt.state.setdefault(entry[0], {})["momentum_buffer"] = buf
         ready = []
         for i, p, group, _, buf in entries:
-            if _kernel_ready((p.data, p.grad, buf)):
-                ready.append((p.data, p.grad, buf))
+            if _kernel_ready((p.array, p.grad.array, buf)):
+                ready.append((p.array, p.grad.array, buf))
             else:  # e.g. a buffer loaded with another dtype
                 fallback(i, p, group)
         _, _, group, kernels, _ = entries[0]
@@ -302,19 +302,19 @@ def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
     for i, p, group, kernels in _fused_params(opt, fallback):
         state = opt.state.get(i)
         t = 1 if not state else state["step"] + 1
-        key = _group_key(group, kernels, p.data.dtype, t)
+        key = _group_key(group, kernels, p.array.dtype, t)
         batches.setdefault(key, []).append((i, p, group, kernels))
     for (_, _, dtype, t), entries in batches.items():
         fresh = [(i, p) for i, p, _, _ in entries if not opt.state.get(i)]
         if fresh:  # first step: exp_avg / exp_avg_sq flat, in the params' address order
-            likes = [p.data for _, p in fresh]
+            likes = [p.array for _, p in fresh]
             for (i, _), m, v in zip(fresh, _flat_state(likes), _flat_state(likes)):
                 opt.state[i] = {"step": 0, "exp_avg": m, "exp_avg_sq": v}
         _, _, group, kernels = entries[0]
         ready = []
         for i, p, _, _ in entries:
             s = opt.state[i]
-            arrays = (p.data, p.grad, s["exp_avg"], s["exp_avg_sq"])
+            arrays = (p.array, p.grad.array, s["exp_avg"], s["exp_avg_sq"])
             if _kernel_ready(arrays):
                 s["step"] = t
                 ready.append(arrays)

@@ -4,9 +4,9 @@
     opt = SGD([{"params": body.parameters()}, {"params": head.parameters(), "lr": 0.01}], lr=0.1)
     opt.param_groups[1]["lr"] = 0.005          # schedules write here, as in torch
 
-A parameter is anything with ``.data`` (an xp array, updated IN PLACE, never rebound: DDP and
-the model keep views of it) and ``.grad`` (an xp array or None; None means "no gradient this
-step", and the parameter is skipped). Parameters are numbered 0, 1, 2, ... in group order; that
+A parameter is a Tensor: its ``.array`` (the xp array) is updated IN PLACE, never rebound (DDP
+and the model keep views of it), and its ``.grad`` is a Tensor or None (None means "no gradient
+this step", and the parameter is skipped). Parameters are numbered 0, 1, 2, ... in group order; that
 number is the key of the per-parameter state and of ``state_dict()``, exactly torch's layout::
 
     {"state": {0: {"momentum_buffer": arr}, 1: {...}},            # only params with state
@@ -17,16 +17,19 @@ Values are plain arrays and numbers, so a checkpoint stores them without pickle.
 
 Writing an optimizer (torch's way): subclass, pass the defaults up, override ``step`` and walk
 ``self.param_groups``; ``self.state[p]`` is the parameter's state dict (empty at first), and
-``state_dict``/``load_state_dict`` then work as they are. ``p.data`` and ``p.grad`` are arrays
-(NumPy or CuPy), updated in place::
+``state_dict``/``load_state_dict`` then work as they are. ``p`` and ``p.grad`` are Tensors,
+updated with torch's in-place methods under ``no_grad`` (the optimizers here work on
+``p.array`` and ``p.grad.array``, the arrays, which is the same memory)::
 
     import numpy as np
+    import minidist
     from minidist import nn, optim
 
     class SignSGD(optim.Optimizer):
         def __init__(self, params, lr=0.01, momentum=0.9):
             super().__init__(params, dict(lr=lr, momentum=momentum))
 
+        @minidist.no_grad()
         def step(self, closure=None):
             for group in self.param_groups:
                 for p in group["params"]:
@@ -34,11 +37,10 @@ Writing an optimizer (torch's way): subclass, pass the defaults up, override ``s
                         continue
                     state = self.state[p]
                     if "momentum_buffer" not in state:
-                        state["momentum_buffer"] = np.zeros_like(p.data)
+                        state["momentum_buffer"] = minidist.zeros_like(p)
                     buf = state["momentum_buffer"]
-                    buf *= group["momentum"]
-                    buf += p.grad
-                    p.data -= group["lr"] * np.sign(buf)
+                    buf.mul_(group["momentum"]).add_(p.grad)
+                    p.add_(buf.sign(), alpha=-group["lr"])
 
     model = nn.Linear(3, 1)
     opt = SignSGD(model.parameters())
@@ -102,7 +104,7 @@ class Optimizer:
                              f"'params' entry, got {type(param_group).__name__}.")
         group = dict(param_group)
         ps = group["params"]
-        group["params"] = [ps] if hasattr(ps, "data") else list(ps)
+        group["params"] = [ps] if hasattr(ps, "array") else list(ps)
         for key, value in self.defaults.items():
             if value is _required and key not in group:
                 raise ValueError(f"{rank_prefix()} {name}: parameter group {len(self.param_groups)} "
@@ -110,12 +112,12 @@ class Optimizer:
             group.setdefault(key, value)
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         for p in group["params"]:
-            if not hasattr(p, "data") or not hasattr(p, "grad"):
-                raise ValueError(f"{rank_prefix()} {name}: a parameter must have .data and .grad, "
+            if not hasattr(p, "array") or not hasattr(p, "grad"):
+                raise ValueError(f"{rank_prefix()} {name}: a parameter must have .array and .grad, "
                                  f"got {type(p).__name__}. Pass model.parameters().")
             if id(p) in seen:
                 raise ValueError(f"{rank_prefix()} {name}: a parameter of shape "
-                                 f"{tuple(p.data.shape)} appears in more than one group (or twice). "
+                                 f"{tuple(p.array.shape)} appears in more than one group (or twice). "
                                  "Each parameter may belong to one group only.")
             seen.add(id(p))
         self.param_groups.append(group)
@@ -143,7 +145,7 @@ class Optimizer:
             return self._index_of[id(param)]
         except KeyError:
             raise KeyError(f"{rank_prefix()} {type(self).__name__}: this parameter (shape "
-                           f"{tuple(getattr(param.data, 'shape', ()))}) is not in any of its "
+                           f"{tuple(getattr(param.array, 'shape', ()))}) is not in any of its "
                            "param_groups.") from None
 
     def indexed_params(self) -> Iterable[tuple[int, Any, dict[str, Any]]]:
@@ -176,7 +178,7 @@ class Optimizer:
                 if set_to_none:
                     p.grad = None
                 else:
-                    p.grad[...] = 0
+                    p.grad.array[...] = 0
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter whose ``.grad`` is not None (skipped ones keep state).
@@ -269,12 +271,12 @@ class Optimizer:
         if not hasattr(value, "shape") or getattr(value, "ndim", 0) == 0:
             return value.item() if hasattr(value, "item") else value  # a number (a custom key)
         shape = tuple(getattr(value, "shape", ()))
-        if shape != tuple(p.data.shape):
+        if shape != tuple(p.array.shape):
             raise ValueError(f"{name}: state {key!r} of parameter {sid} has shape {shape} but the "
-                             f"parameter has shape {tuple(p.data.shape)}. The checkpoint belongs to "
+                             f"parameter has shape {tuple(p.array.shape)}. The checkpoint belongs to "
                              "a different model.")
-        xp = backend.get_array_module(p.data)
-        return xp.array(xp.asarray(value), dtype=p.data.dtype, copy=True)
+        xp = backend.get_array_module(p.array)
+        return xp.array(xp.asarray(value), dtype=p.array.dtype, copy=True)
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]

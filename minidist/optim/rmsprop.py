@@ -57,19 +57,19 @@ class RMSprop(Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                xp = backend.get_array_module(p.data)
+                xp = backend.get_array_module(p.array)
                 state = self.state[p]
                 if not state:
                     state["step"] = 0
-                    state["square_avg"] = xp.zeros_like(p.data)
+                    state["square_avg"] = xp.zeros_like(p.array)
                     if group["momentum"] > 0:
-                        state["momentum_buffer"] = xp.zeros_like(p.data)
+                        state["momentum_buffer"] = xp.zeros_like(p.array)
                     if group["centered"]:
-                        state["grad_avg"] = xp.zeros_like(p.data)
+                        state["grad_avg"] = xp.zeros_like(p.array)
                 state["step"] += 1
-                g = -p.grad if group["maximize"] else p.grad
+                g = -p.grad.array if group["maximize"] else p.grad.array
                 if group["weight_decay"] != 0:
-                    g = g + group["weight_decay"] * p.data
+                    g = g + group["weight_decay"] * p.array
                 sq = state["square_avg"]
                 sq *= alpha
                 sq += (1 - alpha) * g * g
@@ -83,7 +83,7 @@ class RMSprop(Optimizer):
                     buf = state["momentum_buffer"]
                     buf *= group["momentum"]
                     buf += g / avg
-                    p.data -= lr * buf
+                    p.array -= lr * buf
                 else:
-                    p.data -= lr * (g / avg)
+                    p.array -= lr * (g / avg)
         return loss

@@ -11,7 +11,7 @@ The update, per parameter p with gradient g (torch.optim.SGD, step t = 1, 2, ...
     g   = g + momentum * buf   if nesterov  else  buf      (if momentum != 0)
     p   = p - lr * g
 
-All of it runs in place on ``p.data`` with one or two work buffers per parameter, allocated on
+All of it runs in place on ``p.array`` with one or two work buffers per parameter, allocated on
 first use, so steady-state steps allocate no arrays (tests/unit/test_optim.py checks it).
 """
 
@@ -72,9 +72,9 @@ class SGD(Optimizer):
         return loss
 
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
-        xp = backend.get_array_module(p.data)
+        xp = backend.get_array_module(p.array)
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
-        param, d = p.data, p.grad
+        param, d = p.array, p.grad.array
         out = self.scratch(i, param, 0)
         if wd != 0:                                  # d = g + wd * p  (the grad itself is kept)
             xp.multiply(param, wd, out=out)

@@ -3,7 +3,7 @@
     from minidist.tensor import Tensor, no_grad, cross_entropy
     w = Tensor(np.random.randn(10, 784).astype(np.float32), requires_grad=True)
     loss = cross_entropy(x @ w.T, y)        # x: (N, 784) Tensor, y: (N,) int array
-    loss.backward()                          # w.grad: an xp array, accumulated in place
+    loss.backward()                          # w.grad: a Tensor over the gradient array (in place)
 
 Modules, bottom up: ``grad_mode`` (no_grad), ``core`` (Tensor), ``autograd`` (the backward
 walk, in-place accumulation, post-accumulate-grad hooks, end-of-backward callbacks

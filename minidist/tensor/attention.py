@@ -55,11 +55,11 @@ def attention_weights(query: Tensor, key: Tensor, attn_mask: Any = None, is_caus
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     scores = matmul(query, swapaxes(key, -2, -1)) * scale
     L, S = query.shape[-2], key.shape[-2]
-    xp = backend.get_array_module(scores.data)
+    xp = backend.get_array_module(scores.array)
     if is_causal:
         attn_mask = xp.tril(xp.ones((L, S), dtype=bool))
     if attn_mask is not None:
-        mask = attn_mask.data if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
+        mask = attn_mask.array if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
         if mask.dtype == numpy.bool_:
             scores = masked_fill(scores, ~mask, float("-inf"))
         else:

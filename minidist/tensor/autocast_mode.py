@@ -140,7 +140,7 @@ def _count(kind: str) -> None:
 
 
 def _cast(t: Any, dtype: Any) -> Any:
-    src = None if t is None else t.data.dtype
+    src = None if t is None else t.array.dtype
     eligible = src is not None and (src == numpy.float32 or src in LOW_PRECISION)
     if not eligible or src == dtype:
         return t
@@ -170,11 +170,11 @@ def autocast_args(op: str, *tensors: Any) -> tuple:
     if not active:
         return tensors
     first = next(t for t in tensors if t is not None)
-    dtype = active.get(device_type_of(first.data))
+    dtype = active.get(device_type_of(first.array))
     if dtype is None:
         return tensors
     if POLICY[op] == LOWER_PRECISION:
         _state.lower_ops = getattr(_state, "lower_ops", 0) + 1
         return tuple(_cast(t, dtype) for t in tensors)
-    return tuple(t if t is None or t.data.dtype not in LOW_PRECISION else t.astype(numpy.float32)
+    return tuple(t if t is None or t.array.dtype not in LOW_PRECISION else t.astype(numpy.float32)
                  for t in tensors)

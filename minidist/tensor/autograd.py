@@ -166,8 +166,8 @@ def _accumulate(leaf: Tensor, g: Any) -> None:
     reserved buffer, or a copy the leaf owns. An op that wrote the gradient in place
     (``claim_grad_destination``, ``adopt_grad``) returned ``leaf.grad`` itself: nothing to add.
     """
-    if g.shape != leaf.data.shape:  # an op's backward broke its contract; not a user error
-        raise AssertionError(f"gradient of shape {g.shape} for a leaf of shape {leaf.data.shape}")
+    if g.shape != leaf.array.shape:  # an op's backward broke its contract; not a user error
+        raise AssertionError(f"gradient of shape {g.shape} for a leaf of shape {leaf.array.shape}")
     if leaf._grad is None:
         leaf._grad = store_first(leaf, g)
     elif g is not leaf._grad:
@@ -253,13 +253,13 @@ def _seed(root: Tensor, gradient: Any) -> Any:
             "no input with requires_grad=True went into it, or it was computed under no_grad(). "
             "Make sure the parameters require grad and the forward runs outside no_grad()."))
     if gradient is None:
-        if root.data.size != 1:
+        if root.array.size != 1:
             raise ValueError(error(
                 "backward", f"called on a tensor of shape {root.shape}; backward needs a scalar "
                 "loss (call .sum() or .mean() first) or pass gradient=..."))
-        return backend.get_array_module(root.data).ones_like(root.data)
-    seed = as_array(gradient, root.data.dtype)
-    if seed.shape != root.data.shape:
+        return backend.get_array_module(root.array).ones_like(root.array)
+    seed = as_array(gradient, root.array.dtype)
+    if seed.shape != root.array.shape:
         raise ValueError(error(
             "backward", f"gradient has shape {tuple(seed.shape)} but the tensor has shape "
             f"{root.shape}. Pass a gradient of the tensor's shape."))

@@ -33,7 +33,7 @@ the forward and restored around the recomputation, so the recomputation draws th
 the generator's state after backward is what it was before (``preserve_rng_state=True``).
 
 Not allowed: ``fn`` must not modify its tensor inputs in place (the recomputation would see the
-modified values). A change of an input's array (rebinding ``x.data``, or a change of its sum)
+modified values). A change of an input's array (rebinding ``x.array``, or a change of its sum)
 during the forward, or between forward and backward, raises.
 """
 
@@ -102,7 +102,7 @@ def checkpoint(function: Callable[..., Tensor], *args: Any, use_reentrant: bool 
     params = _parameters_of(function)
     tensor_args = [(i, a) for i, a in enumerate(args) if isinstance(a, Tensor)]
     rng_state = random.default_generator().bit_generator.state if preserve_rng_state else None
-    seen = [(a, a.data, _fingerprint(a.data)) for _, a in tensor_args]
+    seen = [(a, a.array, _fingerprint(a.array)) for _, a in tensor_args]
     with no_grad():
         out = function(*args, **kwargs)
     if not isinstance(out, Tensor):
@@ -118,7 +118,7 @@ def checkpoint(function: Callable[..., Tensor], *args: Any, use_reentrant: bool 
         replay = list(args)
         leaves = []
         for i, a in tensor_args:
-            replay[i] = Tensor(a.data, requires_grad=a.requires_grad)
+            replay[i] = Tensor(a.array, requires_grad=a.requires_grad)
             if a.requires_grad:
                 leaves.append(replay[i])
         with _rng_replay(rng_state), enable_grad():
@@ -128,7 +128,7 @@ def checkpoint(function: Callable[..., Tensor], *args: Any, use_reentrant: bool 
         _check_reached(out2, leaves + params)
         return grad(out2, leaves + params, g)
 
-    return Tensor._make(out.data, parents, backward, "checkpoint")
+    return Tensor._make(out.array, parents, backward, "checkpoint")
 
 
 def _parameters_of(function: Any) -> list[Tensor]:
@@ -191,15 +191,15 @@ def _fingerprint(arr: Any) -> float:
 
 def _check_unchanged(seen: list[tuple[Tensor, Any, float]], when: str) -> None:
     for k, (t, arr, fp) in enumerate(seen):
-        now = _fingerprint(t.data)
+        now = _fingerprint(t.array)
         same = fp == now or (math.isnan(fp) and math.isnan(now))
-        if t.data is not arr or not same:
+        if t.array is not arr or not same:
             raise RuntimeError(error(
                 "checkpoint", f"tensor input {k} (shape {t.shape}) was modified in place "
-                f"{when} (sum {fp!r} -> {now!r}{', array replaced' if t.data is not arr else ''})"
+                f"{when} (sum {fp!r} -> {now!r}{', array replaced' if t.array is not arr else ''})"
                 ". The recomputation in backward would see different values and give wrong "
                 "gradients. Do not modify the inputs of a checkpointed function; compute a new "
-                "tensor instead (y = x + 1, not x.data += 1)."))
+                "tensor instead (y = x + 1, not x.array += 1)."))
 
 
 class _rng_replay:  # noqa: N801 - a context manager used like a function

@@ -48,7 +48,7 @@ def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float, norm_type:
         raise ValueError(f"{rank_prefix()} clip_grad_norm_: need max_norm >= 0 and norm_type > 0, "
                          f"got max_norm={max_norm}, norm_type={norm_type}.")
     params = [parameters] if hasattr(parameters, "grad") else list(parameters)
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [p.grad.array for p in params if p.grad is not None]
     if not grads:
         return 0.0
     norm_type = float(norm_type)
@@ -87,4 +87,5 @@ def clip_grad_value_(parameters: Iterable[Any] | Any, clip_value: float,
     params = [parameters] if hasattr(parameters, "grad") else list(parameters)
     for p in params:
         if p.grad is not None:
-            backend.get_array_module(p.grad).clip(p.grad, -clip_value, clip_value, out=p.grad)
+            g = p.grad.array
+            backend.get_array_module(g).clip(g, -clip_value, clip_value, out=g)

@@ -119,14 +119,14 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
                                f"but the weight of shape {weight.shape} expects {c}. Check "
                                "in_channels."))
     n = x.shape[0]
-    xpad = pad2d(x.data, ph, pw)
+    xpad = pad2d(x.array, ph, pw)
     cols = patches(xpad, kh, kw, sh, sw, channels_first=True)
     ho, wo = cols.shape[4], cols.shape[5]
     cols = cols.reshape(c * kh * kw, n * ho * wo)
-    wmat = weight.data.reshape(o, c * kh * kw)  # W's own (O, C, kh, kw) order: a free view
+    wmat = weight.array.reshape(o, c * kh * kw)  # W's own (O, C, kh, kw) order: a free view
     out = mm(wmat, cols)
     if bias is not None:
-        out += bias.data[:, None]
+        out += bias.array[:, None]
     out = out.reshape(o, n, ho, wo).transpose(1, 0, 2, 3)  # NCHW view of the (O, N, ...) result
     parents = (x, weight) if bias is None else (x, weight, bias)
 
@@ -188,18 +188,18 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     if x.ndim != 4:
         raise ValueError(error("max_pool2d", f"expects an NCHW input (4-D), got shape "
                                f"{x.shape}. Add a batch dim with x[None]."))
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     h, w = x.shape[2:]
     ho = pool_out_size("max_pool2d", h, kh, sh, ph, dh, ceil_mode)
     wo = pool_out_size("max_pool2d", w, kw, sw, pw, dw, ceil_mode)
     # the padded image the windows read: -inf around x, as far as the last window reaches
     hp, wp = (ho - 1) * sh + dh * (kh - 1) + 1, (wo - 1) * sw + dw * (kw - 1) + 1
     full = x.shape[:2] + (max(hp, h + ph), max(wp, w + pw))
-    padded = x.data
+    padded = x.array
     if (ph, pw) != (0, 0) or (hp, wp) != (h, w):
         low = -xp.inf if xp.issubdtype(x.dtype, xp.floating) else xp.iinfo(x.dtype).min
         padded = xp.full(full, low, dtype=x.dtype)
-        padded[:, :, ph:ph + h, pw:pw + w] = x.data
+        padded[:, :, ph:ph + h, pw:pw + w] = x.array
         padded = padded[:, :, :hp, :wp]  # rows no window reaches are left out
     p = patches(padded, kh, kw, sh, sw, dh=dh, dw=dw)
     flat = p.reshape((kh * kw,) + p.shape[2:])  # (kh*kw, C, N, Ho, Wo)
@@ -246,17 +246,17 @@ def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
         raise ValueError(error("avg_pool2d", f"padding {(ph, pw)} must be at most half the "
                                f"kernel size {(kh, kw)}, as torch requires."))
     _out_size("avg_pool2d", x, kh, kw, ph, pw)
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     h, w = x.shape[2:]
     ho = pool_out_size("avg_pool2d", h, kh, sh, ph, 1, ceil_mode)
     wo = pool_out_size("avg_pool2d", w, kw, sw, pw, 1, ceil_mode)
     hp, wp = (ho - 1) * sh + kh, (wo - 1) * sw + kw  # what the windows read (zeros around x)
     full = x.shape[:2] + (max(hp, h + ph), max(wp, w + pw))
     if (ph, pw) == (0, 0) and hp <= h and wp <= w:
-        padded = x.data[:, :, :hp, :wp]  # no padding: a view
+        padded = x.array[:, :, :hp, :wp]  # no padding: a view
     else:
         padded = xp.zeros(full, dtype=x.dtype)
-        padded[:, :, ph:ph + h, pw:pw + w] = x.data
+        padded[:, :, ph:ph + h, pw:pw + w] = x.array
         padded = padded[:, :, :hp, :wp]
     p = patches(padded, kh, kw, sh, sw)  # (kh, kw, C, N, Ho, Wo)
     if divisor_override:
@@ -295,16 +295,16 @@ def adaptive_avg_pool2d(x: Tensor, output_size: Any) -> Tensor:
                                f"{output_size}."))
     if h % oh == 0 and w % ow == 0:  # equal, disjoint windows: an ordinary average pool
         return avg_pool2d(x, (h // oh, w // ow))
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     rows = [(i * h // oh, -(-(i + 1) * h // oh)) for i in range(oh)]
     cols = [(j * w // ow, -(-(j + 1) * w // ow)) for j in range(ow)]
     out = xp.empty(x.shape[:2] + (oh, ow), dtype=x.dtype)
     for i, (r0, r1) in enumerate(rows):
         for j, (c0, c1) in enumerate(cols):
-            out[:, :, i, j] = x.data[:, :, r0:r1, c0:c1].mean(axis=(2, 3))
+            out[:, :, i, j] = x.array[:, :, r0:r1, c0:c1].mean(axis=(2, 3))
 
     def backward(g: Any) -> tuple:
-        gx = xp.zeros(x.data.shape, dtype=g.dtype)
+        gx = xp.zeros(x.array.shape, dtype=g.dtype)
         for i, (r0, r1) in enumerate(rows):
             for j, (c0, c1) in enumerate(cols):
                 gx[:, :, r0:r1, c0:c1] += (g[:, :, i, j] / ((r1 - r0) * (c1 - c0)))[:, :, None,

@@ -4,12 +4,18 @@
     w = Tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)    # float32 by default
     loss = (w @ w.T).relu().sum()
     loss.backward()
-    w.grad                                                      # an xp array, like w.data
+    w.grad                                                      # a Tensor (its .array: NumPy)
+    w.array                                                     # the backend array, no copy
 
 Each op (in ``elementwise``, ``reduce``, ``shape``, ``linalg``, ``functional``, ``conv``) computes
-its result on ``.data`` and, when grad mode is on and an input requires grad, records a node:
+its result on ``.array`` and, when grad mode is on and an input requires grad, records a node:
 the inputs (``_parents``) and a ``_backward(g)`` closure that maps the output's gradient to one
 gradient per input. ``autograd.run_backward`` walks those nodes; see docs/tensor.md.
+
+``.data`` and ``.grad`` are Tensors, as in torch: ``w.data`` is a detached Tensor sharing
+``w``'s array (``w.data.normal_()`` initialises ``w``), ``w.grad`` a Tensor whose array is the
+gradient (for DDP: a view into its bucket). The array itself is ``.array`` (NumPy or CuPy, no
+copy; the library's own code works on it) and, on the host, ``.numpy()``.
 
 Dtypes: Python floats and lists become float32; arrays keep their dtype (float16, float32,
 float64 are carried through every op; Python scalars never upcast them).
@@ -55,7 +61,7 @@ def parse_to_args(op: str, args: tuple, kwargs: dict) -> tuple[Any, Any]:
                               "device=, dtype=, non_blocking= or copy=."))
     for arg in args:
         if isinstance(arg, Tensor):
-            where, dtype = backend.device_of(arg.data), arg.data.dtype
+            where, dtype = backend.device_of(arg.array), arg.array.dtype
         elif isinstance(arg, (backend.device, int)) and not isinstance(arg, bool):
             where = arg
         elif isinstance(arg, str) and arg.split(":")[0].strip().lower() in ("cpu", "cuda"):
@@ -69,6 +75,14 @@ def parse_to_args(op: str, args: tuple, kwargs: dict) -> tuple[Any, Any]:
                                       "as numpy.float32.")) from None
     return (None if where is None else backend.device(where),
             None if dtype is None else numpy.dtype(dtype))
+
+
+REFLECTED_UFUNCS = {
+    "add": "__radd__", "subtract": "__rsub__", "multiply": "__rmul__",
+    "true_divide": "__rtruediv__", "power": "__rpow__", "matmul": "__rmatmul__",
+    "less": "__gt__", "less_equal": "__ge__", "greater": "__lt__", "greater_equal": "__le__",
+    "equal": "__eq__", "not_equal": "__ne__"}
+"""NumPy ufunc -> the Tensor method that computes ``ndarray <op> tensor`` (the reflected op)."""
 
 
 class ElementCount(int):
@@ -93,7 +107,7 @@ def _axis(axis: Any, dim: Any) -> Any:
 def as_array(data: Any, dtype: Any = None) -> Any:
     """An xp array for ``data``: arrays are kept (no copy), Python floats/lists become float32."""
     if isinstance(data, Tensor):
-        data = data.data
+        data = data.array
     if isinstance(data, numpy.ndarray) or backend.is_device_array(data):
         return data if dtype is None else data.astype(dtype, copy=False)
     if isinstance(data, numpy.generic):
@@ -114,17 +128,17 @@ class Tensor:
         dtype: convert to this dtype first (a NumPy dtype or its name).
 
     Attributes:
-        data: the xp array holding the values.
+        array: the backend array holding the values (NumPy on the CPU, CuPy on a GPU; no copy).
         requires_grad: whether gradients flow to (leaf) or through (op result) this tensor.
     """
 
-    __slots__ = ("data", "_grad", "requires_grad", "_parents", "_backward", "_op", "_hooks",
-                 "_grad_dest", "__weakref__")
-    __array_ufunc__ = None  # ndarray <op> Tensor -> Tensor.__r<op>__, not an object array
+    __slots__ = ("array", "_grad", "_grad_view", "requires_grad", "_parents", "_backward", "_op",
+                 "_hooks", "_grad_dest", "__weakref__")
 
     def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None) -> None:
-        self.data = as_array(data, dtype)
-        self._grad: Any = None
+        self.array = as_array(data, dtype)
+        self._grad: Any = None  # the gradient's array; ``grad`` hands out a Tensor over it
+        self._grad_view: Tensor | None = None
         self._parents: tuple[Tensor, ...] = ()
         self._backward: BackwardFn | None = None
         self._op = ""
@@ -140,7 +154,8 @@ class Tensor:
     def _make(data: Any, parents: tuple[Tensor, ...], backward: BackwardFn, op: str) -> Tensor:
         """The result of an op: records ``(parents, backward)`` when the tape is on."""
         out = Tensor.__new__(Tensor)
-        out.data, out._grad, out._op, out._hooks, out._grad_dest = data, None, op, None, None
+        out.array, out._grad, out._op, out._hooks, out._grad_dest = data, None, op, None, None
+        out._grad_view = None
         if is_grad_enabled() and any(p.requires_grad for p in parents):
             out.requires_grad, out._parents, out._backward = True, parents, backward
         else:
@@ -163,29 +178,66 @@ class Tensor:
         if not self.is_leaf:
             raise RuntimeError(error("requires_grad_", "only leaf tensors can change "
                                      "requires_grad. Use .detach() to get a new leaf."))
-        if requires_grad and not is_floating(self.data.dtype):
+        if requires_grad and not is_floating(self.array.dtype):
             raise TypeError(error("requires_grad_", f"only float tensors can require grad, got "
-                                  f"dtype {self.data.dtype}. Convert with .float() first."))
+                                  f"dtype {self.array.dtype}. Convert with .float() first."))
         self.requires_grad = bool(requires_grad)
         return self
 
-    @property
-    def grad(self) -> Any:
-        """The accumulated gradient (an xp array of this shape) or None.
+    @staticmethod
+    def _wrap(array: Any) -> Tensor:
+        """A leaf over ``array`` as it is (no checks, no copy): ``.data`` and ``.grad``."""
+        out = Tensor.__new__(Tensor)
+        out.array, out._grad, out._grad_view, out._op, out._hooks = array, None, None, "", None
+        out._grad_dest, out.requires_grad, out._parents, out._backward = None, False, (), None
+        return out
 
-        ``backward`` adds into this array IN PLACE and never rebinds it, so it may be a view into
-        a larger buffer (DDP buckets); its dtype may differ from the tensor's (cast on add).
+    @property
+    def data(self) -> Tensor:
+        """torch's ``.data``: a new leaf sharing this tensor's array, outside the tape.
+
+        Writes through it change this tensor without the tape seeing them, as in torch:
+        ``p.data.normal_(0, 0.02)``, ``p.data.add_(p.grad, alpha=-lr)``. ``p.data = t`` makes
+        ``p`` hold ``t``'s array (shape and dtype may change). The array itself: ``.array``.
         """
-        return self._grad
+        return Tensor._wrap(self.array)
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        if isinstance(value, Tensor):
+            value = value.array
+        elif not (isinstance(value, numpy.ndarray) or backend.is_device_array(value)):
+            raise TypeError(error("data", f"assigned a {type(value).__name__}; assign a Tensor "
+                                  "(p.data = t, as torch) or a NumPy/CuPy array."))
+        self.array = value
+
+    @property
+    def grad(self) -> Tensor | None:
+        """The accumulated gradient, a Tensor over the gradient array, or None.
+
+        ``backward`` adds into that array IN PLACE and never rebinds it, so it may be a view into
+        a larger buffer (DDP buckets: ``p.grad.array`` is that view, no copy); its dtype may
+        differ from the tensor's (cast on add). The same Tensor comes back while the array is
+        the same; ``p.grad.data = t`` (torch's way to swap the storage) is kept.
+        """
+        g = self._grad
+        if g is None:
+            return None
+        view = self._grad_view
+        if view is None:
+            view = self._grad_view = Tensor._wrap(g)
+        elif view.array is not g:  # rebound through the Tensor (p.grad.data = t): adopt it
+            self._grad = view.array
+        return view
 
     @grad.setter
     def grad(self, value: Any) -> None:
         if isinstance(value, Tensor):
-            value = value.data
-        if value is not None and tuple(value.shape) != self.data.shape:
+            value = value.array
+        if value is not None and tuple(value.shape) != self.array.shape:
             raise ValueError(error("grad", f"assigned a gradient of shape {tuple(value.shape)} to "
-                                   f"a tensor of shape {self.data.shape}. Shapes must match."))
-        self._grad = value
+                                   f"a tensor of shape {self.array.shape}. Shapes must match."))
+        self._grad, self._grad_view = value, None
 
     @property
     def grad_destination(self) -> Any:
@@ -211,10 +263,10 @@ class Tensor:
                     "grad_destination", "only a leaf that requires grad has a gradient to "
                     f"write (this one: requires_grad={self.requires_grad}, "
                     f"is_leaf={self.is_leaf}). Reserve it on the parameter itself."))
-            if tuple(dest.buffer.shape) != self.data.shape:
+            if tuple(dest.buffer.shape) != self.array.shape:
                 raise ValueError(error(
                     "grad_destination", f"buffer of shape {tuple(dest.buffer.shape)} for a tensor "
-                    f"of shape {self.data.shape}. Reshape the buffer to the tensor's shape."))
+                    f"of shape {self.array.shape}. Reshape the buffer to the tensor's shape."))
         self._grad_dest = dest
 
     def backward(self, gradient: Any = None, retain_graph: bool = False) -> None:
@@ -230,22 +282,22 @@ class Tensor:
 
     def detach(self) -> Tensor:
         """A new leaf sharing this tensor's data, outside the tape."""
-        return Tensor(self.data)
+        return Tensor(self.array)
 
     # ---- array properties ----------------------------------------------------------------
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
+        return tuple(self.array.shape)
 
     @property
     def dtype(self) -> dtypes.dtype:
         """The dtype, torch-style: ``minidist.float32`` (equal to ``numpy.float32``)."""
-        return dtypes.wrap(self.data.dtype)
+        return dtypes.wrap(self.array.dtype)
 
     @property
     def ndim(self) -> int:
-        return int(self.data.ndim)
+        return int(self.array.ndim)
 
     @property
     def size(self) -> ElementCount:
@@ -254,34 +306,47 @@ class Tensor:
         ``x.size`` is an int (the element count); ``x.size()`` is the shape tuple and
         ``x.size(1)`` the length of dim 1, as in torch.
         """
-        return ElementCount(int(self.data.size), tuple(self.data.shape))
+        return ElementCount(int(self.array.size), tuple(self.array.shape))
 
     def dim(self) -> int:
         """Number of dims (torch's name for ``ndim``)."""
-        return int(self.data.ndim)
+        return int(self.array.ndim)
 
     def numel(self) -> int:
-        return int(self.data.size)
+        return int(self.array.size)
 
     def __len__(self) -> int:
-        if self.data.ndim == 0:
+        if self.array.ndim == 0:
             raise TypeError(error("len", "len() of a 0-d tensor. Use .item()."))
-        return int(self.data.shape[0])
+        return int(self.array.shape[0])
 
     def item(self) -> float:
         """The value of a one-element tensor as a Python number."""
-        if self.data.size != 1:
+        if self.array.size != 1:
             raise ValueError(error("item", f"needs a one-element tensor, got shape {self.shape}."
                                    " Reduce it first (.sum(), .mean()) or index one element."))
-        return backend.to_host(self.data, explicit="item").reshape(()).item()
+        return backend.to_host(self.array, explicit="item").reshape(()).item()
 
     def numpy(self) -> numpy.ndarray:
         """The values as a NumPy array (shares memory on the CPU; copies from a GPU)."""
-        return backend.to_host(self.data, explicit="numpy")
+        return backend.to_host(self.array, explicit="numpy")
+
+    def __getattr__(self, name: str) -> Any:
+        """Only for names Tensor lacks: say so clearly when it is an array's (``p.grad.copy()``
+        from code written when ``.data``/``.grad`` were arrays)."""
+        if not name.startswith("__") and hasattr(numpy.ndarray, name):
+            raise AttributeError(error(
+                f"Tensor.{name}", f"'Tensor' object has no attribute {name!r} (a NumPy array's). "
+                ".data and .grad are Tensors, as in torch: for the array use .array (NumPy or "
+                "CuPy, no copy) or .numpy() (on the host), e.g. p.grad.array."))
+        raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+
+    def __abs__(self) -> Tensor:
+        return mathops.abs(self)
 
     def tolist(self) -> Any:
         """The values as (nested) Python lists of numbers (a number for a 0-d tensor)."""
-        return backend.to_host(self.data, explicit="tolist").tolist()
+        return backend.to_host(self.array, explicit="tolist").tolist()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> numpy.ndarray:
         """NumPy's conversion hook: ``numpy.asarray(t)`` is ``t.numpy()`` (a host copy from a
@@ -291,11 +356,11 @@ class Tensor:
 
     def __index__(self) -> int:
         """A one-element integer tensor as an index (``data[i:i + n]``, ``i`` from randint)."""
-        if self.data.size != 1 or self.data.dtype.kind not in "iu":
+        if self.array.size != 1 or self.array.dtype.kind not in "iu":
             raise TypeError(error("__index__", "only integer tensors of a single element can "
                                   f"be converted to an index (this one: dtype {self.dtype}, "
                                   f"shape {self.shape})."))
-        return int(self.data.reshape(()).item())
+        return int(self.array.reshape(()).item())
 
     def __float__(self) -> float:
         return float(self.item())
@@ -306,14 +371,14 @@ class Tensor:
     def __repr__(self) -> str:
         """torch's layout, ``tensor([0.5000, 0.2500], requires_grad=True)`` (see printing)."""
         where = str(self.device) if self.is_cuda else None
-        host = backend.to_host(self.data, explicit="print")
+        host = backend.to_host(self.array, explicit="print")
         return printing.tensor_repr(host, where, self.requires_grad,
                                     None if self.is_leaf else self._op)
 
     def __format__(self, format_spec: str) -> str:
         """torch's rule: a 0-d tensor formats as its number (``f"{loss:.4f}"``); any other
         takes only the empty spec (``f"{t}"`` is ``str(t)``)."""
-        if self.data.ndim == 0:
+        if self.array.ndim == 0:
             return format(self.item(), format_spec)
         return object.__format__(self, format_spec)
 
@@ -325,11 +390,11 @@ class Tensor:
     @property
     def device(self) -> backend.device:
         """Where the data lives: ``device(type='cpu')`` or ``device(type='cuda', index=N)``."""
-        return backend.device_of(self.data)
+        return backend.device_of(self.array)
 
     @property
     def is_cuda(self) -> bool:
-        return backend.is_device_array(self.data)
+        return backend.is_device_array(self.array)
 
     def to(self, *args: Any, **kwargs: Any) -> Tensor:
         """torch's ``Tensor.to``: a copy on another device and/or with another dtype.
@@ -391,6 +456,38 @@ class Tensor:
 
     def __rtruediv__(self, other: Any) -> Tensor:  # other / self
         return elementwise.rdiv(self, other)
+
+    # ``t += x``: in place outside the tape (``p.data -= lr * g`` updates p's own memory, as in
+    # torch); on the tape the result is a new tensor, as ``t = t + x`` (see inplace.augmented)
+
+    def __iadd__(self, other: Any) -> Tensor:
+        return inplace.augmented(self, "add_", other)
+
+    def __isub__(self, other: Any) -> Tensor:
+        return inplace.augmented(self, "sub_", other)
+
+    def __imul__(self, other: Any) -> Tensor:
+        return inplace.augmented(self, "mul_", other)
+
+    def __itruediv__(self, other: Any) -> Tensor:
+        return inplace.augmented(self, "div_", other)
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """``ndarray <op> Tensor`` is the Tensor op (a Tensor, as in torch); any other NumPy
+        ufunc on a Tensor is refused with the fix (pass ``t.array``, or use the method)."""
+        reflected = REFLECTED_UFUNCS.get(ufunc.__name__)
+        if method == "__call__" and reflected and len(inputs) == 2 and inputs[1] is self:
+            if not kwargs:
+                return getattr(self, reflected)(inputs[0])
+            out = kwargs.get("out")
+            if len(kwargs) == 1 and isinstance(out, tuple) and len(out) == 1 \
+                    and out[0] is inputs[0]:  # array += tensor: the array, updated in place
+                return ufunc(inputs[0], self.numpy() if isinstance(out[0], numpy.ndarray)
+                             else self.array, out=out)
+        raise TypeError(error(
+            f"numpy.{ufunc.__name__}", "got a Tensor. .data and .grad are Tensors, as in torch: "
+            "use the Tensor method (t.abs(), t.sign(), t.add_(...)) or hand NumPy the array, "
+            "t.array (NumPy or CuPy, no copy) or t.numpy()."))
 
     def __neg__(self) -> Tensor:
         return elementwise.neg(self)
@@ -518,21 +615,33 @@ class Tensor:
     def __ge__(self, other: Any) -> Tensor:
         return elementwise.compare("ge", self, other)
 
+    def all(self, dim: Any = None, keepdim: bool = False, *, axis: Any = None,
+            out: Any = None) -> Tensor:
+        """Whether every element (along ``dim``) is non-zero: bool, outside the tape."""
+        xp = backend.get_array_module(self.array)
+        return Tensor(xp.asarray(self.array.all(axis=_axis(axis, dim), keepdims=keepdim)))
+
+    def any(self, dim: Any = None, keepdim: bool = False, *, axis: Any = None,
+            out: Any = None) -> Tensor:
+        """Whether some element (along ``dim``) is non-zero: bool, outside the tape."""
+        xp = backend.get_array_module(self.array)
+        return Tensor(xp.asarray(self.array.any(axis=_axis(axis, dim), keepdims=keepdim)))
+
     def __bool__(self) -> bool:
-        if self.data.size != 1:
-            raise RuntimeError(error("bool", f"the truth value of a tensor with {self.data.size}"
-                                     " elements is ambiguous. Use .any() / .all() on .data, or "
+        if self.array.size != 1:
+            raise RuntimeError(error("bool", f"the truth value of a tensor with {self.array.size}"
+                                     " elements is ambiguous. Use .any() / .all() on .array, or "
                                      "compare one element."))
-        return bool(backend.to_host(self.data, explicit="bool").reshape(()).item())
+        return bool(backend.to_host(self.array, explicit="bool").reshape(()).item())
 
     # ---- in-place fills, torch's initialisers (outside the tape, like nn.init) --------------
 
     def zero_(self) -> Tensor:
-        self.data[...] = 0
+        self.array[...] = 0
         return self
 
     def fill_(self, value: Any) -> Tensor:
-        self.data[...] = value.item() if isinstance(value, Tensor) else value
+        self.array[...] = value.item() if isinstance(value, Tensor) else value
         return self
 
     def normal_(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
@@ -546,14 +655,14 @@ class Tensor:
 
     def copy_(self, src: Any) -> Tensor:
         """Copy ``src``'s values into this tensor's array (cast, broadcast); returns self."""
-        value = src.data if isinstance(src, Tensor) else src
-        xp = backend.get_array_module(self.data)
-        self.data[...] = xp.asarray(backend.move(value, self.device)).astype(self.data.dtype)
+        value = src.array if isinstance(src, Tensor) else src
+        xp = backend.get_array_module(self.array)
+        self.array[...] = xp.asarray(backend.move(value, self.device)).astype(self.array.dtype)
         return self
 
     def _fill_host(self, host: numpy.ndarray) -> Tensor:
-        xp = backend.get_array_module(self.data)
-        self.data[...] = xp.asarray(host.astype(self.data.dtype))
+        xp = backend.get_array_module(self.array)
+        self.array[...] = xp.asarray(host.astype(self.array.dtype))
         return self
 
     def transpose(self, *axes: Any) -> Tensor:
@@ -672,6 +781,9 @@ class Tensor:
     def abs(self) -> Tensor:
         return mathops.abs(self)
 
+    def sign(self) -> Tensor:
+        return mathops.sign(self)
+
     def sin(self) -> Tensor:
         return mathops.sin(self)
 
@@ -707,7 +819,7 @@ class Tensor:
     # ---- new tensors like this one (torch's new_*: this dtype and device by default) ---------
 
     def _defaults(self, dtype: Any, device: Any, requires_grad: bool) -> dict:
-        return {"dtype": self.data.dtype if dtype is None else dtype,
+        return {"dtype": self.array.dtype if dtype is None else dtype,
                 "device": self.device if device is None else device,
                 "requires_grad": requires_grad}
 
@@ -735,9 +847,9 @@ class Tensor:
         """No argument: the legacy type name (``"minidist.FloatTensor"``); a dtype, a legacy
         type (``minidist.LongTensor``) or its name: this tensor cast to it (torch's ``type``)."""
         if dtype is None:
-            name = next((n for n, d in dtypes.LEGACY_TYPES.items() if d == self.data.dtype),
+            name = next((n for n, d in dtypes.LEGACY_TYPES.items() if d == self.array.dtype),
                         None)
-            return f"minidist.{name}" if name else f"minidist.{self.data.dtype.name}"
+            return f"minidist.{name}" if name else f"minidist.{self.array.dtype.name}"
         if isinstance(dtype, str) and dtype.rsplit(".", 1)[-1] in dtypes.LEGACY_TYPES:
             dtype = dtypes.LEGACY_TYPES[dtype.rsplit(".", 1)[-1]]
         dtype = getattr(dtype, "legacy_dtype", dtype)

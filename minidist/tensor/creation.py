@@ -54,7 +54,7 @@ def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool
     a float64 array float64); pass ``dtype=`` to choose.
     """
     if isinstance(data, Tensor):
-        data = data.data
+        data = data.array
     array = as_array(data, dtype).copy()  # never shares memory with data, as torch.tensor
     return _make(array, None, device, requires_grad)
 
@@ -140,7 +140,7 @@ def multinomial(input: Any, num_samples: int, replacement: bool = False,  # noqa
         ValueError: not 1-D/2-D, a negative or non-finite weight, a row summing to 0, or
             more samples than non-zero categories without replacement.
     """
-    data = input.data if isinstance(input, Tensor) else as_array(input)
+    data = input.array if isinstance(input, Tensor) else as_array(input)
     host = backend.to_host(data).astype(numpy.float64)
     if host.ndim not in (1, 2) or num_samples < 1:
         raise ValueError(error("multinomial", f"expected (C,) or (N, C) weights and "
@@ -176,7 +176,7 @@ def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device
 
 
 def _like(t: Any, dtype: Any, device: Any) -> tuple[tuple[int, ...], Any, Any]:
-    data = t.data if isinstance(t, Tensor) else as_array(t)
+    data = t.array if isinstance(t, Tensor) else as_array(t)
     return tuple(data.shape), dtype or data.dtype, device or backend.device_of(data)
 
 

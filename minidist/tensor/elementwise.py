@@ -1,6 +1,6 @@
 """Element-wise ops with broadcasting: + - * / ** neg, exp, log, tanh, sigmoid, relu, gelu, astype.
 
-Each op computes on ``.data`` and hands ``Tensor._make`` a closure ``g -> grads`` (micrograd
+Each op computes on ``.array`` and hands ``Tensor._make`` a closure ``g -> grads`` (micrograd
 shape). Broadcasting follows NumPy; a gradient flowing back to a broadcast input is summed
 over the broadcast dimensions (``unbroadcast``)::
 
@@ -46,7 +46,7 @@ def coerce(other: Any, like: Tensor) -> Any:
         return other
     if type(other) in (int, float):  # not bool, not numpy.float64 (a float subclass, not weak)
         return other
-    dtype = like.data.dtype if is_floating(like.data.dtype) else None
+    dtype = like.array.dtype if is_floating(like.array.dtype) else None
     return Tensor(other, dtype=dtype)
 
 
@@ -62,7 +62,7 @@ def broadcast_message(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> str:
 
 def _binary(op: str, fn: Any, a: Tensor, b: Tensor) -> Any:
     try:
-        return fn(a.data, b.data)
+        return fn(a.array, b.array)
     except ValueError:
         raise ValueError(broadcast_message(op, a.shape, b.shape)) from None
 
@@ -71,20 +71,20 @@ def add(a: Tensor, b: Any) -> Tensor:
     """``a + b`` with broadcasting."""
     b = coerce(b, a)
     if not isinstance(b, Tensor):
-        return Tensor._make(a.data + b, (a,), lambda g: (g,), "add")
+        return Tensor._make(a.array + b, (a,), lambda g: (g,), "add")
     out = _binary("add", lambda x, y: x + y, a, b)
-    return Tensor._make(out, (a, b), lambda g: (unbroadcast(g, a.data.shape),
-                                                 unbroadcast(g, b.data.shape)), "add")
+    return Tensor._make(out, (a, b), lambda g: (unbroadcast(g, a.array.shape),
+                                                 unbroadcast(g, b.array.shape)), "add")
 
 
 def sub(a: Tensor, b: Any) -> Tensor:
     """``a - b`` with broadcasting."""
     b = coerce(b, a)
     if not isinstance(b, Tensor):
-        return Tensor._make(a.data - b, (a,), lambda g: (g,), "sub")
+        return Tensor._make(a.array - b, (a,), lambda g: (g,), "sub")
     out = _binary("sub", lambda x, y: x - y, a, b)
-    return Tensor._make(out, (a, b), lambda g: (unbroadcast(g, a.data.shape),
-                                                 unbroadcast(-g, b.data.shape)), "sub")
+    return Tensor._make(out, (a, b), lambda g: (unbroadcast(g, a.array.shape),
+                                                 unbroadcast(-g, b.array.shape)), "sub")
 
 
 def rsub(a: Tensor, b: Any) -> Tensor:
@@ -92,19 +92,19 @@ def rsub(a: Tensor, b: Any) -> Tensor:
     b = coerce(b, a)
     if isinstance(b, Tensor):
         return sub(b, a)
-    return Tensor._make(b - a.data, (a,), lambda g: (-g,), "rsub")
+    return Tensor._make(b - a.array, (a,), lambda g: (-g,), "rsub")
 
 
 def mul(a: Tensor, b: Any) -> Tensor:
     """``a * b`` with broadcasting."""
     b = coerce(b, a)
     if not isinstance(b, Tensor):
-        return Tensor._make(a.data * b, (a,), lambda g: (g * b,), "mul")
+        return Tensor._make(a.array * b, (a,), lambda g: (g * b,), "mul")
     out = _binary("mul", lambda x, y: x * y, a, b)
 
     def backward(g: Any) -> tuple:
-        ga = unbroadcast(g * b.data, a.data.shape) if a.requires_grad else None
-        gb = unbroadcast(g * a.data, b.data.shape) if b.requires_grad else None
+        ga = unbroadcast(g * b.array, a.array.shape) if a.requires_grad else None
+        gb = unbroadcast(g * a.array, b.array.shape) if b.requires_grad else None
         return ga, gb
 
     return Tensor._make(out, (a, b), backward, "mul")
@@ -114,12 +114,12 @@ def div(a: Tensor, b: Any) -> Tensor:
     """``a / b`` with broadcasting."""
     b = coerce(b, a)
     if not isinstance(b, Tensor):
-        return Tensor._make(a.data / b, (a,), lambda g: (g / b,), "div")
+        return Tensor._make(a.array / b, (a,), lambda g: (g / b,), "div")
     out = _binary("div", lambda x, y: x / y, a, b)
 
     def backward(g: Any) -> tuple:
-        ga = unbroadcast(g / b.data, a.data.shape) if a.requires_grad else None
-        gb = unbroadcast(-g * out / b.data, b.data.shape) if b.requires_grad else None
+        ga = unbroadcast(g / b.array, a.array.shape) if a.requires_grad else None
+        gb = unbroadcast(-g * out / b.array, b.array.shape) if b.requires_grad else None
         return ga, gb
 
     return Tensor._make(out, (a, b), backward, "div")
@@ -130,13 +130,13 @@ def rdiv(a: Tensor, b: Any) -> Tensor:
     b = coerce(b, a)
     if isinstance(b, Tensor):
         return div(b, a)
-    out = b / a.data
-    return Tensor._make(out, (a,), lambda g: (-g * out / a.data,), "rdiv")
+    out = b / a.array
+    return Tensor._make(out, (a,), lambda g: (-g * out / a.array,), "rdiv")
 
 
 def neg(a: Tensor) -> Tensor:
     """``-a``."""
-    return Tensor._make(-a.data, (a,), lambda g: (-g,), "neg")
+    return Tensor._make(-a.array, (a,), lambda g: (-g,), "neg")
 
 
 def pow(a: Tensor, exponent: Any) -> Tensor:  # noqa: A001 - the op's name
@@ -145,16 +145,16 @@ def pow(a: Tensor, exponent: Any) -> Tensor:  # noqa: A001 - the op's name
     exponent = coerce(exponent, a)
     if not isinstance(exponent, Tensor):
         p = exponent
-        out = a.data ** p
-        return Tensor._make(out, (a,), lambda g: (g * (p * a.data ** (p - 1)),), "pow")
+        out = a.array ** p
+        return Tensor._make(out, (a,), lambda g: (g * (p * a.array ** (p - 1)),), "pow")
     e = exponent
     out = _binary("pow", lambda x, y: x ** y, a, e)
 
     def backward(g: Any) -> tuple:
         xp = backend.get_array_module(out)
-        ga = unbroadcast(g * e.data * a.data ** (e.data - 1), a.data.shape) if a.requires_grad \
+        ga = unbroadcast(g * e.array * a.array ** (e.array - 1), a.array.shape) if a.requires_grad \
             else None
-        gb = unbroadcast(g * out * xp.log(a.data), e.data.shape) if e.requires_grad else None
+        gb = unbroadcast(g * out * xp.log(a.array), e.array.shape) if e.requires_grad else None
         return ga, gb
 
     return Tensor._make(out, (a, e), backward, "pow")
@@ -165,40 +165,40 @@ def rpow(a: Tensor, base: Any) -> Tensor:
     base = coerce(base, a)
     if isinstance(base, Tensor):
         return pow(base, a)
-    out = base ** a.data
+    out = base ** a.array
     return Tensor._make(out, (a,), lambda g: (g * out * math.log(base),), "rpow")
 
 
 def exp(a: Tensor) -> Tensor:
     """``e ** a``."""
     (a,) = autocast_args("exp", a)
-    out = backend.get_array_module(a.data).exp(a.data)
+    out = backend.get_array_module(a.array).exp(a.array)
     return Tensor._make(out, (a,), lambda g: (g * out,), "exp")
 
 
 def log(a: Tensor) -> Tensor:
     """Natural log."""
     (a,) = autocast_args("log", a)
-    out = backend.get_array_module(a.data).log(a.data)
-    return Tensor._make(out, (a,), lambda g: (g / a.data,), "log")
+    out = backend.get_array_module(a.array).log(a.array)
+    return Tensor._make(out, (a,), lambda g: (g / a.array,), "log")
 
 
 def tanh(a: Tensor) -> Tensor:
     """Hyperbolic tangent; d/dx = 1 - tanh^2."""
-    out = backend.get_array_module(a.data).tanh(a.data)
+    out = backend.get_array_module(a.array).tanh(a.array)
     return Tensor._make(out, (a,), lambda g: (g * (1 - out * out),), "tanh")
 
 
 def sigmoid(a: Tensor) -> Tensor:
     """``1 / (1 + e^-a)``, computed as ``(1 + tanh(a/2)) / 2`` (no overflow for large |a|)."""
-    out = 0.5 * (1 + backend.get_array_module(a.data).tanh(0.5 * a.data))
+    out = 0.5 * (1 + backend.get_array_module(a.array).tanh(0.5 * a.array))
     return Tensor._make(out, (a,), lambda g: (g * out * (1 - out),), "sigmoid")
 
 
 def relu(a: Tensor) -> Tensor:
     """``max(a, 0)``; the gradient at 0 is 0 (torch's choice)."""
-    out = backend.get_array_module(a.data).maximum(a.data, 0)
-    return Tensor._make(out, (a,), lambda g: (g * (a.data > 0),), "relu")
+    out = backend.get_array_module(a.array).maximum(a.array, 0)
+    return Tensor._make(out, (a,), lambda g: (g * (a.array > 0),), "relu")
 
 
 def erfc_abs(a: Any) -> Any:
@@ -243,8 +243,8 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
             Phi from ``normal_cdf`` (relative error < 1.2e-7, float32 resolution); ``"tanh"``: torch's ``approximate='tanh'``,
             ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``.
     """
-    xp = backend.get_array_module(a.data)
-    x = a.data
+    xp = backend.get_array_module(a.array)
+    x = a.array
     if approximate == "none":
         cdf = normal_cdf(x)
         out = x * cdf
@@ -266,11 +266,11 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
 def astype(a: Tensor, dtype: Any) -> Tensor:
     """Cast to ``dtype`` (differentiable between float dtypes; a no-op if already that dtype)."""
     dtype = numpy.dtype(dtype)
-    if a.data.dtype == dtype:
+    if a.array.dtype == dtype:
         return a
-    src = a.data.dtype
+    src = a.array.dtype
     with numpy.errstate(over="ignore"):  # float16 overflows to inf, as on a device
-        out = a.data.astype(dtype)
+        out = a.array.astype(dtype)
 
     def backward(g: Any) -> tuple:
         with numpy.errstate(over="ignore"):
@@ -284,9 +284,9 @@ def to_device(a: Tensor, device: Any) -> Tensor:
 
     Returns ``a`` itself when it already lives there, as torch's ``Tensor.to`` does.
     """
-    src = backend.device_of(a.data)
-    out = backend.move(a.data, device)
-    if out is a.data:
+    src = backend.device_of(a.array)
+    out = backend.move(a.array, device)
+    if out is a.array:
         return a
 
     def backward(g: Any) -> tuple:
@@ -298,16 +298,16 @@ def to_device(a: Tensor, device: Any) -> Tensor:
 def compare(op: str, a: Tensor, b: Any) -> Tensor:
     """Elementwise comparison (``eq``, ``ne``, ``lt``, ``le``, ``gt``, ``ge``): a bool tensor,
     outside the tape (comparisons have no gradient)."""
-    other = b.data if isinstance(b, Tensor) else b
+    other = b.array if isinstance(b, Tensor) else b
     fn = {"eq": "__eq__", "ne": "__ne__", "lt": "__lt__", "le": "__le__", "gt": "__gt__",
           "ge": "__ge__"}[op]
-    xp = backend.get_array_module(a.data, other)
-    return Tensor(getattr(a.data, fn)(xp.asarray(other)))
+    xp = backend.get_array_module(a.array, other)
+    return Tensor(getattr(a.array, fn)(xp.asarray(other)))
 
 
 def clone(a: Tensor) -> Tensor:
     """A copy of ``a``'s data that stays on the tape (the gradient passes through unchanged)."""
-    return Tensor._make(a.data.copy(), (a,), lambda g: (g,), "clone")
+    return Tensor._make(a.array.copy(), (a,), lambda g: (g,), "clone")
 
 
 def masked_fill(a: Tensor, mask: Any, value: Any) -> Tensor:
@@ -316,22 +316,22 @@ def masked_fill(a: Tensor, mask: Any, value: Any) -> Tensor:
     The gradient passes where the mask is False and is zero where it is True (those elements
     no longer depend on ``a``). A common use: ``scores.masked_fill(~causal, float("-inf"))``.
     """
-    m = mask.data if isinstance(mask, Tensor) else mask
-    xp = backend.get_array_module(a.data)
+    m = mask.array if isinstance(mask, Tensor) else mask
+    xp = backend.get_array_module(a.array)
     m = xp.asarray(m)
     if m.dtype != numpy.bool_:
         raise TypeError(error("masked_fill", f"mask must be a bool tensor, got dtype {m.dtype}. "
                               "Build it with a comparison (x == 0) or .bool()."))
     if isinstance(value, Tensor):
-        if value.data.size != 1:
+        if value.array.size != 1:
             raise ValueError(error("masked_fill", f"value must be a number or a one-element "
                                    f"tensor, got shape {value.shape}."))
         value = value.item()
     try:
-        out = xp.where(m, xp.asarray(value, dtype=a.data.dtype), a.data)
+        out = xp.where(m, xp.asarray(value, dtype=a.array.dtype), a.array)
     except ValueError:
         raise ValueError(broadcast_message("masked_fill", a.shape, tuple(m.shape))) from None
-    if out.shape != a.data.shape:
+    if out.shape != a.array.shape:
         raise ValueError(error("masked_fill", f"mask of shape {tuple(m.shape)} broadcasts the "
                                f"tensor of shape {a.shape} to {out.shape}. The mask must "
                                "broadcast to the tensor's shape."))

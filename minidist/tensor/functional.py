@@ -39,9 +39,9 @@ def softmax(x: Tensor, dim: int | None = -1, *, axis: int | None = None) -> Tens
     """``exp(x) / sum(exp(x))`` along ``dim`` (stable; NumPy's ``axis=`` also accepted)."""
     axis = _dim("softmax", dim, axis)
     (x,) = autocast_args("softmax", x)
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     (ax,) = normalize_axes("softmax", axis, x.ndim)
-    e = xp.exp(x.data - x.data.max(axis=ax, keepdims=True))
+    e = xp.exp(x.array - x.array.max(axis=ax, keepdims=True))
     out = e / e.sum(axis=ax, keepdims=True)
     return Tensor._make(out, (x,), lambda g: (out * (g - (g * out).sum(axis=ax, keepdims=True)),),
                         "softmax")
@@ -51,9 +51,9 @@ def log_softmax(x: Tensor, dim: int | None = -1, *, axis: int | None = None) -> 
     """``x - logsumexp(x)`` along ``dim`` (stable; NumPy's ``axis=`` also accepted)."""
     axis = _dim("log_softmax", dim, axis)
     (x,) = autocast_args("log_softmax", x)
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     (ax,) = normalize_axes("log_softmax", axis, x.ndim)
-    shifted = x.data - x.data.max(axis=ax, keepdims=True)
+    shifted = x.array - x.array.max(axis=ax, keepdims=True)
     out = shifted - xp.log(xp.exp(shifted).sum(axis=ax, keepdims=True))
     return Tensor._make(out, (x,), lambda g: (g - xp.exp(out) * g.sum(axis=ax, keepdims=True),),
                         "log_softmax")
@@ -121,7 +121,7 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None,  # noqa: A002 
     if t.shape != (n,):
         raise ValueError(error("cross_entropy", f"target has shape {tuple(t.shape)} but input "
                                f"has shape {logits.shape}; target must be ({n},)."))
-    xp = backend.get_array_module(logits.data)
+    xp = backend.get_array_module(logits.array)
     if xp is not numpy:  # on a GPU: no host read unless asked for (MINIDIST_DEBUG=1)
         t = xp.asarray(backend.move(t, logits.device))
         if env("MINIDIST_DEBUG"):
@@ -142,7 +142,7 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None,  # noqa: A002 
         return _cross_entropy_general(logits, host, kept, weight, ignore_index, reduction,
                                       label_smoothing)
     rows = xp.arange(n)
-    shifted = logits.data - logits.data.max(axis=1, keepdims=True)
+    shifted = logits.array - logits.array.max(axis=1, keepdims=True)
     e = xp.exp(shifted)
     sumexp = e.sum(axis=1, keepdims=True)
     losses = xp.log(sumexp[:, 0]) - shifted[rows, t]
@@ -185,13 +185,13 @@ def cross_entropy_on_device(logits: Tensor, t: Any, ignore_index: int = -100,
         loss_i = (log(sum_c exp(x_ic - m_i)) - (x_i,t_i - m_i)) * kept_i     m_i = max_c x_ic
         grad_ic = (softmax(x)_ic - [c == t_i]) * kept_i * g  (/ count for "mean")
     """
-    xp = backend.get_array_module(logits.data)
+    xp = backend.get_array_module(logits.array)
     n, c = logits.shape
     kept = t != ignore_index
     bad = kept & ((t < 0) | (t >= c))
     safe = xp.where(kept & ~bad, t, 0)
     rows = xp.arange(n)
-    shifted = logits.data - logits.data.max(axis=1, keepdims=True)
+    shifted = logits.array - logits.array.max(axis=1, keepdims=True)
     e = xp.exp(shifted)
     sumexp = e.sum(axis=1, keepdims=True)
     weight = kept.astype(logits.dtype)
@@ -216,9 +216,9 @@ def _cross_entropy_fused(logits: Tensor, t: Any, ignore_index: int,
                          reduction: str) -> Tensor:  # pragma: no cover - needs a GPU
     """``cross_entropy_on_device`` in two fused CuPy kernels (``xent_cupy``): one launch
     forward (+ the reduction), one backward; nothing read on the host."""
-    xp = backend.get_array_module(logits.data)
+    xp = backend.get_array_module(logits.array)
     n, c = logits.shape
-    x = xp.ascontiguousarray(logits.data)
+    x = xp.ascontiguousarray(logits.array)
     t = t.astype(xp.int64, copy=False)
     losses, m, s = xent_cupy.forward_kernel()(x, t, c, ignore_index, numpy.nan)
     count = (t != ignore_index).sum(dtype=x.dtype) if reduction == "mean" else None
@@ -237,7 +237,7 @@ def _cross_entropy_fused(logits: Tensor, t: Any, ignore_index: int,
 
 def _class_weights(logits: Tensor, weight: Any) -> Any:
     """The (C,) weight array in the logits' dtype and device (ones when None)."""
-    xp = backend.get_array_module(logits.data)
+    xp = backend.get_array_module(logits.array)
     c = logits.shape[1]
     if weight is None:
         return xp.ones(c, dtype=logits.dtype)
@@ -254,7 +254,7 @@ def _cross_entropy_general(logits: Tensor, t: Any, kept: Any, weight: Any,
     from tape ops (torch's formula, its mean normalized by the kept rows' target weights).
     ``t`` and ``kept`` are on the logits' device; on a GPU the labels are not checked (a bad
     one makes its row's loss NaN, as in ``cross_entropy_on_device``)."""
-    xp = backend.get_array_module(logits.data)
+    xp = backend.get_array_module(logits.array)
     n, c = logits.shape
     w = _class_weights(logits, weight)
     logp = log_softmax(logits, 1)
@@ -302,7 +302,7 @@ def nll_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # 
     if tuple(t.shape) != (n,) or not numpy.issubdtype(t.dtype, numpy.integer):
         raise ValueError(error("nll_loss", f"target must be ({n},) integer class indices, got "
                                f"shape {tuple(t.shape)} dtype {t.dtype}."))
-    xp = backend.get_array_module(input.data)
+    xp = backend.get_array_module(input.array)
     if xp is numpy or env("MINIDIST_DEBUG"):  # on a GPU the check is a host read: debug only
         host = backend.to_host(t, op="nll_loss (label check, MINIDIST_DEBUG)") \
             if backend.is_device_array(t) else numpy.asarray(t)
@@ -343,16 +343,16 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True,
         raise ValueError(error("dropout", f"p must be in [0, 1], got {p}."))
     if not training or p == 0.0:
         return x
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     if p == 1.0:
-        mask = xp.zeros(x.data.shape, dtype=x.dtype)
+        mask = xp.zeros(x.array.shape, dtype=x.dtype)
     else:
         if xp is numpy:
-            u = (generator or random.default_generator()).random(x.data.shape, dtype=numpy.float32)
+            u = (generator or random.default_generator()).random(x.array.shape, dtype=numpy.float32)
         else:  # pragma: no cover - needs a GPU
-            u = xp.random.random(x.data.shape, dtype=numpy.float32)
+            u = xp.random.random(x.array.shape, dtype=numpy.float32)
         mask = (u >= p).astype(x.dtype) * (1.0 / (1.0 - p))
-    return Tensor._make(x.data * mask, (x,), lambda g: (g * mask,), "dropout")
+    return Tensor._make(x.array * mask, (x,), lambda g: (g * mask,), "dropout")
 
 
 def dropout2d(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
@@ -365,14 +365,14 @@ def dropout2d(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
                                f"{x.shape}."))
     if not training or p == 0.0:
         return x
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     shape = x.shape[:-2] + (1, 1)
     if xp is numpy:
         u = random.default_generator().random(shape, dtype=numpy.float32)
     else:  # pragma: no cover - needs a GPU
         u = xp.random.random(shape, dtype=numpy.float32)
     mask = (u >= p).astype(x.dtype) * (1.0 / (1.0 - p) if p < 1.0 else 0.0)
-    return Tensor._make(x.data * mask, (x,), lambda g: (g * mask,), "dropout2d")
+    return Tensor._make(x.array * mask, (x,), lambda g: (g * mask,), "dropout2d")
 
 
 def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Tensor:  # noqa: A002
@@ -381,8 +381,8 @@ def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Ten
     The gradient of a row used several times is the sum of its uses; the ``padding_idx`` row
     gets none (as torch: the padding vector stays what it was).
     """
-    xp = backend.get_array_module(weight.data)
-    idx = xp.asarray(input.data if isinstance(input, Tensor) else input)
+    xp = backend.get_array_module(weight.array)
+    idx = xp.asarray(input.array if isinstance(input, Tensor) else input)
     num = weight.shape[0]
     if not numpy.issubdtype(idx.dtype, numpy.integer):
         raise TypeError(error("embedding", f"indices must be integers, got dtype {idx.dtype}. "
@@ -392,13 +392,13 @@ def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Ten
                                f"outside [0, {num}). Check the vocabulary size."))
 
     def backward(g: Any) -> tuple:
-        gw = xp.zeros(weight.data.shape, dtype=g.dtype)
+        gw = xp.zeros(weight.array.shape, dtype=g.dtype)
         xp.add.at(gw, idx, g)
         if padding_idx is not None:
             gw[padding_idx] = 0
         return (gw,)
 
-    return Tensor._make(weight.data[idx], (weight,), backward, "embedding")
+    return Tensor._make(weight.array[idx], (weight,), backward, "embedding")
 
 
 def layer_norm(x: Tensor, normalized_shape: tuple[int, ...], weight: Tensor | None = None,

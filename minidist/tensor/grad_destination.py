@@ -119,7 +119,7 @@ def adopt_grad(tensor: Tensor, g: Any) -> Any:
     without a copy when it is the leaf's first gradient of a backward that writes ``.grad``
     (and has the leaf's dtype). Returns ``g`` (the op returns it as usual)."""
     if (tensor._grad is None and tensor._grad_dest is None and writing.flags[-1]
-            and g.dtype == tensor.data.dtype and g.shape == tensor.data.shape):
+            and g.dtype == tensor.array.dtype and g.shape == tensor.array.shape):
         tensor._grad = g
     return g
 
@@ -129,7 +129,7 @@ def store_first(leaf: Tensor, g: Any) -> Any:
     buffer holding ``scale * g``, else a copy of ``g`` the leaf owns (an op may keep ``g``)."""
     dest = leaf._grad_dest
     if dest is None:
-        return g.astype(leaf.data.dtype, copy=True)
+        return g.astype(leaf.array.dtype, copy=True)
     xp = backend.get_array_module(dest.buffer)
     if dest.scale == 1.0:
         xp.copyto(dest.buffer, g, casting="unsafe")

@@ -38,7 +38,7 @@ from minidist.tensor.grad_mode import is_grad_enabled
 
 def _value(other: Any) -> Any:
     """The array (or Python scalar) behind an operand."""
-    return other.data if isinstance(other, Tensor) else other
+    return other.array if isinstance(other, Tensor) else other
 
 
 def _on_tape(t: Tensor, *others: Any) -> bool:
@@ -58,9 +58,9 @@ def check_leaf(t: Tensor, op: str) -> None:
 
 def _store(t: Tensor, op: str, result: Any) -> None:
     """Write ``result`` into ``t``'s array, refusing a cast torch would refuse."""
-    if result.dtype != t.data.dtype:
-        _check_cast(op, result.dtype, t.data.dtype)
-    t.data[...] = result
+    if result.dtype != t.array.dtype:
+        _check_cast(op, result.dtype, t.array.dtype)
+    t.array[...] = result
 
 
 def apply(t: Tensor, op: str, compute: Callable[[Tensor], Tensor], fast: Callable[[], Any],
@@ -71,7 +71,7 @@ def apply(t: Tensor, op: str, compute: Callable[[Tensor], Tensor], fast: Callabl
         t: the tensor to update.
         op: its name, for errors (``"add_"``).
         compute: ``old -> result`` with tape ops (the recorded case).
-        fast: writes the new values into ``t.data`` directly (the untaped case).
+        fast: writes the new values into ``t.array`` directly (the untaped case).
         operands: the other inputs (Tensors or numbers), to tell whether the tape is involved.
     """
     check_leaf(t, op)
@@ -84,15 +84,27 @@ def apply(t: Tensor, op: str, compute: Callable[[Tensor], Tensor], fast: Callabl
 def _record_node(t: Tensor, op: str, compute: Callable[[Tensor], Tensor]) -> Tensor:
     """The recorded case: ``old`` stands for t's previous node, t becomes the result."""
     old = Tensor.__new__(Tensor)
-    old.data, old._grad, old._op, old._hooks, old._grad_dest = t.data, None, t._op, None, None
+    old.array, old._grad, old._op, old._hooks, old._grad_dest = t.array, None, t._op, None, None
+    old._grad_view = None
     old.requires_grad, old._parents, old._backward = t.requires_grad, t._parents, t._backward
     result = compute(old)
-    if result.data.dtype != t.data.dtype:
-        _check_cast(op, result.data.dtype, t.data.dtype)
-        result = result.astype(t.data.dtype)
-    t.data, t._parents, t._backward, t._op = result.data, result._parents, result._backward, op
+    if result.array.dtype != t.array.dtype:
+        _check_cast(op, result.array.dtype, t.array.dtype)
+        result = result.astype(t.array.dtype)
+    t.array, t._parents, t._backward, t._op = result.array, result._parents, result._backward, op
     t.requires_grad = result.requires_grad
     return t
+
+
+def augmented(t: Tensor, op: str, other: Any) -> Tensor:
+    """``t += other`` and friends: in place (``op``, e.g. ``"add_"``) when the tape is not
+    involved; on the tape a new result, as ``t = t + other`` (so no recorded op ever sees its
+    input change under it)."""
+    check_leaf(t, op)
+    method = getattr(t, op)
+    if _on_tape(t, other):
+        return getattr(t, op.rstrip("_"))(other)
+    return method(other)
 
 
 def _check_cast(op: str, src: Any, dst: Any) -> None:
@@ -103,14 +115,14 @@ def _check_cast(op: str, src: Any, dst: Any) -> None:
 
 
 def _into(t: Tensor, op: str, ufunc: str, *args: Any) -> None:
-    """``xp.<ufunc>(*args, out=t.data)``: the new values in t's own memory, cast-checked."""
-    xp = backend.get_array_module(t.data)
+    """``xp.<ufunc>(*args, out=t.array)``: the new values in t's own memory, cast-checked."""
+    xp = backend.get_array_module(t.array)
     args = tuple(backend.move(a, t.device) if hasattr(a, "shape") else a for a in args)
     try:
-        getattr(xp, ufunc)(*args, out=t.data, casting="same_kind")
+        getattr(xp, ufunc)(*args, out=t.array, casting="same_kind")
     except TypeError as e:  # NumPy's UFuncTypeError: the result does not fit t's dtype
         raise RuntimeError(error(op, f"{e}. In-place ops keep the tensor's dtype "
-                                 f"({t.data.dtype}); torch refuses this cast too. Convert first "
+                                 f"({t.array.dtype}); torch refuses this cast too. Convert first "
                                  "(x = x.float()) or use the out-of-place form.")) from None
 
 
@@ -125,38 +137,38 @@ def _scaled(other: Any, alpha: Any) -> Any:
 def add_(t: Tensor, other: Any, alpha: Any = 1) -> Tensor:
     """``t += alpha * other``, in place (torch's ``add_(other, alpha=1)``)."""
     return apply(t, "add_", lambda a: a + (other if alpha == 1 else other * alpha),
-                 lambda: _into(t, "add_", "add", t.data, _scaled(other, alpha)), other)
+                 lambda: _into(t, "add_", "add", t.array, _scaled(other, alpha)), other)
 
 
 def sub_(t: Tensor, other: Any, alpha: Any = 1) -> Tensor:
     """``t -= alpha * other``, in place."""
     return apply(t, "sub_", lambda a: a - (other if alpha == 1 else other * alpha),
-                 lambda: _into(t, "sub_", "subtract", t.data, _scaled(other, alpha)), other)
+                 lambda: _into(t, "sub_", "subtract", t.array, _scaled(other, alpha)), other)
 
 
 def mul_(t: Tensor, other: Any) -> Tensor:
     """``t *= other``, in place."""
     return apply(t, "mul_", lambda a: a * other,
-                 lambda: _into(t, "mul_", "multiply", t.data, _value(other)), other)
+                 lambda: _into(t, "mul_", "multiply", t.array, _value(other)), other)
 
 
 def div_(t: Tensor, other: Any) -> Tensor:
     """``t /= other``, in place."""
     return apply(t, "div_", lambda a: a / other,
-                 lambda: _into(t, "div_", "true_divide", t.data, _value(other)), other)
+                 lambda: _into(t, "div_", "true_divide", t.array, _value(other)), other)
 
 
 def pow_(t: Tensor, exponent: Any) -> Tensor:
     """``t **= exponent``, in place."""
     return apply(t, "pow_", lambda a: a ** exponent,
-                 lambda: _into(t, "pow_", "power", t.data, _value(exponent)), exponent)
+                 lambda: _into(t, "pow_", "power", t.array, _value(exponent)), exponent)
 
 
 def clamp_(t: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
     """Clip ``t`` into ``[min, max]`` in place (either bound may be None)."""
     from minidist.tensor.mathops import clamp, clip_array
     return apply(t, "clamp_", lambda a: clamp(a, min, max),
-                 lambda: _store(t, "clamp_", clip_array(t.data, _value(min), _value(max))),
+                 lambda: _store(t, "clamp_", clip_array(t.array, _value(min), _value(max))),
                  min, max)
 
 
@@ -164,7 +176,7 @@ def addcmul_(t: Tensor, tensor1: Any, tensor2: Any, value: Any = 1) -> Tensor:
     """``t += value * tensor1 * tensor2``, in place (Adam's second moment, torch's spelling)."""
     def fast() -> None:
         prod = _value(tensor1) * _value(tensor2)
-        _into(t, "addcmul_", "add", t.data, prod if value == 1 else prod * value)
+        _into(t, "addcmul_", "add", t.array, prod if value == 1 else prod * value)
     return apply(t, "addcmul_", lambda a: a + tensor1 * tensor2 * value, fast, tensor1, tensor2)
 
 
@@ -172,6 +184,6 @@ def addcdiv_(t: Tensor, tensor1: Any, tensor2: Any, value: Any = 1) -> Tensor:
     """``t += value * tensor1 / tensor2``, in place (Adam's update, torch's spelling)."""
     def fast() -> None:
         ratio = _value(tensor1) / _value(tensor2)
-        _into(t, "addcdiv_", "add", t.data, ratio if value == 1 else ratio * value)
+        _into(t, "addcdiv_", "add", t.array, ratio if value == 1 else ratio * value)
     return apply(t, "addcdiv_", lambda a: a + tensor1 / tensor2 * value, fast, tensor1, tensor2)
 

@@ -128,7 +128,7 @@ def check_same_dtype(op: str, x: Tensor, weight: Tensor) -> None:
     must have the same dtype": NumPy would silently promote, and a float64 batch (NumPy's
     default) would run a float32 model in float64. Narrower inputs keep NumPy's promotion (a
     float32 batch into a float16 model with float32 masters, docs/amp.md)."""
-    xd, wd = x.data.dtype, weight.data.dtype
+    xd, wd = x.array.dtype, weight.array.dtype
     if xd == numpy.float64 and wd != numpy.float64 and is_floating(wd):
         raise TypeError(error(op, f"input dtype {xd} differs from weight dtype "
                               f"{wd} (torch: mat1 and mat2 must have the same dtype). "
@@ -142,15 +142,15 @@ def matmul(a: Tensor, b: Any) -> Tensor:
         b = Tensor(b, dtype=a.dtype)
     a, b = autocast_args("matmul", a, b)
     _check_aligned("matmul", a.shape, b.shape)
-    xp = backend.get_array_module(a.data, b.data)
+    xp = backend.get_array_module(a.array, b.array)
     try:
-        out = mm(a.data, b.data)
+        out = mm(a.array, b.array)
     except ValueError:
         raise ValueError(broadcast_message("matmul (batch dims)", a.shape[:-2],
                                            b.shape[:-2])) from None
 
     def backward(g: Any) -> tuple:
-        A, B = a.data, b.data
+        A, B = a.array, b.array
         if A.ndim == 1 and B.ndim == 1:
             return (g * B if a.requires_grad else None), (g * A if b.requires_grad else None)
         A2 = A[None, :] if A.ndim == 1 else A
@@ -187,15 +187,15 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             "shape of the input (flatten images first)."))
     x, weight, bias = autocast_args("linear", x, weight, bias)
     check_same_dtype("linear", x, weight)
-    out = mm(x.data, weight.data.T)
+    out = mm(x.array, weight.array.T)
     if bias is not None:
-        out += bias.data  # `out` is a fresh array: add in place, no temporary
+        out += bias.array  # `out` is a fresh array: add in place, no temporary
     parents = (x, weight) if bias is None else (x, weight, bias)
 
     def backward(g: Any) -> tuple:
         g2 = g.reshape(-1, g.shape[-1])
-        gx = mm(g, weight.data) if x.requires_grad else None
-        gw = _mm_into(weight, g2.T, x.data.reshape(-1, x.shape[-1])) \
+        gx = mm(g, weight.array) if x.requires_grad else None
+        gw = _mm_into(weight, g2.T, x.array.reshape(-1, x.shape[-1])) \
             if weight.requires_grad else None
         if bias is None:
             return gx, gw

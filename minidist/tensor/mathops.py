@@ -3,7 +3,7 @@
     q = minidist.where(norm > 0, eta * norm / update_norm, one)     # LARS's trust ratio
     minidist.norm(p)                                                # 2-norm of all elements
 
-Each computes on ``.data`` and records its backward beside its forward (``Tensor._make``), as
+Each computes on ``.array`` and records its backward beside its forward (``Tensor._make``), as
 the ops in ``elementwise`` do; Python scalars stay weak (a float32 tensor stays float32).
 """
 
@@ -22,29 +22,35 @@ from minidist.tensor.reduce import normalize_axes
 
 def sin(input: Tensor) -> Tensor:  # noqa: A002 - torch's argument name
     """Sine; d/dx = cos."""
-    xp = backend.get_array_module(input.data)
-    return Tensor._make(xp.sin(input.data), (input,),
-                        lambda g: (g * xp.cos(input.data),), "sin")
+    xp = backend.get_array_module(input.array)
+    return Tensor._make(xp.sin(input.array), (input,),
+                        lambda g: (g * xp.cos(input.array),), "sin")
 
 
 def cos(input: Tensor) -> Tensor:  # noqa: A002
     """Cosine; d/dx = -sin."""
-    xp = backend.get_array_module(input.data)
-    return Tensor._make(xp.cos(input.data), (input,),
-                        lambda g: (-g * xp.sin(input.data),), "cos")
+    xp = backend.get_array_module(input.array)
+    return Tensor._make(xp.cos(input.array), (input,),
+                        lambda g: (-g * xp.sin(input.array),), "cos")
 
 
 def sqrt(input: Tensor) -> Tensor:  # noqa: A002
     """Square root; d/dx = 1 / (2 sqrt x)."""
-    out = backend.get_array_module(input.data).sqrt(input.data)
+    out = backend.get_array_module(input.array).sqrt(input.array)
     return Tensor._make(out, (input,), lambda g: (g / (2 * out),), "sqrt")
 
 
 def abs(input: Tensor) -> Tensor:  # noqa: A001,A002 - torch's name
     """Absolute value; the gradient at 0 is 0 (torch's choice)."""
-    xp = backend.get_array_module(input.data)
-    return Tensor._make(xp.abs(input.data), (input,),
-                        lambda g: (g * xp.sign(input.data),), "abs")
+    xp = backend.get_array_module(input.array)
+    return Tensor._make(xp.abs(input.array), (input,),
+                        lambda g: (g * xp.sign(input.array),), "abs")
+
+
+def sign(input: Tensor) -> Tensor:  # noqa: A002
+    """-1, 0 or 1 by the sign of each element; its gradient is zero (torch's)."""
+    xp = backend.get_array_module(input.array)
+    return Tensor._make(xp.sign(input.array), (input,), lambda g: (xp.zeros_like(g),), "sign")
 
 
 def clip_array(a: Any, low: Any, high: Any) -> Any:
@@ -66,9 +72,9 @@ def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A
     """
     if min is None and max is None:
         raise ValueError(error("clamp", "at least one of min and max must be given."))
-    low = min.data if isinstance(min, Tensor) else min
-    high = max.data if isinstance(max, Tensor) else max
-    x = input.data
+    low = min.array if isinstance(min, Tensor) else min
+    high = max.array if isinstance(max, Tensor) else max
+    x = input.array
     out = clip_array(x, low, high)
 
     def backward(g: Any) -> tuple:
@@ -88,21 +94,21 @@ def where(condition: Any, input: Any = None, other: Any = None) -> Any:  # noqa:
     condition alone, ``where(c)`` is ``c.nonzero(as_tuple=True)``: a tuple of int64 index
     tensors, outside the tape.
     """
-    cond = condition.data if isinstance(condition, Tensor) else condition
+    cond = condition.array if isinstance(condition, Tensor) else condition
     if input is None and other is None:
         xp = backend.get_array_module(cond)
         return tuple(Tensor(i.astype(numpy.int64)) for i in xp.nonzero(xp.asarray(cond)))
     if input is None or other is None:
         raise TypeError(error("where", "takes (condition) or (condition, input, other)."))
     tensors = [t for t in (input, other) if isinstance(t, Tensor)]
-    like = tensors[0].data if tensors else None
+    like = tensors[0].array if tensors else None
     xp = backend.get_array_module(like if like is not None else cond)
     cond = xp.asarray(cond)
     if cond.dtype != numpy.bool_:
         raise TypeError(error("where", f"condition must be a bool tensor, got dtype "
                               f"{cond.dtype}. Build it with a comparison (x > 0)."))
-    a = input.data if isinstance(input, Tensor) else input
-    b = other.data if isinstance(other, Tensor) else other
+    a = input.array if isinstance(input, Tensor) else input
+    b = other.array if isinstance(other, Tensor) else other
     try:
         out = xp.where(cond, a, b)
     except ValueError:
@@ -112,7 +118,7 @@ def where(condition: Any, input: Any = None, other: Any = None) -> Any:  # noqa:
     if not tensors:
         return Tensor(out)
     if isinstance(input, Tensor) and isinstance(other, Tensor):
-        out = out.astype(numpy.result_type(input.data, other.data), copy=False)
+        out = out.astype(numpy.result_type(input.array, other.array), copy=False)
     elif like is not None and out.dtype != like.dtype and numpy.dtype(like.dtype).kind == "f":
         out = out.astype(like.dtype)  # a float tensor and a Python number: the tensor's dtype
 
@@ -139,15 +145,15 @@ def norm(input: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, 
     x = input if dtype is None else input.astype(dtype)
     axes = normalize_axes("norm", dim, x.ndim) if dim is not None else None
     if p in ("fro", 2, 2.0):
-        xp = backend.get_array_module(x.data)
-        out = xp.sqrt((x.data * x.data).sum(axis=axes, keepdims=keepdim))
+        xp = backend.get_array_module(x.array)
+        out = xp.sqrt((x.array * x.array).sum(axis=axes, keepdims=keepdim))
 
         def backward(g: Any) -> tuple:
             n, gk = out, g
             if not keepdim and axes is not None:
                 n, gk = xp.expand_dims(out, axes), xp.expand_dims(g, axes)
             safe = xp.where(n == 0, 1, n)
-            return (xp.where(n == 0, 0, gk / safe) * x.data,)
+            return (xp.where(n == 0, 0, gk / safe) * x.array,)
 
         return Tensor._make(out, (x,), backward, "norm")
     if p == "nuc":
@@ -160,7 +166,7 @@ def norm(input: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, 
     if p == -math.inf:
         return abs(x).min(axis=axes, keepdims=keepdim)
     if p == 0:
-        return Tensor((x.data != 0).sum(axis=axes, keepdims=keepdim).astype(x.data.dtype))
+        return Tensor((x.array != 0).sum(axis=axes, keepdims=keepdim).astype(x.array.dtype))
     if p == 1:
         return abs(x).sum(axes, keepdim)
     return (abs(x) ** p).sum(axes, keepdim) ** (1.0 / p)
@@ -170,8 +176,8 @@ def trace(input: Tensor) -> Tensor:  # noqa: A002
     """Sum of the main diagonal of a 2-D tensor (torch.trace); the gradient is ``g * eye``."""
     if input.ndim != 2:
         raise ValueError(error("trace", f"expects a 2-D tensor, got shape {input.shape}."))
-    xp = backend.get_array_module(input.data)
-    out = xp.trace(input.data)
+    xp = backend.get_array_module(input.array)
+    out = xp.trace(input.array)
     rows, cols = input.shape
     return Tensor._make(xp.asarray(out), (input,),
                         lambda g: (g * xp.eye(rows, cols, dtype=g.dtype),), "trace")

@@ -45,31 +45,31 @@ def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa:
     """Sum over ``axis`` (all axes by default; in float32 under autocast)."""
     (x,) = autocast_args("sum", x)
     axes = normalize_axes("sum", axis, x.ndim)
-    out = x.data.sum(axis=axes, keepdims=keepdims)
-    shape = x.data.shape
+    out = x.array.sum(axis=axes, keepdims=keepdims)
+    shape = x.array.shape
     return Tensor._make(out, (x,), lambda g: (_expand(g, shape, axes, keepdims),), "sum")
 
 
 def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """Mean over ``axis`` (all axes by default)."""
     axes = normalize_axes("mean", axis, x.ndim)
-    out = x.data.mean(axis=axes, keepdims=keepdims)
-    shape = x.data.shape
+    out = x.array.mean(axis=axes, keepdims=keepdims)
+    shape = x.array.shape
     count = math.prod(shape[i] for i in axes)
     return Tensor._make(out, (x,), lambda g: (_expand(g / count, shape, axes, keepdims),), "mean")
 
 
 def max(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Maximum over all elements, or along one axis; the gradient goes to the argmax."""
-    xp = backend.get_array_module(x.data)
-    shape = x.data.shape
+    xp = backend.get_array_module(x.array)
+    shape = x.array.shape
     if axis is None:
-        flat = x.data.reshape(-1)
+        flat = x.array.reshape(-1)
         i = flat.argmax()  # stays on the device: int() here would synchronize
         out = flat[i].reshape((1,) * x.ndim if keepdims else ())
 
         def backward_all(g: Any) -> tuple:
-            gx = xp.zeros(x.data.size, dtype=g.dtype)
+            gx = xp.zeros(x.array.size, dtype=g.dtype)
             gx[i] = g.reshape(())
             return (gx.reshape(shape),)
 
@@ -78,7 +78,7 @@ def max(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:  
         raise ValueError(error("max", f"axis must be an int or None, got {axis!r}. Reduce one "
                                "axis at a time, or reshape first."))
     (ax,) = normalize_axes("max", axis, x.ndim)
-    moved = xp.moveaxis(x.data, ax, -1)
+    moved = xp.moveaxis(x.array, ax, -1)
     rows = moved.reshape(-1, moved.shape[-1])
     idx = rows.argmax(axis=1)
     r = xp.arange(rows.shape[0])
@@ -108,8 +108,8 @@ class ValuesIndices(NamedTuple):
 
 def argmax(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
     """Index of the maximum (flattened when ``axis`` is None), int64, outside the tape."""
-    xp = backend.get_array_module(x.data)
-    out = x.data.argmax(axis=axis)
+    xp = backend.get_array_module(x.array)
+    out = x.array.argmax(axis=axis)
     if keepdims:
         out = out.reshape((1,) * x.ndim) if axis is None else xp.expand_dims(out, axis)
     return Tensor(out.astype("int64", copy=False))
@@ -117,8 +117,8 @@ def argmax(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor
 
 def argmin(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
     """Index of the minimum (flattened when ``axis`` is None), int64, outside the tape."""
-    xp = backend.get_array_module(x.data)
-    out = x.data.argmin(axis=axis)
+    xp = backend.get_array_module(x.array)
+    out = x.array.argmin(axis=axis)
     if keepdims:
         out = out.reshape((1,) * x.ndim) if axis is None else xp.expand_dims(out, axis)
     return Tensor(out.astype("int64", copy=False))
@@ -142,8 +142,8 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,
     int64. The result is always sorted (largest first, or smallest first with
     ``largest=False``), which ``sorted=False`` allows; ties keep the lower index first.
     """
-    xp = backend.get_array_module(x.data)
-    data = x.data if x.ndim else x.data.reshape(1)
+    xp = backend.get_array_module(x.array)
+    data = x.array if x.ndim else x.array.reshape(1)
     (ax,) = normalize_axes("topk", dim, data.ndim)
     if not 0 <= k <= data.shape[ax]:
         raise ValueError(error("topk", f"k={k} is out of range for dim {dim} of size "
@@ -154,7 +154,7 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,
         key = -data if largest else data
     idx = xp.take(xp.argsort(key, axis=ax, kind="stable"), xp.arange(k), axis=ax)
     values = xp.take_along_axis(data, idx, axis=ax)
-    shape = x.data.shape
+    shape = x.array.shape
 
     def backward(g: Any) -> tuple:
         # scatter g back to the chosen positions, with ``ax`` moved last: row r of the

@@ -21,12 +21,12 @@ def reshape(x: Tensor, *shape: Any) -> Tensor:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
     try:
-        out = x.data.reshape(shape)
+        out = x.array.reshape(shape)
     except ValueError:
         raise ValueError(error("reshape", f"cannot reshape a tensor of shape {x.shape} "
                                f"({x.size} elements) into shape {tuple(shape)}. The number of "
                                "elements must stay the same.")) from None
-    src = x.data.shape
+    src = x.array.shape
     return Tensor._make(out, (x,), lambda g: (g.reshape(src),), "reshape")
 
 
@@ -68,7 +68,7 @@ def transpose(x: Tensor, *axes: Any) -> Tensor:
                                f"{x.ndim} dims of a tensor of shape {x.shape}."))
     axes = tuple(a % x.ndim for a in axes)
     inverse = tuple(sorted(range(x.ndim), key=lambda i: axes[i]))
-    out = x.data.transpose(axes)
+    out = x.array.transpose(axes)
     return Tensor._make(out, (x,), lambda g: (g.transpose(inverse),), "transpose")
 
 
@@ -88,8 +88,8 @@ def tril(x: Tensor, diagonal: int = 0) -> Tensor:
     """The lower triangle of the last two dims (``diagonal`` shifts it up), zeros above."""
     if x.ndim < 2:
         raise ValueError(error("tril", f"needs at least 2 dims, got shape {x.shape}."))
-    xp = backend.get_array_module(x.data)
-    return Tensor._make(xp.tril(x.data, diagonal), (x,), lambda g: (xp.tril(g, diagonal),),
+    xp = backend.get_array_module(x.array)
+    return Tensor._make(xp.tril(x.array, diagonal), (x,), lambda g: (xp.tril(g, diagonal),),
                         "tril")
 
 
@@ -97,8 +97,8 @@ def triu(x: Tensor, diagonal: int = 0) -> Tensor:
     """The upper triangle of the last two dims (``diagonal`` shifts it up), zeros below."""
     if x.ndim < 2:
         raise ValueError(error("triu", f"needs at least 2 dims, got shape {x.shape}."))
-    xp = backend.get_array_module(x.data)
-    return Tensor._make(xp.triu(x.data, diagonal), (x,), lambda g: (xp.triu(g, diagonal),),
+    xp = backend.get_array_module(x.array)
+    return Tensor._make(xp.triu(x.array, diagonal), (x,), lambda g: (xp.triu(g, diagonal),),
                         "triu")
 
 
@@ -138,7 +138,7 @@ def _index_parts(index: Any) -> tuple[Any, bool]:
     out, advanced = [], False
     for part in parts:
         if isinstance(part, Tensor):
-            part = part.data
+            part = part.array
         if isinstance(part, list):
             xp_mod = xp_mod or backend.default_array_module()
             part = xp_mod.asarray(part)
@@ -152,13 +152,13 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     """``x[index]``: basic slicing and integer/boolean-array indexing."""
     index, advanced = _index_parts(index)
     try:
-        out = x.data[index]
+        out = x.array[index]
     except IndexError as e:
         raise IndexError(error("getitem", f"{e} (tensor shape {x.shape}).")) from None
 
     def backward(g: Any) -> tuple:
         xp = backend.get_array_module(g)
-        gx = xp.zeros(x.data.shape, dtype=g.dtype)
+        gx = xp.zeros(x.array.shape, dtype=g.dtype)
         if advanced:
             xp.add.at(gx, index, g)  # repeated indices add up
         else:
@@ -180,8 +180,8 @@ def setitem(x: Tensor, index: Any, value: Any) -> None:
                                  "minidist.no_grad(), or use masked_fill (recorded on the tape)."))
     index, _ = _index_parts(index)
     if isinstance(value, Tensor):
-        value = value.data
-    x.data[index] = backend.move(value, backend.device_of(x.data)) \
+        value = value.array
+    x.array[index] = backend.move(value, backend.device_of(x.array)) \
         if hasattr(value, "shape") else value
 
 
@@ -198,9 +198,9 @@ def cat(tensors: Sequence[Tensor], dim: int | None = None, *, axis: int | None =
     tensors = tuple(t if isinstance(t, Tensor) else Tensor(t) for t in tensors)
     if not tensors:
         raise ValueError(error("cat", "got an empty sequence. Pass at least one tensor."))
-    xp = backend.get_array_module(*[t.data for t in tensors])
+    xp = backend.get_array_module(*[t.array for t in tensors])
     try:
-        out = xp.concatenate([t.data for t in tensors], axis=axis)
+        out = xp.concatenate([t.array for t in tensors], axis=axis)
     except (ValueError, IndexError) as e:
         shapes = [t.shape for t in tensors]
         raise ValueError(error("cat", f"cannot join shapes {shapes} along axis {axis}: {e}. All "
@@ -208,7 +208,7 @@ def cat(tensors: Sequence[Tensor], dim: int | None = None, *, axis: int | None =
     ax = axis % out.ndim
     bounds = [0]
     for t in tensors:
-        bounds.append(bounds[-1] + t.data.shape[ax])
+        bounds.append(bounds[-1] + t.array.shape[ax])
 
     def backward(g: Any) -> tuple:
         pre = (slice(None),) * ax
@@ -229,8 +229,8 @@ def stack(tensors: Sequence[Tensor], dim: int | None = None, *, axis: int | None
     if len(shapes) != 1:
         raise ValueError(error("stack", f"all tensors must have the same shape, got "
                                f"{[t.shape for t in tensors]}."))
-    xp = backend.get_array_module(*[t.data for t in tensors])
-    out = xp.stack([t.data for t in tensors], axis=axis)
+    xp = backend.get_array_module(*[t.array for t in tensors])
+    out = xp.stack([t.array for t in tensors], axis=axis)
     ax = axis % out.ndim
 
     def backward(g: Any) -> tuple:

@@ -45,11 +45,11 @@ def sync_batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: 
     if x.ndim < 2:
         raise ValueError(error("SyncBatchNorm", f"expected at least 2-D input (N, C, ...), got "
                                f"shape {x.shape}."))
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     c = x.shape[1]
     axes = (0,) + tuple(range(2, x.ndim))
     shape = (1, c) + (1,) * (x.ndim - 2)
-    x64 = x.data.astype(numpy.float64)
+    x64 = x.array.astype(numpy.float64)
     local_n = math.prod(x.shape[i] for i in axes)
     stats = xp.concatenate([x64.sum(axis=axes), (x64 * x64).sum(axis=axes),
                             xp.asarray([float(local_n)])])
@@ -64,9 +64,9 @@ def sync_batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: 
     xhat = ((x64 - mean.reshape(shape)) * invstd.reshape(shape)).astype(x.dtype)
     out = xhat
     if weight is not None:
-        out = out * weight.data.reshape(shape)
+        out = out * weight.array.reshape(shape)
     if bias is not None:
-        out = out + bias.data.reshape(shape)
+        out = out + bias.array.reshape(shape)
     parents = tuple(t for t in (x, weight, bias) if t is not None)
 
     def backward(g: Any) -> tuple:
@@ -77,7 +77,7 @@ def sync_batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: 
         if x.requires_grad:
             sums = xp.concatenate([sum_g, sum_g_xhat])
             all_reduce_sum(sums)
-            w = 1.0 if weight is None else weight.data.astype(numpy.float64).reshape(shape)
+            w = 1.0 if weight is None else weight.array.astype(numpy.float64).reshape(shape)
             gx = w * invstd.reshape(shape) * (g64 - (sums[:c] / n).reshape(shape)
                                               - xhat * (sums[c:] / n).reshape(shape))
             grads.append(gx.astype(x.dtype))

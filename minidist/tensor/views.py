@@ -24,7 +24,7 @@ def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Te
 
     A writable view: ``minidist.diagonal(x).fill_(0)`` under ``no_grad`` zeroes x's diagonal.
     """
-    x = input.data
+    x = input.array
     out = x.diagonal(offset, dim1, dim2)
     if hasattr(out, "flags") and not out.flags.writeable and x.flags.writeable:
         out.setflags(write=True)  # NumPy marks diagonal views read-only; torch's are writable
@@ -66,9 +66,9 @@ def expand(input: Tensor, *sizes: Any) -> Tensor:  # noqa: A002
                                f"the number of dims ({len(shape)})."))
     lead = len(sizes) - len(shape)
     target = tuple(int(s) if s != -1 else shape[i - lead] for i, s in enumerate(sizes))
-    xp = backend.get_array_module(input.data)
+    xp = backend.get_array_module(input.array)
     try:
-        out = xp.broadcast_to(input.data, target)
+        out = xp.broadcast_to(input.array, target)
     except ValueError:
         raise ValueError(error("expand", f"cannot expand shape {shape} to {target}: a dim can "
                                "only grow from size 1.")) from None

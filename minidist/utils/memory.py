@@ -4,7 +4,7 @@
     report = memory_report(ddp_model, optimizer, step=lambda: loss_fn(ddp_model(x), y).backward())
     print(report)                      # one rank's table; report.as_dict() for JSON
 
-Static parts are counted from the arrays themselves (``nbytes``): each parameter's ``.data``;
+Static parts are counted from the arrays themselves (``nbytes``): each parameter's ``.array``;
 ``.grad`` arrays that own their memory (a gradient that is a view of a DDP bucket is counted
 once, in the bucket); DDP's bucket buffers (``model.buckets``) plus a ZeRO optimizer's own
 communication buffers (``optimizer.comm_buffers_nbytes()``); the arrays in
@@ -63,15 +63,15 @@ def _nbytes(arrays: Any) -> int:
 def static_memory(model: Any, optimizer: Any = None) -> MemoryReport:
     """The counted (not measured) part of :func:`memory_report`."""
     params = list(model.parameters())
-    grads = [p.grad for p in params
-             if p.grad is not None and getattr(p.grad, "base", None) is None]
+    grads = [p.grad.array for p in params
+             if p.grad is not None and getattr(p.grad.array, "base", None) is None]
     buckets = _nbytes(b.buffer for b in getattr(model, "buckets", ()) if b.buffer is not None)
     state = 0
     if optimizer is not None:
         state = _nbytes(v for s in optimizer.state.values() for v in s.values())
         extra = getattr(optimizer, "comm_buffers_nbytes", None)
         buckets += int(extra()) if callable(extra) else 0
-    return MemoryReport(parameters=_nbytes(p.data for p in params), gradients=_nbytes(grads),
+    return MemoryReport(parameters=_nbytes(p.array for p in params), gradients=_nbytes(grads),
                         buckets=buckets, optimizer_state=state)
 
 

@@ -37,7 +37,7 @@ def train(where, algorithm="auto"):
         nn.CrossEntropyLoss()(ddp(xt), yt).backward()
         opt.step()
     ddp.close()
-    return [minidist.xp.to_host(p.data) for p in model.parameters()]
+    return [minidist.xp.to_host(p.array) for p in model.parameters()]
 
 
 host = train("cpu")

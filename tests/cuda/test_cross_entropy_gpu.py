@@ -32,8 +32,8 @@ def run(x, t, reduction, device, cp=None):
     loss = F.cross_entropy(logits, target, reduction=reduction)
     (loss.sum() if reduction == "none" else loss).backward()
     host = (lambda a: cp.asnumpy(a)) if device else np.asarray
-    grad = logits.grad.data if isinstance(logits.grad, Tensor) else logits.grad
-    return host(loss.data), host(grad)
+    grad = logits.grad.array if isinstance(logits.grad, Tensor) else logits.grad
+    return host(loss.array), host(grad)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

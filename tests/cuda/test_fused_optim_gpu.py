@@ -41,16 +41,16 @@ def test_fused_on_device_equals_host_within_rounding(cp, make):
     host = [Parameter(p.copy()) for p in p0]
     dev = [Parameter(p.copy()) for p in p0]
     for p in dev:
-        p.data = cp.asarray(p.data)
+        p.array = cp.asarray(p.array)
     opt_h, opt_d = make(host, False), make(dev, True)
     for step in range(10):
         for ph, pd in zip(host, dev):
-            g = rng.standard_normal(ph.data.shape).astype(np.float32)
+            g = rng.standard_normal(ph.array.shape).astype(np.float32)
             ph.grad, pd.grad = g, cp.asarray(g)
         opt_h.step()
         opt_d.step()
     for ph, pd in zip(host, dev):
-        np.testing.assert_allclose(cp.asnumpy(pd.data), ph.data, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(cp.asnumpy(pd.array), ph.array, rtol=1e-5, atol=1e-6)
 
 
 def test_flat_device_parameters_take_one_launch(cp, monkeypatch):
@@ -59,7 +59,7 @@ def test_flat_device_parameters_take_one_launch(cp, monkeypatch):
     params, off = [], 0
     for s, n in zip(SHAPES, sizes):
         p = Parameter(np.zeros(s, np.float32))
-        p.data, p.grad = flat_p[off:off + n].reshape(s), flat_g[off:off + n].reshape(s)
+        p.array, p.grad = flat_p[off:off + n].reshape(s), flat_g[off:off + n].reshape(s)
         params.append(p)
         off += n
     real = fused._CUDA.get()
@@ -98,7 +98,7 @@ def test_unflattened_device_parameters_take_one_launch_per_step(cp, monkeypatch,
     host = [Parameter(p.copy()) for p in p0]
     dev = [Parameter(p.copy()) for p in p0]
     for p in dev:
-        p.data = cp.asarray(p.data)
+        p.array = cp.asarray(p.array)
     real = fused._CUDA.get()
     calls = []
 
@@ -123,4 +123,4 @@ def test_unflattened_device_parameters_take_one_launch_per_step(cp, monkeypatch,
     assert len(calls) == 4 and all(c.endswith("_multi_step") for c in calls), calls
     assert kcuda.PLAN_STATS.plans_built - plans <= 4  # new grads, new addresses: a few plans
     for ph, pd in zip(host, dev):
-        np.testing.assert_allclose(cp.asnumpy(pd.data), ph.data, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(cp.asnumpy(pd.array), ph.array, rtol=1e-5, atol=1e-6)

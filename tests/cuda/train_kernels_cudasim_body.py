@@ -46,7 +46,7 @@ def test_sgd_kernel_equals_default_path(kw, dtype):
         optim_cuda.sgd_step(p, g, buf, dt(kw["lr"]), dt(kw.get("momentum", 0.0)),
                             dt(1.0 - kw.get("dampening", 0.0)), dt(kw.get("weight_decay", 0.0)),
                             kw.get("nesterov", False), step == 0, launch=(2, 64))
-        assert np.array_equal(p, ref.data), (step, np.abs(p - ref.data).max())
+        assert np.array_equal(p, ref.array), (step, np.abs(p - ref.array).max())
 
 
 @pytest.mark.parametrize("decoupled", [False, True])
@@ -70,7 +70,7 @@ def test_adam_kernel_equals_default_path(decoupled):
                              f(0.0 if decoupled else wd), f(b1), f(1 - b1), f(b2), f(1 - b2),
                              f(math.sqrt(1 - b2 ** t)), f(eps), f(lr / (1 - b1 ** t)),
                              launch=(2, 64))
-        assert np.array_equal(p, ref.data), (t, np.abs(p - ref.data).max())
+        assert np.array_equal(p, ref.array), (t, np.abs(p - ref.array).max())
         assert np.array_equal(m, opt.state[0]["exp_avg"])
         assert np.array_equal(v, opt.state[0]["exp_avg_sq"])
 
@@ -121,7 +121,7 @@ def test_multi_tensor_kernels_equal_default_path(make):
                 f(0.0 if decoupled else wd), f(b1), f(1 - b1), f(b2), f(1 - b2),
                 f(math.sqrt(1 - b2 ** t)), f(eps), f(lr / (1 - b1 ** t)), launch=(2, 64))
         for p, r in zip(mine, ref):
-            assert np.array_equal(p, r.data), (t, np.abs(p - r.data).max())
+            assert np.array_equal(p, r.array), (t, np.abs(p - r.array).max())
 
 
 def test_multi_tensor_rehearsal_runs_on_a_private_table():

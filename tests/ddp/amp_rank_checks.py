@@ -182,7 +182,7 @@ def main(root: Path) -> None:
                           master_weights=True, seed=rank)
     res["master/bucket_dtypes"] = sorted({str(b.spec.dtype) for b in ddp.buckets})
     res["master/identical"] = everywhere_same(model_digest(got)) and everywhere_same(
-        digest(m.data for m in opt.masters()))
+        digest(m.array for m in opt.masters()))
     ref32, _, _ = train(xs, ys, rank, seed=0)
     res["master/rel"] = rel(got, ref32)
 

@@ -50,12 +50,12 @@ def run(broadcast_buffers: bool) -> dict:
             ddp(minidist.tensor(data[rank, step, 1]))
             ddp.train()
     bn = model[1]
-    stats = np.concatenate([bn.running_mean.data, bn.running_var.data,
-                            bn.num_batches_tracked.data.reshape(1).astype(np.float32)])
+    stats = np.concatenate([bn.running_mean.array, bn.running_var.array,
+                            bn.num_batches_tracked.array.reshape(1).astype(np.float32)])
     gathered = comm.all_gather_object(stats.tolist())
     ddp.close()
     return {"identical": all(g == gathered[0] for g in gathered),
-            "tracked": int(bn.num_batches_tracked.data)}
+            "tracked": int(bn.num_batches_tracked.array)}
 
 
 def broadcasts() -> int:
@@ -74,7 +74,7 @@ def eval_after_training() -> dict:
         ddp(minidist.tensor(x[rank] * (1 + rank))).sum().backward()
         opt.step()
         opt.zero_grad()
-    stats = comm.all_gather_object(model[1].running_mean.data.tolist())
+    stats = comm.all_gather_object(model[1].running_mean.array.tolist())
     ddp.eval()
     probe = minidist.tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4))
     sent = [broadcasts()]

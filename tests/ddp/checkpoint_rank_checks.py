@@ -37,7 +37,7 @@ class PoisonedLoss(nn.CrossEntropyLoss):
     def forward(self, logits, target):
         self.calls += 1
         if self.calls == self.at and comm.get_rank() == comm.get_world_size() - 1:
-            next(iter(self.model.parameters())).data[0, 0] = np.nan
+            next(iter(self.model.parameters())).array[0, 0] = np.nan
         return super().forward(logits, target)
 
 

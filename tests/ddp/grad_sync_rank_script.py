@@ -47,7 +47,7 @@ def train(model, use_flag, scaler=None):
                 with model.no_sync():
                     (scaler.scale(loss) if scaler else loss).backward()
         assert model.reducer.num_syncs == syncs + 1, (model.reducer.num_syncs, syncs)
-        grads.append([p.grad.copy() for p in model.parameters()])
+        grads.append([p.grad.array.copy() for p in model.parameters()])
         if scaler:
             scaler.step(opt)
             scaler.update()
@@ -66,7 +66,7 @@ def main():
         for gs, ws in zip(got, want):
             for g, w in zip(gs, ws):
                 np.testing.assert_array_equal(g, w)
-        flat = np.concatenate([p.data.ravel() for p in b.parameters()])
+        flat = np.concatenate([p.array.ravel() for p in b.parameters()])
         everyone = minidist.comm.all_gather(flat)
         assert (everyone == everyone[0]).all(), "parameters differ across ranks"
         assert b.require_backward_grad_sync is True

@@ -97,7 +97,7 @@ def main() -> None:
         for overlap in (False, True):
             model = train(rank, world, bn, overlap)
             ref = reference(world, bn)
-            close = bn or all(np.allclose(p.data, q.data, rtol=1e-10, atol=1e-10)
+            close = bn or all(np.allclose(p.array, q.array, rtol=1e-10, atol=1e-10)
                         for p, q in zip(model.parameters(), ref.parameters()))
             digests = comm.all_gather_object(digest(model))
             result[f"bn={bn}/overlap={overlap}"] = {

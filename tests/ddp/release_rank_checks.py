@@ -25,7 +25,7 @@ def one_model(overlap: bool) -> tuple[list, int]:
     (ddp(Tensor(x)) ** 2).mean().backward()
     ddp.close(release_buffers=True)
     windows = len(shm_node(comm.get_default_group().transport).user_windows)
-    return [p.grad.copy() for p in m.parameters()], windows
+    return [p.grad.array.copy() for p in m.parameters()], windows
 
 
 def main() -> None:

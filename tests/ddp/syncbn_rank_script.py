@@ -34,20 +34,20 @@ def layer_check(bn_cls, shape, rank, world) -> dict:
     rows = slice(rank * n, (rank + 1) * n)
     minidist.manual_seed(0)
     ref = bn_cls(shape[1]).double()
-    ref.weight.data[...] = rng.uniform(0.5, 1.5, shape[1])
-    ref.bias.data[...] = rng.standard_normal(shape[1])
+    ref.weight.array[...] = rng.uniform(0.5, 1.5, shape[1])
+    ref.bias.array[...] = rng.standard_normal(shape[1])
     sync = nn.SyncBatchNorm.convert_sync_batchnorm(bn_cls(shape[1]).double())
     sync.load_state_dict(ref.state_dict())
     xr, xs = Tensor(x, requires_grad=True), Tensor(x[rows], requires_grad=True)
     yr, ys = ref(xr), sync(xs)
     (yr * Tensor(r)).sum().backward()
     (ys * Tensor(r[rows])).sum().backward()
-    wsum, bsum = comm.all_reduce(sync.weight.grad.copy()), comm.all_reduce(sync.bias.grad.copy())
+    wsum, bsum = comm.all_reduce(sync.weight.grad.array.copy()), comm.all_reduce(sync.bias.grad.array.copy())
     return {"type": type(sync).__name__,
-            "out": max_err(ys.data, yr.data[rows]), "grad_x": max_err(xs.grad, xr.grad[rows]),
+            "out": max_err(ys.array, yr.array[rows]), "grad_x": max_err(xs.grad, xr.grad[rows]),
             "grad_w": max_err(wsum, ref.weight.grad), "grad_b": max_err(bsum, ref.bias.grad),
-            "running_mean": max_err(sync.running_mean.data, ref.running_mean.data),
-            "running_var": max_err(sync.running_var.data, ref.running_var.data)}
+            "running_mean": max_err(sync.running_mean.array, ref.running_mean.array),
+            "running_var": max_err(sync.running_var.array, ref.running_var.array)}
 
 
 def net():

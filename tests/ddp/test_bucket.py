@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from minidist.ddp.bucket import Bucket, BucketState, ParamMeta, plan_buckets
+from minidist.tensor import Tensor
 
 KiB = 1024
 
@@ -48,10 +49,8 @@ def test_bad_cap_is_a_clear_error():
         plan_buckets(metas(((4,), "float32")), bucket_cap_bytes=0)
 
 
-class P:  # the two attributes a Bucket uses: .data and .grad
-    def __init__(self, shape):
-        self.data = np.zeros(shape, np.float32)
-        self.grad = None
+def P(shape):  # a parameter: what a Bucket uses is its .array and .grad
+    return Tensor(np.zeros(shape, np.float32), requires_grad=True)
 
 
 def test_grads_are_views_and_reattach_keeps_values():

@@ -19,10 +19,8 @@ from minidist.tensor import Tensor
 BUILD = threading.Lock()
 
 
-class P:
-    def __init__(self, shape):
-        self.data = np.zeros(shape, np.float32)
-        self.grad = None
+def P(shape):  # a parameter: what a Bucket uses is its .array and .grad
+    return Tensor(np.zeros(shape, np.float32), requires_grad=True)
 
 
 def test_attach_without_zeroing_leaves_none_grads_alone():
@@ -51,7 +49,7 @@ def test_huge_finite_grads_are_not_reported(group, caplog):
     ddp = DistributedDataParallel(m, nonfinite_grads="raise")
     x = np.full((2, 3), 1e20, np.float32)                 # dot overflows, values are finite
     (ddp(Tensor(x)).sum()).backward()                     # exact search finds nothing: no raise
-    assert np.isfinite(m.weight.grad).all() and not all_finite_fast(ddp.buckets[0].buffer)
+    assert np.isfinite(m.weight.grad.array).all() and not all_finite_fast(ddp.buckets[0].buffer)
     ddp.close()
 
 
@@ -110,9 +108,9 @@ def test_ddp_backward_writes_grads_into_the_buckets_without_allocating_them(grou
         loss = (ddp(x) ** 2).mean()
         peak = backward_peak_bytes(loss.backward)
         slots = {id(v) for b in ddp.buckets for v in b.views}
-        assert all(id(p.grad) in slots for p in m.parameters())
+        assert all(id(p.grad.array) in slots for p in m.parameters())
         # fc1.weight's gradient alone is 512 KiB: allocating it and copying it in would show
-        assert peak < m[0].weight.data.nbytes // 4, peak
+        assert peak < m[0].weight.array.nbytes // 4, peak
     ref = big_mlp()
     (ref(x) ** 2).mean().backward()
     for p, q in zip(m.parameters(), ref.parameters()):
@@ -134,7 +132,7 @@ class RecordingGroup:
 
 def reducer_for(params, world_size, reduce_calls):
     names = [f"p{i}" for i in range(len(params))]
-    specs = plan_buckets([ParamMeta(n, p.data.shape, str(p.data.dtype))
+    specs = plan_buckets([ParamMeta(n, p.array.shape, str(p.array.dtype))
                           for n, p in zip(names, params)])
     group = RecordingGroup(world_size, reduce_calls)
     buckets = [Bucket(s, params, names, np.zeros(s.numel, np.float32), group) for s in specs]
@@ -154,7 +152,7 @@ def test_synced_step_writes_grad_over_n_into_the_slot_and_resets_after():
     loss = (m(x) ** 2).mean()
     peak = backward_peak_bytes(loss.backward)
     assert calls == ["sum"] * len(reducer.buckets)      # the average was folded in: a SUM
-    assert peak < m[0].weight.data.nbytes // 4, peak    # grad / n written, not copied in
+    assert peak < m[0].weight.array.nbytes // 4, peak    # grad / n written, not copied in
     for p, q in zip(params, ref.parameters()):
         np.testing.assert_allclose(p.grad, q.grad / 2, rtol=1e-6, atol=1e-8)
     # no_sync-style accumulation (no prepare): a later backward adds the full gradient
@@ -188,9 +186,9 @@ def test_conv_model_over_two_thread_ranks_matches_one_big_batch(group):
         sl = slice(2 * t.rank, 2 * t.rank + 2)
         nn.CrossEntropyLoss()(ddp(Tensor(x[sl])), Tensor(y[sl])).backward()
         views = {id(v) for b in ddp.buckets for v in b.views}
-        assert all(id(p.grad) in views for p in model.parameters())
+        assert all(id(p.grad.array) in views for p in model.parameters())
         ddp.close()
-        return [p.grad.copy() for p in model.parameters()]
+        return [p.grad.array.copy() for p in model.parameters()]
 
     grads = run_threads(2, body, timeout_s=60)
     ref = conv_net()
@@ -218,7 +216,7 @@ def test_prescaled_hook_folds_the_average_into_the_write_and_resets_after():
     loss = (m(x) ** 2).mean()
     peak = backward_peak_bytes(loss.backward)
     assert calls == ["sum"] * len(reducer.buckets)      # no divide pass: a SUM is the average
-    assert peak < m[0].weight.data.nbytes // 4, peak    # grad / n written, not copied in
+    assert peak < m[0].weight.array.nbytes // 4, peak    # grad / n written, not copied in
     for p, q in zip(params, ref.parameters()):
         np.testing.assert_allclose(p.grad, q.grad / 2, rtol=1e-6, atol=1e-8)
     assert all(p.grad_destination.scale == 1.0 for p in params)   # nothing averaged after

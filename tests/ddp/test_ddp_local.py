@@ -37,11 +37,11 @@ def test_accumulation_under_no_sync_and_zero_grad_reattach(group):
     with ddp.no_sync():
         step(ddp, 0)
     step(ddp, 1)
-    two = [p.grad.copy() for p in m.parameters()]
+    two = [p.grad.array.copy() for p in m.parameters()]
     m.zero_grad()                                   # grads -> None
     assert all(p.grad is None for p in m.parameters())
     step(ddp, 0)                                    # views re-attached, zeroed
-    step_grads = [p.grad.copy() for p in m.parameters()]
+    step_grads = [p.grad.array.copy() for p in m.parameters()]
     assert all(any(np.shares_memory(p.grad, b.buffer) for b in ddp.buckets)
                for p in m.parameters())
     ref = model()

@@ -41,7 +41,7 @@ def grads_of(n, wrap):
             assert dp.all_reduce_gradients() == len(list(model.parameters()))
         else:
             dp.close()
-        return [p.grad.copy() for p in model.parameters()]
+        return [p.grad.array.copy() for p in model.parameters()]
 
     return run_threads(n, body, timeout_s=60)
 

@@ -20,9 +20,9 @@ def test_convert_keeps_parameters_and_acts_as_batchnorm_alone():
     assert model[1].weight is weight and model[1].running_mean is mean
     assert list(model.state_dict()) == list(ref.state_dict())
     x = np.random.default_rng(0).standard_normal((4, 2, 4, 4)).astype(np.float32)
-    np.testing.assert_allclose(model(Tensor(x)).data, ref(Tensor(x)).data, rtol=1e-6)
-    np.testing.assert_allclose(model[3][1].running_var.data, ref[3][1].running_var.data)
+    np.testing.assert_allclose(model(Tensor(x)).array, ref(Tensor(x)).array, rtol=1e-6)
+    np.testing.assert_allclose(model[3][1].running_var.array, ref[3][1].running_var.array)
     model.eval(), ref.eval()
-    np.testing.assert_allclose(model(Tensor(x)).data, ref(Tensor(x)).data, rtol=1e-6)
+    np.testing.assert_allclose(model(Tensor(x)).array, ref(Tensor(x)).array, rtol=1e-6)
     single = nn.SyncBatchNorm.convert_sync_batchnorm(nn.BatchNorm1d(5))
     assert type(single) is nn.SyncBatchNorm and single.num_features == 5

@@ -79,7 +79,7 @@ def main(root: Path) -> None:
     with no_grad():
         out = resumed(Tensor(test.x))
         ref_loss = float(nn.CrossEntropyLoss()(out, test.y).item())
-        ref_acc = float((out.data.argmax(-1) == test.y).mean())
+        ref_acc = float((out.array.argmax(-1) == test.y).mean())
     res["eval"] = [loss, acc, ref_loss, ref_acc]
 
     # a checkpoint of a different model: clear error, nothing changed or overwritten

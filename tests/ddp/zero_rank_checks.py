@@ -87,7 +87,7 @@ def train(zero, opt_cls, dtype, steps, rank, world, resume_at=None, **opt_kw):
         loss_fn(ddp(Tensor(xs[t])), ys[t]).backward()
         opt.step()
         opt.zero_grad()
-    final = [p.data.copy() for p in model.parameters()]
+    final = [p.array.copy() for p in model.parameters()]
     ddp.close()
     if saved is None:
         return final, None
@@ -100,7 +100,7 @@ def train(zero, opt_cls, dtype, steps, rank, world, resume_at=None, **opt_kw):
         loss_fn(ddp2(Tensor(xs[t])), ys[t]).backward()
         opt2.step()
         opt2.zero_grad()
-    resumed = [p.data.copy() for p in model2.parameters()]
+    resumed = [p.array.copy() for p in model2.parameters()]
     ddp2.close()
     return final, resumed
 
@@ -129,7 +129,7 @@ def ckpt_grads(segments, p_drop, rank, world, micro):
                 loss_fn(ddp(Tensor(xs[m])), ys[m]).backward()
         else:
             loss_fn(ddp(Tensor(xs[m])), ys[m]).backward()
-    grads = [p.grad.copy() for p in model.parameters()]
+    grads = [p.grad.array.copy() for p in model.parameters()]
     ddp.close()
     return grads, set(fired.values())
 
@@ -172,7 +172,7 @@ def main():
     loss_fn(ddp(Tensor(xs[0])), ys[0]).backward()
     for p, q in zip(model.parameters(), popt.param_groups[0]["params"] +
                     popt.param_groups[1]["params"]):
-        q.grad = p.grad.copy()
+        q.grad = p.grad.array.copy()
     zopt.step()
     popt.step()
     zsd, psd = zopt.state_dict(), popt.state_dict()          # collective without consolidate
@@ -199,7 +199,7 @@ def main():
     if rank == 0:
         sd = zopt.state_dict()
         res["state_keys"] = sorted(sd["state"][0])
-        res["state_shapes_ok"] = all(sd["state"][i]["exp_avg"].shape == p.data.shape
+        res["state_shapes_ok"] = all(sd["state"][i]["exp_avg"].shape == p.array.shape
                                      for i, p in enumerate(model.parameters()))
     try:
         zopt.step()

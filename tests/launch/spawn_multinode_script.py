@@ -19,7 +19,7 @@ def main_worker(gpu, node_rank, nodes, port):
     assert (dist.get_rank(), dist.get_world_size()) == (rank, nodes)
     t = minidist.ones(2)
     dist.all_reduce(t)
-    np.testing.assert_array_equal(t.data, nodes)
+    np.testing.assert_array_equal(t.array, nodes)
     print(f"node {node_rank} ok", flush=True)
     dist.destroy_process_group()
 

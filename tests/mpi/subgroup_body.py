@@ -45,7 +45,7 @@ def main() -> None:
     t = minidist.tensor(np.full(2, float(rank), np.float32))
     w = minidist.broadcast(t, src=0, group=mine, async_op=True)
     w.wait()
-    res["bcast"] = float(t.data[0])                   # group rank 0: world 0, world 3
+    res["bcast"] = float(t.array[0])                   # group rank 0: world 0, world 3
     gathered = np.zeros(2 * mine.size)
     minidist.all_gather_into(gathered, np.full(2, float(rank)), group=mine, async_op=True).wait()
     res["gathered"] = gathered.tolist()
@@ -66,7 +66,7 @@ def main() -> None:
         opt.step()
         opt.zero_grad()
     ddp.close()
-    weights = comm.all_gather_object(model.weight.data.ravel().tolist())
+    weights = comm.all_gather_object(model.weight.array.ravel().tolist())
     res["ddp_same_in_group"] = weights[0] == weights[1] and weights[2] == weights[3]
     res["ddp_differs_across"] = weights[0] != weights[2]
     rows = comm.all_gather_object(res)

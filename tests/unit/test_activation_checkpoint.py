@@ -29,7 +29,7 @@ def grads(model, forward, seed=1):
     x = Tensor(np.random.default_rng(0).normal(size=(8, 16)), requires_grad=True)
     nn.manual_seed(seed)  # the dropout masks
     forward(model, x).sum().backward()
-    return [p.grad.copy() for p in model.parameters() if p.grad is not None] + [x.grad.copy()]
+    return [p.grad.array.copy() for p in model.parameters() if p.grad is not None] + [x.grad.array.copy()]
 
 
 @pytest.mark.parametrize("p_drop", [0.0, 0.3])
@@ -78,13 +78,13 @@ def test_mutating_the_input_is_refused():
     x = Tensor(np.ones((2, 16)), requires_grad=True)
 
     def bad(t):
-        t.data += 1.0
+        t.array += 1.0
         return lin(t)
 
     with pytest.raises(RuntimeError, match="modified in place during the checkpointed forward"):
         checkpoint(bad, x)
     y = checkpoint(lin, x)
-    x.data[0, 0] = 5.0  # changed between forward and backward
+    x.array[0, 0] = 5.0  # changed between forward and backward
     with pytest.raises(RuntimeError, match="between the checkpointed forward and its backward"):
         y.sum().backward()
 
@@ -127,7 +127,7 @@ def test_checkpointing_every_block_keeps_less_activation_memory():
     assert ckpt.activations_kept < plain.activations_kept / 3, (ckpt, plain)
     assert ckpt.peak_activations < plain.peak_activations / 2, (ckpt, plain)
     assert all(p.grad is not None for p in model.parameters())  # backward ran
-    assert ckpt.parameters == sum(p.data.nbytes for p in model.parameters())
+    assert ckpt.parameters == sum(p.array.nbytes for p in model.parameters())
 
 
 def test_docstring_examples_run():
@@ -147,5 +147,5 @@ def test_autograd_grad_returns_gradients_without_accumulating_or_hooks():
     fired = []
     w.register_post_accumulate_grad_hook(lambda t: fired.append(t))
     (gw,) = grad((w * w + w * other).sum(), [w])
-    assert np.array_equal(gw, 2 * w.data + other.data)
+    assert np.array_equal(gw, 2 * w.array + other.array)
     assert w.grad is None and other.grad is None and not fired

@@ -77,11 +77,11 @@ def test_cpu_emulation_is_float16_rounding_of_float32_products():
         out = minidist.tensor.linear(x, w, b)
     assert ac.lower_precision_ops == 1
     r = lambda a: a.astype(np.float16).astype(np.float32)
-    expect = (r(x.data) @ r(w.data).T).astype(np.float16) + b.data.astype(np.float16)
-    np.testing.assert_array_equal(out.data, expect)
+    expect = (r(x.array) @ r(w.array).T).astype(np.float16) + b.array.astype(np.float16)
+    np.testing.assert_array_equal(out.array, expect)
     big = Tensor(np.full((1, 2), 300.0, np.float32))               # 300*300*2 > 65504
     with amp.autocast("cpu"):
-        assert np.isinf((big @ big.T).data).all()                  # overflows as on a device
+        assert np.isinf((big @ big.T).array).all()                  # overflows as on a device
 
 
 def test_autocast_gradients_flow_through_the_casts():
@@ -90,7 +90,7 @@ def test_autocast_gradients_flow_through_the_casts():
     minidist.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 3))
     nn.CrossEntropyLoss()(model(x), y).backward()
-    ref = [p.grad.copy() for p in model.parameters()]
+    ref = [p.grad.array.copy() for p in model.parameters()]
     model.zero_grad()
     with amp.autocast("cpu"):
         loss = nn.CrossEntropyLoss()(model(x), y)
@@ -101,7 +101,7 @@ def test_autocast_gradients_flow_through_the_casts():
     xg = t32(3, 4, seed=5, grad=True)                             # and into the input
     with amp.autocast("cpu"):
         (xg @ t32(4, 2, seed=6)).sum().backward()
-    assert xg.grad.dtype == F32 and np.isfinite(xg.grad).all()
+    assert xg.grad.dtype == F32 and np.isfinite(xg.grad.array).all()
 
 
 # ---------------------------------------------------------------------- GradScaler
@@ -123,7 +123,7 @@ SCRIPT = ["ok", "ok", "inf", "ok", "ok", "ok", "nan", "ok", "ok", "ok", "ok", "i
 
 
 def snapshot(p):
-    return p.detach().numpy().copy() if hasattr(p, "detach") else p.data.copy()
+    return p.detach().numpy().copy() if hasattr(p, "detach") else p.array.copy()
 
 
 def run_script(scaler, script, make_param, set_grad, step_opt):
@@ -212,13 +212,13 @@ def test_a_skipped_step_changes_neither_parameters_nor_optimizer_state(opt_name)
     scaler = amp.GradScaler()
     x, y = t32(5, 4), np.array([0, 1, 0, 1, 1])
     for bad in (False, True):
-        xb = x.data.copy()
+        xb = x.array.copy()
         if bad:
             xb[2, 1] = np.inf
         with amp.autocast("cpu"):
             loss = nn.CrossEntropyLoss()(model(Tensor(xb)), y)
         scaler.scale(loss).backward()
-        params = [p.data.copy() for p in model.parameters()]
+        params = [p.array.copy() for p in model.parameters()]
         state = {i: {k: (v.copy() if hasattr(v, "copy") else v) for k, v in s.items()}
                  for i, s in opt.state.items()}
         scaler.step(opt)
@@ -226,7 +226,7 @@ def test_a_skipped_step_changes_neither_parameters_nor_optimizer_state(opt_name)
         opt.zero_grad()
     assert scaler.get_scale() == 2.0 ** 15 and scaler.skipped_steps == 1
     for p, before in zip(model.parameters(), params):
-        np.testing.assert_array_equal(p.data, before)
+        np.testing.assert_array_equal(p.array, before)
     assert state.keys() == opt.state.keys() and state
     for i, s in state.items():
         for k, v in s.items():
@@ -276,7 +276,7 @@ def test_disabled_scaler_is_a_pass_through():
     loss.backward()
     scaler.step(opt)
     scaler.update()
-    assert np.allclose(p.data, 0.9) and scaler.state_dict() == {}
+    assert np.allclose(p.array, 0.9) and scaler.state_dict() == {}
     assert not amp.GradScaler("cuda", enabled=False).is_enabled()
 
 
@@ -331,13 +331,13 @@ def test_scale_below_the_floor_warns_once_naming_the_parameter(caplog):
 def test_master_weights_round_trip():
     minidist.manual_seed(1)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-    fp32 = [p.data.copy() for p in model.parameters()]
+    fp32 = [p.array.copy() for p in model.parameters()]
     opt = amp.MasterWeights(optim.AdamW(model.parameters(), lr=0.01))
     masters = opt.masters()
     for p, m, v in zip(model.parameters(), masters, fp32):
         assert p.dtype == F16 and m.dtype == F32 and m.model is p
-        np.testing.assert_array_equal(m.data, v)                  # exact float32 copy
-        np.testing.assert_array_equal(p.data, v.astype(np.float16))
+        np.testing.assert_array_equal(m.array, v)                  # exact float32 copy
+        np.testing.assert_array_equal(p.array, v.astype(np.float16))
     scaler = amp.GradScaler()
     x, y = t32(6, 4), np.array([0, 1, 2, 0, 1, 2])
     for _ in range(3):
@@ -349,8 +349,8 @@ def test_master_weights_round_trip():
         scaler.update()
         opt.zero_grad()
     for p, m, v in zip(model.parameters(), masters, fp32):
-        assert not np.array_equal(m.data, v)                       # the masters moved
-        np.testing.assert_array_equal(p.data, m.data.astype(np.float16))
+        assert not np.array_equal(m.array, v)                       # the masters moved
+        np.testing.assert_array_equal(p.array, m.array.astype(np.float16))
     sd = opt.state_dict()
     assert len(sd["master_weights"]) == 4 and sd["master_weights"][0].dtype == F32
     minidist.manual_seed(1)
@@ -358,9 +358,9 @@ def test_master_weights_round_trip():
     opt2 = amp.MasterWeights(optim.AdamW(model2.parameters(), lr=0.01))
     opt2.load_state_dict(sd)
     for a, b in zip(opt2.masters(), masters):
-        np.testing.assert_array_equal(a.data, b.data)
+        np.testing.assert_array_equal(a.array, b.array)
     for a, b in zip(model2.parameters(), model.parameters()):
-        np.testing.assert_array_equal(a.data, b.data)
+        np.testing.assert_array_equal(a.array, b.array)
     assert opt2.state[0]["step"] == 3
 
 
@@ -370,9 +370,9 @@ def test_master_weights_without_a_scaler_and_its_errors():
     opt = amp.MasterWeights(optim.SGD(model.parameters(), lr=0.5))
     (model(t32(4, 3)).sum()).backward()
     g = model.weight.grad.astype(np.float32)
-    w0 = opt.masters()[0].data.copy()
+    w0 = opt.masters()[0].array.copy()
     opt.step()
-    np.testing.assert_array_equal(opt.masters()[0].data, w0 - np.float32(0.5) * g)
+    np.testing.assert_array_equal(opt.masters()[0].array, w0 - np.float32(0.5) * g)
     with pytest.raises(ValueError, match="already converted"):
         amp.MasterWeights(optim.SGD(model.parameters(), lr=0.1))
     other = nn.Linear(3, 2)
@@ -475,7 +475,7 @@ def autocast_and_scaler_steps(device, init_scale, steps):
     for _ in range(steps):
         with amp.autocast(device):
             out = minidist.tensor.linear(x, w)
-            assert out.dtype == F16 and backend.is_device_array(out.data) == (device == "cuda")
+            assert out.dtype == F16 and backend.is_device_array(out.array) == (device == "cuda")
             loss = out.float().sum()
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -483,7 +483,7 @@ def autocast_and_scaler_steps(device, init_scale, steps):
         assert w.grad.dtype == F32 and backend.get_array_module(scaler._scale) is xp
         opt.zero_grad()
         history.append((scaler.get_scale(), scaler.skipped_steps,
-                        float(backend.to_host(w.data)[0, 0])))
+                        float(backend.to_host(w.array)[0, 0])))
     return history
 
 
@@ -532,7 +532,7 @@ def test_trainer_amp_resume_is_bit_exact(group, tmp_path, master_weights):
                                   resume=resume, stop_after_epochs=stop), scaler=scaler)
         t.fit(data)
         t.ddp.close()
-        masters = [m.data.copy() for m in opt.masters()] if master_weights else []
+        masters = [m.array.copy() for m in opt.masters()] if master_weights else []
         return [a.copy() for a in model.state_dict().values()] + masters, scaler
 
     straight, s1 = fit(tmp_path / "a")
@@ -562,7 +562,7 @@ def test_unscale_is_one_kernel_call_per_step_and_the_flags_reset(monkeypatch):
     scaler = amp.GradScaler(init_scale=8.0)
     x, y = t32(5, 4), np.array([0, 1, 0, 1, 1])
     for bad in (False, True, False):
-        xb = x.data.copy()
+        xb = x.array.copy()
         if bad:
             xb[0, 0] = np.nan
         scaler.scale(nn.CrossEntropyLoss()(model(Tensor(xb)), y)).backward()
@@ -584,7 +584,7 @@ def test_an_abandoned_step_does_not_skip_the_next():
     ours_set_grad(scaler)(p, 0.5, None)
     scaler.step(opt)
     scaler.update()
-    assert scaler.skipped_steps == 0 and np.allclose(p.data, 1 - 0.1 * 0.5)
+    assert scaler.skipped_steps == 0 and np.allclose(p.array, 1 - 0.1 * 0.5)
 
 
 def test_master_weights_grads_outside_ddp_are_one_flat_buffer():

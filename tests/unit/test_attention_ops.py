@@ -17,13 +17,13 @@ RNG = np.random.default_rng(7)
 
 def test_tril_triu_masked_fill_split_transpose_gradients():
     x = RNG.standard_normal((2, 4, 4))
-    np.testing.assert_array_equal(minidist.tensor.tril(Tensor(x)).data, np.tril(x))
-    np.testing.assert_array_equal(Tensor(x).triu(1).data, np.triu(x, 1))
+    np.testing.assert_array_equal(minidist.tensor.tril(Tensor(x)).array, np.tril(x))
+    np.testing.assert_array_equal(Tensor(x).triu(1).array, np.triu(x, 1))
     gradcheck(lambda t: t.tril(-1) * 2 + t.triu(1), x)
     mask = np.tril(np.ones((4, 4), bool))
     gradcheck(lambda t: t.masked_fill(~mask, -3.0).exp(), x)
     out = Tensor(x).masked_fill(Tensor(~mask), float("-inf"))
-    assert np.isinf(out.data[0, 0, 1]) and out.data[0, 1, 0] == x[0, 1, 0]
+    assert np.isinf(out.array[0, 0, 1]) and out.array[0, 1, 0] == x[0, 1, 0]
     gradcheck(lambda t: t.split(3, dim=2)[1] * 5, RNG.standard_normal((2, 2, 7)))
     assert [p.shape[1] for p in Tensor(np.zeros((2, 7))).split([3, 4], 1)] == [3, 4]
     assert [p.shape[0] for p in Tensor(np.zeros(7)).chunk(3)] == [3, 3, 1]
@@ -55,9 +55,9 @@ def test_scaled_dot_product_attention_matches_formula_and_gradients():
     q, k, v = (RNG.standard_normal((2, 3, 5, 4)) for _ in range(3))
     causal = np.tril(np.ones((5, 5), bool))
     got = F.scaled_dot_product_attention(Tensor(q), Tensor(k), Tensor(v), is_causal=True)
-    np.testing.assert_allclose(got.data, reference_attention(q, k, v, causal), rtol=1e-12)
+    np.testing.assert_allclose(got.array, reference_attention(q, k, v, causal), rtol=1e-12)
     got = F.scaled_dot_product_attention(Tensor(q), Tensor(k), Tensor(v), attn_mask=causal)
-    np.testing.assert_allclose(got.data, reference_attention(q, k, v, causal), rtol=1e-12)
+    np.testing.assert_allclose(got.array, reference_attention(q, k, v, causal), rtol=1e-12)
     gradcheck(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), q, k, v)
     bias = RNG.standard_normal((5, 5))
     gradcheck(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=bias, scale=0.3),
@@ -75,31 +75,31 @@ def test_multihead_attention_keys_shapes_formula_and_gradients():
     mask = np.triu(np.ones((5, 5), bool), 1)                     # True = not allowed (torch MHA)
     out, w = mha(Tensor(x), Tensor(x), Tensor(x), attn_mask=mask)
     assert out.shape == (3, 5, 8) and w.shape == (3, 5, 5)
-    W, b = mha.in_proj_weight.data, mha.in_proj_bias.data
+    W, b = mha.in_proj_weight.array, mha.in_proj_bias.array
     q, k, v = np.split(x @ W.T + b, 3, axis=-1)
     heads = [reference_attention(*(t[..., h * 4:(h + 1) * 4] for t in (q, k, v)), ~mask)
              for h in range(2)]
-    want = np.concatenate(heads, -1) @ mha.out_proj.weight.data.T + mha.out_proj.bias.data
-    np.testing.assert_allclose(out.data, want, rtol=1e-10)
-    np.testing.assert_allclose(w.data.sum(-1), 1.0)
+    want = np.concatenate(heads, -1) @ mha.out_proj.weight.array.T + mha.out_proj.bias.array
+    np.testing.assert_allclose(out.array, want, rtol=1e-10)
+    np.testing.assert_allclose(w.array.sum(-1), 1.0)
     mha_sf = nn.MultiheadAttention(8, 2).double()
     mha_sf.load_state_dict(mha.state_dict())
     y, none = mha_sf(Tensor(x.transpose(1, 0, 2)), Tensor(x.transpose(1, 0, 2)),
                      Tensor(x.transpose(1, 0, 2)), need_weights=False, attn_mask=mask)
     assert none is None
-    np.testing.assert_allclose(y.data.transpose(1, 0, 2), want, rtol=1e-10)
+    np.testing.assert_allclose(y.array.transpose(1, 0, 2), want, rtol=1e-10)
     x1 = x[:2, :3]
     pad = np.array([[False, False, True], [False, False, False]])
     gradcheck(lambda t: mha(t, t, t, key_padding_mask=pad)[0], x1)
     params = [mha.in_proj_weight, mha.in_proj_bias, mha.out_proj.weight]
     out, _ = mha(Tensor(x1), Tensor(x1), Tensor(x1), attn_mask=mask[:3, :3])
     (out * Tensor(RNG.standard_normal(out.shape))).sum().backward()
-    assert all(p.grad is not None and np.abs(p.grad).sum() > 0 for p in params)
+    assert all(p.grad is not None and np.abs(p.grad.array).sum() > 0 for p in params)
 
 
 def test_embedding_padding_idx_gets_no_gradient():
     emb = nn.Embedding(5, 3, padding_idx=0)
-    assert np.all(emb.weight.data[0] == 0)
+    assert np.all(emb.weight.array[0] == 0)
     idx = np.array([[0, 2, 2], [1, 0, 4]])
     emb(idx).sum().backward()
     assert np.all(emb.weight.grad[0] == 0)
@@ -111,23 +111,23 @@ def test_dropout2d_zeroes_whole_channels():
     minidist.manual_seed(0)
     x = Tensor(np.ones((4, 8, 3, 3)), requires_grad=True)
     y = nn.Dropout2d(0.5)(x)
-    per_channel = y.data.reshape(4, 8, 9)
+    per_channel = y.array.reshape(4, 8, 9)
     assert np.all((per_channel == 0).all(-1) | (per_channel == 2.0).all(-1))
     assert 0 < (per_channel[..., 0] == 0).sum() < 32
     y.sum().backward()
-    np.testing.assert_array_equal(x.grad, y.data)
+    np.testing.assert_array_equal(x.grad, y.array)
     assert nn.Dropout2d(0.5).eval()(x) is x
 
 
 def test_avg_pool2d_and_adaptive_avg_pool2d():
     x = RNG.standard_normal((2, 3, 6, 7))
-    got = nn.AvgPool2d(2)(Tensor(x)).data
+    got = nn.AvgPool2d(2)(Tensor(x)).array
     np.testing.assert_allclose(got, x[:, :, :6, :6].reshape(2, 3, 3, 2, 3, 2).mean((3, 5)))
     gradcheck(lambda t: F.avg_pool2d(t, 3, stride=2, padding=1), x)
     gradcheck(lambda t: F.avg_pool2d(t, 3, 2, 1, count_include_pad=False), x)
-    np.testing.assert_allclose(nn.AdaptiveAvgPool2d(1)(Tensor(x)).data[..., 0, 0],
+    np.testing.assert_allclose(nn.AdaptiveAvgPool2d(1)(Tensor(x)).array[..., 0, 0],
                                x.mean((2, 3)))
-    got = nn.AdaptiveAvgPool2d((4, 3))(Tensor(x)).data          # uneven, overlapping bins
+    got = nn.AdaptiveAvgPool2d((4, 3))(Tensor(x)).array          # uneven, overlapping bins
     np.testing.assert_allclose(got[:, :, 1, 2], x[:, :, 1:3, 4:7].mean((2, 3)))
     gradcheck(lambda t: F.adaptive_avg_pool2d(t, (4, 3)), x)
     gradcheck(lambda t: F.adaptive_avg_pool2d(t, (None, 2)), RNG.standard_normal((1, 2, 3, 4)))
@@ -146,15 +146,15 @@ def test_cross_entropy_ignore_index_label_smoothing_weight_and_probabilities():
         smooth = -(logp[kept] * ww).sum(1)
         want = ((1 - eps) * nll.sum() + eps / 4 * smooth.sum()) / ww[t[kept]].sum()
         got = F.cross_entropy(Tensor(x), t, weight, label_smoothing=eps)
-        np.testing.assert_allclose(got.data, want, rtol=1e-12)
+        np.testing.assert_allclose(got.array, want, rtol=1e-12)
         gradcheck(lambda z: F.cross_entropy(z, t, weight, label_smoothing=eps), x)
         gradcheck(lambda z: F.cross_entropy(z, t, weight, reduction="none"), x)
     got = nn.CrossEntropyLoss(ignore_index=1)(Tensor(x), np.array([0, 1, 2, 1, 3, 3]))
-    np.testing.assert_allclose(got.data, -logp[[0, 2, 4, 5], [0, 2, 3, 3]].mean(), rtol=1e-12)
+    np.testing.assert_allclose(got.array, -logp[[0, 2, 4, 5], [0, 2, 3, 3]].mean(), rtol=1e-12)
     p = np.exp(RNG.standard_normal((6, 4)))
     p /= p.sum(1, keepdims=True)
     q = (1 - eps) * p + eps / 4
-    np.testing.assert_allclose(F.cross_entropy(Tensor(x), p, label_smoothing=eps).data,
+    np.testing.assert_allclose(F.cross_entropy(Tensor(x), p, label_smoothing=eps).array,
                                -(q * logp).sum(1).mean(), rtol=1e-12)
     gradcheck(lambda z: F.cross_entropy(z, p, w, reduction="sum"), x)
     with pytest.raises(TypeError, match="third argument is weight"):
@@ -183,8 +183,8 @@ def test_attention_and_losses_match_torch():
     xo, xt = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
     out, w = mha(xo, xo, xo, attn_mask=mask)
     tout, tw = tmha(xt, xt, xt, attn_mask=torch.tensor(mask))
-    np.testing.assert_allclose(out.data, tout.detach().numpy(), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(w.data, tw.detach().numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(out.array, tout.detach().numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(w.array, tw.detach().numpy(), rtol=1e-9, atol=1e-12)
     (out.sum() + w.sum()).backward()
     (tout.sum() + tw.sum()).backward()
     np.testing.assert_allclose(xo.grad, xt.grad.numpy(), rtol=1e-8, atol=1e-12)
@@ -197,13 +197,13 @@ def test_attention_and_losses_match_torch():
     for kw in ({"ignore_index": -1}, {"ignore_index": -1, "label_smoothing": 0.1},
                {"ignore_index": -1, "weight": w, "label_smoothing": 0.3}):
         targs = {a: (torch.tensor(b) if isinstance(b, np.ndarray) else b) for a, b in kw.items()}
-        np.testing.assert_allclose(F.cross_entropy(Tensor(x), t, **kw).data,
+        np.testing.assert_allclose(F.cross_entropy(Tensor(x), t, **kw).array,
                                    tF.cross_entropy(torch.tensor(x), torch.tensor(t),
                                                     **targs).item(), rtol=1e-10)
     img = RNG.standard_normal((2, 3, 7, 6))
-    np.testing.assert_allclose(F.adaptive_avg_pool2d(Tensor(img), (3, 4)).data,
+    np.testing.assert_allclose(F.adaptive_avg_pool2d(Tensor(img), (3, 4)).array,
                                tF.adaptive_avg_pool2d(torch.tensor(img), (3, 4)).numpy(),
                                rtol=1e-12)
     np.testing.assert_allclose(
-        F.avg_pool2d(Tensor(img), 3, 2, 1, count_include_pad=False).data,
+        F.avg_pool2d(Tensor(img), 3, 2, 1, count_include_pad=False).array,
         tF.avg_pool2d(torch.tensor(img), 3, 2, 1, count_include_pad=False).numpy(), rtol=1e-12)

@@ -52,7 +52,7 @@ def test_a_weight_used_twice_in_a_region_is_cast_once_with_the_summed_gradient()
         out2 = model(x2)                    # the same float16 weights, from the cache
     assert weight_casts() - before == 4
     (out1.float().sum() + out2.float().sum()).backward()
-    cached = [p.grad.copy() for p in model.parameters()]
+    cached = [p.grad.array.copy() for p in model.parameters()]
     for p in model.parameters():
         p.grad = None
     with amp.autocast("cpu"):               # the same sum, casting each use separately

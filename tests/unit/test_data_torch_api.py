@@ -118,7 +118,7 @@ def test_modules_and_losses_accept_numpy_arrays():
     model = nn.Sequential(nn.Linear(3, 2))
     x = np.ones((4, 3), np.float32)
     out = model(x)
-    np.testing.assert_allclose(out.data, x @ model[0].weight.data.T + model[0].bias.data,
+    np.testing.assert_allclose(out.array, x @ model[0].weight.array.T + model[0].bias.array,
                                rtol=1e-6)
     nn.CrossEntropyLoss()(out, np.array([0, 1, 1, 0])).backward()
     assert model[0].weight.grad is not None

@@ -42,7 +42,7 @@ def test_module_to_moves_in_place_and_an_earlier_optimizer_still_works():
     model.register_buffer("steps", np.zeros((), np.int64))
     params = list(model.parameters())
     opt = optim.SGD(model.parameters(), lr=0.1)
-    before = [p.data.copy() for p in params]
+    before = [p.array.copy() for p in params]
     assert model.to("cpu").double() is model
     assert all(a is b for a, b in zip(params, model.parameters()))
     assert all(p.dtype == np.float64 for p in params)
@@ -50,7 +50,7 @@ def test_module_to_moves_in_place_and_an_earlier_optimizer_still_works():
     x = Tensor(np.ones((2, 3)), dtype=np.float64)
     model(x).sum().backward()
     opt.step()
-    assert any(not np.array_equal(p.data, b) for p, b in zip(params, before))
+    assert any(not np.array_equal(p.array, b) for p, b in zip(params, before))
     model.float()
     assert all(p.dtype == np.float32 and p.grad.dtype == np.float32 for p in params)
     assert model.half().to(dtype=np.float32) is model

@@ -31,7 +31,7 @@ def grads_for(params, step, skip=None):
     rng = np.random.default_rng(100 + step)
     out = []
     for k, p in enumerate(params):
-        g = rng.standard_normal(p.data.shape).astype(p.data.dtype)
+        g = rng.standard_normal(p.array.shape).astype(p.array.dtype)
         out.append(None if skip is not None and (k + step) % skip == 0 else g)
     return out
 
@@ -51,8 +51,8 @@ def run_pair(make_opt, dtype, steps=6, skip=None):
 
 def assert_same_bits(a, b):
     for pa, pb in zip(a, b):
-        assert pa.data.dtype == pb.data.dtype
-        assert np.array_equal(pa.data, pb.data), np.abs(pa.data - pb.data).max()
+        assert pa.array.dtype == pb.array.dtype
+        assert np.array_equal(pa.array, pb.array), np.abs(pa.array - pb.array).max()
 
 
 needs_numba = pytest.mark.skipif(fused.implementation(np.zeros(1, np.float32)) != "numba-cpu",
@@ -151,7 +151,7 @@ def test_flat_parameters_and_grads_take_one_call(monkeypatch, reverse_grads):
     """Parameters viewing one flat buffer and gradients viewing another (in reverse order, as
     DDP's buckets lay them out): one kernel call per step, and the same bits as unflattened."""
     sizes = [int(np.prod(s)) for s in SHAPES]
-    flat_p = np.concatenate([p.data.reshape(-1) for p in make_params(np.float32)])
+    flat_p = np.concatenate([p.array.reshape(-1) for p in make_params(np.float32)])
     flat_g = np.zeros(sum(sizes), np.float32)
     params, grad_views, off = [], [], 0
     order = list(range(len(SHAPES)))
@@ -160,7 +160,7 @@ def test_flat_parameters_and_grads_take_one_call(monkeypatch, reverse_grads):
                                                   (order[::-1] if reverse_grads else order)]))}
     for k, s in enumerate(SHAPES):
         params.append(Parameter(np.zeros(s, np.float32)))
-        params[-1].data = flat_p[off:off + sizes[k]].reshape(s)
+        params[-1].array = flat_p[off:off + sizes[k]].reshape(s)
         grad_views.append(flat_g[goff[k]:goff[k] + sizes[k]].reshape(s))
         off += sizes[k]
     ref = make_params(np.float32)
@@ -193,7 +193,7 @@ def test_state_dict_round_trip_continues_identically():
             p.grad = g
         opt_a.step()
     for pa, pb in zip(a, b):
-        pb.data[...] = pa.data
+        pb.array[...] = pa.array
     opt_b = optim.SGD(b, lr=0.1, momentum=0.9, fused=True)
     opt_b.load_state_dict(opt_a.state_dict())
     for step in range(2, 4):
@@ -210,7 +210,7 @@ def test_fused_steady_state_allocates_no_arrays():
     import tracemalloc
     ps = make_params(np.float32, shapes=[(200, 200)] * 3)  # 160 KB per array
     for p in ps:
-        p.grad = np.ones_like(p.data)
+        p.grad = np.ones_like(p.array)
     opt = optim.AdamW(ps, fused=True)
     opt.step()
     opt.step()
@@ -228,7 +228,7 @@ def torch_run(torch, cls_name, kw, steps, params0):
     ps = [torch.nn.Parameter(torch.from_numpy(p.copy())) for p in params0]
     opt = getattr(torch.optim, cls_name)(ps, **kw)
     for step in range(steps):
-        for p, g in zip(ps, grads_for([type("P", (), {"data": q})() for q in params0], step)):
+        for p, g in zip(ps, grads_for([type("P", (), {"array": q})() for q in params0], step)):
             p.grad = torch.from_numpy(g)
         opt.step()
     return [p.detach().numpy() for p in ps]
@@ -239,7 +239,7 @@ def torch_run(torch, cls_name, kw, steps, params0):
 @pytest.mark.parametrize("torch_path", ["foreach", "fused"])
 def test_fused_matches_torch_after_10_steps(cls, kw, torch_path):
     torch = pytest.importorskip("torch")
-    params0 = [p.data.copy() for p in make_params(np.float32)]
+    params0 = [p.array.copy() for p in make_params(np.float32)]
     ours = [Parameter(p.copy()) for p in params0]
     opt = cls(ours, fused=True, **kw)
     for step in range(10):
@@ -248,7 +248,7 @@ def test_fused_matches_torch_after_10_steps(cls, kw, torch_path):
         opt.step()
     want = torch_run(torch, cls.__name__, dict(kw, **{torch_path: True}), 10, params0)
     for p, w in zip(ours, want):
-        np.testing.assert_allclose(p.data, w, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(p.array, w, rtol=0, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- flat parameters
@@ -276,13 +276,13 @@ def train_steps(model, opt, steps=4, seed=0):
 @needs_numba
 def test_flatten_parameters_one_call_per_step_same_bits(monkeypatch):
     plain, flat = mlp(), mlp()
-    before = [p.data.copy() for p in flat.parameters()]
+    before = [p.array.copy() for p in flat.parameters()]
     (buffer,) = optim.flatten_parameters(flat.parameters())
     params = list(flat.parameters())
-    assert buffer.size == sum(p.data.size for p in params)
+    assert buffer.size == sum(p.array.size for p in params)
     for p, b in zip(params, before):
-        assert np.array_equal(p.data, b) and np.shares_memory(p.data, buffer)
-    assert np.shares_memory(params[-1].data, buffer[:params[-1].data.size])  # reverse order
+        assert np.array_equal(p.array, b) and np.shares_memory(p.array, buffer)
+    assert np.shares_memory(params[-1].array, buffer[:params[-1].array.size])  # reverse order
     counter = count_calls(monkeypatch)
     train_steps(plain, optim.AdamW(plain.parameters(), lr=1e-2, fused=True))
     calls_plain = len(counter.calls)
@@ -312,7 +312,7 @@ def test_flatten_parameters_under_ddp_one_call_per_bucket(group, monkeypatch):
         opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
         train_steps(ddp, opt, steps=3, seed=t.rank)
         ddp.close()
-        return [p.data.copy() for p in model.parameters()], len(ddp.reducer.buckets)
+        return [p.array.copy() for p in model.parameters()], len(ddp.reducer.buckets)
 
     plain = run_threads(2, lambda t: body(t, False), timeout_s=60)
     counter.calls.clear()
@@ -350,10 +350,10 @@ def test_amsgrad_with_fused_follows_the_reference_and_closure_returns_the_loss()
     a, b, opt_a, opt_b = run_pair(lambda ps, f: optim.AdamW(ps, amsgrad=True, fused=f),
                                   np.float64, steps=4)
     for k, p in enumerate(b):
-        want, state = make_params(np.float64)[k].data, {}
+        want, state = make_params(np.float64)[k].array, {}
         for step in range(4):
             want = ref.adamw(np.asarray(want), grads_for(b, step)[k], state, amsgrad=True)
-        np.testing.assert_allclose(np.asarray(p.data), want, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(p.array), want, rtol=1e-9, atol=1e-12)
     assert "max_exp_avg_sq" in opt_b.state[0]
     for opt in (optim.SGD(b, lr=0.1, fused=True), opt_b):
         assert opt.step(lambda: 3.5) == 3.5
@@ -410,7 +410,7 @@ def test_unflattened_18_tensor_mlp_is_one_compiled_call_per_step(monkeypatch, ma
     train_steps(plain, make(plain.parameters(), False), steps=4)
     assert counter.calls == []
     train_steps(fast, make(fast.parameters(), True), steps=4)
-    numel = sum(p.data.size for p in fast.parameters())
+    numel = sum(p.array.size for p in fast.parameters())
     assert counter.calls == [numel] * 4  # at most two per step asked; one here (one dtype)
     assert_same_bits(list(plain.parameters()), list(fast.parameters()))
 

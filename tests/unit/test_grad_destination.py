@@ -22,8 +22,8 @@ def leaf(*shape, dtype=np.float32):
 
 def reserve(t, scale=1.0):
     """A destination inside a larger flat buffer, the way DDP's buckets hold them."""
-    flat = np.full(t.data.size + 8, 7.0, dtype=t.data.dtype)
-    t.grad_destination = GradDestination(flat[4:4 + t.data.size].reshape(t.shape), scale)
+    flat = np.full(t.array.size + 8, 7.0, dtype=t.array.dtype)
+    t.grad_destination = GradDestination(flat[4:4 + t.array.size].reshape(t.shape), scale)
     return flat
 
 
@@ -40,12 +40,12 @@ def peak_bytes(fn):
 def test_linear_writes_weight_and_bias_grads_into_their_destinations(scale):
     x = Tensor(RNG.normal(size=(5, 7)).astype(np.float32))
     w, b = leaf(3, 7), leaf(3)
-    w2, b2 = Tensor(w.data, requires_grad=True), Tensor(b.data, requires_grad=True)
+    w2, b2 = Tensor(w.array, requires_grad=True), Tensor(b.array, requires_grad=True)
     flat_w, flat_b = reserve(w, scale), reserve(b, scale)
     linear(x, w, b).sum().backward()
     linear(x, w2, b2).sum().backward()
-    assert w.grad is w.grad_destination.buffer and np.shares_memory(w.grad, flat_w)
-    assert b.grad is b.grad_destination.buffer and np.shares_memory(b.grad, flat_b)
+    assert w.grad.array is w.grad_destination.buffer and np.shares_memory(w.grad.array, flat_w)
+    assert b.grad.array is b.grad_destination.buffer and np.shares_memory(b.grad, flat_b)
     assert (flat_w[:4] == 7).all() and (flat_w[-4:] == 7).all()   # nothing outside the slot
     np.testing.assert_allclose(w.grad, scale * w2.grad, rtol=1e-6)
     np.testing.assert_allclose(b.grad, scale * b2.grad, rtol=1e-6)
@@ -59,23 +59,23 @@ def test_no_gradient_is_allocated_then_copied(scale):
     out = linear(x, w, b).sum()
     reserve(w, scale), reserve(b, scale)
     peak = peak_bytes(out.backward)
-    assert w.grad is w.grad_destination.buffer
-    assert peak < w.data.nbytes // 8, peak        # allocate + copy would cost >= 1 MiB
+    assert w.grad.array is w.grad_destination.buffer
+    assert peak < w.array.nbytes // 8, peak        # allocate + copy would cost >= 1 MiB
     # the reference: without a destination the backward allocates the gradient
-    w2 = Tensor(w.data, requires_grad=True)
+    w2 = Tensor(w.array, requires_grad=True)
     out = linear(x, w2).sum()
-    assert peak_bytes(out.backward) >= w.data.nbytes
+    assert peak_bytes(out.backward) >= w.array.nbytes
 
 
 def test_conv_weight_grad_goes_into_its_destination():
     x = Tensor(RNG.normal(size=(2, 3, 6, 6)).astype(np.float32))
     w, b = leaf(4, 3, 3, 3), leaf(4)
-    w2, b2 = Tensor(w.data, requires_grad=True), Tensor(b.data, requires_grad=True)
+    w2, b2 = Tensor(w.array, requires_grad=True), Tensor(b.array, requires_grad=True)
     flat = reserve(w, 0.5)
     reserve(b, 0.5)
     conv2d(x, w, b, stride=1, padding=1).sum().backward()
     conv2d(x, w2, b2, stride=1, padding=1).sum().backward()
-    assert w.grad is w.grad_destination.buffer and np.shares_memory(w.grad, flat)
+    assert w.grad.array is w.grad_destination.buffer and np.shares_memory(w.grad, flat)
     np.testing.assert_allclose(w.grad, 0.5 * w2.grad, rtol=1e-5)
     np.testing.assert_allclose(b.grad, 0.5 * b2.grad, rtol=1e-5)
 
@@ -85,13 +85,13 @@ def test_existing_grad_accumulates_in_place_and_none_refills_the_destination():
     w = leaf(3, 7)
     flat = reserve(w)
     linear(x, w).sum().backward()
-    first = w.grad.copy()
+    first = w.grad.array.copy()
     linear(x, w).sum().backward()                     # accumulates: same array, twice the value
-    assert w.grad is w.grad_destination.buffer
+    assert w.grad.array is w.grad_destination.buffer
     np.testing.assert_allclose(w.grad, 2 * first, rtol=1e-6)
     w.grad = None                                     # zero_grad(set_to_none=True)
     linear(x, w).sum().backward()
-    assert w.grad is w.grad_destination.buffer and np.shares_memory(w.grad, flat)
+    assert w.grad.array is w.grad_destination.buffer and np.shares_memory(w.grad, flat)
     np.testing.assert_allclose(w.grad, first, rtol=1e-6)
 
 
@@ -99,13 +99,13 @@ def test_other_ops_copy_into_the_destination_scaled():
     w = leaf(4, 3)
     reserve(w, 0.25)
     (w * 2.0).exp().sum().backward()                  # elementwise: copied in, times the scale
-    np.testing.assert_allclose(w.grad, 0.25 * 2 * np.exp(2 * w.data), rtol=1e-6)
-    assert w.grad is w.grad_destination.buffer
+    np.testing.assert_allclose(w.grad, 0.25 * 2 * np.exp(2 * w.array), rtol=1e-6)
+    assert w.grad.array is w.grad_destination.buffer
 
 
 def test_a_leaf_used_twice_gets_both_contributions():
     w = leaf(4, 4)
-    w2 = Tensor(w.data, requires_grad=True)
+    w2 = Tensor(w.array, requires_grad=True)
     reserve(w, 0.5)
     (w @ w).sum().backward()                          # one op, the leaf on both sides
     (w2 @ w2).sum().backward()
@@ -120,11 +120,11 @@ def test_a_leaf_used_twice_gets_both_contributions():
 def test_float16_leaf_with_destination():
     x = Tensor(RNG.normal(size=(5, 7)).astype(np.float16))
     w = leaf(3, 7, dtype=np.float16)
-    w2 = Tensor(w.data, requires_grad=True)
+    w2 = Tensor(w.array, requires_grad=True)
     reserve(w, 0.5)
     linear(x, w).sum().backward()
     linear(x, w2).sum().backward()
-    assert w.grad.dtype == np.float16 and w.grad is w.grad_destination.buffer
+    assert w.grad.dtype == np.float16 and w.grad.array is w.grad_destination.buffer
     np.testing.assert_allclose(w.grad, 0.5 * w2.grad.astype(np.float32), rtol=2e-3)
 
 

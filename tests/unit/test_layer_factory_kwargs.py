@@ -40,7 +40,7 @@ def test_seeded_weights_do_not_depend_on_device_or_dtype():
     a = nn.Linear(4, 3)
     minidist.manual_seed(5)
     b = nn.Linear(4, 3, device="cpu", dtype=minidist.float64)
-    np.testing.assert_allclose(a.weight.data, b.weight.data, rtol=1e-6)
+    np.testing.assert_allclose(a.weight.array, b.weight.array, rtol=1e-6)
 
 
 def test_unsupported_layer_options_are_refused():
@@ -50,7 +50,7 @@ def test_unsupported_layer_options_are_refused():
         nn.Embedding(5, 3, max_norm=1.0)
     weights = np.arange(6.0).reshape(3, 2)
     frozen = nn.Embedding(3, 2, _weight=weights, _freeze=True)
-    np.testing.assert_array_equal(frozen.weight.data, weights)
+    np.testing.assert_array_equal(frozen.weight.array, weights)
     assert not frozen.weight.requires_grad
     assert nn.LayerNorm(4, bias=False).bias is None
 

@@ -74,11 +74,11 @@ def test_manual_seed_makes_init_reproducible_and_torch_bounds():
     lin = nn.Linear(100, 50)
     bound = 1 / math.sqrt(100)
     for p in (lin.weight, lin.bias):
-        assert p.dtype == np.float32 and np.abs(p.data).max() <= bound
-        assert np.abs(p.data).max() > 0.9 * bound
+        assert p.dtype == np.float32 and np.abs(p.array).max() <= bound
+        assert np.abs(p.array).max() > 0.9 * bound
     conv = nn.Conv2d(3, 8, 3)
     bound = 1 / math.sqrt(3 * 9)
-    assert np.abs(conv.weight.data).max() <= bound and np.abs(conv.bias.data).max() <= bound
+    assert np.abs(conv.weight.array).max() <= bound and np.abs(conv.bias.array).max() <= bound
 
 
 # ---- state_dict ---------------------------------------------------------------------------
@@ -90,13 +90,13 @@ def test_state_dict_round_trip_copies_in_place():
     dst = Net()
     sd = src.state_dict()
     sd["fc1.weight"][0, 0] = 123.0  # a copy: editing it does not touch the source
-    assert src.fc1.weight.data[0, 0] != 123.0
-    arrays = [p.data for p in dst.parameters()]
+    assert src.fc1.weight.array[0, 0] != 123.0
+    arrays = [p.array for p in dst.parameters()]
     result = dst.load_state_dict(sd)
     assert result.missing_keys == [] and result.unexpected_keys == []
-    assert [p.data for p in dst.parameters()] == arrays or all(
-        a is p.data for a, p in zip(arrays, dst.parameters()))
-    assert dst.fc1.weight.data[0, 0] == 123.0
+    assert [p.array for p in dst.parameters()] == arrays or all(
+        a is p.array for a, p in zip(arrays, dst.parameters()))
+    assert dst.fc1.weight.array[0, 0] == 123.0
     for k, v in src.state_dict().items():
         if k != "fc1.weight":
             np.testing.assert_array_equal(dst.state_dict()[k], v)
@@ -119,7 +119,7 @@ def test_load_state_dict_errors_name_keys_and_shapes():
     sd["fc1.bias"] = np.ones(3)
     result = net.load_state_dict(sd, strict=False)
     assert result.missing_keys == ["head.weight"] and result.unexpected_keys == ["extra.bias"]
-    np.testing.assert_array_equal(net.fc1.bias.data, 1.0)
+    np.testing.assert_array_equal(net.fc1.bias.array, 1.0)
 
 
 def test_zero_grad():
@@ -138,15 +138,15 @@ def test_linear_with_set_weights():
     lin = nn.Linear(3, 2)
     lin.load_state_dict({"weight": np.array([[1, 2, 3], [0, -1, 1]]), "bias": np.array([0.5, -1])})
     out = lin(Tensor([[1.0, 1.0, 1.0], [2.0, 0.0, -1.0]]))
-    np.testing.assert_allclose(out.data, [[6.5, -1.0], [-0.5, -2.0]])
+    np.testing.assert_allclose(out.array, [[6.5, -1.0], [-0.5, -2.0]])
     assert out.dtype == np.float32
 
 
 def test_conv2d_matches_a_direct_loop():
     conv = nn.Conv2d(2, 3, kernel_size=3, stride=2, padding=1)
     x = np.random.default_rng(0).standard_normal((2, 2, 5, 5)).astype(np.float32)
-    out = conv(Tensor(x)).data
-    w, b = conv.weight.data, conv.bias.data
+    out = conv(Tensor(x)).array
+    w, b = conv.weight.array, conv.bias.array
     xp_ = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
     want = np.zeros((2, 3, 3, 3), dtype=np.float32)
     for n in range(2):
@@ -160,7 +160,7 @@ def test_conv2d_matches_a_direct_loop():
 def test_maxpool_flatten():
     x = Tensor(np.arange(32, dtype=np.float32).reshape(1, 2, 4, 4))
     out = nn.MaxPool2d(2)(x)
-    np.testing.assert_array_equal(out.data, [[[[5, 7], [13, 15]], [[21, 23], [29, 31]]]])
+    np.testing.assert_array_equal(out.array, [[[[5, 7], [13, 15]], [[21, 23], [29, 31]]]])
     assert nn.Flatten()(out).shape == (1, 8)
 
 
@@ -171,17 +171,17 @@ def test_layernorm_formula():
     x = np.array([[1.0, 2.0, 3.0, 6.0]], dtype=np.float32)
     mu, var = x.mean(), x.var()
     want = (x - mu) / np.sqrt(var + 1e-5) * [1, 2, 3, 4] + [0, 0, 1, 1]
-    np.testing.assert_allclose(ln(Tensor(x)).data, want, rtol=1e-5)
+    np.testing.assert_allclose(ln(Tensor(x)).array, want, rtol=1e-5)
 
 
 def test_activations_dropout_losses():
     x = Tensor(np.array([-1.0, 0.5, 2.0], dtype=np.float32))
-    np.testing.assert_allclose(nn.ReLU()(x).data, [0, 0.5, 2])
-    np.testing.assert_allclose(nn.Tanh()(x).data, np.tanh(x.data), rtol=1e-6)
-    np.testing.assert_allclose(nn.GELU()(x).data, [-0.15865525, 0.34573123, 1.9544997], rtol=1e-6)
+    np.testing.assert_allclose(nn.ReLU()(x).array, [0, 0.5, 2])
+    np.testing.assert_allclose(nn.Tanh()(x).array, np.tanh(x.array), rtol=1e-6)
+    np.testing.assert_allclose(nn.GELU()(x).array, [-0.15865525, 0.34573123, 1.9544997], rtol=1e-6)
     drop = nn.Dropout(0.5)
     big = Tensor(np.ones((100, 100), dtype=np.float32))
-    out = drop(big).data
+    out = drop(big).array
     assert set(np.unique(out)) <= {0.0, 2.0} and 0.4 < (out == 0).mean() < 0.6
     assert drop.eval()(big) is big
     logits = Tensor(np.array([[2.0, 0.0], [0.0, 3.0]], dtype=np.float32))
@@ -194,12 +194,12 @@ def test_model_gradient_matches_finite_differences():
     minidist.manual_seed(3)
     net = Net()
     for p in net.parameters():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     x = Tensor(np.random.default_rng(1).standard_normal((5, 4)))
     y = np.array([0, 1, 1, 0, 1])
     nn.CrossEntropyLoss()(net(x), y).backward()
     for name, p in net.named_parameters():
-        flat = p.data.reshape(-1)
+        flat = p.array.reshape(-1)
         for i in range(0, flat.size, 3):
             old = flat[i]
             flat[i] = old + 1e-6
@@ -226,7 +226,7 @@ def test_small_cnn_learns_and_is_fast():
             model.zero_grad()
             loss.backward()
             for p in model.parameters():
-                p.data -= 0.1 * p.grad
+                p.array -= 0.1 * p.grad.array
             losses.append(loss.item())
     assert np.mean(losses[-8:]) < 0.6 * np.mean(losses[:8]), losses
     assert all(p.dtype == np.float32 for p in model.parameters())

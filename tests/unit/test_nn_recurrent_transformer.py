@@ -43,15 +43,15 @@ def test_recurrent_keys_shapes_and_gradients_by_finite_differences(kind):
     h_n = state[0] if kind == "LSTM" else state
     assert out.shape == (2, 5, 8) and h_n.shape == (4, 2, 4)
     # the last forward output is h_n of the top layer's forward direction
-    np.testing.assert_allclose(out.data[:, -1, :4], h_n.data[2], rtol=1e-12)
-    np.testing.assert_allclose(out.data[:, 0, 4:], h_n.data[3], rtol=1e-12)
+    np.testing.assert_allclose(out.array[:, -1, :4], h_n.array[2], rtol=1e-12)
+    np.testing.assert_allclose(out.array[:, 0, 4:], h_n.array[3], rtol=1e-12)
     w = RNG.normal(size=out.shape)
     xt = Tensor(x, requires_grad=True)
     (m(xt)[0] * Tensor(w)).sum().backward()
-    loss = lambda: float((m(Tensor(x))[0].data * w).sum())  # noqa: E731
+    loss = lambda: float((m(Tensor(x))[0].array * w).sum())  # noqa: E731
     np.testing.assert_allclose(xt.grad, numeric_grad(loss, x), rtol=1e-5, atol=1e-7)
     p = m.weight_hh_l0_reverse
-    np.testing.assert_allclose(p.grad, numeric_grad(loss, p.data), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(p.grad, numeric_grad(loss, p.array), rtol=1e-5, atol=1e-7)
 
 
 def test_recurrent_unbatched_initial_state_and_errors():
@@ -77,12 +77,12 @@ def test_transformer_keys_causal_mask_and_deep_copies():
     assert "layers.1.norm2.bias" in keys and keys[-1] == "norm.bias"
     assert enc.layers[0].linear1.weight is not enc.layers[1].linear1.weight
     mask = nn.Transformer.generate_square_subsequent_mask(4)
-    assert np.isneginf(mask.data[0, 1]) and mask.data[1, 0] == 0
+    assert np.isneginf(mask.array[0, 1]) and mask.array[1, 0] == 0
     x = RNG.normal(size=(4, 1, 8)).astype(np.float32)
-    y = enc(Tensor(x), mask=mask).data
+    y = enc(Tensor(x), mask=mask).array
     x2 = x.copy()
     x2[3] += 1.0                                   # a later token cannot change earlier outputs
-    np.testing.assert_allclose(enc(Tensor(x2), mask=mask).data[:3], y[:3], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(enc(Tensor(x2), mask=mask).array[:3], y[:3], rtol=1e-5, atol=1e-6)
     model = nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, batch_first=True)
     assert model(minidist.randn(2, 5, 8), minidist.randn(2, 3, 8)).shape == (2, 3, 8)
     with pytest.raises(ValueError, match="activation"):
@@ -92,7 +92,7 @@ def test_transformer_keys_causal_mask_and_deep_copies():
 def test_group_norm_normalizes_each_group():
     gn = nn.GroupNorm(2, 4, eps=0.0)
     x = RNG.normal(size=(3, 4, 2, 2))
-    y = gn(Tensor(x)).data.reshape(3, 2, -1)
+    y = gn(Tensor(x)).array.reshape(3, 2, -1)
     np.testing.assert_allclose(y.mean(-1), 0, atol=1e-12)
     np.testing.assert_allclose(y.std(-1), 1, rtol=1e-10)
     with pytest.raises(ValueError, match="divisible"):
@@ -106,19 +106,19 @@ def test_max_pool_padding_dilation_ceil_mode_sizes():
     assert nn.MaxPool2d(2)(x).shape == (1, 1, 3, 3)
     assert nn.MaxPool2d(2, 1, dilation=2)(x).shape == (1, 1, 5, 5)
     neg = Tensor(-np.ones((1, 1, 2, 2)))
-    np.testing.assert_array_equal(F.max_pool2d(neg, 3, 1, padding=1).data, -1)  # -inf padding
+    np.testing.assert_array_equal(F.max_pool2d(neg, 3, 1, padding=1).array, -1)  # -inf padding
     with pytest.raises(ValueError, match="half"):
         nn.MaxPool2d(2, padding=2)(x)
     ones = Tensor(np.ones((1, 1, 5, 5)))
     # ceil_mode: the last window covers one row and column and divides by what it covers
-    np.testing.assert_array_equal(nn.AvgPool2d(2, ceil_mode=True)(ones).data, 1.0)
+    np.testing.assert_array_equal(nn.AvgPool2d(2, ceil_mode=True)(ones).array, 1.0)
     assert nn.AvgPool2d(2, ceil_mode=True)(ones).shape == (1, 1, 3, 3)
 
 
 def test_inplace_is_accepted_and_computes_the_same():
     x = minidist.randn(3, 4)
-    np.testing.assert_array_equal(nn.ReLU(inplace=True)(x).data, F.relu(x).data)
-    np.testing.assert_array_equal(F.relu(x, inplace=True).data, np.maximum(x.data, 0))
+    np.testing.assert_array_equal(nn.ReLU(inplace=True)(x).array, F.relu(x).array)
+    np.testing.assert_array_equal(F.relu(x, inplace=True).array, np.maximum(x.array, 0))
     assert repr(nn.ReLU(inplace=True)) == "ReLU(inplace=True)"
     d = nn.Dropout(0.5, inplace=True).eval()
     assert d(x) is x and F.dropout(x, 0.5, False, True) is x
@@ -131,20 +131,20 @@ def test_initializers_follow_torchs_formulas():
     minidist.manual_seed(0)
     w = nn.Parameter(np.zeros((256, 64, 3, 3), np.float32))
     init.kaiming_normal_(w, mode="fan_out", nonlinearity="relu")
-    assert abs(w.data.std() / math.sqrt(2 / (256 * 9)) - 1) < 0.02
+    assert abs(w.array.std() / math.sqrt(2 / (256 * 9)) - 1) < 0.02
     init.kaiming_uniform_(w, a=math.sqrt(5))                      # Linear/Conv2d default
-    assert abs(w.data).max() <= 1 / math.sqrt(64 * 9)
+    assert abs(w.array).max() <= 1 / math.sqrt(64 * 9)
     init.xavier_normal_(w)
-    assert abs(w.data.std() / math.sqrt(2 / (64 * 9 + 256 * 9)) - 1) < 0.02
+    assert abs(w.array.std() / math.sqrt(2 / (64 * 9 + 256 * 9)) - 1) < 0.02
     init.trunc_normal_(w, std=0.02, a=-0.03, b=0.03)
-    assert w.data.min() >= -0.03 and w.data.max() <= 0.03
+    assert w.array.min() >= -0.03 and w.array.max() <= 0.03
     init.orthogonal_(w)
-    flat = w.data.reshape(256, -1)
+    flat = w.array.reshape(256, -1)
     np.testing.assert_allclose(flat @ flat.T, np.eye(256), atol=1e-4)
     m = nn.Parameter(np.zeros((3, 5), np.float32))
-    np.testing.assert_array_equal(init.eye_(m).data, np.eye(3, 5))
+    np.testing.assert_array_equal(init.eye_(m).array, np.eye(3, 5))
     init.sparse_(m, 0.5)
-    assert ((m.data == 0).sum(0) >= 2).all()
+    assert ((m.array == 0).sum(0) >= 2).all()
     c = nn.Parameter(np.zeros((2, 2, 3, 3), np.float32))
     y = F.conv2d(Tensor(RNG.normal(size=(1, 2, 4, 4)).astype(np.float32)), init.dirac_(c),
                  padding=1)
@@ -171,7 +171,7 @@ def _compare(torch, theirs, ours, inputs, **kwargs):
         if isinstance(m_out, tuple) else [m_out]
     t_loss = m_loss = 0
     for a, b in zip(t_flat, m_flat):
-        np.testing.assert_allclose(b.data, a.detach().numpy(), **TOL)
+        np.testing.assert_allclose(b.array, a.detach().numpy(), **TOL)
         w = RNG.normal(size=a.shape).astype(np.float32)
         t_loss = t_loss + (a * torch.tensor(w)).sum()
         m_loss = m_loss + (b * Tensor(w)).sum()
@@ -211,7 +211,7 @@ def test_recurrent_initial_state_and_relu_match_torch(kind):
     m_state = (Tensor(h0), Tensor(c0)) if kind == "LSTM" else Tensor(h0)
     t_out, _ = theirs(torch.tensor(x), t_state)
     m_out, _ = ours(Tensor(x), m_state)
-    np.testing.assert_allclose(m_out.data, t_out.detach().numpy(), **TOL)
+    np.testing.assert_allclose(m_out.array, t_out.detach().numpy(), **TOL)
 
 
 @pytest.mark.parametrize("config", [
@@ -244,7 +244,7 @@ def test_encoder_and_full_transformer_match_torch():
     _compare(torch, theirs, ours, [x], src_key_padding_mask=pad)
     theirs = torch.nn.Transformer(16, 4, 2, 2, 32, dropout=0.0, batch_first=True)
     ours = nn.Transformer(16, 4, 2, 2, 32, dropout=0.0, batch_first=True)
-    tgt_mask = nn.Transformer.generate_square_subsequent_mask(3).data
+    tgt_mask = nn.Transformer.generate_square_subsequent_mask(3).array
     np.testing.assert_array_equal(
         tgt_mask, torch.nn.Transformer.generate_square_subsequent_mask(3).numpy())
     _compare(torch, theirs, ours, [x.transpose(1, 0, 2).copy(),

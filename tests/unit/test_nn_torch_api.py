@@ -36,14 +36,14 @@ def test_softmax_logsoftmax_nll_equal_cross_entropy():
     x = RNG.normal(size=(5, 4))
     t = np.array([0, 3, 1, 1, 2])
     e = np.exp(x - x.max(1, keepdims=True))
-    np.testing.assert_allclose(nn.Softmax(dim=1)(Tensor(x)).data, e / e.sum(1, keepdims=True))
+    np.testing.assert_allclose(nn.Softmax(dim=1)(Tensor(x)).array, e / e.sum(1, keepdims=True))
     logp = nn.LogSoftmax(dim=1)(Tensor(x, requires_grad=True))
     for red in ("mean", "sum", "none"):
         want = -np.log(e / e.sum(1, keepdims=True))[np.arange(5), t]
         want = want.mean() if red == "mean" else want.sum() if red == "sum" else want
-        np.testing.assert_allclose(F.nll_loss(logp, t, red).data, want, rtol=1e-12)
-        np.testing.assert_allclose(nn.NLLLoss(red)(logp, t).data,
-                                   F.cross_entropy(Tensor(x), t, reduction=red).data, rtol=1e-12)
+        np.testing.assert_allclose(F.nll_loss(logp, t, red).array, want, rtol=1e-12)
+        np.testing.assert_allclose(nn.NLLLoss(red)(logp, t).array,
+                                   F.cross_entropy(Tensor(x), t, reduction=red).array, rtol=1e-12)
     a, b = Tensor(x, requires_grad=True), Tensor(x, requires_grad=True)
     F.nll_loss(F.log_softmax(a), t).backward()
     F.cross_entropy(b, t).backward()
@@ -63,7 +63,7 @@ def test_apply_visits_children_first_then_self():
             nn.init.constant_(m.weight, 0.5)
 
     model.apply(init_weights)
-    assert all((p.data == 0.5).all() for n, p in model.named_parameters() if "weight" in n)
+    assert all((p.array == 0.5).all() for n, p in model.named_parameters() if "weight" in n)
 
 
 def test_embedding_gathers_rows_and_sums_repeated_gradients():
@@ -71,7 +71,7 @@ def test_embedding_gathers_rows_and_sums_repeated_gradients():
     emb = nn.Embedding(5, 3)
     idx = np.array([[1, 4], [1, 0]])
     out = emb(idx)
-    np.testing.assert_array_equal(out.data, emb.weight.data[idx])
+    np.testing.assert_array_equal(out.array, emb.weight.array[idx])
     out.sum().backward()
     np.testing.assert_array_equal(emb.weight.grad[:, 0], [1, 2, 0, 0, 1])
     with pytest.raises(IndexError, match="outside"):
@@ -92,19 +92,19 @@ def test_batchnorm_train_and_eval_against_the_formulas(cls, shape):
     mean, var = x.mean(axes), x.var(axes)
     t = Tensor(x, requires_grad=True)
     y = bn(t)
-    np.testing.assert_allclose(y.data, (x - mean.reshape(b)) / np.sqrt(var.reshape(b) + 1e-5),
+    np.testing.assert_allclose(y.array, (x - mean.reshape(b)) / np.sqrt(var.reshape(b) + 1e-5),
                                rtol=1e-10)
-    np.testing.assert_allclose(bn.running_mean.data, 0.2 * mean, rtol=1e-12)
-    np.testing.assert_allclose(bn.running_var.data, 0.8 + 0.2 * var * n / (n - 1), rtol=1e-12)
-    assert int(bn.num_batches_tracked.data) == 1
+    np.testing.assert_allclose(bn.running_mean.array, 0.2 * mean, rtol=1e-12)
+    np.testing.assert_allclose(bn.running_var.array, 0.8 + 0.2 * var * n / (n - 1), rtol=1e-12)
+    assert int(bn.num_batches_tracked.array) == 1
     (y * y).sum().backward()
     assert t.grad.shape == shape and bn.weight.grad is not None
     bn.eval()
-    before = bn.running_mean.data.copy()
+    before = bn.running_mean.array.copy()
     ye = bn(Tensor(x))
-    want = (x - bn.running_mean.data.reshape(b)) / np.sqrt(bn.running_var.data.reshape(b) + 1e-5)
-    np.testing.assert_allclose(ye.data, want, rtol=1e-10)
-    np.testing.assert_array_equal(bn.running_mean.data, before)        # eval leaves them alone
+    want = (x - bn.running_mean.array.reshape(b)) / np.sqrt(bn.running_var.array.reshape(b) + 1e-5)
+    np.testing.assert_allclose(ye.array, want, rtol=1e-10)
+    np.testing.assert_array_equal(bn.running_mean.array, before)        # eval leaves them alone
 
 
 def test_batchnorm_rejects_wrong_shapes():
@@ -121,11 +121,11 @@ def test_against_torch():
     for step in range(3):
         ty = tb(torch.from_numpy(x + step))
         my = mb(Tensor(x + step))
-        np.testing.assert_allclose(ty.detach().numpy(), my.data, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(ty.detach().numpy(), my.array, rtol=1e-9, atol=1e-12)
     for k, v in tb.state_dict().items():
         np.testing.assert_allclose(v.numpy(), mb.state_dict()[k], rtol=1e-12)
     tb.eval(), mb.eval()
-    np.testing.assert_allclose(tb(torch.from_numpy(x)).detach().numpy(), mb(Tensor(x)).data,
+    np.testing.assert_allclose(tb(torch.from_numpy(x)).detach().numpy(), mb(Tensor(x)).array,
                                rtol=1e-9, atol=1e-12)
     t = torch.from_numpy(RNG.normal(size=(4, 5)))
     target = torch.tensor([0, 4, 2, 2])

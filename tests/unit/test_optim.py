@@ -1,7 +1,7 @@
 """Optimizers, schedules and clipping against arithmetic written out by hand (torch's formulas).
 
 Parameters are real ``nn.Parameter``s when minidist.nn exists, else a tiny stand-in with the
-same two attributes the optimizers use: ``.data`` (array) and ``.grad`` (array or None).
+same two attributes the optimizers use: ``.array`` (array) and ``.grad`` (array or None).
 """
 
 import math
@@ -16,8 +16,8 @@ def make_param(values):
     from minidist.nn import Parameter
 
     p = Parameter(np.array(values, dtype=np.float64))
-    if p.data.dtype != np.float64:  # a Parameter that casts keeps our arithmetic exact enough
-        p.data = p.data.astype(np.float64)
+    if p.array.dtype != np.float64:  # a Parameter that casts keeps our arithmetic exact enough
+        p.array = p.array.astype(np.float64)
     return p
 
 
@@ -34,12 +34,12 @@ def test_sgd_plain_on_quadratic():
     # loss = p^2, g = 2p, lr 0.1:  p: 1 -> 1 - 0.1*2 = 0.8 -> 0.8 - 0.16 = 0.64
     p = make_param([1.0])
     opt = optim.SGD([p], lr=0.1)
-    data = p.data
+    data = p.array
     for expected in (0.8, 0.64):
-        p.grad = 2 * p.data
+        p.grad = 2 * p.array
         opt.step()
-        assert p.data[0] == pytest.approx(expected, abs=1e-12)
-    assert p.data is data  # updated in place, never rebound
+        assert p.array[0] == pytest.approx(expected, abs=1e-12)
+    assert p.array is data  # updated in place, never rebound
 
 
 def test_sgd_momentum_first_step_has_no_dampening():
@@ -51,7 +51,7 @@ def test_sgd_momentum_first_step_has_no_dampening():
     opt = optim.SGD([p], lr=0.1, momentum=0.9)
     for expected in ([0.95, -2.1], [0.855, -2.29], [0.7195, -2.561]):
         run(opt, [p], [[[0.5, 1.0]]])
-        np.testing.assert_allclose(p.data, expected, atol=1e-12)
+        np.testing.assert_allclose(p.array, expected, atol=1e-12)
     np.testing.assert_allclose(opt.state[0]["momentum_buffer"], [1.355, 2.71], atol=1e-12)
 
 
@@ -62,7 +62,7 @@ def test_sgd_nesterov():
     opt = optim.SGD([p], lr=0.1, momentum=0.9, nesterov=True)
     for expected in ([0.905, -2.19], [0.7695, -2.461]):
         run(opt, [p], [[[0.5, 1.0]]])
-        np.testing.assert_allclose(p.data, expected, atol=1e-12)
+        np.testing.assert_allclose(p.array, expected, atol=1e-12)
 
 
 def test_sgd_weight_decay_and_dampening():
@@ -74,7 +74,7 @@ def test_sgd_weight_decay_and_dampening():
     opt = optim.SGD([p], lr=0.1, momentum=0.9, dampening=0.5, weight_decay=0.1)
     for expected in (0.94, 0.8563, 0.7516885):
         run(opt, [p], [[[0.5]]])
-        assert p.data[0] == pytest.approx(expected, abs=1e-12)
+        assert p.array[0] == pytest.approx(expected, abs=1e-12)
     # the gradient itself is left untouched (torch adds the decay into a copy)
     assert p.grad[0] == 0.5
 
@@ -83,7 +83,7 @@ def test_sgd_skips_params_without_grad_and_groups_have_own_lr():
     a, b, c = make_param([1.0]), make_param([1.0]), make_param([1.0])
     opt = optim.SGD([{"params": [a, b]}, {"params": [c], "lr": 0.5}], lr=0.1)
     run(opt, [a, b, c], [[[1.0], None, [1.0]]])
-    assert (a.data[0], b.data[0], c.data[0]) == pytest.approx((0.9, 1.0, 0.5))
+    assert (a.array[0], b.array[0], c.array[0]) == pytest.approx((0.9, 1.0, 0.5))
     assert opt.param_groups[1]["lr"] == 0.5 and opt.param_groups[0]["lr"] == 0.1
 
 
@@ -115,9 +115,9 @@ def test_adam_two_hand_steps():
     p = make_param([1.0])
     opt = optim.Adam([p], lr=0.1)
     run(opt, [p], [[[0.5]]])
-    assert p.data[0] == pytest.approx(STEP1, abs=1e-12)
+    assert p.array[0] == pytest.approx(STEP1, abs=1e-12)
     run(opt, [p], [[[-1.0]]])
-    assert p.data[0] == pytest.approx(STEP1 - (0.1 / 0.19) * -0.055 / DENOM2, abs=1e-12)
+    assert p.array[0] == pytest.approx(STEP1 - (0.1 / 0.19) * -0.055 / DENOM2, abs=1e-12)
     s = opt.state[0]
     assert s["step"] == 2
     assert s["exp_avg"][0] == pytest.approx(-0.055, abs=1e-15)
@@ -129,7 +129,7 @@ def test_adam_l2_weight_decay_is_added_to_the_grad():
     p = make_param([1.0])
     opt = optim.Adam([p], lr=0.1, weight_decay=0.1)
     run(opt, [p], [[[0.5]]])
-    assert p.data[0] == pytest.approx(1.0 - 0.1 * 0.6 / (0.6 + 1e-8), abs=1e-12)
+    assert p.array[0] == pytest.approx(1.0 - 0.1 * 0.6 / (0.6 + 1e-8), abs=1e-12)
     assert opt.state[0]["exp_avg"][0] == pytest.approx(0.06, abs=1e-15)
 
 
@@ -140,9 +140,9 @@ def test_adamw_decoupled_decay_before_the_update():
     opt = optim.AdamW([p], lr=0.1, weight_decay=0.1)
     run(opt, [p], [[[0.5]]])
     p1 = 0.99 - 0.1 * 0.5 / (0.5 + 1e-8)
-    assert p.data[0] == pytest.approx(p1, abs=1e-12)
+    assert p.array[0] == pytest.approx(p1, abs=1e-12)
     run(opt, [p], [[[-1.0]]])
-    assert p.data[0] == pytest.approx(p1 * 0.99 - (0.1 / 0.19) * -0.055 / DENOM2, abs=1e-12)
+    assert p.array[0] == pytest.approx(p1 * 0.99 - (0.1 / 0.19) * -0.055 / DENOM2, abs=1e-12)
     assert optim.AdamW([make_param([0.0])]).param_groups[0]["weight_decay"] == 1e-2
 
 
@@ -183,13 +183,13 @@ def test_state_dict_round_trip_continues_identically(make):
                     for k, s in sd["state"].items()},
           "param_groups": [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
                            for g in sd["param_groups"]]}
-    pb = [make_param(p.data.copy()) for p in pa]
+    pb = [make_param(p.array.copy()) for p in pa]
     opt_b = make(pb)
     opt_b.load_state_dict(sd)
     run(opt_a, pa, grads[3:])
     run(opt_b, pb, grads[3:])
     for a, b in zip(pa, pb):
-        np.testing.assert_array_equal(a.data, b.data)
+        np.testing.assert_array_equal(a.array, b.array)
     loaded = [p for g in opt_b.param_groups for p in g["params"]]
     assert all(x is y for x, y in zip(loaded, pb))  # loading keeps this optimizer's parameters
 
@@ -309,7 +309,7 @@ def test_steady_state_steps_allocate_no_arrays(make):
     import tracemalloc
     ps = [make_param(np.zeros((100, 100))) for _ in range(3)]  # 80 KB per array
     for p in ps:
-        p.grad = np.ones_like(p.data)
+        p.grad = np.ones_like(p.array)
     opt = make(ps)
     opt.step()  # allocates state and work buffers once (dampening's buffer on step 2)
     opt.step()

@@ -54,7 +54,7 @@ def run_library(name, kwargs, init, grads):
         for p, g in zip(params, step_grads):
             p.grad = g.copy()
         opt.step()
-    return [np.asarray(p.data) for p in params], opt.state_dict()["state"]
+    return [np.asarray(p.array) for p in params], opt.state_dict()["state"]
 
 
 def run_reference(name, kwargs, init, grads):

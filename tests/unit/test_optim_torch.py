@@ -43,7 +43,7 @@ def test_matches_torch_after_several_steps(name, kwargs):
         opt.step()
         topt.step()
     for p, t in zip(ours, theirs):
-        np.testing.assert_allclose(p.data, t.detach().numpy(), rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(p.array, t.detach().numpy(), rtol=1e-6, atol=1e-9)
     ours_state, theirs_state = opt.state_dict()["state"], topt.state_dict()["state"]
     assert sorted(ours_state) == sorted(theirs_state)
     for i in ours_state:
@@ -63,7 +63,7 @@ def test_state_dict_round_trip_continues_identically(name, kwargs):
         for p, g in zip(a, step_grads):
             p.grad = g.copy()
         opt_a.step()
-    b = [nn.Parameter(p.data.copy()) for p in a]
+    b = [nn.Parameter(p.array.copy()) for p in a]
     opt_b = getattr(optim, name)(b, **kwargs)
     opt_b.load_state_dict(opt_a.state_dict())
     for step_grads in grads[2:]:
@@ -72,7 +72,7 @@ def test_state_dict_round_trip_continues_identically(name, kwargs):
         opt_a.step()
         opt_b.step()
     for pa, pb in zip(a, b):
-        np.testing.assert_array_equal(pa.data, pb.data)
+        np.testing.assert_array_equal(pa.array, pb.array)
 
 
 class SignSGD(optim.Optimizer):
@@ -90,19 +90,19 @@ class SignSGD(optim.Optimizer):
                 state = self.state[p]
                 if len(state) == 0:
                     state["step"] = 0
-                    state["momentum_buffer"] = np.zeros_like(p.data)
+                    state["momentum_buffer"] = np.zeros_like(p.array)
                 state["step"] += 1
                 buf = state["momentum_buffer"]
                 buf *= group["momentum"]
-                buf += p.grad
-                p.data -= group["lr"] * np.sign(buf)
+                buf += p.grad.array
+                p.array -= group["lr"] * np.sign(buf)
         return loss
 
 
 def test_a_torch_style_optimizer_needs_only_public_names():
     model = nn.Linear(3, 2)
     opt = SignSGD(model.parameters(), lr=0.5)
-    before = model.weight.data.copy()
+    before = model.weight.array.copy()
 
     def closure():
         opt.zero_grad()
@@ -112,7 +112,7 @@ def test_a_torch_style_optimizer_needs_only_public_names():
 
     loss = opt.step(closure)
     assert float(loss) != 0.0
-    np.testing.assert_allclose(model.weight.data, before - 0.5)      # sign of +grad
+    np.testing.assert_allclose(model.weight.array, before - 0.5)      # sign of +grad
     state = opt.state_dict()
     assert state["state"][0]["step"] == 1 and opt.state[model.weight] is opt.state[0]
     other = SignSGD(nn.Linear(3, 2).parameters(), lr=0.5)

@@ -81,8 +81,8 @@ def test_whole_module_pickles_and_loads_only_with_weights_only_false(tmp_path):
     assert type(loaded) is nn.Sequential and isinstance(loaded[1], nn.LSTM)
     for (n, a), (m, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert n == m
-        np.testing.assert_array_equal(a.data if hasattr(a, "data") else a,
-                                      b.data if hasattr(b, "data") else b)
+        np.testing.assert_array_equal(a.array if hasattr(a, "array") else a,
+                                      b.array if hasattr(b, "array") else b)
     np.testing.assert_array_equal(loaded[0].weight.grad, model[0].weight.grad)
     assert isinstance(loaded[0].weight, nn.Parameter) and loaded[0].weight.requires_grad
     bundle = minidist.load(_save(tmp_path / "b.pt", {"model": model, "epoch": 3}),

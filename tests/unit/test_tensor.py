@@ -19,9 +19,9 @@ def gradcheck(fn, *arrays, eps=1e-6, rtol=1e-5, atol=1e-6):
     (out * weights).sum().backward()
 
     def scalar(values):
-        return float((fn(*[Tensor(v) for v in values]).data * weights).sum())
+        return float((fn(*[Tensor(v) for v in values]).array * weights).sum())
 
-    values = [t.data.copy() for t in inputs]
+    values = [t.array.copy() for t in inputs]
     for k, t in enumerate(inputs):
         numeric = np.zeros_like(values[k])
         for i in np.ndindex(values[k].shape):
@@ -57,7 +57,7 @@ def test_binary_ops_broadcast(op, sa, sb):
            "mul": lambda a, b: a * b, "div": lambda a, b: a / b}
     a, b = r(*sa), pos(*sb)
     out = fns[op](Tensor(a), Tensor(b))
-    np.testing.assert_allclose(out.data, fns[op](a, b))
+    np.testing.assert_allclose(out.array, fns[op](a, b))
     gradcheck(fns[op], a, b)
 
 
@@ -80,21 +80,21 @@ def test_tensor_exponent():
 def test_values_match_numpy():
     x = r(3, 4)
     t = Tensor(x)
-    np.testing.assert_allclose(t.exp().data, np.exp(x))
-    np.testing.assert_allclose(t.sigmoid().data, 1 / (1 + np.exp(-x)), rtol=1e-12)
-    np.testing.assert_allclose(t.relu().data, np.maximum(x, 0))
-    np.testing.assert_allclose(Tensor(np.array([-1000.0, 1000.0])).sigmoid().data, [0.0, 1.0])
+    np.testing.assert_allclose(t.exp().array, np.exp(x))
+    np.testing.assert_allclose(t.sigmoid().array, 1 / (1 + np.exp(-x)), rtol=1e-12)
+    np.testing.assert_allclose(t.relu().array, np.maximum(x, 0))
+    np.testing.assert_allclose(Tensor(np.array([-1000.0, 1000.0])).sigmoid().array, [0.0, 1.0])
 
 
 def test_gelu_matches_exact_erf():
     x = np.linspace(-6, 6, 1001)
     exact = np.array([v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x])
-    np.testing.assert_allclose(Tensor(x).gelu().data, exact, rtol=2.5e-7, atol=1e-300)
+    np.testing.assert_allclose(Tensor(x).gelu().array, exact, rtol=2.5e-7, atol=1e-300)
     np.testing.assert_allclose(erf(x), [math.erf(v) for v in x], atol=1.2e-7)
     x32 = x.astype(np.float32)
     assert Tensor(x32).gelu().dtype == np.float32
     tanh_form = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-    np.testing.assert_allclose(Tensor(x).gelu("tanh").data, tanh_form)
+    np.testing.assert_allclose(Tensor(x).gelu("tanh").array, tanh_form)
 
 
 # ---- reductions and shapes ----------------------------------------------------------------
@@ -103,8 +103,8 @@ def test_gelu_matches_exact_erf():
                                            (-1, True), ((0, 1, 2), True)])
 def test_sum_mean(axis, keepdims):
     x = r(2, 3, 4)
-    np.testing.assert_allclose(Tensor(x).sum(axis, keepdims).data, x.sum(axis, keepdims=keepdims))
-    np.testing.assert_allclose(Tensor(x).mean(axis, keepdims).data,
+    np.testing.assert_allclose(Tensor(x).sum(axis, keepdims).array, x.sum(axis, keepdims=keepdims))
+    np.testing.assert_allclose(Tensor(x).mean(axis, keepdims).array,
                                x.mean(axis, keepdims=keepdims))
     gradcheck(lambda t: t.sum(axis, keepdims), x)
     gradcheck(lambda t: t.mean(axis, keepdims), x)
@@ -113,7 +113,7 @@ def test_sum_mean(axis, keepdims):
 @pytest.mark.parametrize("axis,keepdims", [(None, False), (0, False), (1, True), (-1, False)])
 def test_max_min(axis, keepdims):
     x = RNG.permutation(24).reshape(2, 3, 4).astype(np.float64)  # distinct: a clear winner
-    np.testing.assert_allclose(Tensor(x).max(axis=axis, keepdims=keepdims).data,
+    np.testing.assert_allclose(Tensor(x).max(axis=axis, keepdims=keepdims).array,
                                x.max(axis, keepdims=keepdims))
     gradcheck(lambda t: t.max(axis=axis, keepdims=keepdims), x)
     gradcheck(lambda t: t.min(axis=axis, keepdims=keepdims), x)
@@ -144,7 +144,7 @@ def test_shape_ops():
 def test_getitem(index):
     x = r(2, 3, 4)
     index = index if len(index) > 1 else index[0]
-    np.testing.assert_allclose(Tensor(x)[index].data, x[index])
+    np.testing.assert_allclose(Tensor(x)[index].array, x[index])
     gradcheck(lambda t: t[index], x)
 
 
@@ -158,7 +158,7 @@ def test_getitem_boolean_mask_and_tensor_index():
 
 def test_cat_and_stack():
     a, b, c = r(2, 3), r(4, 3), r(2, 3)
-    np.testing.assert_allclose(cat([Tensor(a), Tensor(b)]).data, np.concatenate([a, b]))
+    np.testing.assert_allclose(cat([Tensor(a), Tensor(b)]).array, np.concatenate([a, b]))
     gradcheck(lambda x, y: cat([x, y], axis=0), a, b)
     gradcheck(lambda x, y: cat([x, y], axis=1), a, c)
     gradcheck(lambda x, y: stack([x, y], axis=1), a, c)
@@ -171,7 +171,7 @@ def test_cat_and_stack():
                                    ((2, 1, 3, 4), (5, 4, 2))])
 def test_matmul(sa, sb):
     a, b = r(*sa), r(*sb)
-    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).data, a @ b, rtol=1e-12)
+    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).array, a @ b, rtol=1e-12)
     gradcheck(lambda x, y: x @ y, a, b)
 
 
@@ -183,7 +183,7 @@ def test_matmul_with_array_operands():
 
 def test_linear():
     x, w, b = r(5, 4), r(3, 4), r(3)
-    np.testing.assert_allclose(linear(Tensor(x), Tensor(w), Tensor(b)).data, x @ w.T + b)
+    np.testing.assert_allclose(linear(Tensor(x), Tensor(w), Tensor(b)).array, x @ w.T + b)
     gradcheck(lambda x_, w_, b_: linear(x_, w_, b_), x, w, b)
     gradcheck(lambda x_, w_: linear(x_, w_), r(2, 5, 4), w)
 
@@ -193,13 +193,13 @@ def test_linear():
 def test_softmax_log_softmax():
     x = r(3, 5)
     e = np.exp(x - x.max(1, keepdims=True))
-    np.testing.assert_allclose(softmax(Tensor(x)).data, e / e.sum(1, keepdims=True))
-    np.testing.assert_allclose(log_softmax(Tensor(x)).data, np.log(e / e.sum(1, keepdims=True)))
+    np.testing.assert_allclose(softmax(Tensor(x)).array, e / e.sum(1, keepdims=True))
+    np.testing.assert_allclose(log_softmax(Tensor(x)).array, np.log(e / e.sum(1, keepdims=True)))
     gradcheck(lambda t: softmax(t, axis=0), x)
     gradcheck(lambda t: log_softmax(t), x)
     gradcheck(lambda t: t.log_softmax(axis=0), x)
     big = Tensor(np.array([[1000.0, 0.0, -1000.0]], dtype=np.float32))
-    assert np.isfinite(log_softmax(big).data).all() and np.isfinite(softmax(big).data).all()
+    assert np.isfinite(log_softmax(big).array).all() and np.isfinite(softmax(big).array).all()
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -208,7 +208,7 @@ def test_cross_entropy(reduction):
     logp = x - np.log(np.exp(x).sum(1, keepdims=True))
     per = -logp[np.arange(6), t]
     want = {"mean": per.mean(), "sum": per.sum(), "none": per}[reduction]
-    np.testing.assert_allclose(cross_entropy(Tensor(x), t, reduction=reduction).data, want, rtol=1e-12)
+    np.testing.assert_allclose(cross_entropy(Tensor(x), t, reduction=reduction).array, want, rtol=1e-12)
     gradcheck(lambda z: cross_entropy(z, t, reduction=reduction), x)
 
 
@@ -217,12 +217,12 @@ def test_cross_entropy_is_stable_and_keeps_dtype():
     loss = cross_entropy(x, [0, 1])
     assert loss.dtype == np.float32 and np.isfinite(loss.item())
     loss.backward()
-    assert x.grad.dtype == np.float32 and np.isfinite(x.grad).all()
+    assert x.grad.dtype == np.float32 and np.isfinite(x.grad.array).all()
 
 
 def test_mse_loss():
     a, b = r(3, 2), r(3, 2)
-    np.testing.assert_allclose(mse_loss(Tensor(a), Tensor(b)).data, ((a - b) ** 2).mean())
+    np.testing.assert_allclose(mse_loss(Tensor(a), Tensor(b)).array, ((a - b) ** 2).mean())
     gradcheck(lambda x, y: mse_loss(x, y), a, b)
     gradcheck(lambda x: mse_loss(x, b, "sum"), a)
 
@@ -231,7 +231,7 @@ def test_layer_norm():
     x, w, b = r(4, 5), r(5), r(5)
     mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
     want = (x - mu) / np.sqrt(var + 1e-5) * w + b
-    np.testing.assert_allclose(layer_norm(Tensor(x), (5,), Tensor(w), Tensor(b)).data, want,
+    np.testing.assert_allclose(layer_norm(Tensor(x), (5,), Tensor(w), Tensor(b)).array, want,
                                rtol=1e-10)
     gradcheck(lambda x_, w_, b_: layer_norm(x_, (5,), w_, b_), x, w, b, rtol=1e-4)
 
@@ -239,11 +239,11 @@ def test_layer_norm():
 def test_dropout():
     x = Tensor(np.ones((200, 50)), requires_grad=True)
     out = dropout(x, 0.3, training=True, generator=np.random.default_rng(0))
-    kept = out.data != 0
+    kept = out.array != 0
     assert 0.65 < kept.mean() < 0.75
-    np.testing.assert_allclose(out.data[kept], 1 / 0.7)
+    np.testing.assert_allclose(out.array[kept], 1 / 0.7)
     out.sum().backward()
-    np.testing.assert_allclose(x.grad, out.data)  # gradient = mask / (1 - p)
+    np.testing.assert_allclose(x.grad, out.array)  # gradient = mask / (1 - p)
     assert dropout(x, 0.3, training=False) is x
 
 
@@ -268,7 +268,7 @@ def direct_conv(x, w, b, stride, pad):
 def test_conv2d(stride, pad):
     x, w, b = r(2, 3, 5, 6), r(4, 3, 3, 2), r(4)
     out = conv2d(Tensor(x), Tensor(w), Tensor(b), stride, pad)
-    np.testing.assert_allclose(out.data, direct_conv(x, w, b, stride, pad), rtol=1e-10)
+    np.testing.assert_allclose(out.array, direct_conv(x, w, b, stride, pad), rtol=1e-10)
     gradcheck(lambda x_, w_, b_: conv2d(x_, w_, b_, stride, pad), x, w, b)
 
 
@@ -279,7 +279,7 @@ def test_max_pool2d(k, s):
     ho, wo = (7 - k) // st + 1, (6 - k) // st + 1
     want = np.array([[[[x[n, c, i * st:i * st + k, j * st:j * st + k].max() for j in range(wo)]
                        for i in range(ho)] for c in range(3)] for n in range(2)])
-    np.testing.assert_array_equal(max_pool2d(Tensor(x), k, s).data, want)
+    np.testing.assert_array_equal(max_pool2d(Tensor(x), k, s).array, want)
     gradcheck(lambda t: max_pool2d(t, k, s), x)
 
 
@@ -291,7 +291,7 @@ def test_default_dtypes():
     assert Tensor([1, 2]).dtype == np.int64
     assert Tensor(np.zeros(2)).dtype == np.float64  # explicit arrays keep their dtype
     a = np.zeros(3, dtype=np.float32)
-    assert Tensor(a).data is a  # no copy
+    assert Tensor(a).array is a  # no copy
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])

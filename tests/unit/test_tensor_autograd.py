@@ -39,7 +39,7 @@ def test_backward_accumulates_into_a_view_of_a_flat_buffer():
     x = Tensor(np.ones((4, 2), dtype=np.float32))
     for _ in range(2):
         (x @ w).sum().backward()
-    assert w.grad is view and np.shares_memory(w.grad, flat)
+    assert w.grad.array is view and np.shares_memory(w.grad.array, flat)
     np.testing.assert_allclose(flat[:6].reshape(2, 3), 2 * 4 * np.ones((2, 3)))
     np.testing.assert_array_equal(flat[6:], 0)
 
@@ -59,7 +59,7 @@ def test_grad_of_another_dtype_is_cast_into_the_buffer():
     buf = np.zeros(4, dtype=np.float32)
     w.grad = buf
     (w * 0.5).sum().backward()
-    assert w.grad is buf and buf.dtype == np.float32
+    assert w.grad.array is buf and buf.dtype == np.float32
     np.testing.assert_allclose(buf, 0.5)
 
 
@@ -96,20 +96,20 @@ def test_hooks_fire_once_per_leaf_last_layer_first():
 def test_hook_sees_the_complete_grad_of_a_param_used_twice():
     w = Tensor(np.array([1.0, 2.0]), requires_grad=True)
     seen = []
-    w.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.copy()))
+    w.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.array.copy()))
     x = Tensor(np.array([3.0, 4.0]), requires_grad=True)
     # w feeds two different ops, far apart in the graph: the hook fires once, after both
     loss = ((w * x).sum() * 2.0).exp() * 0.0 + (w * x).sum() * 2.0 + (w * w).sum()
     loss.backward()
     assert len(seen) == 1
-    np.testing.assert_allclose(seen[0], 2 * x.data + 2 * w.data)
+    np.testing.assert_allclose(seen[0], 2 * x.array + 2 * w.array)
     np.testing.assert_allclose(seen[0], w.grad)
 
 
 def test_hook_fires_for_x_times_x_once():
     w = Tensor(np.array([3.0]), requires_grad=True)
     calls = []
-    w.register_post_accumulate_grad_hook(lambda t: calls.append(t.grad.copy()))
+    w.register_post_accumulate_grad_hook(lambda t: calls.append(t.grad.array.copy()))
     (w * w).sum().backward()
     assert len(calls) == 1 and calls[0][0] == 6.0
 
@@ -313,7 +313,7 @@ def test_detach_shares_data_and_leaves_the_tape():
     d = (w * 2.0).detach()
     assert not d.requires_grad and d.is_leaf
     e = w.detach()
-    assert e.data is w.data
+    assert e.array is w.array
 
 
 def test_leaves_never_share_gradient_memory():
@@ -356,6 +356,6 @@ def test_a_fresh_gradient_is_adopted_without_a_copy():
     loss.backward()
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    weight_bytes = layer.weight.data.nbytes
+    weight_bytes = layer.weight.array.nbytes
     assert peak < 1.5 * weight_bytes, f"backward peaked at {peak} bytes for a {weight_bytes}-byte grad"
     np.testing.assert_allclose(layer.weight.grad, np.full((1024, 1024), 2.0))

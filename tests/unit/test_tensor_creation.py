@@ -26,8 +26,8 @@ def test_tensor_copies_and_from_numpy_shares():
     a = np.zeros(3)
     t, f = minidist.tensor(a), minidist.from_numpy(a)
     a[0] = 7.0
-    assert t.data[0] == 0.0 and f.data[0] == 7.0
-    assert f.dtype == np.float64 and minidist.as_tensor(a).data is a
+    assert t.array[0] == 0.0 and f.array[0] == 7.0
+    assert f.dtype == np.float64 and minidist.as_tensor(a).array is a
     with pytest.raises(TypeError, match="numpy.ndarray"):
         minidist.from_numpy([1.0])
 
@@ -43,19 +43,19 @@ def test_float64_stays_float64_where_asked_and_gradients_flow():
 def test_like_factories_and_values():
     base = minidist.tensor(np.ones((2, 3), np.float64))
     assert minidist.zeros_like(base).dtype == np.float64
-    np.testing.assert_array_equal(minidist.ones_like(base).data, np.ones((2, 3)))
-    np.testing.assert_array_equal(minidist.full_like(base, 4).data, np.full((2, 3), 4.0))
+    np.testing.assert_array_equal(minidist.ones_like(base).array, np.ones((2, 3)))
+    np.testing.assert_array_equal(minidist.full_like(base, 4).array, np.full((2, 3), 4.0))
     assert minidist.randn_like(base).shape == (2, 3) and minidist.empty_like(base).shape == (2, 3)
-    np.testing.assert_array_equal(minidist.arange(1, 7, 2).data, [1, 3, 5])
-    r = minidist.rand(1000).data
+    np.testing.assert_array_equal(minidist.arange(1, 7, 2).array, [1, 3, 5])
+    r = minidist.rand(1000).array
     assert 0 <= r.min() and r.max() < 1
 
 
 def test_random_factories_follow_manual_seed():
     minidist.manual_seed(3)
-    a = minidist.randn(4).data
+    a = minidist.randn(4).array
     minidist.manual_seed(3)
-    np.testing.assert_array_equal(minidist.randn(4).data, a)
+    np.testing.assert_array_equal(minidist.randn(4).array, a)
 
 
 def test_bad_size_is_refused():

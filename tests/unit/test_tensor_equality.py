@@ -13,9 +13,9 @@ from minidist.tensor import WeakIdKeyDictionary
 
 def test_eq_is_elementwise_and_hash_is_identity():
     a, b = Tensor([1.0, 2.0, 3.0]), Tensor([1.0, 0.0, 3.0])
-    np.testing.assert_array_equal((a == b).data, [True, False, True])
-    np.testing.assert_array_equal((a != b).data, [False, True, False])
-    np.testing.assert_array_equal((a == 2.0).data, [False, True, False])
+    np.testing.assert_array_equal((a == b).array, [True, False, True])
+    np.testing.assert_array_equal((a != b).array, [False, True, False])
+    np.testing.assert_array_equal((a == 2.0).array, [False, True, False])
     assert len({a, b, a}) == 2 and {a: 1}[a] == 1
     with pytest.raises(RuntimeError, match="ambiguous"):
         bool(a == b)

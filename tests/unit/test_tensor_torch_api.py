@@ -17,9 +17,9 @@ def x3():
 def test_dim_and_keepdim_match_axis_and_keepdims():
     x = x3()
     t = Tensor(x)
-    np.testing.assert_array_equal(t.sum(dim=1, keepdim=True).data, x.sum(1, keepdims=True))
-    np.testing.assert_array_equal(t.mean(dim=(0, 2)).data, x.mean((0, 2)))
-    np.testing.assert_array_equal(t.sum(1).data, x.sum(1))
+    np.testing.assert_array_equal(t.sum(dim=1, keepdim=True).array, x.sum(1, keepdims=True))
+    np.testing.assert_array_equal(t.mean(dim=(0, 2)).array, x.mean((0, 2)))
+    np.testing.assert_array_equal(t.sum(1).array, x.sum(1))
     with pytest.raises(TypeError, match="both axis"):
         t.sum(axis=0, dim=1)
 
@@ -28,19 +28,19 @@ def test_max_dim_returns_values_and_indices_and_numpy_spelling_returns_values():
     x = x3()
     t = Tensor(x, requires_grad=True)
     values, indices = t.max(1)
-    np.testing.assert_array_equal(values.data, x.max(1))
-    np.testing.assert_array_equal(indices.data, x.argmax(1))
+    np.testing.assert_array_equal(values.array, x.max(1))
+    np.testing.assert_array_equal(indices.array, x.argmax(1))
     assert indices.dtype == np.int64 and t.max(1)[1] is not None
     v, i = t.min(dim=-1, keepdim=True)
-    np.testing.assert_array_equal(v.data, x.min(-1, keepdims=True))
-    np.testing.assert_array_equal(i.data, x.argmin(-1)[..., None])
-    np.testing.assert_array_equal(t.max(axis=1).data, x.max(1))   # NumPy's spelling: values
-    assert t.max().data == x.max()
+    np.testing.assert_array_equal(v.array, x.min(-1, keepdims=True))
+    np.testing.assert_array_equal(i.array, x.argmin(-1)[..., None])
+    np.testing.assert_array_equal(t.max(axis=1).array, x.max(1))   # NumPy's spelling: values
+    assert t.max().array == x.max()
     values.sum().backward()
     want = np.zeros_like(x)
     np.put_along_axis(want, x.argmax(1)[:, None, :], 1.0, axis=1)
     np.testing.assert_array_equal(t.grad, want)
-    np.testing.assert_array_equal(t.argmax(dim=2, keepdim=True).data, x.argmax(2)[..., None])
+    np.testing.assert_array_equal(t.argmax(dim=2, keepdim=True).array, x.argmax(2)[..., None])
 
 
 def test_size_view_unsqueeze_squeeze_flatten():
@@ -59,35 +59,35 @@ def test_size_view_unsqueeze_squeeze_flatten():
 
 def test_comparisons_clone_and_in_place_fills():
     a = Tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
-    assert a.eq(np.array([1.0, 0.0, 3.0])).data.tolist() == [True, False, True]
-    assert a.eq(Tensor(np.array([1.0, 2.0, 0.0]))).data.sum() == 2
-    assert (a > 1.5).data.tolist() == [False, True, True]
+    assert a.eq(np.array([1.0, 0.0, 3.0])).array.tolist() == [True, False, True]
+    assert a.eq(Tensor(np.array([1.0, 2.0, 0.0]))).array.sum() == 2
+    assert (a > 1.5).array.tolist() == [False, True, True]
     assert bool(Tensor(np.array([2.0])) > 1) is True
     with pytest.raises(RuntimeError, match="ambiguous"):
         bool(a > 0)
     c = a.clone()
     c.sum().backward()
     np.testing.assert_array_equal(a.grad, np.ones(3))
-    assert not np.shares_memory(c.data, a.data)
+    assert not np.shares_memory(c.array, a.array)
     b = Tensor(np.zeros((50, 40), np.float32))
-    assert b.fill_(2.5).data.min() == 2.5 and b.zero_().data.max() == 0
+    assert b.fill_(2.5).array.min() == 2.5 and b.zero_().array.max() == 0
     minidist.manual_seed(0)
     b.normal_(1.0, 0.5)
-    assert b.dtype == np.float32 and abs(b.data.mean() - 1.0) < 0.05 and abs(b.data.std() - 0.5) < 0.05
+    assert b.dtype == np.float32 and abs(b.array.mean() - 1.0) < 0.05 and abs(b.array.std() - 0.5) < 0.05
     b.uniform_(-1, 1)
-    assert -1 <= b.data.min() and b.data.max() < 1
+    assert -1 <= b.array.min() and b.array.max() < 1
     b.copy_(np.ones(40))
-    assert b.data.sum() == 2000
+    assert b.array.sum() == 2000
     lin = nn.Linear(3, 2)
     nn.init.normal_(lin.weight, 0.0, 0.02)
     nn.init.constant_(lin.bias, 0.1)
-    np.testing.assert_allclose(lin.bias.data, 0.1)
+    np.testing.assert_allclose(lin.bias.array, 0.1)
 
 
 def test_integer_and_bool_casts():
     t = Tensor(np.array([0.0, 1.7, -2.2]))
-    assert t.long().dtype == np.int64 and t.long().data.tolist() == [0, 1, -2]
-    assert t.int().dtype == np.int32 and t.bool().data.tolist() == [False, True, True]
+    assert t.long().dtype == np.int64 and t.long().array.tolist() == [0, 1, -2]
+    assert t.int().dtype == np.int32 and t.bool().array.tolist() == [False, True, True]
 
 
 def test_set_grad_enabled_is_a_call_and_a_context_manager():
@@ -117,14 +117,14 @@ def test_against_torch():
         for keepdim in (False, True):
             rv, ri = tt.max(dim, keepdim)
             mv, mi = mt.max(dim, keepdim)
-            np.testing.assert_array_equal(rv.numpy(), mv.data)
-            np.testing.assert_array_equal(ri.numpy(), mi.data)
+            np.testing.assert_array_equal(rv.numpy(), mv.array)
+            np.testing.assert_array_equal(ri.numpy(), mi.array)
             np.testing.assert_array_equal(tt.min(dim=dim, keepdim=keepdim).indices.numpy(),
-                                          mt.min(dim=dim, keepdim=keepdim).indices.data)
+                                          mt.min(dim=dim, keepdim=keepdim).indices.array)
             np.testing.assert_array_equal(tt.argmax(dim, keepdim).numpy(),
-                                          mt.argmax(dim, keepdim).data)
+                                          mt.argmax(dim, keepdim).array)
             np.testing.assert_allclose(tt.sum(dim=dim, keepdim=keepdim).numpy(),
-                                       mt.sum(dim=dim, keepdim=keepdim).data)
+                                       mt.sum(dim=dim, keepdim=keepdim).array)
     assert tuple(tt.size()) == mt.size() and tt.size(1) == mt.size(1)
     for dim in (0, -1, 2, -4):
         assert tuple(tt.unsqueeze(dim).shape) == mt.unsqueeze(dim).shape

@@ -26,25 +26,25 @@ def torch_or_skip():
 def test_in_place_methods_update_the_same_array():
     a = arr(3, 4)
     t = Tensor(a.copy())
-    data = t.data
+    data = t.array
     t.mul_(2.0).add_(Tensor(np.ones((3, 4), np.float32)), alpha=0.5).sub_(1.0, alpha=2.0)
     t.div_(4.0).pow_(2).clamp_(min=0.01, max=0.5)
     want = np.clip(((a * 2 + 0.5 - 2.0) / 4.0) ** 2, 0.01, 0.5)
-    np.testing.assert_allclose(t.data, want, rtol=1e-6)
-    assert t.data is data                                      # no new array: in place
+    np.testing.assert_allclose(t.array, want, rtol=1e-6)
+    assert t.array is data                                      # no new array: in place
     u, v = Tensor(arr(3, 4)), Tensor(np.abs(arr(3, 4)) + 1)
     base = Tensor(a.copy())
     base.addcmul_(u, v, value=0.5).addcdiv_(u, v, value=-2.0)
-    np.testing.assert_allclose(base.data, a + 0.5 * u.data * v.data - 2.0 * u.data / v.data,
+    np.testing.assert_allclose(base.array, a + 0.5 * u.array * v.array - 2.0 * u.array / v.array,
                                rtol=1e-5)
     assert base.dtype == minidist.float32
 
 
 def test_out_of_place_alpha_forms():
     a, b = Tensor(arr(2, 3), requires_grad=True), Tensor(arr(2, 3))
-    np.testing.assert_allclose(a.add(b, alpha=3.0).data, a.data + 3.0 * b.data, rtol=1e-6)
-    np.testing.assert_allclose(a.sub(b, alpha=2).data, a.data - 2 * b.data, rtol=1e-6)
-    np.testing.assert_allclose(a.mul(b).data, a.data * b.data)
+    np.testing.assert_allclose(a.add(b, alpha=3.0).array, a.array + 3.0 * b.array, rtol=1e-6)
+    np.testing.assert_allclose(a.sub(b, alpha=2).array, a.array - 2 * b.array, rtol=1e-6)
+    np.testing.assert_allclose(a.mul(b).array, a.array * b.array)
     a.add(b, alpha=3.0).sum().backward()
     np.testing.assert_array_equal(a.grad, np.ones((2, 3), np.float32))
 
@@ -117,7 +117,7 @@ def test_in_place_methods_and_barlow_loss_against_torch():
 
 def test_log_and_trace_are_the_functions_and_the_modules_moved():
     x = Tensor(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), requires_grad=True)
-    np.testing.assert_allclose(minidist.log(x).data, np.log(x.data))
+    np.testing.assert_allclose(minidist.log(x).array, np.log(x.array))
     minidist.trace(x).backward()
     np.testing.assert_array_equal(x.grad, np.eye(2))
     from minidist.log import get_logger                        # the old paths still import
@@ -130,17 +130,17 @@ def test_log_and_trace_are_the_functions_and_the_modules_moved():
 def test_functions_match_numpy():
     x = arr(3, 4)
     t = Tensor(x, requires_grad=True)
-    np.testing.assert_allclose(minidist.sin(t).data, np.sin(x))
-    np.testing.assert_allclose(minidist.cos(t).data, np.cos(x))
-    np.testing.assert_allclose(minidist.exp(t).data, np.exp(x))
-    np.testing.assert_allclose(minidist.softmax(t, dim=1).data.sum(1), np.ones(3), rtol=1e-6)
+    np.testing.assert_allclose(minidist.sin(t).array, np.sin(x))
+    np.testing.assert_allclose(minidist.cos(t).array, np.cos(x))
+    np.testing.assert_allclose(minidist.exp(t).array, np.exp(x))
+    np.testing.assert_allclose(minidist.softmax(t, dim=1).array.sum(1), np.ones(3), rtol=1e-6)
     np.testing.assert_allclose(minidist.norm(t).item(), np.linalg.norm(x), rtol=1e-6)
-    np.testing.assert_allclose(minidist.norm(t, dim=1).data, np.linalg.norm(x, axis=1),
+    np.testing.assert_allclose(minidist.norm(t, dim=1).array, np.linalg.norm(x, axis=1),
                                rtol=1e-6)
     np.testing.assert_allclose(minidist.norm(t, p=1).item(), np.abs(x).sum(), rtol=1e-6)
     w = minidist.where(t > 0, t, 0.0)
     assert w.dtype == minidist.float32
-    np.testing.assert_array_equal(w.data, np.where(x > 0, x, 0))
+    np.testing.assert_array_equal(w.array, np.where(x > 0, x, 0))
     (w.sum() + minidist.norm(t)).backward()
     np.testing.assert_allclose(t.grad, (x > 0) + x / np.linalg.norm(x), rtol=1e-5)
     rows, cols = minidist.where(Tensor(x > 1))
@@ -182,7 +182,7 @@ def test_functions_against_torch():
 def test_diagonal_is_a_writable_view():
     x = Tensor(np.arange(9.0, dtype=np.float32).reshape(3, 3))
     minidist.diagonal(x).fill_(0)
-    assert np.trace(x.data) == 0 and x.data[0, 1] == 1
+    assert np.trace(x.array) == 0 and x.array[0, 1] == 1
 
 
 # ---- tensor methods --------------------------------------------------------------------------
@@ -192,8 +192,8 @@ def test_new_factories_take_this_dtype_and_device():
     x = Tensor(np.ones((2, 3), np.float64))
     z = x.new_zeros((4, 5))
     assert z.shape == (4, 5) and z.dtype == minidist.float64 and z.device == x.device
-    assert x.new_ones(2).data.tolist() == [1.0, 1.0]
-    assert x.new_full((2,), 7).data.tolist() == [7.0, 7.0]
+    assert x.new_ones(2).array.tolist() == [1.0, 1.0]
+    assert x.new_full((2,), 7).array.tolist() == [7.0, 7.0]
     assert x.new_empty(3, dtype=minidist.int64).dtype == minidist.int64
     assert x.new_zeros(2, requires_grad=True).requires_grad
 
@@ -201,7 +201,7 @@ def test_new_factories_take_this_dtype_and_device():
 def test_t_narrow_expand_as_type():
     x = Tensor(arr(2, 3))
     assert x.t().shape == (3, 2) and Tensor(arr(3)).t().shape == (3,)
-    np.testing.assert_array_equal(x.narrow(1, 1, 2).data, x.data[:, 1:3])
+    np.testing.assert_array_equal(x.narrow(1, 1, 2).array, x.array[:, 1:3])
     assert Tensor(arr(1, 3)).expand_as(x).shape == (2, 3)
     assert x.type() == "minidist.FloatTensor"
     assert x.type(minidist.float64).dtype == minidist.float64
@@ -264,8 +264,8 @@ def test_bfloat16_tensors_and_cpu_autocast():
     assert y.dtype == minidist.bfloat16
     y.float().sum().backward()
     assert layer.weight.grad.dtype == np.float32
-    np.testing.assert_allclose(np.asarray(y.float()), (x.data @ layer.weight.data.T
-                                                       + layer.bias.data), rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(np.asarray(y.float()), (x.array @ layer.weight.array.T
+                                                       + layer.bias.array), rtol=2e-2, atol=2e-2)
     with pytest.raises(ValueError, match="bfloat16"):
         minidist.autocast("cuda", dtype=minidist.bfloat16)
     p = minidist.zeros(3, dtype=minidist.bfloat16, requires_grad=True)
@@ -284,12 +284,11 @@ def test_legacy_constructors_are_refused_with_the_modern_spelling():
 # ---- an optimizer written with p.grad and in-place methods (Barlow Twins' LARS) -------------
 
 
-def lars_step(lib, params, grads, state, lr=0.1, weight_decay=1e-4, momentum=0.9, eta=0.001):
-    """LARS as Barlow Twins writes it, on arrays handed in as grads (p.grad is an array in
-    minidist until the .grad-as-Tensor change; the arithmetic is the same)."""
+def lars_step(lib, params, state, lr=0.1, weight_decay=1e-4, momentum=0.9, eta=0.001):
+    """LARS as Barlow Twins writes it, over p.grad."""
     with lib.no_grad():
-        for p, g in zip(params, grads):
-            dp = lib.tensor(g) if lib is minidist else lib.from_numpy(g.copy())
+        for p in params:
+            dp = p.grad
             if p.ndim != 1:
                 dp = dp.add(p, alpha=weight_decay)
                 param_norm = lib.norm(p)
@@ -316,7 +315,84 @@ def test_lars_optimizer_matches_torch():
         b = lib.tensor(b0.copy(), requires_grad=True)
         state = {}
         for gw, gb in grads:
-            lars_step(lib, [w, b], [gw, gb], state)
+            w.grad, b.grad = lib.tensor(gw), lib.tensor(gb)
+            lars_step(lib, [w, b], state)
         out.append((np.asarray(w.detach()), np.asarray(b.detach())))
     np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(out[1][1], out[0][1], rtol=1e-5, atol=1e-7)
+
+
+# ---- .data and .grad are Tensors ------------------------------------------------------------
+
+
+def test_data_is_a_detached_tensor_sharing_the_array():
+    layer = nn.Linear(4, 3)
+    d = layer.weight.data
+    assert isinstance(d, Tensor) and not d.requires_grad and d.is_leaf
+    assert np.shares_memory(d.array, layer.weight.array)
+    minidist.manual_seed(0)
+    layer.weight.data.normal_(mean=0.0, std=0.02)           # minGPT's init
+    layer.bias.data.zero_()
+    assert abs(float(layer.weight.array.std()) - 0.02) < 0.02 and not layer.bias.array.any()
+    layer.bias.data.fill_(1.0)
+    assert layer.bias.array.tolist() == [1.0, 1.0, 1.0]
+    layer.weight.data = minidist.zeros(3, 4)               # p.data = t: p holds t's array
+    assert layer.weight.requires_grad and not layer.weight.array.any()
+    with pytest.raises(TypeError, match="assign a Tensor"):
+        layer.weight.data = [1.0, 2.0]
+
+
+def test_grad_is_a_tensor_over_the_gradient_array():
+    w = Tensor(np.ones((2, 3), np.float32), requires_grad=True)
+    (w * 3.0).sum().backward()
+    g = w.grad
+    assert isinstance(g, Tensor) and g is w.grad and not g.requires_grad
+    np.testing.assert_array_equal(g.array, np.full((2, 3), 3.0))
+    (w * 1.0).sum().backward()                               # accumulates in the same array
+    assert w.grad is g and g.array.tolist() == [[4.0] * 3] * 2
+    w.grad.data.zero_()                                       # torch's in-place zeroing
+    assert not w.grad.array.any()
+    w.grad = Tensor(np.full((2, 3), 2.0, np.float32))       # p.grad = t
+    assert w.grad.array.tolist() == [[2.0] * 3] * 2
+    w.grad = None
+    assert w.grad is None
+
+
+def test_confusing_a_tensor_with_an_array_says_what_to_do():
+    w = Tensor(np.ones(3, np.float32), requires_grad=True)
+    w.sum().backward()
+    with pytest.raises(AttributeError, match=r"\.data and \.grad are Tensors.*\.array"):
+        w.grad.copy()
+    with pytest.raises(TypeError, match=r"numpy.sign: got a Tensor.*t\.array"):
+        np.sign(w.grad)
+    assert np.sign(w.grad.array).tolist() == [1.0, 1.0, 1.0]
+    np.testing.assert_array_equal(np.ones(3) * w.grad, np.ones(3))   # ndarray <op> Tensor works
+
+
+def test_data_and_grad_types_match_torch():
+    torch = torch_or_skip()
+    for lib in (torch, minidist):
+        layer = lib.nn.Linear(3, 2)
+        layer(lib.ones(4, 3)).sum().backward()
+        assert isinstance(layer.weight.data, lib.Tensor)
+        assert isinstance(layer.weight.grad, lib.Tensor)
+        assert not layer.weight.data.requires_grad and layer.weight.grad is layer.weight.grad
+        before = np.array(layer.weight.detach().numpy())
+        grad = np.array(layer.weight.grad.numpy())
+        layer.weight.data.add_(layer.weight.grad, alpha=-0.5)   # word_language_model's step
+        np.testing.assert_allclose(layer.weight.detach().numpy(), before - 0.5 * grad, rtol=1e-6)
+
+
+def test_ddp_grads_are_tensors_over_the_bucket_views():
+    from minidist import DistributedDataParallel as DDP
+    minidist.init_process_group()
+    try:
+        model = DDP(nn.Linear(4, 2))
+        model(minidist.ones(3, 4)).sum().backward()
+        buffers = [b.buffer for b in model.buckets]
+        for p in model.parameters():
+            assert isinstance(p.grad, Tensor)
+            assert any(np.shares_memory(p.grad.array, buf) for buf in buffers)   # no copy
+        model.close()
+    finally:
+        minidist.destroy_process_group()

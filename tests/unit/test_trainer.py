@@ -107,11 +107,11 @@ def test_resume_refuses_when_no_checkpoint_loads(group, tmp_path):
         p.write_bytes(p.read_bytes()[:100])
     cfg.resume, cfg.epochs = True, 3
     t = make(cfg)
-    before = [x.data.copy() for x in t.model.parameters()]
+    before = [x.array.copy() for x in t.model.parameters()]
     with pytest.raises(CheckpointError, match=r"none of the 2 checkpoints in .* loads: "
                        r"checkpoint-000002.npz \(BadZipFile.*\); checkpoint-000001.npz"):
         t.fit(blobs())
-    assert all((a == x.data).all() for a, x in zip(before, t.model.parameters()))
+    assert all((a == x.array).all() for a, x in zip(before, t.model.parameters()))
     t.ddp.close()
 
 
@@ -125,7 +125,7 @@ class PoisonedLoss(nn.CrossEntropyLoss):
     def forward(self, logits, target):
         self.calls += 1
         if self.calls == self.at:
-            next(iter(self.model.parameters())).data[0, 0] = np.nan
+            next(iter(self.model.parameters())).array[0, 0] = np.nan
         return super().forward(logits, target)
 
 
