@@ -16,7 +16,7 @@ Hooks here:
 - ``allreduce_hook``: the textbook average (torch's default hook): divide by n, all-reduce
   the sum. ``DistributedDataParallel(model, comm_hook=allreduce_hook)``.
 - ``prescaled_allreduce_hook``: DDP's default, the same average with the division folded
-  into backward (a named fast path, see its docstring): it saved 4-7% of a step at n=2
+  into backward (a named fast path, see its docstring): it saved 4-11% of a step at n=2
   (``benchmarks/ddp_scaling.py --paired 100 --fold``; docs/how_ddp_works.md), so it stays on.
 - ``fp16_compress_hook``: divide by the world size, cast to float16, all-reduce the sum, cast
   back. Dividing first (as torch's ``fp16_compress_hook``) keeps the float16 sum from

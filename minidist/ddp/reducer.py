@@ -27,7 +27,7 @@ leaves it so (no memset). The comm hook turns the bucket into the average. The t
 ``hooks.allreduce_hook``, divides the bucket by n and all-reduces the sum; the default,
 ``hooks.prescaled_allreduce_hook``, is the named fast path that folds the division into
 backward's write (prescale.py: the destinations get scale 1/n) and only sums. It stays the
-default because it measured 4-7% of a step faster at n=2 (docs/how_ddp_works.md).
+default because it measured 4-11% of a step faster at n=2 (docs/how_ddp_works.md).
 
 Rules that keep every rank in step:
 - buckets are LAUNCHED IN INDEX ORDER on every rank; if bucket 2 is ready before bucket 1, it
