@@ -70,9 +70,10 @@ def prescaled_allreduce_hook(state: Any, bucket: Bucket) -> None:
     """DDP's default hook: the average, with the division by n folded into backward.
 
     A named fast path beside ``allreduce_hook``: it makes DDP reserve each gradient's
-    bucket slot with ``scale = 1/n`` (``minidist.tensor.GradDestination``): backward writes ``grad / n`` where it writes the
-    gradient anyway (linear's weight gradient: the GEMM's 64-row operand is scaled), so the
-    all-reduce SUM is the average and no pass over the bucket divides it. A slot that held a
+    bucket slot with ``scale = 1/n`` (``minidist.tensor.GradDestination``): backward writes
+    ``grad / n`` where it writes the gradient anyway (linear's weight gradient: the GEMM's
+    64-row operand is scaled), so the all-reduce SUM is the average and no pass over the
+    bucket divides it. A slot that held a
     gradient before the backward (``no_sync`` accumulation) is divided when it is ready
     (prescale.py). The saving is one pass over the gradients per step; measure it with
     ``benchmarks/ddp_scaling.py --paired 100 --fold``.
