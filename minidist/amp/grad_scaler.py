@@ -174,7 +174,7 @@ class _FlagSlots:
 
     def read(self) -> np.ndarray:
         """Every slot on the host (one device-to-host copy)."""
-        return backend.to_host(self.array[:len(self._views)])
+        return backend.to_host(self.array[:len(self._views)], op="GradScaler.step")
 
     def zero(self) -> None:
         self.array[...] = 0
@@ -501,7 +501,9 @@ class GradScaler:
         """The current scale as a Python float (1.0 when disabled); a host read on a GPU."""
         if not self._enabled:
             return 1.0
-        return self._init_scale if self._scale is None else float(self._scale[0])
+        if self._scale is None:
+            return self._init_scale
+        return float(backend.to_host(self._scale, explicit="get_scale")[0])
 
     def get_growth_factor(self) -> float:
         return self._growth_factor
@@ -613,6 +615,6 @@ def _fusable(src: Any, dst: Any) -> bool:
 def _unscale_unfused(src: Any, dst: Any, inv: Any, found: Any) -> None:
     """``dst = src * inv`` and ``found[0] = 1`` if src has inf/NaN, as two plain passes."""
     xp = backend.get_array_module(src)
-    if not bool(xp.isfinite(src).all()):  # float64 grads: NumPy ops, not a kernel
-        found[0] = 1.0
+    bad = ~xp.isfinite(src).all()  # float64 grads: NumPy ops, not a kernel; no host read
+    xp.maximum(found, bad.astype(found.dtype), out=found)
     xp.multiply(src, inv.astype(dst.dtype).reshape(()), out=dst)
