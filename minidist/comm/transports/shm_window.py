@@ -12,9 +12,9 @@ A window gives every rank a slot of its own and maps every peer's slot into this
 
 Synchronization is a *flag barrier* in a small control window instead of ``MPI_Barrier``: rank
 r writes an increasing counter to its own cache line and waits until every peer's counter
-caught up. On this 2-core machine it takes ~1.3 us at n=2 (MPI_Barrier: ~5.5 us) and ~10 us at
-n=4 oversubscribed (MPI_Barrier: ~40 us), because a waiting rank gives its core away with
-``sched_yield`` (``time.sleep(0)`` costs ~55 us). Each rank writes only its own flag, so no
+caught up. It is several times faster than ``MPI_Barrier`` (docs/benchmarks.md), also with
+more ranks than cores, because a waiting rank gives its core away with ``sched_yield`` (not
+``time.sleep(0)``, which sleeps a scheduler tick). Each rank writes only its own flag, so no
 atomics are needed; ``MPI_Win_sync`` before the flag store and after the wait orders the data
 stores and loads around it (a no-op on x86, a fence elsewhere). The wait has a deadline and
 names the ranks that did not arrive.
