@@ -111,11 +111,11 @@ class Call:
         status: None while running or done; a failure status once it failed (the ledger's).
     """
 
-    __slots__ = ("spec", "stream", "seq", "tag", "shape", "label", "t0", "t1", "status",
-                 "error", "site")
-    t0: float           # set by the observers that time it
-    error: str | None   # the first line of the error, once it failed
-    site: tuple         # the ledger's (code, byte offset) of the caller
+    t0: float = 0.0               # set by the observers that time it
+    t1: float | None = None
+    status: Any = None
+    error: str | None = None      # the first line of the error, once it failed
+    site: tuple = ()              # the ledger's (code, byte offset) of the caller
 
     def __init__(self, spec: CallSpec, stream: int, seq: int, tag: int, shape: Any,
                  label: str | None) -> None:
@@ -125,8 +125,6 @@ class Call:
         self.tag = tag
         self.shape = shape
         self.label = label
-        self.t1: float | None = None
-        self.status: Any = None
 
 
 class CollectiveObserver(Protocol):

@@ -195,19 +195,18 @@ class ProcessGroup:
 
     def _check_all_reduce(self, array: Any, op: Any, algorithm: str, tag: Any) -> tuple:
         """``(flat view, ReduceOp, stream)`` of an all_reduce call, or ValueError."""
-        text = f'all_reduce(algorithm="{algorithm}")'
         try:
             rop: ReduceOp = FAST_OPS[op]
         except (KeyError, TypeError):
-            rop = reduce_op(self, op, text)
+            rop = reduce_op(self, op, f'all_reduce(algorithm="{algorithm}")')
         flags = array.flags if type(array) is np.ndarray else None  # the hot path: a bucket
         if (flags is not None and array.ndim == 1 and array.dtype in SUPPORTED
                 and flags.c_contiguous and flags.writeable):
             flat = array
         else:  # any other array, checked (no formatting unless bad)
-            flat = flat_view(self, array, text)
+            flat = flat_view(self, array, f'all_reduce(algorithm="{algorithm}")')
         if tag:
-            tag = stream_tag(self, tag, text)
+            tag = stream_tag(self, tag, f'all_reduce(algorithm="{algorithm}")')
         return flat, rop, tag
 
     def plan_all_reduce(self, array: Any, algorithm: str | None = None,

@@ -112,7 +112,8 @@ def wire_tag(stream: int, fingerprint: int, max_tag: int) -> int:
     with MPICH: 19 fingerprint bits); the folded fingerprint is never 0, so ``has_fingerprint``
     holds for every fingerprinted call.
     """
-    return stream | ((fingerprint & fingerprint_mask(max_tag)) or 1) << STREAM_BITS
+    bits = (max_tag + 1).bit_length() - 1 - STREAM_BITS  # fingerprint_mask(max_tag), inline
+    return stream | ((fingerprint & ((1 << bits) - 1)) or 1) << STREAM_BITS
 
 
 POLL_S = 0.002  # how often a waiting rank runs the poll hook (slow phase only)
