@@ -29,11 +29,11 @@ from minidist.comm.algorithms import ALGORITHMS
 from minidist.comm.algorithms import select
 from minidist.comm.algorithms.mpi_native import mpi_all_reduce, native_all_reduce, \
     supports_native
-from minidist.comm.algorithms.shm import shm_owns
 from minidist.comm.calls import CallSpec, call_spec
 from minidist.comm.ops import ReduceOp
 from minidist.comm.staging import Stager, stager_for
 from minidist.comm.transports.base import Transport
+from minidist.comm.transports.shm_window import shm_owns
 
 MAX_PLANS = 256  # a model has a few bucket shapes; more means shapes change every call
 

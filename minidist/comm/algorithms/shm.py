@@ -62,6 +62,7 @@ from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.topology import detect_topology
 from minidist.comm.transports.base import Transport, stream_of
 from minidist.comm.transports.shm_window import (SharedWindow, ShmNode, shm_alloc_buffer,
+                                                  shm_owns, window_of,
                                                   shm_close, shm_node)
 from minidist.envvars import env
 
@@ -99,34 +100,6 @@ def _reduce_mine(node: ShmNode, srcs: list, out: np.ndarray, op: ReduceOp) -> No
     t = tmp[: out.nbytes].view(out.dtype)
     _reduce_slice(srcs, t, op)
     out[...] = t
-
-
-def _owners(node: ShmNode) -> frozenset:
-    """ids of the arrays that own this rank's shared-window memory (what ``arr.base`` is for
-    any view of a ``shm_alloc_buffer`` array: NumPy collapses view chains)."""
-    wins = node.user_windows  # windows may be freed (shm_free_buffer) and new ones allocated
-    cached = node.extra.get("owners")
-    if cached is None or len(cached[0]) != len(wins) or any(
-            a is not b for a, b in zip(cached[0], wins)):
-        ids = frozenset(id(w.slots[node.rank].base) for w in wins)
-        cached = node.extra["owners"] = (list(wins), ids)  # holds the windows: ids stay unique
-    return cached[1]
-
-
-def shm_owns(node: ShmNode, flat: Any) -> bool:
-    """True when ``flat`` (a NumPy array) views one of this rank's shared windows."""
-    return bool(node.user_windows) and id(flat.base) in _owners(node)
-
-
-def _where(node: ShmNode, flat: np.ndarray) -> tuple[int, int]:
-    """(window index, byte offset) of ``flat`` in this rank's shared buffers, or (-1, -1)."""
-    if not node.user_windows or id(flat.base) not in _owners(node):
-        return -1, -1  # private memory: no address lookup (``ctypes.data`` is slow) needed
-    for i, w in enumerate(node.user_windows):
-        off = w.find(node.rank, flat)
-        if off is not None:
-            return i, off
-    return -1, -1
 
 
 def _dtype_code(dt: np.dtype) -> int:
@@ -312,7 +285,7 @@ def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
                         "algorithm='hier' or 'auto'.")
     node = shm_node(transport)
     flat = buf.reshape(-1)
-    where = _where(node, flat)
+    where = window_of(node, flat)
     small = flat.nbytes <= min(SMALL_BYTES, CHUNK_BYTES)
     sc = node.extra.get("scratch")
     first = flat[: max(CHUNK_BYTES // flat.itemsize, 1)]
@@ -406,5 +379,5 @@ SHM = Algorithm("shm", shm_all_reduce, usable=shm_usable, cost=shm_cost,
 
 
 __all__ = ["SHM", "shm_usable", "shm_all_reduce", "shm_all_gather", "shm_alloc_buffer", "shm_close", "shm_available", "shm_is_shared",
-           "shm_owns", "line_aligned_bounds",
+           "line_aligned_bounds",
            "CHUNK_BYTES"]

@@ -251,6 +251,35 @@ class ShmNode:
 _NODES: "weakref.WeakKeyDictionary[Transport, ShmNode]" = weakref.WeakKeyDictionary()
 
 
+def _owners(node: ShmNode) -> frozenset:
+    """ids of the arrays that own this rank's shared-window memory (what ``arr.base`` is for
+    any view of a ``shm_alloc_buffer`` array: NumPy collapses view chains)."""
+    wins = node.user_windows  # windows may be freed (shm_free_buffer) and new ones allocated
+    cached = node.extra.get("owners")
+    if cached is None or len(cached[0]) != len(wins) or any(
+            a is not b for a, b in zip(cached[0], wins)):
+        ids = frozenset(id(w.slots[node.rank].base) for w in wins)
+        cached = node.extra["owners"] = (list(wins), ids)  # holds the windows: ids stay unique
+    return cached[1]
+
+
+def shm_owns(node: ShmNode, flat: Any) -> bool:
+    """True when ``flat`` (a NumPy array) views one of this rank's shared windows."""
+    return bool(node.user_windows) and id(flat.base) in _owners(node)
+
+
+def window_of(node: ShmNode, flat: np.ndarray) -> tuple[int, int]:
+    """(window index, byte offset) of ``flat`` in this rank's shared buffers, or (-1, -1)
+    (the shared-memory all-reduce's zero-copy path needs the same place on every rank)."""
+    if not node.user_windows or id(flat.base) not in _owners(node):
+        return -1, -1  # private memory: no address lookup (``ctypes.data`` is slow) needed
+    for i, w in enumerate(node.user_windows):
+        off = w.find(node.rank, flat)
+        if off is not None:
+            return i, off
+    return -1, -1
+
+
 def shm_node(transport: Transport) -> ShmNode:
     """The transport's ShmNode, created (collectively) on first use."""
     node = _NODES.get(transport)
