@@ -70,7 +70,8 @@ _M64 = (1 << 64) - 1
 
 
 def ledger_enabled() -> bool:
-    """``MINIDIST_LEDGER`` (default on): ``0`` turns the ledger and the fingerprints off."""
+    """``MINIDIST_LEDGER`` (default on): ``0`` turns the ledger off (the fingerprints in the
+    message tags stay: comm/calls.py)."""
     return bool(env("MINIDIST_LEDGER"))
 
 
