@@ -111,11 +111,11 @@ class Call:
         status: None while running or done; a failure status once it failed (the ledger's).
     """
 
-    t0: float = 0.0               # set by the observers that time it
-    t1: float | None = None
-    status: Any = None
-    error: str | None = None      # the first line of the error, once it failed
-    site: tuple = ()              # the ledger's (code, byte offset) of the caller
+    __slots__ = ("spec", "stream", "seq", "tag", "shape", "label", "t1", "status", "t0",
+                 "error", "site")
+    t0: float           # set by the observers that time it (the ledger)
+    error: str | None   # the first line of the error, once it failed (status is set)
+    site: tuple         # the caller's (code, byte offset), set by the ledger
 
     def __init__(self, spec: CallSpec, stream: int, seq: int, tag: int, shape: Any,
                  label: str | None) -> None:
@@ -125,6 +125,8 @@ class Call:
         self.tag = tag
         self.shape = shape
         self.label = label
+        self.t1: float | None = None
+        self.status: Any = None
 
 
 class CollectiveObserver(Protocol):

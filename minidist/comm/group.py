@@ -92,8 +92,9 @@ class ProcessGroup:
         self.backend = backend or transport.name
         self.check_consistency = (debug_level() >= 1 if check_consistency is None
                                   else check_consistency)
-        self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled())
         self.calls = Calls(transport.max_tag, self._diagnose)  # call numbers, tags, observers
+        self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled(),
+                             self.calls)
         self.topology: Topology = detect_topology(transport)  # collective (MPI, TCP)
         self._shm = (shm_node(transport) if self.topology.is_single_node()
                      and shm_available(transport) else None)  # collective

@@ -121,23 +121,9 @@ _INSIDE = (_PACKAGE_DIR, contextlib.__file__)
 _THREADING_FILE = threading.__file__
 
 
-def caller_of(f: Any) -> tuple[Any, int]:
-    """``(code, lasti)`` of the first frame at or above ``f`` outside the minidist package.
-
-    When the whole stack is minidist's (DDP's communication thread starts in ``threading``),
-    the outermost minidist frame. The line number is worked out only when an entry is read
-    (``line_of``): ``frame.f_lineno`` costs more than the whole walk.
-    """
-    last = f
-    while f is not None and f.f_code.co_filename.startswith(_INSIDE):
-        last, f = f, f.f_back
-    if f is None or f.f_code.co_filename == _THREADING_FILE:
-        f = last
-    return f.f_code, f.f_lasti
-
-
 def line_of(code: Any, lasti: int) -> int:
-    """The source line of byte offset ``lasti`` in ``code`` (what ``frame.f_lineno`` computes)."""
+    """The source line of byte offset ``lasti`` in ``code`` (what ``frame.f_lineno`` computes,
+    done only when an entry is read: it costs more than the whole frame walk)."""
     line = code.co_firstlineno
     for start, end, ln in code.co_lines():
         if ln is not None:
@@ -145,13 +131,6 @@ def line_of(code: Any, lasti: int) -> int:
         if start <= lasti < end:
             break
     return line
-
-
-def caller_site(depth: int = 2) -> tuple[str, int]:
-    """``(filename, line)`` of the first frame outside the minidist package, from ``depth``
-    frames up (2: the caller of the function that calls this)."""
-    code, lasti = caller_of(sys._getframe(depth))
-    return code.co_filename, line_of(code, lasti)
 
 
 # -- entries ---------------------------------------------------------------------------------
@@ -234,25 +213,36 @@ class Ledger:
         capacity: entries kept (oldest dropped first).
         enabled: False: the group does not register it (``MINIDIST_LEDGER=0``), so it records
             nothing and the failure diagnosis does not run.
+        calls: the group's ``Calls`` (comm/calls.py), whose call numbers ``counts`` reports.
     """
 
     def __init__(self, rank: int, size: int, capacity: int = DEFAULT_CAPACITY,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, calls: Any = None) -> None:
         self.rank, self.size, self.capacity, self.enabled = rank, size, int(capacity), enabled
         self._rows: list = [None] * self.capacity  # Call objects, oldest overwritten first
         self._n = 0  # entries written (two threads on two streams may rarely overwrite one)
-        self._seq: dict[int, int] = {}   # stream -> the last call number recorded
+        self._calls = calls  # the group's Calls: the call numbers per stream
         # perf_counter for cheap, precise times; wall clock = _wall0 + (t - _perf0)
         self._perf0, self._wall0 = perf_counter(), time.time()
         self.failures = 0
 
     # -- the observer ----------------------------------------------------------------------
     def start(self, call: Call) -> None:
-        """Keep ``call`` as the newest entry: its caller's site, label and start time."""
-        call.site = caller_of(sys._getframe(1))
+        """Keep ``call`` as the newest entry: its caller's site, label and start time.
+
+        The site is the first frame outside minidist (the outermost minidist frame when the
+        whole stack is minidist's: DDP's communication thread starts in ``threading``); its
+        line is worked out only when the entry is read (``line_of``).
+        """
+        f: Any = sys._getframe(1)
+        last = f
+        while f is not None and f.f_code.co_filename.startswith(_INSIDE):
+            last, f = f, f.f_back
+        if f is None or f.f_code.co_filename == _THREADING_FILE:
+            f = last
+        call.site = (f.f_code, f.f_lasti)
         call.label = call.label or _LABEL.get()
         call.t0 = perf_counter()
-        self._seq[call.stream] = call.seq
         self._rows[self._n % self.capacity] = call
         self._n += 1
 
@@ -268,8 +258,14 @@ class Ledger:
         self.failures += 1
 
     def counts(self) -> dict[int, int]:
-        """``{stream: calls so far}``."""
-        return dict(self._seq)
+        """``{stream: calls so far}`` on the group (``calls``), or of the entries kept."""
+        if self._calls is not None:
+            return self._calls.counts()
+        out: dict[int, int] = {}
+        for r in self._rows:
+            if r is not None:
+                out[r.stream] = max(out.get(r.stream, 0), r.seq)
+        return out
 
     # -- reading -----------------------------------------------------------------------------
     def _ordered_rows(self) -> list:
