@@ -18,7 +18,7 @@ PKG = Path(__file__).resolve().parent.parent / "minidist"
 
 LAYERS = {
     "envvars": -1,
-    "xp": 0, "log": 0, "version": 0, "trace": 0,
+    "xp": 0, "logger": 0, "version": 0, "tracing": 0,
     "tensor": 1, "cuda": 1, "kernels": 1,
     "nn": 2, "optim": 2, "comm": 2, "accelerator": 2,
     "data": 3, "viz": 3, "tune": 3, "distributed": 3,

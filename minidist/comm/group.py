@@ -55,7 +55,7 @@ from minidist.comm.topology import Topology, detect_topology
 from minidist.comm.transports.base import Transport
 from minidist.comm.validate import FAST_OPS, flat_view, reduce_op, stream_tag
 from minidist.comm.work import AsyncWorker, Work, completed
-from minidist.log import debug_level, get_logger
+from minidist.logger import debug_level, get_logger
 
 log = get_logger(__name__)
 

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from minidist.comm.algorithms import select
-from minidist.log import get_logger
+from minidist.logger import get_logger
 from minidist.version import __version__
 from minidist.envvars import env
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from minidist.comm.algorithms import ALGORITHMS
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from minidist.comm.algorithms.select import Explainer
 from minidist.comm.calls import Call
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger("minidist.comm.group")  # the logger these lines always came from
 
