@@ -156,15 +156,18 @@ class Calls:
         self.max_tag = int(max_tag)
         self.diagnose = diagnose  # the group's failure policy: the error to raise instead
         self.observers: tuple = ()
+        self._ends: tuple = ()  # the observers' ``end`` methods, bound once
         self._seq: dict[int, int] = {}  # stream -> calls so far
 
     def add(self, observer: CollectiveObserver) -> None:
         """Register ``observer``: it sees every call from the next one on."""
         self.observers = (*self.observers, observer)
+        self._ends = tuple(o.end for o in self.observers)
 
     def remove(self, observer: CollectiveObserver) -> None:
         """Stop showing calls to ``observer``."""
         self.observers = tuple(o for o in self.observers if o is not observer)
+        self._ends = tuple(o.end for o in self.observers)
 
     def counts(self) -> dict[int, int]:
         """``{stream: calls so far}``."""
@@ -190,8 +193,8 @@ class Calls:
 
     def end(self, call: Call) -> None:
         """The call returned: tell every observer."""
-        for observer in self.observers:
-            observer.end(call)
+        for end in self._ends:
+            end(call)
 
     def failed(self, call: Call, error: BaseException) -> BaseException:
         """The call raised ``error``: tell every observer; return the error to raise (what
@@ -205,12 +208,12 @@ class Calls:
         """Calls in the block are seen by no observer and leave the call numbers as they
         were (a calibration's measurements: every rank makes the same calls, so the tags
         still agree). Every rank must use it alike."""
-        observers, counts = self.observers, dict(self._seq)
-        self.observers = ()
+        observers, ends, counts = self.observers, self._ends, dict(self._seq)
+        self.observers, self._ends = (), ()
         try:
             yield
         finally:
-            self.observers = observers
+            self.observers, self._ends = observers, ends
             self._seq.clear()
             self._seq.update(counts)
 

@@ -230,11 +230,15 @@ class Ledger:
     def start(self, call: Call) -> None:
         """Keep ``call`` as the newest entry: its caller's site, label and start time.
 
-        The site is the first frame outside minidist (the outermost minidist frame when the
-        whole stack is minidist's: DDP's communication thread starts in ``threading``); its
-        line is worked out only when the entry is read (``line_of``).
+        The site is the first frame outside minidist from the collective's caller on (the
+        outermost minidist frame when the whole stack is minidist's: DDP's communication
+        thread starts in ``threading``); its line is worked out only when the entry is read
+        (``line_of``).
         """
-        f: Any = sys._getframe(1)
+        try:  # frame 1 is Calls.begin, 2 the collective; sys._getframe(3) skips them without
+            f: Any = sys._getframe(3)  # building their frame objects (f_back would, per frame)
+        except ValueError:  # a shorter stack (begin called at a module's top level)
+            f = sys._getframe(1)
         last = f
         while f is not None and f.f_code.co_filename.startswith(_INSIDE):
             last, f = f, f.f_back

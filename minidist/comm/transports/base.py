@@ -112,8 +112,18 @@ def wire_tag(stream: int, fingerprint: int, max_tag: int) -> int:
     with MPICH: 19 fingerprint bits); the folded fingerprint is never 0, so ``has_fingerprint``
     holds for every fingerprinted call.
     """
-    bits = (max_tag + 1).bit_length() - 1 - STREAM_BITS  # fingerprint_mask(max_tag), inline
-    return stream | ((fingerprint & ((1 << bits) - 1)) or 1) << STREAM_BITS
+    return stream | ((fingerprint & _MASKS[max_tag]) or 1) << STREAM_BITS
+
+
+class _Masks(dict):
+    """``fingerprint_mask`` per ``max_tag``, worked out once (``wire_tag`` runs every call)."""
+
+    def __missing__(self, max_tag: int) -> int:
+        mask = self[max_tag] = fingerprint_mask(max_tag)
+        return mask
+
+
+_MASKS = _Masks()
 
 
 POLL_S = 0.002  # how often a waiting rank runs the poll hook (slow phase only)
