@@ -193,7 +193,7 @@ class Calls:
 
     def end(self, call: Call) -> None:
         """The call returned: tell every observer."""
-        for end in self._ends:
+        for end in self._ends:  # (bound once: the one hot loop of an observed call)
             end(call)
 
     def failed(self, call: Call, error: BaseException) -> BaseException:
