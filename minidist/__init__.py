@@ -2,9 +2,9 @@
 
 Layers, bottom up (each imports only from the ones below it; tests/test_layers.py holds this
 order as ``LAYERS`` and checks this line against it; docs/layout.md draws it): envvars -> xp,
-logger, version, tracing -> tensor, cuda, kernels -> nn, optim, comm, accelerator, utils -> data,
-viz, tune, distributed -> amp -> ddp -> checkpoint -> trainer -> launch, multiprocessing,
-testing.
+logger, version, tracing, backends -> tensor, cuda, kernels -> nn, optim, comm, accelerator,
+utils -> data, viz, tune -> amp -> ddp -> checkpoint -> trainer -> launch, multiprocessing,
+testing, distributed.
 """
 
 import sys as _sys
