@@ -12,6 +12,10 @@ around ``torch.multiprocessing.spawn``.
     if __name__ == "__main__":
         mp.spawn(worker, args=(100,), nprocs=4)
 
+Under a launcher that already started ``nprocs`` ranks (``./mpirun.sh -n 2``, ``python -m
+minidist.launch --nproc-per-node 2``) no process is started: each rank runs ``fn(rank, *args)``
+itself, and rank 0 logs that once.
+
 Each process starts with the "spawn" start method (a fresh interpreter, as torch does) and the
 torchrun-style environment of its rank: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` (default 127.0.0.1) and ``MASTER_PORT`` (default: a free
@@ -127,6 +131,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _launched_rank(nprocs: int) -> int | None:
+    """This process's rank when a launcher already started ``nprocs`` ranks, else None.
+
+    Under ``./mpirun.sh -n N`` or ``python -m minidist.launch --nproc-per-node N`` every rank
+    runs the script, so each one calls ``spawn``: starting ``nprocs`` more processes per rank
+    would start N x nprocs ranks that meet on one port. Instead each rank runs ``fn(rank)``
+    itself (rank 0 says so once).
+
+    Raises:
+        ValueError: the launcher started a different number of ranks than ``nprocs``.
+    """
+    from minidist.comm.env import detect_launch  # comm imports lazily: spawn is a leaf
+    from minidist.log import get_logger
+    info = detect_launch()
+    if info.launcher in ("single", "explicit") or info.world_size in (None, 1):
+        return None
+    if info.world_size != nprocs:
+        raise ValueError(
+            f"[rank {info.rank}/{info.world_size}] spawn(nprocs={nprocs}): the launcher "
+            f"({info.launcher}) already started {info.world_size} ranks, each running this "
+            f"script. Start it with {nprocs} ranks (./mpirun.sh -n {nprocs} python ...), or "
+            "run it as a plain `python script.py` and let spawn start the ranks.")
+    if info.rank == 0:
+        get_logger(__name__).warning(
+            "spawn(nprocs=%d) under %s: the launcher already started the %d ranks, so each "
+            "runs fn(rank) itself instead of starting new processes", nprocs, info.launcher,
+            nprocs)
+    return info.rank
+
+
 def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool = True,
           daemon: bool = False, start_method: str = "spawn") -> ProcessContext | None:
     """Run ``fn(rank, *args)`` for rank 0..nprocs-1, each in a new process (torch's signature).
@@ -149,6 +183,10 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
     """
     if nprocs < 1:
         raise ValueError(f"spawn: nprocs={nprocs} must be >= 1.")
+    launched = _launched_rank(nprocs)
+    if launched is not None:  # mpiexec or minidist.launch already started the ranks
+        fn(launched, *args)
+        return None
     ctx = multiprocessing.get_context(start_method)
     port = os.environ.get("MASTER_PORT") or str(_free_port())
     # The children inherit os.environ as it is when each starts: set their variables there

@@ -108,6 +108,16 @@ def run_python(python_args: list, timeout_s: float = 90, env: dict | None = None
     return _run_group([p], argv, timeout_s)
 
 
+def run_mpirun(args: list, timeout_s: float = 90, env: dict | None = None,
+               cwd: str | Path | None = None) -> JobResult:
+    """Run ``./mpirun.sh <args>`` as a user types it (e.g. ``["-n", "2", "python", script]``),
+    bounded in time; on a timeout its whole process group is killed, ranks included."""
+    argv = [str(REPO / "mpirun.sh"), *map(str, args)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=job_env(env), cwd=str(cwd or REPO), start_new_session=True)
+    return _run_group([p], argv, timeout_s)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,8 +7,10 @@
     md.barrier()
     md.destroy_process_group()
 
-Run with ``./mpirun.sh -n 4 python script.py``. Before ``init_process_group`` the rank queries
-answer for a single process (rank 0 of 1) so logging code works anywhere; collectives raise.
+Run with ``./mpirun.sh -n 4 python script.py``. Before ``init_process_group``, in a process a
+launcher started as one of several ranks, the rank queries raise as torch's do (an answer of
+"rank 0 of 1" there would run every ``if get_rank() == 0:`` block on every rank); in a plain
+single process they answer rank 0 of 1. Collectives always raise without a group.
 
 Every collective is recorded in the group's ledger (``get_ledger()``, ``ledger_label``; see
 ``minidist.comm.diagnosis.ledger``), and ``auto_table()`` shows what ``algorithm="auto"`` will pick.
@@ -23,6 +25,7 @@ Ctrl-C ends every rank in one line. Both live in ``minidist.comm.interrupts``.
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 from typing import Any
 
@@ -34,6 +37,7 @@ from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, defau
 from minidist.comm import leaving, report
 from minidist.comm.group import ProcessGroup
 from minidist.comm.diagnosis.ledger import LedgerEntry
+from minidist.comm.errors import CommError
 from minidist.comm.ops import ReduceOp
 from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Transport
 
@@ -82,8 +86,19 @@ def _make_transport(backend: str, info: LaunchInfo, timeout_s: float) -> Transpo
                          "minidist.launch set them), or rank=, world_size= and "
                          "init_method='tcp://host:port'; "
                          f"detected launcher={info.launcher!r}, MASTER_PORT={info.master_port}.")
-    return TCPTransport(info.rank, info.world_size, info.master_addr or "127.0.0.1",
-                        rendezvous_port(info), timeout_s)
+    port = rendezvous_port(info)
+    try:
+        return TCPTransport(info.rank, info.world_size, info.master_addr or "127.0.0.1", port,
+                            timeout_s)
+    except CommError as e:
+        if port == info.master_port or getattr(e.__cause__, "errno", None) != errno.EADDRINUSE:
+            raise
+        why = ("MINIDIST_RENDEZVOUS_PORT" if env_var("MINIDIST_RENDEZVOUS_PORT") is not None
+               else f"MASTER_PORT + 1, since torchrun's agent holds MASTER_PORT={info.master_port}")
+        raise CommError(f"{mdlog.rank_prefix()} init_process_group: the TCP rendezvous needs port "
+                        f"{port} ({why}), and another program is using it. Set "
+                        "MINIDIST_RENDEZVOUS_PORT to a free port (the same on every rank), or "
+                        "pick another MASTER_PORT.") from e
 
 
 def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
@@ -110,10 +125,21 @@ def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
     return int(info.master_port)
 
 
-def _torch_backend(backend: str, chosen: str) -> None:
-    """Say in one line what a torch backend name runs as (see TORCH_BACKENDS)."""
+def _torch_backend(backend: str, chosen: str, info: LaunchInfo) -> None:
+    """Say in one line what a torch backend name runs as (see TORCH_BACKENDS).
+
+    ``gloo`` under mpiexec/srun takes rank and size from the launcher and meets over TCP at
+    MASTER_PORT (or ``init_method``); with no port given it runs on MPI, which the launcher
+    already connected. That line is a warning from rank 0, so it shows at the default level.
+    """
     if backend == "gloo":
-        log.info("backend='gloo': running minidist's TCP transport")
+        if chosen == "mpi":
+            if info.rank == 0:
+                log.warning("backend='gloo' under %s: running minidist's MPI transport (the "
+                            "launcher already connected the ranks); under torchrun-style "
+                            "variables gloo runs the TCP transport", info.launcher)
+        else:
+            log.info("backend='gloo': running minidist's TCP transport")
         return
     from minidist.xp import gpu_available
     if gpu_available():
@@ -146,8 +172,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     Args:
         backend: None or "auto" (mpi under mpiexec/srun, tcp under torchrun-style env or an
             explicit rank/world_size, else local), "mpi", "tcp", "local"; torch's "gloo" runs
-            the TCP transport, "nccl" the default transport with GPU arrays (one log line says
-            what was chosen; without a GPU it runs on the CPU, with a warning).
+            the TCP transport (under mpiexec/srun with no MASTER_PORT: the MPI transport, with
+            a warning), "nccl" the default transport with GPU arrays (one log line says what
+            was chosen; without a GPU it runs on the CPU, with a warning).
         init_method: "env://" (the default: ``MASTER_ADDR``/``MASTER_PORT``) or
             "tcp://host:port", the rendezvous address of the TCP transport.
         timeout: deadline of every blocking wait, in seconds or a timedelta
@@ -184,9 +211,11 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     timeout_s = _timeout_s(timeout)
     info = apply_init_args(detect_launch(), init_method, world_size, rank)
     requested = TORCH_BACKENDS.get(backend, backend)
+    if backend == "gloo" and info.launcher in MPI_LAUNCHERS and info.master_port is None:
+        requested = "mpi"  # mpiexec gave rank and size but no MASTER_PORT: meet over MPI
     chosen = default_backend(info) if requested == "auto" else requested
     if backend in TORCH_BACKENDS:
-        _torch_backend(backend, chosen)
+        _torch_backend(backend, chosen, info)
     if chosen == "local":
         if requested == "auto":  # backend="local" asked for one process: nothing to warn of
             warn_if_single(info)
@@ -240,14 +269,52 @@ def get_default_group() -> ProcessGroup:
     return _group
 
 
+def require_group_if_launched(what: str) -> None:
+    """Raise torch's "not initialized" error when a launcher started several ranks but this
+    process has no group yet: an answer of rank 0 of 1 would be silently wrong on every rank.
+
+    Raises:
+        RuntimeError: no default group, and the launcher's variables say world size > 1.
+    """
+    if _group is not None:
+        return
+    try:
+        info = detect_launch()
+    except ValueError:  # malformed variables: init_process_group names them
+        return
+    if info.launcher in ("single", "explicit") or info.world_size == 1:
+        return
+    size = "?" if info.world_size is None else info.world_size
+    raise RuntimeError(
+        f"[rank {info.rank}/{size}] {what}: Default process group has not been initialized, "
+        f"please make sure to call init_process_group. This process is rank {info.rank} of "
+        f"{size} ({info.launcher}); without a group every rank would answer rank 0 of 1. Call "
+        "minidist.init_process_group() first (before any get_rank/get_world_size, "
+        "DistributedSampler or DistributedDataParallel).")
+
+
 def get_rank() -> int:
-    """This process's rank (0 before ``init_process_group``)."""
-    return 0 if _group is None else _group.rank
+    """This process's rank; 0 in a single process without a group.
+
+    Raises:
+        RuntimeError: called before ``init_process_group`` in one of several launched ranks.
+    """
+    if _group is None:
+        require_group_if_launched("get_rank()")
+        return 0
+    return _group.rank
 
 
 def get_world_size() -> int:
-    """Number of ranks (1 before ``init_process_group``)."""
-    return 1 if _group is None else _group.size
+    """Number of ranks; 1 in a single process without a group.
+
+    Raises:
+        RuntimeError: called before ``init_process_group`` in one of several launched ranks.
+    """
+    if _group is None:
+        require_group_if_launched("get_world_size()")
+        return 1
+    return _group.size
 
 
 def get_local_rank() -> int:

@@ -98,10 +98,26 @@ def test_bad_rank_is_a_value_error():
         TCPTransport(5, 2, "127.0.0.1", free_port(), timeout_s=1)
 
 
+def free_port_pair() -> int:
+    """A port p with p and p + 1 both free now (the torchrun case uses both)."""
+    for _ in range(50):
+        port = free_port()
+        if port >= 65535:
+            continue
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two neighbouring free ports on 127.0.0.1")
+
+
 def test_rendezvous_beside_torchruns_store():
     """Under a real torchrun (TORCHELASTIC_RUN_ID set) the agent's own store holds MASTER_PORT:
     the ranks must meet beside it instead of failing with "address already in use"."""
-    port = free_port()
+    port = free_port_pair()  # the ranks meet at port + 1: reserve both
     with socket.socket() as agent_store:  # stands in for torchrun's TCPStore on MASTER_PORT
         agent_store.bind(("127.0.0.1", port))
         agent_store.listen()
@@ -109,3 +125,19 @@ def test_rendezvous_beside_torchruns_store():
                             env={**ENV, "TORCHELASTIC_RUN_ID": "test-run"}, port=port)
     assert res.returncode == 0, res.report()
     assert res.stdout.count("sum 3") == 2, res.report()
+
+
+def test_torchrun_case_names_the_port_it_needs_when_the_next_one_is_taken():
+    port = free_port_pair()
+    with socket.socket() as agent_store, socket.socket() as other_job:
+        agent_store.bind(("127.0.0.1", port))
+        agent_store.listen()
+        other_job.bind(("127.0.0.1", port + 1))  # MASTER_PORT + 1 taken by someone else
+        other_job.listen()
+        res = run_env_ranks(2, [REPO / "tests" / "multiproc" / "torchrun_body.py"], timeout_s=60,
+                            env={**ENV, "TORCHELASTIC_RUN_ID": "test-run",
+                                 "MINIDIST_TIMEOUT_S": "3"}, port=port)
+    assert res.returncode != 0, res.report()
+    assert (f"the TCP rendezvous needs port {port + 1} (MASTER_PORT + 1, since torchrun's agent "
+            f"holds MASTER_PORT={port})") in res.stderr, res.report()
+    assert "MINIDIST_RENDEZVOUS_PORT" in res.stderr, res.report()
