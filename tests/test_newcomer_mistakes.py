@@ -58,3 +58,26 @@ def test_mpirun_sh_argument_errors_are_one_line_with_the_usage(args, says):
     lines = [line for line in res.stderr.splitlines() if line.startswith("mpirun.sh:")]
     assert len(lines) == 1 and says in lines[0], res.stderr
     assert "usage: ./mpirun.sh -n N command" in lines[0] and res.stdout == "", res.stderr
+
+
+ACCUMULATOR = """\
+import minidist as md
+md.init_process_group()
+pred, y = md.tensor([1.0, 2.0, 3.0]), md.tensor([1.0, 0.0, 3.0])
+correct = md.tensor(0.0)
+for _ in range(2):
+    correct += (pred == y).sum()       # arithmetic on a 0-d Tensor keeps a writable 0-d array
+correct *= 1
+md.all_reduce(correct)                 # in place, as torch's dist.all_reduce(correct)
+print(f"rank {md.get_rank()} correct {correct.item():g} ndim {correct.ndim}", flush=True)
+md.destroy_process_group()
+"""
+
+
+def test_a_0d_accumulator_is_all_reduced_in_place(tmp_path):
+    script = tmp_path / "accumulate.py"
+    script.write_text(ACCUMULATOR)
+    job = run_mpirun(["-n", "2", "python", script], timeout_s=120)
+    assert job.returncode == 0, job.report()
+    for r in (0, 1):
+        assert f"rank {r} correct 8 ndim 0" in job.stdout, job.report()
