@@ -81,3 +81,44 @@ def test_a_0d_accumulator_is_all_reduced_in_place(tmp_path):
     assert job.returncode == 0, job.report()
     for r in (0, 1):
         assert f"rank {r} correct 8 ndim 0" in job.stdout, job.report()
+
+
+TRAIN = ["-n", "2", "python", REPO / "examples" / "train.py", "--hidden", "16"]
+
+
+def test_checkpoint_folders_one_run_each_and_resume_needs_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "a"
+    first = run_mpirun([*TRAIN, "--epochs", "4", "--checkpoint-dir", run_dir,
+                        "--checkpoint-every", "1", "--keep-last", "2"], timeout_s=180)
+    assert first.returncode == 0, first.report()
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*.npz")) == [
+        "checkpoint-000003.npz", "checkpoint-000004.npz"], first.report()  # --keep-last 2
+    # a new run into the same folder (another model here) is refused, nothing is written
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    other = run_mpirun([*TRAIN[:-1], "32", "--epochs", "2", "--checkpoint-dir", run_dir],
+                       timeout_s=180)
+    assert other.returncode == 1, other.report()
+    assert f"checkpoint_dir {run_dir} already holds 2 checkpoint(s) of an earlier run " \
+           "(newest checkpoint-000004.npz)" in other.stderr, other.report()
+    assert "--checkpoint-dir runs/<name>" in other.stderr, other.report()
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
+    # --resume on a mistyped folder: an error, and no folder is made
+    typo = run_mpirun([*TRAIN, "--checkpoint-dir", tmp_path / "nonexistent", "--resume"],
+                      timeout_s=180)
+    assert typo.returncode == 1, typo.report()
+    assert "does not exist, so there is nothing to resume" in typo.stderr, typo.report()
+    assert "--resume-if-present" in typo.stderr and not (tmp_path / "nonexistent").exists()
+    fresh = run_mpirun([*TRAIN, "--epochs", "1", "--checkpoint-dir", tmp_path / "b",
+                        "--resume-if-present"], timeout_s=180)
+    assert fresh.returncode == 0 and "starting fresh" in fresh.stdout, fresh.report()
+    # --stop-after-epochs counts from the resume point: after 4 epochs, 1 more
+    more = run_mpirun([*TRAIN, "--epochs", "6", "--checkpoint-dir", run_dir, "--resume",
+                       "--stop-after-epochs", "1"], timeout_s=180)
+    assert more.returncode == 0, more.report()
+    assert "epoch 5/6" in more.stdout and "epoch 6/6" not in more.stdout, more.report()
+
+
+def test_a_warmup_longer_than_the_run_is_refused():
+    job = run_mpirun([*TRAIN, "--epochs", "2", "--warmup-epochs", "100"], timeout_s=120)
+    assert job.returncode == 2, job.report()
+    assert "--warmup-epochs 100 is longer than --epochs 2" in job.stderr, job.report()
