@@ -140,7 +140,7 @@ HELP = {
 CHOICES = {"model": ["mlp", "cnn"], "optimizer": ["sgd", "adamw"],
            "lr_scaling": ["none", "linear", "sqrt"],
            "dataset": ["digits", "mnist", "fashion-mnist", "synthetic"],
-           "algorithm": ["auto", "ring", "tree", "rd", "direct", "mpi"],
+           "algorithm": ["auto", "ring", "tree", "rd", "shm", "hier", "direct", "mpi"],
            "device": ["cpu", "cuda"]}
 
 
@@ -236,7 +236,7 @@ def use_device(device: str | None) -> None:
         backend.default_array_module()  # checks MINIDIST_DEVICE
         return
     if device == "cuda":
-        cupy = backend.require_cuda()
+        cupy = backend.require_cuda(cpu_hint="--device cpu")  # the flag wins over the variable
         n_gpus = cupy.cuda.runtime.getDeviceCount()
         # Before init_process_group: a CUDA-aware MPI must see the device chosen first.
         cupy.cuda.Device(comm.get_local_rank() % n_gpus).use()
@@ -324,6 +324,11 @@ def main(argv: list[str] | None = None) -> float:
         raise UsageError(str(e)) from None
     comm.init_process_group()
     rank, world = comm.get_rank(), comm.get_world_size()
+    backend_name = comm.get_default_group().backend
+    if cfg.algorithm in ("shm", "mpi") and world > 1 and backend_name != "mpi":
+        raise UsageError(f"--algorithm {cfg.algorithm} needs the MPI transport (./mpirun.sh -n "
+                         f"{world} python examples/train.py); this job runs {backend_name}: use "
+                         "--algorithm auto, ring, tree, rd, hier or direct")
     nn.manual_seed(cfg.seed)                   # the same initial weights on every rank
     kwargs = {} if cfg.dataset == "synthetic" else {"flatten": cfg.model == "mlp"}
     train_set = load_dataset(cfg.dataset, root=cfg.data_root, split="train", **kwargs)

@@ -19,8 +19,8 @@ itself, and rank 0 logs that once.
 Each process starts with the "spawn" start method (a fresh interpreter, as torch does) and the
 torchrun-style environment of its rank: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` (default 127.0.0.1) and ``MASTER_PORT`` (default: a free
-port), and one BLAS thread, so ``init_process_group()`` builds a TCP group inside. The first
-process that fails ends the others; ``spawn`` then raises ``ProcessRaisedException`` (with
+port, held reserved until the job ends), and one BLAS thread, so ``init_process_group()``
+builds a TCP group inside. The first process that fails ends the others; ``spawn`` then raises ``ProcessRaisedException`` (with
 that rank's traceback) or ``ProcessExitedException`` (with its exit code).
 """
 
@@ -73,8 +73,10 @@ def _wrap(fn: Callable[..., Any], rank: int, args: tuple, error_pipe: Any) -> No
 class ProcessContext:
     """The running processes of one ``spawn``; ``join()`` waits for them (torch's API)."""
 
-    def __init__(self, processes: list, error_pipes: list) -> None:
+    def __init__(self, processes: list, error_pipes: list,
+                 reservation: socket.socket | None = None) -> None:
         self.processes, self.error_pipes = processes, error_pipes
+        self.reservation = reservation  # holds MASTER_PORT until the job ends
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]
@@ -97,7 +99,13 @@ class ProcessContext:
                 if self.processes[i].exitcode != 0:
                     self._stop_others()
                     raise self._failure(i)
+        self._release()
         return True
+
+    def _release(self) -> None:
+        if self.reservation is not None:
+            self.reservation.close()
+            self.reservation = None
 
     def _stop_others(self) -> None:
         for p in self.processes:
@@ -108,6 +116,7 @@ class ProcessContext:
             if p.exitcode is None:
                 p.kill()
                 p.join()
+        self._release()
 
     def _failure(self, i: int) -> ProcessException:
         p = self.processes[i]
@@ -125,10 +134,14 @@ class ProcessContext:
             "processes were stopped.", i, p.pid, code)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _reserve_port() -> socket.socket:
+    """A socket holding a free port until the job ends (``SO_REUSEADDR``, never listening):
+    rank 0's rendezvous listener can still bind it, other programs cannot take it meanwhile
+    (as ``python -m minidist.launch --standalone`` does)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 def _launched_rank(nprocs: int) -> int | None:
@@ -188,7 +201,8 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
         fn(launched, *args)
         return None
     ctx = multiprocessing.get_context(start_method)
-    port = os.environ.get("MASTER_PORT") or str(_free_port())
+    reservation = None if os.environ.get("MASTER_PORT") else _reserve_port()
+    port = os.environ.get("MASTER_PORT") or str(reservation.getsockname()[1])
     # The children inherit os.environ as it is when each starts: set their variables there
     # for the start only (before the child imports NumPy, so the BLAS pin takes effect).
     saved = dict(os.environ)
@@ -212,11 +226,13 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
     except BaseException:
         for p in processes:
             p.kill()
+        if reservation is not None:
+            reservation.close()
         raise
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    context = ProcessContext(processes, pipes)
+    context = ProcessContext(processes, pipes, reservation)
     if not join:
         return context
     try:

@@ -49,19 +49,22 @@ def gpu_available() -> bool:
         return False
 
 
-def require_cuda() -> Any:
-    """Return the cupy module, or raise a clear error that says how to get a working GPU path."""
+def require_cuda(cpu_hint: str = "MINIDIST_DEVICE=cpu") -> Any:
+    """Return the cupy module, or raise a clear error that says how to get a working GPU path.
+
+    ``cpu_hint`` is how the caller's user picks the CPU instead (a script whose ``--device
+    cuda`` flag wins over the variable passes ``"--device cpu"``)."""
     if _cupy is None:
         raise DeviceUnavailableError(
             "the GPU path needs CuPy, which is not installed. Install the extra that matches your "
             "CUDA version, e.g. `pip install 'minidist[gpu]'` (cupy-cuda12x), or run on the CPU "
-            "with MINIDIST_DEVICE=cpu."
+            f"with {cpu_hint}."
         )
     if not gpu_available():
         raise DeviceUnavailableError(
             "CuPy is installed but no usable CUDA device was found (cupy.cuda.is_available() is "
             "False: no GPU, or the driver is older than CuPy's CUDA runtime). Run on the CPU with "
-            "MINIDIST_DEVICE=cpu, or check `nvidia-smi`."
+            f"{cpu_hint}, or check `nvidia-smi`."
         )
     return _cupy
 

@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 
-from procs import REPO, free_port, run_mpirun, run_python
+from procs import REPO, run_mpirun, run_python
 
 HERE = REPO / "examples" / "from_torch"
 PAIRS = [("ddp_torchrun.py", "ddp_torchrun_minidist.py"), ("ddp_spawn.py", "ddp_spawn_minidist.py"),
@@ -50,7 +50,7 @@ def test_port_changes_imports_and_documented_lines_only(original, port):
         assert f"`{pair[0]}`" in readme and f"`{pair[1]}`" in readme, pair
 
 
-def test_ports_run_like_their_originals(tmp_path):
+def test_ports_run_like_their_originals(tmp_path, port):
     job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
                       HERE / "ddp_torchrun_minidist.py"], timeout_s=180,
                      env={"SAVE_TO": str(tmp_path / "model.npz")})
@@ -60,42 +60,42 @@ def test_ports_run_like_their_originals(tmp_path):
     with np.load(tmp_path / "model.npz") as saved:
         assert "bn.running_mean" in saved.files
     job = run_python([HERE / "ddp_spawn_minidist.py"], timeout_s=180, cwd=tmp_path,
-                     env={"MINIDIST_RENDEZVOUS_PORT": str(free_port())})
+                     env={"MINIDIST_RENDEZVOUS_PORT": str(port)})
     assert job.returncode == 0, job.report()
     assert "weights equal on all ranks: True" in job.stdout, job.report()
 
 
-def check_port_output(port, stdout, report):
+def check_port_output(script, stdout, report):
     """What each port prints at the end of a good run."""
-    if port == "ddp_torchrun_minidist.py":
+    if script == "ddp_torchrun_minidist.py":
         assert float(re.findall(r"accuracy ([0-9.]+)", stdout)[-1]) >= 0.9, report
-    elif port == "ddp_spawn_minidist.py":
+    elif script == "ddp_spawn_minidist.py":
         assert "weights equal on all ranks: True" in stdout, report
-    elif port == "gpt_ddp_minidist.py":
+    elif script == "gpt_ddp_minidist.py":
         assert re.findall(r"sample: first ", stdout), report
     else:
         check_zero_run(stdout, report)
 
 
-@pytest.mark.parametrize("port", [p for _, p in PAIRS])
-def test_port_runs_unchanged_under_mpirun(port, tmp_path):
-    job = run_mpirun(["-n", "2", "python", HERE / port], timeout_s=240, cwd=tmp_path,
+@pytest.mark.parametrize("script", [p for _, p in PAIRS])
+def test_port_runs_unchanged_under_mpirun(script, tmp_path, port):
+    job = run_mpirun(["-n", "2", "python", HERE / script], timeout_s=240, cwd=tmp_path,
                      env={"STEPS": "10", "SAVE_TO": str(tmp_path / "model.npz"),
-                          "MINIDIST_RENDEZVOUS_PORT": str(free_port())})
+                          "MINIDIST_RENDEZVOUS_PORT": str(port)})
     assert job.returncode == 0, job.report()
-    check_port_output(port, job.stdout, job.report())
-    if port == "ddp_spawn_minidist.py":  # each launched rank ran fn(rank): no extra processes
+    check_port_output(script, job.stdout, job.report())
+    if script == "ddp_spawn_minidist.py":  # each launched rank ran fn(rank): no extra processes
         assert "the launcher already started the 2 ranks" in job.stderr, job.report()
     else:  # "gloo" without MASTER_PORT says once, visibly at the default level, that it runs MPI
         assert job.stderr.count("backend='gloo' under hydra: running minidist's MPI "
                                 "transport") == 1, job.report()
 
 
-def test_spawn_port_runs_unchanged_under_the_launcher(tmp_path):
+def test_spawn_port_runs_unchanged_under_the_launcher(tmp_path, port):
     # the other three ports run under the launcher in the tests above
     job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
                       HERE / "ddp_spawn_minidist.py"], timeout_s=180, cwd=tmp_path,
-                     env={"MINIDIST_RENDEZVOUS_PORT": str(free_port())})
+                     env={"MINIDIST_RENDEZVOUS_PORT": str(port)})
     assert job.returncode == 0, job.report()
     check_port_output("ddp_spawn_minidist.py", job.stdout, job.report())
 
