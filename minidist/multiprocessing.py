@@ -20,8 +20,9 @@ Each process starts with the "spawn" start method (a fresh interpreter, as torch
 torchrun-style environment of its rank: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` (default 127.0.0.1) and ``MASTER_PORT`` (default: a free
 port, held reserved until the job ends), and one BLAS thread, so ``init_process_group()``
-builds a TCP group inside. The first process that fails ends the others; ``spawn`` then raises ``ProcessRaisedException`` (with
-that rank's traceback) or ``ProcessExitedException`` (with its exit code).
+builds a TCP group inside. The first process that fails ends the others; ``spawn`` then
+raises ``ProcessRaisedException`` (with that rank's traceback) or ``ProcessExitedException``
+(with its exit code).
 """
 
 from __future__ import annotations
