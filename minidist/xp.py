@@ -49,6 +49,16 @@ def gpu_available() -> bool:
         return False
 
 
+def gpu_count() -> int:
+    """How many CUDA devices CuPy can use here (0 without CuPy or without a GPU)."""
+    if not gpu_available():
+        return 0
+    try:
+        return int(_cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # as gpu_available: a broken driver answers with an exception
+        return 0
+
+
 def require_cuda(cpu_hint: str = "MINIDIST_DEVICE=cpu") -> Any:
     """Return the cupy module, or raise a clear error that says how to get a working GPU path.
 

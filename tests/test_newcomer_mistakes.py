@@ -2,14 +2,20 @@
 
 - a rank query or DDP before ``init_process_group`` under a launcher raises torch's error;
 - ``./mpirun.sh`` with a bad ``-n``, no ``-n``, a number as the command or a ``.py`` file as the
-  command exits 2 with one line that shows the usage.
+  command exits 2 with one line that shows the usage;
+- a 0-d accumulator Tensor is all-reduced in place; checkpoint folders hold one run each,
+  ``--resume`` needs a checkpoint, ``--stop-after-epochs`` counts from the resume point;
+- multi-line prints under mpiexec never run together; ``launch --nproc-per-node auto``.
 Each run is a real ``./mpirun.sh`` job, bounded in time and killed on failure (tests/procs.py).
 """
 
+import io
+import re
 import subprocess
 
 import pytest
 
+from minidist.comm.report import WholeLineWriter
 from procs import REPO, job_env, run_mpirun, run_python
 
 NOT_INITIALIZED = "Default process group has not been initialized, please make sure to call " \
@@ -122,3 +128,69 @@ def test_a_warmup_longer_than_the_run_is_refused():
     job = run_mpirun([*TRAIN, "--epochs", "2", "--warmup-epochs", "100"], timeout_s=120)
     assert job.returncode == 2, job.report()
     assert "--warmup-epochs 100 is longer than --epochs 2" in job.stderr, job.report()
+
+
+def test_launch_takes_torchruns_nproc_per_node_auto(tmp_path):
+    import os
+
+    script = tmp_path / "size.py"
+    script.write_text("import os\nprint('WORLD_SIZE', os.environ['WORLD_SIZE'], flush=True)\n")
+    job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "auto",
+                      script], timeout_s=120)
+    assert job.returncode == 0, job.report()
+    from minidist.xp import gpu_count
+    want = gpu_count() or os.cpu_count()
+    assert job.stdout.count(f"WORLD_SIZE {want}") == want, job.report()
+
+
+MULTILINE = """\
+import io
+import re
+import minidist as md
+md.init_process_group()
+r, n = md.get_rank(), md.get_world_size()
+for i in range(1000):
+    print("\\n".join(f"[rank {r}/{n}] block {i} line {k} " + "x" * 40 for k in range(3)),
+          flush=True)
+md.destroy_process_group()
+"""
+
+
+def test_multi_line_prints_never_run_together_under_mpiexec(tmp_path):
+    # PYTHONUNBUFFERED: print writes its text and its newline apart, the case that joined
+    # lines (`... -> [3.0, 3.0][rank 1/3] reduce-scatter step 0` in course step 2)
+    script = tmp_path / "blocks.py"
+    script.write_text(MULTILINE)
+    job = run_mpirun(["-n", "3", "python", script], timeout_s=120,
+                     env={"PYTHONUNBUFFERED": "1"})
+    assert job.returncode == 0, job.report()
+    lines = job.stdout.splitlines()
+    bad = [line for line in lines
+           if not re.fullmatch(r"\[rank \d/3\] block \d+ line \d x{40}", line)]
+    assert not bad and len(lines) == 3 * 1000 * 3, (bad[:5], len(lines))
+
+
+class RecordingFile(io.RawIOBase):
+    """A file that remembers each write the OS would have seen."""
+
+    def __init__(self):
+        self.writes = []
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        self.writes.append(bytes(b))
+        return len(b)
+
+
+@pytest.mark.parametrize("cls,line_buffering,want", [
+    (io.TextIOWrapper, True, [b"a\nb", b"\n"]),     # what a line-buffered stream does
+    (WholeLineWriter, False, [b"a\nb\n"]),          # one write per whole line
+])
+def test_a_multi_line_print_is_one_write(cls, line_buffering, want):
+    raw = RecordingFile()
+    stream = cls(io.BufferedWriter(raw), encoding="utf-8", line_buffering=line_buffering)
+    print("a\nb", file=stream)
+    stream.flush()
+    assert raw.writes == want
