@@ -91,8 +91,8 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
                    help="timed calls per point (default: 200 for small, down to 10 at 64 MiB)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 3)")
     p.add_argument("--algorithms", default=DEFAULT_ALGOS, help=f"default {DEFAULT_ALGOS}")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--op", default="sum")
+    p.add_argument("--dtype", default="float32", help="element type (default float32)")
+    p.add_argument("--op", default="sum", help="reduction: sum, avg, max, min, prod (default sum)")
     p.add_argument("--out", default=str(LOCAL_RESULTS), help="directory for JSON/PNG")
     p.add_argument("--name", default=None, help="file stem (default allreduce_n{N})")
     p.add_argument("--backend", default="mpi", help="mpi (under mpiexec) or tcp (torchrun env)")
@@ -255,11 +255,12 @@ def time_interleaved(group: Any, runs: list[tuple[Callable, np.ndarray]], base: 
     return group.all_gather(local.reshape(-1)).max(axis=0).reshape(k, iters).tolist()
 
 
-OURS = ("ring", "tree", "rd", "direct", "shm")  # "our own algorithms" of the auto target
+OURS = ("ring", "tree", "rd", "direct", "shm", "hier")  # "our own algorithms": auto's targets
 
 
 def best_of_ours(point: list[dict], zc: bool) -> dict | None:
-    """The fastest of ring/tree/rd/direct/shm at one size, on plain (or shared: zc) buffers."""
+    """The fastest of ring/tree/rd/direct/shm/hier (those in the run) at one size, on plain
+    (or shared: zc) buffers."""
     mine = [r for r in point if r["algorithm"] in
             ([a + "_zc" for a in OURS] if zc else OURS)]
     return min(mine, key=lambda r: r["median_us"]) if mine else None
@@ -306,17 +307,23 @@ def sweep(args: Args, group: Any, gloo: Callable | None = None) -> dict:
     rng = np.random.default_rng(1234 + rank)
     full = (rng.integers(-100, 100, max_count) if dtype.kind in "iu"
             else rng.standard_normal(max_count)).astype(dtype)
+    # the ratio columns of the rows this run has: (title, row key, what it is)
+    ratios = [(title, key, what) for title, key, what, row in (
+        ("vs mpi", "ratio_to_mpi", "/ mpi (MPI's Allreduce through minidist)", "mpi"),
+        ("vs raw", "ratio_to_mpi_raw", f"/ {RAW_MPI} (mpi4py's comm.Allreduce called directly)",
+         RAW_MPI),
+        ("vs gloo", "ratio_to_gloo", "/ torch's gloo", "gloo"),
+        ("vs best", "ratio_to_best_ours", f"auto / the fastest of {'/'.join(OURS)} in this run "
+         "(same buffer kind) at that size", "auto")) if any(
+            base_algorithm(a) == row for a in args.algorithms)]
     table = Table([("size(B)", 10, "d"), ("count", 9, "d"), ("algorithm", 9, "s"),
                    ("median(us)", 11, ".1f"), ("min(us)", 10, ".1f"), ("max(us)", 10, ".1f"),
                    ("algbw(GB/s)", 11, ".3f"), ("busbw(GB/s)", 11, ".3f"),
-                   ("vs mpi", 7, ".2f"), ("vs raw", 7, ".2f"), ("vs gloo", 7, ".2f"),
-                   ("vs best", 7, ".2f"),
-                   ("#wrong", 6, "d")])
+                   *[(title, 7, ".2f") for title, _, _ in ratios], ("#wrong", 6, "d")])
     if rank == 0:
         print(f"# minidist all_reduce benchmark: n={n}, dtype={dtype.name}, op={args.op}, "
-              f"backend={group.backend}; timings interleaved; 'vs best' = auto / fastest of "
-              f"{'/'.join(OURS)} (same buffer kind) at that size; 'vs raw' = / {RAW_MPI} "
-              "(mpi4py's comm.Allreduce called directly)")
+              f"backend={group.backend}; timings interleaved; "
+              + "; ".join(f"'{title}' = {what}" for title, _, what in ratios), flush=True)
         print(table.header(), flush=True)
     rows = []
     plain = np.empty(max_count, dtype)
@@ -361,8 +368,7 @@ def sweep(args: Args, group: Any, gloo: Callable | None = None) -> dict:
             if rank == 0:
                 print(table.row(nbytes, count, r["algorithm"], r["median_us"], r["min_us"],
                                 r["max_us"], r["algbw_GBps"], r["busbw_GBps"],
-                                r["ratio_to_mpi"], r["ratio_to_mpi_raw"], r["ratio_to_gloo"],
-                                r["ratio_to_best_ours"], r["wrong"]),
+                                *[r[key] for _, key, _ in ratios], r["wrong"]),
                       flush=True)
         rows += point
     out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
