@@ -1,4 +1,4 @@
-"""Scale model: all-reduce and DDP step time from 2 to 4096 ranks, fitted on this machine.
+"""Scale model: all-reduce and DDP step time from 2 to 4096 ranks, fitted to measured results.
 
     .venv/bin/python benchmarks/scale_model.py --quick        # fit + validate + a small grid
     .venv/bin/python benchmarks/scale_model.py                # the full grid, tables + JSON
@@ -7,8 +7,10 @@
         --model 25M:100 --overlap 0.8                         # one cluster, one model
 
 No processes are started: the script reads the all-reduce benchmark's JSON results
-(``benchmarks/allreduce.py``, one file per run) and fits, per LEVEL of the machine, the
-alpha-beta-gamma constants that every algorithm shares:
+(``benchmarks/allreduce.py``, one file per run; by default the ones shipped in
+``benchmarks/results/``, measured on the machine docs/benchmarks.md describes: pass
+``--inputs`` with your own runs' JSON to fit YOUR machine) and fits, per LEVEL of the machine,
+the alpha-beta-gamma constants that every algorithm shares:
 
   alpha  microseconds per message (latency + the per-message software cost)
   beta   microseconds per byte sent
@@ -668,7 +670,8 @@ def print_checks(held: list[dict], ddp: list[dict]) -> None:
         d = Table([("model", 6, "s"), ("n", 3, "d"), ("compute", 8, ".2f"),
                    ("measured", 9, ".2f"), ("predicted", 9, ".2f"), ("error", 7, "s"),
                    ("exposed meas/pred", 18, "s")])
-        print("# DDP step on this machine (ms): compute = the same n processes without DDP")
+        print("# DDP step of the measured machine (ms): compute = the same n processes without "
+              "DDP")
         print(d.header())
         for r in ddp:
             exposed = f"{r['measured_exposed_ms'] or 0:.2f}/{r['predicted_exposed_ms']:.2f}"
@@ -898,6 +901,11 @@ def main(argv: list[str] | None = None) -> int:
     held = [h for b, pts in points.items() for n in sorted({q[0] for q in pts})
             if (h := holdout(b, pts, gamma, n)) is not None]
     ddp = validate_ddp(REPO / args.ddp_results, levels["mpi"], args.overlap)
+    files = expand(args.inputs)
+    print(f"# fitted to {len(files)} result file(s) of --inputs"
+          + (" (the shipped benchmarks/results/, measured on the machine of docs/benchmarks.md;"
+             " pass --inputs with your own allreduce.py JSON to fit this machine)"
+             if args.inputs == DEFAULT_INPUTS else f": {', '.join(map(str, files))}"))
     print_fit(fits, note)
     print_validation(fits, hier, [8, 64 << 10, 1 << 20, 8 << 20])
     print_checks(held, ddp)
