@@ -17,7 +17,8 @@ Run (from the repository root):
 
 Rank 0 prints one line per epoch (loss and accuracy averaged over all ranks, validation on the
 test split, samples/s) and a final ``final test_acc`` line. The same ``--seed`` gives the same
-numbers bit for bit. What one step does on every rank:
+numbers bit for bit for the same launch (under ``--algorithm auto`` another transport may sum the
+gradients in another order: README.md says why). What one step does on every rank:
 
     DistributedSampler (seed + epoch, one shard per rank) -> model(x) -> CrossEntropyLoss
     -> backward (gradient buckets all-reduced while backward runs, docs/how_ddp_works.md)
@@ -113,7 +114,9 @@ HELP = {
     "warmup_epochs": "epochs of linear warm-up, then cosine decay over the rest; at most "
                      "--epochs (the default shrinks to --epochs on a shorter run)",
     "grad_accum_steps": "micro-batches per optimizer step (all but the last under no_sync)",
-    "seed": "seed of the weights, dropout and shuffling: the same seed gives the same numbers",
+    "seed": "seed of the weights, dropout and shuffling: the same seed gives the same numbers "
+            "for the same launch (another transport may pick another all-reduce algorithm "
+            "under --algorithm auto, whose sums round differently: see README.md)",
     "dataset": "digits (bundled), mnist / fashion-mnist (IDX files in --data-root) or synthetic",
     "data_root": "folder holding the MNIST / Fashion-MNIST IDX files (docs/data.md says where "
                  "to get them)",

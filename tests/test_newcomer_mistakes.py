@@ -194,3 +194,20 @@ def test_a_multi_line_print_is_one_write(cls, line_buffering, want):
     print("a\nb", file=stream)
     stream.flush()
     assert raw.writes == want
+
+
+def test_a_fixed_algorithm_gives_the_same_bits_under_mpirun_and_the_launcher(tmp_path):
+    """README.md: --algorithm ring sums in one order under both transports (4 ranks)."""
+    import numpy as np
+
+    args = [REPO / "examples" / "train.py", "--epochs", "1", "--algorithm", "ring"]
+    mpi = run_mpirun(["-n", "4", "python", *args, "--save-model", tmp_path / "mpi.npz"],
+                     timeout_s=240)
+    assert mpi.returncode == 0, mpi.report()
+    tcp = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "4", *args,
+                      "--save-model", tmp_path / "tcp.npz"], timeout_s=240)
+    assert tcp.returncode == 0, tcp.report()
+    with np.load(tmp_path / "mpi.npz") as a, np.load(tmp_path / "tcp.npz") as b:
+        assert a.files == b.files
+        for k in a.files:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
