@@ -200,7 +200,7 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
     launched = _launched_rank(nprocs)
     if launched is not None:  # mpiexec or minidist.launch already started the ranks
         fn(launched, *args)
-        return None
+        return None if join else ProcessContext([], [])  # nothing left to wait for
     ctx = multiprocessing.get_context(start_method)
     reservation = None if os.environ.get("MASTER_PORT") else _reserve_port()
     port = os.environ.get("MASTER_PORT") or str(reservation.getsockname()[1])
