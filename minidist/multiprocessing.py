@@ -160,7 +160,7 @@ def _launched_rank(nprocs: int) -> int | None:
         ValueError: the launcher started a different number of ranks than ``nprocs``.
     """
     from minidist.comm.env import detect_launch  # comm imports lazily: spawn is a leaf
-    from minidist.log import get_logger
+    from minidist.logger import get_logger
     info = detect_launch()
     if info.launcher in ("single", "explicit") or info.world_size in (None, 1):
         return None

@@ -15,7 +15,7 @@ import errno
 import os
 from typing import Any
 
-from minidist import log as mdlog
+from minidist import logger as mdlog
 from minidist.comm.env import LaunchInfo
 from minidist.comm.errors import CommError
 from minidist.comm.transports.base import Transport

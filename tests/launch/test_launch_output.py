@@ -12,7 +12,7 @@ from procs import REPO, job_env, kill_group, run_python
 
 BAR = """\
 import sys, time
-from minidist.log import get_logger
+from minidist.logger import get_logger
 get_logger("demo").warning("hello from the logger")
 print("plain line", flush=True)
 for i in range(1, 4):
