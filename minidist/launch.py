@@ -25,7 +25,7 @@ spellings (``--nproc_per_node``) are accepted too. What the launcher guarantees:
 ``--max-restarts N`` (torchrun's elastic restarts): when a rank fails, the launcher stops the
 group as above, says which restart it starts and why, and starts every rank again, up to N
 times; each rank sees ``TORCHELASTIC_RESTART_COUNT`` (0 on the first attempt) and
-``TORCHELASTIC_MAX_RESTARTS``. A script that checkpoints (the Trainer with ``resume=True``)
+``TORCHELASTIC_MAX_RESTARTS``. A script that checkpoints (the Trainer with ``resume="if_present"``)
 continues from its last checkpoint. Only this node's ranks restart (one node per launcher).
 
 Exit code: 0 when every rank exits 0; the first failed rank's code (128 + signal if a signal
@@ -357,7 +357,7 @@ def run_with_restarts(args: argparse.Namespace) -> int:
 
     Every attempt starts all ranks afresh with ``TORCHELASTIC_RESTART_COUNT`` = the attempt
     number (0 first) and the same rendezvous port; a script that saves checkpoints resumes
-    from its last one (``TrainerConfig(resume=True)``). Returns the last attempt's code.
+    from its last one (``TrainerConfig(resume="if_present")``). Returns the last attempt's code.
     """
     try:
         for attempt in range(args.max_restarts + 1):

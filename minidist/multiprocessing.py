@@ -159,11 +159,13 @@ def _launched_rank(nprocs: int) -> int | None:
     Raises:
         ValueError: the launcher started a different number of ranks than ``nprocs``.
     """
-    from minidist.comm.env import detect_launch  # comm imports lazily: spawn is a leaf
+    from minidist.comm.env import MPI_LAUNCHERS, detect_launch  # lazily: spawn is a leaf
     from minidist.logger import get_logger
     info = detect_launch()
-    if info.launcher in ("single", "explicit") or info.world_size in (None, 1):
-        return None
+    launcher = (info.launcher in MPI_LAUNCHERS or info.started_by == "launch"
+                or bool(os.environ.get("TORCHELASTIC_RUN_ID")))  # a launcher, not RANK by hand
+    if not launcher or info.world_size in (None, 1):
+        return None  # e.g. imagenet's multi-node mode: one spawn per node, as torch does
     if info.world_size != nprocs:
         raise ValueError(
             f"[rank {info.rank}/{info.world_size}] spawn(nprocs={nprocs}): the launcher "
