@@ -50,7 +50,7 @@ Output: tables on stdout (rank 0); the driver writes ddp_scaling.json and ddp_sc
 table) into ``--out`` (default runs/bench/, git-ignored; the published results in
 benchmarks/results/ come from ``--out benchmarks/results``), a single launch under mpirun.sh
 ddp_scaling_nN.json (with --amp: ddp_scaling_amp.json, ddp_scaling_amp.txt,
-ddp_scaling_amp_nN.json).
+ddp_scaling_amp_nN.json; with --trace: ddp_scaling_trace.json, ...).
 """
 
 from __future__ import annotations
@@ -421,8 +421,9 @@ def driver(args: argparse.Namespace) -> None:
 
 
 def result_stem(args: argparse.Namespace) -> str:
-    """``ddp_scaling``, or ``ddp_scaling_amp`` for --amp runs (they keep the plain table)."""
-    return "ddp_scaling_amp" if args.amp else "ddp_scaling"
+    """``ddp_scaling``, ``ddp_scaling_amp`` for --amp runs, ``..._trace`` for --trace runs
+    (each keeps the others' tables: a traced step is slower, not for the table)."""
+    return ("ddp_scaling_amp" if args.amp else "ddp_scaling") + ("_trace" if args.trace else "")
 
 
 def main() -> None:
