@@ -103,7 +103,7 @@ class DistributedDataParallel(ModulePassThrough):
         static_graph: accepted and recorded; minidist does not specialise on it.
         broadcast_parameters: minidist's older name for ``init_sync`` (both must be True to
             broadcast).
-        algorithm: all-reduce algorithm: "auto", "ring", "tree", "rd", "direct", "mpi".
+        algorithm: all-reduce algorithm: "auto" or a name of the registry (``ALGORITHMS``).
         comm_hook: ``hook(state, bucket)`` replacing the plain averaging (see hooks.py).
         overlap: reduce buckets on a comm thread while backward runs (True), all at the end
             of backward on the main thread (False), or ``"auto"`` (default): off only when
@@ -136,8 +136,9 @@ class DistributedDataParallel(ModulePassThrough):
         broadcast_parameters = broadcast_parameters and init_sync
         if bucket_cap_mb is None:  # torch's None: the default cap
             bucket_cap_mb = 25
-        if not comm.is_initialized():
-            comm.init_process_group()
+        if not comm.is_initialized():  # one of several launched ranks: raise as torch does
+            comm.require_group_if_launched("DistributedDataParallel(model)")
+            comm.init_process_group()  # a single process: a one-rank group
         self.module = module
         self.process_group = process_group
         self.algorithm = algorithm
