@@ -86,7 +86,7 @@ cuda, JIT = _import_cuda()
 
 __all__ = ["unscale_and_check", "unscale_and_check_", "foreach_unscale_and_check_",
            "update_scale_", "master_to_model", "SIMULATOR", "JIT", "check_usable", "signature",
-           "rehearse", "PLAN_STATS", "clear_plans"]
+           "rehearse", "PLAN_STATS", "clear_plans", "launch_plan", "LaunchPlan"]
 
 
 def _simulator() -> bool:
@@ -467,6 +467,14 @@ def _plan_for(kernel: Any, keys: tuple[Hashable, ...], make_arrays: Any, n: int,
     views = tuple(_view(a, k) for a, k in zip(make_arrays(), keys))
     return _remember(_PLANS, key, LaunchPlan(kernel, views, blocks, threads,
                                              _numba_stream(ptr)))
+
+
+def launch_plan(kernel: Any, arrays: tuple[Any, ...], n: int,
+                launch: tuple[int, int] | None = None) -> LaunchPlan:
+    """The cached ``LaunchPlan`` of ``kernel`` over ``arrays`` (CuPy, or NumPy under the
+    simulator) for ``n`` elements on CuPy's current stream: ``plan.views`` are the arrays'
+    Numba views, ``plan.launch(*args)`` launches (another kernel module's entry to the cache)."""
+    return _plan(kernel, arrays, n, launch)
 
 
 def _is_host_number(x: Any) -> bool:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from minidist.comm.algorithms.cuda_ipc import cuda_ipc_all_reduce, cuda_ipc_available
+from minidist.comm.algorithms.cuda_ipc import (cuda_ipc_all_reduce, cuda_ipc_available,
+                                               ipc_host_all_reduce)
 from minidist.comm.algorithms.direct import direct_all_reduce
 from minidist.comm.algorithms.hier import hier_all_reduce
 from minidist.comm.algorithms.mpi_native import mpi_all_reduce
@@ -30,11 +31,12 @@ ALGORITHMS: dict[str, Callable[..., None]] = {
     "shm": shm_all_reduce,
     "hier": hier_all_reduce,
     "cuda_ipc": cuda_ipc_all_reduce,
+    "ipc_host": ipc_host_all_reduce,  # cuda_ipc's protocol on host windows: its CPU twin
 }
 
 
 __all__ = ["ALGORITHMS", "direct_all_reduce", "ring_all_reduce", "tree_all_reduce",
            "rd_all_reduce", "mpi_all_reduce", "shm_all_reduce", "hier_all_reduce",
-           "cuda_ipc_all_reduce", "cuda_ipc_available",
+           "cuda_ipc_all_reduce", "cuda_ipc_available", "ipc_host_all_reduce",
            "ring_reduce_scatter", "ring_all_gather",
            "tree_reduce", "tree_broadcast"]
