@@ -98,9 +98,19 @@ def reduce_plan(out: Any, sources: list[Any], op: str, *,
         return lambda: None
     arrays = (out, *sources, *[sources[0]] * (MAX_SOURCES - n))
     plan = kcuda.launch_plan(_reduce_kernel, arrays, int(out.size), launch)
-    views = plan.views
+    views = _in_place(plan.views)
     args = (views[0], np.int64(n), np.int64(OP_CODES[op]), *views[1:])
     return lambda: plan.launch(*args)
+
+
+def _in_place(views: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The simulator copies each NumPy argument in and back out around a launch, so an output
+    that is also a source would be overwritten by that source's copy-back: there, wrap the
+    arrays in the simulator's device-array type (no copies), as a GPU's views are."""
+    if not kcuda.SIMULATOR:
+        return views
+    fake = type(cuda.to_device(np.zeros(1, np.uint8)))
+    return tuple(fake(v) if isinstance(v, np.ndarray) else v for v in views)
 
 
 def reduce_slices(out: Any, sources: list[Any], op: str, *,
