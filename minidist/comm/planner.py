@@ -10,7 +10,8 @@ labels and run manifest name ``plan.algorithm`` of the same planner, so after ``
 minidist.tune`` both name the calibrated choice that ran.
 
 How "auto" decides (select.py): ranks on several nodes -> "hier" (or "rd" for small
-messages); a device buffer on one node with CUDA IPC -> "cuda_ipc"; otherwise the size rules
+messages); a device buffer on one node with CUDA IPC -> "cuda_ipc" ("host_copy" below the
+cut-over a calibration measured on a GPU: host_copy.choose_device); otherwise the size rules
 and the alpha-beta model, from the calibration every rank holds alike (``calibrate.agreed``) or
 the shipped table. A training loop repeats a few shapes, so plans are memoized per (algorithm,
 bytes, dtype, op, shared window?, stream 0?, array type) and expire when the rules change
@@ -26,6 +27,7 @@ import numpy as np
 
 from minidist.comm.algorithms import ALGORITHMS, cuda_ipc_available
 from minidist.comm.algorithms import select
+from minidist.comm.algorithms.host_copy import choose_device
 from minidist.comm.algorithms.mpi_native import (NativeAllReduce, mpi_all_reduce,
                                                  native_all_reduce, supports_native)
 from minidist.comm.algorithms.shm import shm_owns
@@ -145,8 +147,8 @@ class Planner:
         by_nodes = select.choose_for_nodes(self.num_nodes, flat.nbytes)
         if by_nodes is not None:  # several nodes: hier (or rd for small messages)
             return by_nodes
-        if cuda_ipc_available(self.transport, flat, tag):
-            return "cuda_ipc", "device buffer, ranks on one node: CUDA IPC windows"
+        if cuda_ipc_available(self.transport, flat, tag):  # small ones: host_copy, if measured
+            return choose_device(self.size, flat.nbytes, self.calibration)
         has_shm = self.shm is not None and type(flat) is np.ndarray and not tag  # stream 0
         return select.choose_with_reason(self.size, flat.nbytes, self.native, has_shm, shared,
                                          self.calibration)

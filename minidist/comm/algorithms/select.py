@@ -19,6 +19,8 @@ own constants in ``MODEL`` (a plain dict, refittable from benchmark JSON) and a 
   shm     2a + K b + K(n-1)/n g    (a = one shared-memory barrier, b = copy in + out; only on the
           MPI transport with every rank on one node; ``shm_zc``: the zero-copy variant on a
           buffer in a shared window, same formula, its own fitted constants, for the record)
+  cuda_ipc, host_copy    a + K b + K(n-1)/n g   (device buffers, for the record: "auto" picks
+          between them by a calibration's measured size rule, ``host_copy.choose_device``)
 
 ``CANDIDATES`` lists the algorithms "auto" may choose from (``direct`` is the oracle, not a
 contender). The default constants are rough numbers for this 2-core VM (MPI transport, n=2);
@@ -88,9 +90,15 @@ def _shm_zc(n: int, k: float, a: float, b: float, g: float) -> float:
     return 2 * a + k * b + k * (n - 1) / n * g
 
 
+def _device(n: int, k: float, a: float, b: float, g: float) -> float:
+    return a + k * b + k * (n - 1) / n * g
+
+
 COST: dict[str, Callable[..., float]] = {
     "ring": _ring, "tree": _tree, "rd": _rd, "direct": _direct, "mpi": _mpi, "shm": _shm,
     "shm_zc": _shm_zc,
+    # device buffers (fitted by a calibration on a GPU; "auto" uses its measured size rule)
+    "cuda_ipc": _device, "host_copy": _device,
 }
 
 # Size rules (MPI transport, this machine): {"<n>" or "<n>s": [[upper_bytes or None, algo], ...]}
