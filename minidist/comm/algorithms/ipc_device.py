@@ -32,7 +32,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from minidist import xp as backend
-from minidist.comm.algorithms.ipc_sync import (FLAGS, LINE, HostControl, HostSignals,
+from minidist.comm.algorithms.ipc_sync import (FLAGS, IN, LINE, HostControl, HostSignals,
                                                MessageSignals, Signals)
 from minidist.comm.algorithms.ipc_windows import reduce_reference
 from minidist.comm.algorithms.ring import ring_all_gather
@@ -112,7 +112,8 @@ class StreamSignals:
                     "cuStreamWriteValue32")
 
     def wait(self, rank: int, flag: int, value: int) -> None:
-        self._check(self._wait(self._stream(), self._ptrs[rank][flag], value & MASK, self._geq),
+        self._check(self._wait(self._stream(), self._ptrs[rank][flag], value & MASK,
+                               int(self._geq)),
                     "cuStreamWaitValue32")
 
     def _check(self, result: tuple, what: str) -> None:
@@ -141,7 +142,7 @@ class CudaIpcWindows:
         me, n = transport.rank, transport.size
         self.order = ipc_order()
         host_signals = None  # made (my host flags at 0) before the handle exchange meets
-        if self.order != "stream" and control is not None:
+        if control is not None:  # (the fallback of stream order, too)
             host_signals = HostSignals(control, transport, before=self.sync)
         self._own = rt.malloc(nbytes)
         rt.memset(self._own, 0, FLAG_BYTES)
@@ -167,10 +168,16 @@ class CudaIpcWindows:
         if self.order == "stream":
             self.signals = StreamSignals([[b + f * LINE for f in range(FLAGS)]
                                           for b in self._bases], me, lambda: self._stream_ptr)
-        elif host_signals is not None:
-            self.signals = host_signals
-        else:
-            self.signals = MessageSignals(transport, self.sync, tag)
+            try:  # a device or driver without stream memory operations answers here
+                self.begin()
+                self.signals.wait(me, IN, 0)  # my own flag, already 0: a no-op
+            except (CommError, TypeError, AttributeError) as e:
+                log.warning("cuda_ipc: cannot order the phases on the GPU (%s); ordering them "
+                            "from the host (MINIDIST_IPC_ORDER=host)", e)
+                self.order = "host"
+        if self.order == "host":
+            self.signals = host_signals if host_signals is not None else \
+                MessageSignals(transport, self.sync, tag)
 
     def begin(self) -> Hashable:
         self._stream_ptr = int(self._cupy.cuda.get_current_stream().ptr)
