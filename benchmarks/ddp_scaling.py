@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/ddp_scaling.py --out benchmarks/results   # the published results
                                                         # (default: runs/bench/, git-ignored)
     .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
-        # + a step timeline per rank (minidist/trace.py): /tmp/tr/n2/trace.json, drawn by
+        # + a step timeline per rank (minidist/tracing.py): /tmp/tr/n2/trace.json, drawn by
         # benchmarks/plot_trace.py (tracing adds a little time to every step: not for the table)
     .venv/bin/python benchmarks/ddp_scaling.py --amp --quick  # + AMP rows: the cost of loss scaling
     .venv/bin/python benchmarks/ddp_scaling.py --models large --quick --paired 200
@@ -70,7 +70,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import minidist  # noqa: E402
-from minidist import amp, comm, kernels, nn, optim, trace  # noqa: E402
+from minidist import amp, comm, kernels, nn, optim  # noqa: E402
+from minidist import tracing as trace  # noqa: E402
 from minidist.comm.algorithms.shm import shm_is_shared  # noqa: E402
 from minidist.ddp import DistributedDataParallel, auto_overlap  # noqa: E402
 from minidist.ddp.reducer import all_finite_fast  # noqa: E402
@@ -414,7 +415,7 @@ def main() -> None:
     p.add_argument("--out", default=str(LOCAL_RESULTS), help="folder for the JSON/text "
                    "results (the published ones: --out benchmarks/results)")
     p.add_argument("--trace", metavar="DIR", help="write a step timeline per world size "
-                   "into DIR/n<N>/ (Chrome trace / Perfetto JSON; see minidist/trace.py)")
+                   "into DIR/n<N>/ (Chrome trace / Perfetto JSON; see minidist/tracing.py)")
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)

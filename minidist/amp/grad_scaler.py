@@ -58,7 +58,7 @@ from minidist import kernels
 from minidist import xp as backend
 from minidist.amp.master_weights import MasterParameter, MasterWeights, owner_of
 from minidist.amp.overflow import OverflowReport, first_nonfinite
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 from minidist.tensor import Tensor
 
 log = get_logger(__name__)

@@ -17,7 +17,7 @@ import collections
 from typing import Any, Iterable, Sequence
 
 from minidist import xp as backend
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 

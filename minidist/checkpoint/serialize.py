@@ -26,7 +26,7 @@ import numpy as np
 
 from minidist import xp as backend
 from minidist.checkpoint.codec import FORMAT_VERSION, META_KEY, decode, encode
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 from minidist.tensor import Tensor
 
 PathOrFile = str | os.PathLike | BinaryIO

@@ -29,7 +29,7 @@ import dataclasses
 import os
 from typing import Mapping
 
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 

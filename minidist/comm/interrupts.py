@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from minidist import log as mdlog
+from minidist import logger as mdlog
 from minidist.comm import report
 
 INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from minidist.comm.errors import PeerExited
 from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_FAIL
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 
 EXIT_KEY = "exit"   # the BYE payload's entry for the exit code (the others are stream counts)
 PROCESS_KEY = "process"  # ... and for the leaving process: [host name, pid]

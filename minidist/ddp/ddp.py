@@ -44,7 +44,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from minidist import comm, trace
+from minidist import comm
+from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.amp import owner_of
 from minidist.comm.planner import check_algorithm
@@ -59,7 +60,7 @@ from minidist.ddp.grad_checks import unused_param_indices
 from minidist.ddp.reducer import Reducer
 from minidist.ddp.sync_batchnorm import SyncBatchNorm
 from minidist.ddp.timeline import trace_all_reduce
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 from minidist.tensor.grad_mode import is_grad_enabled
 
 log = get_logger(__name__)

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from minidist import xp as backend
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 
 log = get_logger("minidist.ddp.reducer")  # the Reducer's reports: one logger name for them
 

@@ -58,7 +58,8 @@ import time
 from typing import Any, Callable, Sequence
 
 
-from minidist import comm, trace
+from minidist import comm
+from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.amp import active_scaler
 from minidist.comm.errors import failure_advice, sentence
@@ -68,7 +69,7 @@ from minidist.ddp.grad_checks import (all_finite_fast, float_arrays, missing_gra
                                       nonfinite_names, report_nonfinite, where_it_started)
 from minidist.ddp.hooks import GradBucket, allreduce_hook, wants_prescaled
 from minidist.ddp.states import StepState, SyncMode
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 from minidist.tensor import GradDestination, queue_callback
 
 log = get_logger(__name__)
@@ -287,7 +288,7 @@ class Reducer:
             bucket.finite = all_finite_fast(view.reshape(-1))
         if not bucket.mark_slot_done(k):
             return
-        tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
+        tr = trace.tracer()  # the step timeline (minidist/tracing.py); None when tracing is off
         if tr is not None:
             tr.instant(f"bucket {bucket.index} ready", args={"step": self.num_syncs})
         # Launch ready buckets strictly in index order (the same order on every rank).

@@ -1,10 +1,11 @@
-"""What DistributedDataParallel records on the step timeline (minidist/trace.py, MINIDIST_TRACE)."""
+"""What DistributedDataParallel records on the step timeline (minidist/tracing.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from minidist import comm, trace
+from minidist import comm
+from minidist import tracing as trace
 
 
 def trace_all_reduce(ddp: Any, tr: trace.Tracer, array: Any, op: str, t0: float,

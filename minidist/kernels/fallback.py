@@ -40,7 +40,7 @@ import numpy as np
 
 from minidist import xp as backend
 from minidist.envvars import env
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 
 log = get_logger(__name__)
 

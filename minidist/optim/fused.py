@@ -45,7 +45,7 @@ import numpy as np
 from minidist import xp as backend
 from minidist.kernels import optim_math
 from minidist.kernels.fallback import CompiledBackend
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 
 log = get_logger(__name__)
 

@@ -55,7 +55,7 @@ from typing import Any
 import numpy
 
 from minidist import xp as backend
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 from minidist.optim.options import run_closure
 
 log = get_logger(__name__)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy
 
 from minidist import xp as backend
+from minidist.tensor import dtypes
 
 _state = threading.local()
 
@@ -51,7 +52,8 @@ POLICY: dict[str, str] = {
 """Op name -> how autocast treats its floating inputs (torch's lists, for minidist's ops)."""
 
 DEVICE_TYPES = ("cpu", "cuda")
-SUPPORTED_DTYPES = (numpy.dtype(numpy.float16),)
+SUPPORTED_DTYPES = (numpy.dtype(numpy.float16), dtypes.BFLOAT16_NUMPY)
+LOW_PRECISION = SUPPORTED_DTYPES  # the dtypes the FP32 ops widen back to float32
 
 
 def _active() -> dict[str, Any]:
@@ -97,8 +99,9 @@ def lower_precision_op_count() -> int:
 
 
 def _cast(t: Any, dtype: Any) -> Any:
-    eligible = t is not None and (t.dtype == numpy.float32 or t.dtype == numpy.float16)
-    return t.astype(dtype) if eligible and t.dtype != dtype else t
+    src = None if t is None else t.data.dtype
+    eligible = src is not None and (src == numpy.float32 or src in LOW_PRECISION)
+    return t.astype(dtype) if eligible and src != dtype else t
 
 
 def autocast_args(op: str, *tensors: Any) -> tuple:
@@ -117,5 +120,5 @@ def autocast_args(op: str, *tensors: Any) -> tuple:
     if POLICY[op] == LOWER_PRECISION:
         _state.lower_ops = getattr(_state, "lower_ops", 0) + 1
         return tuple(_cast(t, dtype) for t in tensors)
-    return tuple(t if t is None or t.dtype != numpy.float16 else t.astype(numpy.float32)
+    return tuple(t if t is None or t.data.dtype not in LOW_PRECISION else t.astype(numpy.float32)
                  for t in tensors)

@@ -41,7 +41,7 @@ import threading
 import weakref
 from typing import Any, Callable, Sequence
 
-from minidist import trace
+from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.tensor.core import Tensor, as_array, error
 from minidist.tensor.grad_destination import GradDestination
@@ -280,7 +280,7 @@ def _run(root: Tensor, gradient: Any, retain_graph: bool, capture: dict[int, Any
     if claims is None:
         claims = _running.claims = []
     claims.append({} if capture is None else None)
-    tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
+    tr = trace.tracer()  # the step timeline (minidist/tracing.py); None when tracing is off
     t0 = tr.now() if tr is not None else 0.0
     try:
         _walk(root, gradient, retain_graph, capture)  # an error drops the queued callbacks

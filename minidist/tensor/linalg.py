@@ -25,9 +25,13 @@ import numpy
 
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
-from minidist.tensor import autograd
+from minidist.tensor import autograd, dtypes
 from minidist.tensor.core import Tensor, error, is_floating
 from minidist.tensor.elementwise import broadcast_message, unbroadcast
+
+
+LOW_PRECISION = (numpy.dtype(numpy.float16), dtypes.BFLOAT16_NUMPY)
+"""The 16-bit floats whose CPU products are emulated with float32 BLAS (see ``mm``)."""
 
 
 def mm(a: Any, b: Any, out: Any = None, scale: float = 1.0) -> Any:
@@ -46,13 +50,13 @@ def mm(a: Any, b: Any, out: Any = None, scale: float = 1.0) -> Any:
     output, with no temporary; another dtype than the product's is cast on the way.
     """
     xp = backend.get_array_module(a, b)
-    if a.dtype == numpy.float16 and b.dtype == numpy.float16 and xp is numpy:
+    if a.dtype in LOW_PRECISION and b.dtype == a.dtype and xp is numpy:  # bfloat16 alike
         with numpy.errstate(over="ignore", invalid="ignore"):  # inf, NaN: as on a device
             prod = numpy.matmul(a.astype(numpy.float32), b.astype(numpy.float32))
             if scale != 1.0:
                 prod *= numpy.float32(scale)
             if out is None:
-                return prod.astype(numpy.float16)
+                return prod.astype(a.dtype)
             numpy.copyto(out, prod, casting="unsafe")
             return out
     scale_out = False
@@ -82,12 +86,12 @@ def sum_rows(g: Any, axis: int = 0, out: Any = None, scale: float = 1.0) -> Any:
     """``scale * g.sum(axis)``, into ``out`` if given; float16 is accumulated in float32 and
     rounded once (bias gradients)."""
     xp = backend.get_array_module(g)
-    if g.dtype == numpy.float16:
+    if g.dtype in LOW_PRECISION:
         s = g.sum(axis=axis, dtype=numpy.float32)
         if scale != 1.0:
             s *= numpy.float32(scale)
         if out is None:
-            return s.astype(numpy.float16)
+            return s.astype(g.dtype)
         xp.copyto(out, s, casting="unsafe")
     elif out is None:
         s = g.sum(axis=axis)
@@ -127,11 +131,11 @@ def check_same_dtype(op: str, x: Tensor, weight: Tensor) -> None:
     must have the same dtype": NumPy would silently promote, and a float64 batch (NumPy's
     default) would run a float32 model in float64. Narrower inputs keep NumPy's promotion (a
     float32 batch into a float16 model with float32 masters, docs/amp.md)."""
-    if x.dtype == numpy.float64 and weight.dtype != numpy.float64 and \
-            is_floating(weight.dtype):
-        raise TypeError(error(op, f"input dtype {x.dtype} differs from weight dtype "
-                              f"{weight.dtype} (torch: mat1 and mat2 must have the same dtype). "
-                              f"Cast the input (x.float(), array.astype(numpy.{weight.dtype})) "
+    xd, wd = x.data.dtype, weight.data.dtype
+    if xd == numpy.float64 and wd != numpy.float64 and is_floating(wd):
+        raise TypeError(error(op, f"input dtype {xd} differs from weight dtype "
+                              f"{wd} (torch: mat1 and mat2 must have the same dtype). "
+                              f"Cast the input (x.float(), array.astype(numpy.{wd})) "
                               "or the model (.double()), or run under autocast."))
 
 

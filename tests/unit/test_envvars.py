@@ -84,7 +84,7 @@ def test_bad_timeout_fails_at_import_with_the_one_line():
 
 
 def test_debug_true_means_on():
-    out = _python("from minidist.log import debug_level; print(debug_level())",
+    out = _python("from minidist.logger import debug_level; print(debug_level())",
                   MINIDIST_DEBUG="true")
     assert out.stdout.strip() == "1", out.stderr
 

@@ -54,7 +54,7 @@ from minidist import xp as backend
 from minidist.comm.algorithms import select
 from minidist.comm.algorithms.cuda_ipc import cuda_ipc_available
 from minidist.comm.algorithms.host_copy import DEVICE_CANDIDATES
-from minidist.log import get_logger
+from minidist.logger import get_logger
 from minidist.version import __version__
 from minidist.envvars import env
 
@@ -333,11 +333,10 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
     while s <= max_bytes:
         sizes.append(s)
         s *= 4
-    native, has_shm = group.planner.native, group.planner.shm is not None
-    names = [c for c in select.CANDIDATES if (c != "mpi" or native) and (c != "shm" or has_shm)]
     count = max_bytes // 4
     kinds: dict[str, Any] = {"plain": np.zeros(count, np.float32)}
-    if has_shm:
+    names = group.planner.candidates(kinds["plain"])  # the registry's usable candidates
+    if "shm" in names:
         kinds["shared"] = shm_alloc_buffer(group.transport, count, np.float32)
     base = np.random.default_rng(7 + group.rank).standard_normal(count).astype(np.float32)
     device = _device_kind(group, base)  # (buffer, source, sync) on a GPU "cuda_ipc" serves

@@ -49,15 +49,17 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from minidist import xp as backend
+from minidist.comm.algorithms.host_copy import choose_device, device_cost
 from minidist.comm.algorithms.ipc_sync import (IN, OUT, RED, HostControl, MessageAgreement,
                                                RowAgreement, host_control, meet)
 from minidist.comm.algorithms.ipc_windows import Windows, host_windows
+from minidist.comm.algorithms.registry import Algorithm, model
 from minidist.comm.algorithms.shm import line_aligned_bounds
 from minidist.comm.errors import CommError
 from minidist.comm.ops import ReduceOp, finalize
 from minidist.comm.topology import detect_topology
 from minidist.comm.transports.base import Transport, stream_of
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 
@@ -374,10 +376,29 @@ def _detach_at_exit() -> None:
                     pass
 
 
-# The staging pipeline (minidist.comm.staging) must hand this algorithm the device buffer.
-cuda_ipc_all_reduce.takes_device_buffers = True  # type: ignore[attr-defined]
+def ipc_host_usable(transport: Transport, buf: Any, tag: int = 0) -> bool:
+    """True when "ipc_host" can run ``buf`` here (never asked by "auto": not a candidate)."""
+    try:
+        check_ipc_host(transport, buf, tag)
+    except ValueError:
+        return False
+    return transport.size > 1
 
-__all__ = ["cuda_ipc_all_reduce", "cuda_ipc_all_gather", "cuda_ipc_available",
-           "ipc_host_all_reduce", "check_cuda_ipc", "check_ipc_host", "run_cuda_ipc",
-           "run_ipc_all_gather", "ipc_state", "close_ipc", "IpcState", "IpcPlan", "Windows",
+
+# Device buffers on one node: "auto" takes it before weighing the host algorithms (below the
+# cut-over a calibration measured on a GPU, "host_copy" instead: ``refine``), and the planner
+# hands it the device buffer itself (no staging through host memory). Its cost row is for the
+# record (a calibration fits it from the device timings); "auto" never weighs it.
+CUDA_IPC = Algorithm("cuda_ipc", cuda_ipc_all_reduce, usable=cuda_ipc_available,
+                     cost=device_cost, constants=model(alpha_us=60.0, beta_us_per_byte=2e-7),
+                     candidate=False, takes_device_buffers=True,
+                     preferred="device buffer, ranks on one node: CUDA IPC windows",
+                     refine=choose_device)
+# The same protocol on host windows: cuda_ipc's CPU twin (tests, benchmarks --cpu).
+IPC_HOST = Algorithm("ipc_host", ipc_host_all_reduce, usable=ipc_host_usable, candidate=False)
+
+__all__ = ["CUDA_IPC", "IPC_HOST", "cuda_ipc_all_reduce", "cuda_ipc_all_gather",
+           "cuda_ipc_available", "ipc_host_all_reduce", "ipc_host_usable", "check_cuda_ipc",
+           "check_ipc_host", "run_cuda_ipc", "run_ipc_all_gather", "ipc_state", "close_ipc",
+           "IpcState", "IpcPlan", "Windows",
            "MAX_RANKS"]

@@ -41,7 +41,7 @@ from typing import Any
 
 from minidist.comm.errors import CommError, CommTimeout
 from minidist.envvars import env
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger("minidist.comm.transports.tcp")  # one logger name for the TCP transport
 

@@ -3,7 +3,7 @@
     MINIDIST_TRACE=runs/trace ./mpirun.sh -n 2 python examples/train.py
     # runs/trace/trace-rank0.json, trace-rank1.json: one per rank, written at exit
     # runs/trace/trace.json: all ranks merged (Trainer.fit writes it at its end; otherwise
-    #    .venv/bin/python -c "import minidist; minidist.trace.merge('runs/trace')")
+    #    .venv/bin/python -c "import minidist; minidist.tracing.merge('runs/trace')")
     # open either in https://ui.perfetto.dev or chrome://tracing
 
 Each rank is a process (pid = rank) with two lanes (tid)::
@@ -204,3 +204,7 @@ def merge(directory: str | Path, out: str | Path | None = None) -> Path:
     os.replace(tmp, path)
     return path
 
+
+# This module was minidist/trace.py; ``minidist.trace`` is now torch's function, and the old
+# import path (``from minidist.trace import ...``) still finds this module.
+sys.modules.setdefault("minidist.trace", sys.modules[__name__])
