@@ -34,10 +34,9 @@ rank grows at the same call) when a larger buffer comes; the old ones are freed 
 every rank synced its stream. ``destroy_process_group`` frees them (``close_ipc``: sync, unmap
 the peers, a barrier, free mine); at exit the peers' mappings are closed.
 
-Only for device (CuPy) buffers, ranks in separate processes on one node, at most 8 ranks
-(the kernel's argument list), stream 0; anything else raises a ValueError that says what to
-use instead (``cuda_ipc_available`` tells ``auto``). "ipc_host" runs the same protocol, plans
-and flags on host windows (MPI shared memory, or thread ranks): the CPU twin CI runs.
+Only for device (CuPy) buffers, ranks in separate processes on one node, at most 8 ranks,
+stream 0; anything else raises a ValueError saying what to use instead. "ipc_host" runs the
+same protocol, plans and flags on host windows (MPI shared memory, thread ranks): the CPU twin.
 """
 
 from __future__ import annotations
@@ -366,14 +365,11 @@ def close_ipc(transport: Transport) -> None:
 @atexit.register
 def _detach_at_exit() -> None:
     """At exit, close the peers' mappings still open (the driver frees my own windows)."""
-    for states in list(_STATES.values()):
-        for state in states.values():
-            detach = getattr(state.windows, "detach", None)
-            if detach is not None:
-                try:
-                    detach()
-                except Exception:  # the driver may be shutting down already
-                    pass
+    for state in [st for states in list(_STATES.values()) for st in states.values()]:
+        try:
+            getattr(state.windows, "detach", lambda: None)()
+        except Exception:  # the driver may be shutting down already
+            pass
 
 
 def ipc_host_usable(transport: Transport, buf: Any, tag: int = 0) -> bool:
@@ -400,5 +396,4 @@ IPC_HOST = Algorithm("ipc_host", ipc_host_all_reduce, usable=ipc_host_usable, ca
 __all__ = ["CUDA_IPC", "IPC_HOST", "cuda_ipc_all_reduce", "cuda_ipc_all_gather",
            "cuda_ipc_available", "ipc_host_all_reduce", "ipc_host_usable", "check_cuda_ipc",
            "check_ipc_host", "run_cuda_ipc", "run_ipc_all_gather", "ipc_state", "close_ipc",
-           "IpcState", "IpcPlan", "Windows",
-           "MAX_RANKS"]
+           "IpcState", "IpcPlan", "Windows", "MAX_RANKS"]

@@ -36,7 +36,7 @@ import numpy as np
 from minidist import xp as backend
 from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.algorithms.recursive_doubling import rd_all_reduce
-from minidist.comm.algorithms.select import human_bytes
+from minidist.comm.algorithms.registry import Algorithm, model
 from minidist.comm.ops import ReduceOp, finalize
 from minidist.comm.transports.base import Transport
 
@@ -138,10 +138,6 @@ def host_copy_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int 
     run_host_copy(transport, flat, op, tag, copies, int(flat.data.ptr))
 
 
-# The staging pipeline (minidist.comm.staging) must hand this algorithm the device buffer.
-host_copy_all_reduce.takes_device_buffers = True  # type: ignore[attr-defined]
-
-
 def choose_device(world_size: int, nbytes: int, calibration: Any) -> tuple[str, str]:
     """``(algorithm, reason)`` for a device buffer that "cuda_ipc" can reduce: "host_copy"
     below the measured cut-over of ``calibration`` (its rule ``"<n>d"``), else "cuda_ipc"."""
@@ -152,6 +148,8 @@ def choose_device(world_size: int, nbytes: int, calibration: Any) -> tuple[str, 
     if not calibration.covers(nbytes):
         return "cuda_ipc", ("device buffer, ranks on one node: CUDA IPC windows (beyond the "
                             "calibrated sizes)")
+    from minidist.comm.algorithms.select import human_bytes  # select imports the registry
+
     lower = 0
     for upper, name in rule:
         if upper is None or nbytes < upper:
@@ -166,5 +164,22 @@ def choose_device(world_size: int, nbytes: int, calibration: Any) -> tuple[str, 
 DEVICE_CANDIDATES = ["cuda_ipc", "host_copy"]
 """What a calibration times on a device buffer (``calibrate.measure``'s "device" kind)."""
 
-__all__ = ["host_copy_all_reduce", "run_host_copy", "HostCopies", "CupyHostCopies",
-           "choose_device", "DEVICE_CANDIDATES"]
+
+def device_cost(n: int, k: float, a: float, b: float, g: float) -> float:
+    """``a + K b + K(n-1)/n g``: the cost row of "cuda_ipc" and "host_copy" (for the record:
+    "auto" picks between them by a calibration's measured size rule, not by this model)."""
+    return a + k * b + k * (n - 1) / n * g
+
+
+def _device_buffer(transport: Transport, buf: Any, stream: int) -> bool:
+    return backend.is_device_array(buf)
+
+
+# Not weighed by "auto" (no candidate): "cuda_ipc"'s ``refine`` hands it the device buffers
+# below the measured cut-over. It reads the device buffer itself (the planner stages nothing).
+HOST_COPY = Algorithm("host_copy", host_copy_all_reduce, usable=_device_buffer,
+                      cost=device_cost, constants=model(alpha_us=40.0, beta_us_per_byte=4e-5),
+                      candidate=False, takes_device_buffers=True)
+
+__all__ = ["HOST_COPY", "host_copy_all_reduce", "run_host_copy", "HostCopies",
+           "CupyHostCopies", "choose_device", "device_cost", "DEVICE_CANDIDATES"]

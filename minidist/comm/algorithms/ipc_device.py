@@ -41,7 +41,7 @@ from minidist.comm.ops import ReduceOp
 from minidist.comm.transports.base import Transport
 from minidist.envvars import env
 from minidist.kernels.fallback import CompiledBackend
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 
