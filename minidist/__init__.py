@@ -60,7 +60,7 @@ from minidist.comm import (
     new_group,
     new_group_from_transport,
 )
-from minidist.distributed import get_backend
+from minidist.distributed.queries import get_backend
 
 # optim and data: optimizers, LR schedules, clipping; datasets, DistributedSampler, DataLoader
 from minidist import data, optim
@@ -93,3 +93,16 @@ setattr(nn, "SyncBatchNorm", SyncBatchNorm)  # noqa: B010 - nn declares no such 
 setattr(utils, "data", data)  # noqa: B010 - utils declares no such name
 _sys.modules["minidist.utils.data"] = data
 _sys.modules["minidist.utils.data.distributed"] = data.distributed
+
+# torch's other namespaces by their paths: torch.distributed (a package with torch's sub-paths
+# and argument orders), torch.backends (flags, accepted), torch.multiprocessing, and the two
+# that lower layers cannot hold themselves: torch.cuda.amp (cuda sits below amp) and
+# torch.nn.parallel (nn sits below ddp). The root attaches them, as for nn.SyncBatchNorm.
+from minidist import backends, distributed, multiprocessing  # noqa: E402
+from minidist.amp import cuda_amp as _cuda_amp  # noqa: E402
+from minidist.ddp import nn_parallel as _nn_parallel  # noqa: E402
+
+setattr(cuda, "amp", _cuda_amp)  # noqa: B010 - cuda declares no such name
+_sys.modules["minidist.cuda.amp"] = _cuda_amp
+setattr(nn, "parallel", _nn_parallel)  # noqa: B010 - nn declares no such name
+_sys.modules["minidist.nn.parallel"] = _nn_parallel

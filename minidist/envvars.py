@@ -144,6 +144,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
              "direct or dispatcher"),
     Variable("MINIDIST_IPC_ORDER", _choice("auto", "stream", "host"), "auto",
              "auto, stream or host"),
+    Variable("MINIDIST_LAUNCHER", _choice("launch", "spawn"), None,
+             "launch or spawn (set by minidist's launchers)"),
 ]}
 
 

@@ -280,6 +280,15 @@ class DistributedDataParallel(ModulePassThrough):
 
     __call__ = forward
 
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        """torch's flag (nanoGPT sets it): False before a forward skips averaging, as no_sync."""
+        return self.reducer.require_sync
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, value: bool) -> None:
+        self.reducer.require_sync = bool(value)
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Skip gradient averaging inside the block; grads accumulate until a synced backward.
