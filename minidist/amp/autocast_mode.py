@@ -84,11 +84,15 @@ class autocast:  # noqa: N801 - torch's name
         new = self.fast_dtype if self.enabled else None
         self._prev.append(state.set_autocast_dtype(self.device_type, new))
         self._count0.append(state.lower_precision_op_count())
+        state.enter_region()  # the cast cache lives until the outermost region exits
         return self
 
     def __exit__(self, *exc: object) -> None:
-        state.set_autocast_dtype(self.device_type, self._prev.pop())
-        self.lower_precision_ops = state.lower_precision_op_count() - self._count0.pop()
+        try:
+            state.set_autocast_dtype(self.device_type, self._prev.pop())
+            self.lower_precision_ops = state.lower_precision_op_count() - self._count0.pop()
+        finally:
+            state.exit_region()
 
     def __call__(self, fn: F) -> F:
         @functools.wraps(fn)

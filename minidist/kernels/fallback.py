@@ -122,6 +122,7 @@ class CompiledBackend:
         self.module: ModuleType | None = None
         self.reason = ""
         self.rehearsed: set[Hashable] = set()
+        self.calls = 0  # every call(), compiled or reference (benchmarks count launches)
         self._lock = threading.RLock()  # the comm thread and the main thread may both be first
 
     def get(self) -> ModuleType | None:
@@ -151,6 +152,7 @@ class CompiledBackend:
         The first call of each signature rehearses on private copies first, so a failure
         (any exception) falls back before any argument was written.
         """
+        self.calls += 1
         module = self.get()
         if module is None:
             return reference(*args)

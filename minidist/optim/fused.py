@@ -7,8 +7,8 @@ With ``fused=True`` the step of every float32/float64 parameter runs in the Numb
 ``minidist.kernels.optim_cpu`` (NumPy arrays, ``@njit``) or ``optim_cuda`` (CuPy arrays,
 ``numba.cuda``). The CPU kernel computes exactly the bits of the default path (the same
 operations in the same order, one rounding each); on the GPU a multiply-add may be fused into
-one rounding (last-bit differences). ``foreach`` is accepted for scripts ported from torch; it
-selects nothing here (the default path already updates each tensor with whole-array ops).
+one rounding (last-bit differences). ``foreach=True`` (torch's multi-tensor path) takes the
+same kernels: torch's foreach and fused steps are both "many tensors per launch".
 
 Flat buffers. A kernel call costs a few microseconds on the CPU and tens on a GPU, so the step
 is not one call per tensor when it can be fewer: parameters are sorted by address and cut into
@@ -46,11 +46,12 @@ from minidist import xp as backend
 from minidist.kernels import optim_math
 from minidist.kernels.fallback import CompiledBackend
 from minidist.logger import get_logger, rank_prefix
+from minidist.optim import multi_tensor
 
 log = get_logger(__name__)
 
 __all__ = ["check_flags", "sgd_step", "adam_step", "implementation", "flatten_parameters",
-           "flat_runs"]
+           "flat_runs", "kernel_calls"]
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -76,6 +77,12 @@ _CUDA = CompiledBackend("numba-cuda optimizer", "minidist.kernels.optim_cuda",
 
 def _kernels_for(array: Any) -> CompiledBackend:
     return _CUDA if backend.is_device_array(array) else _CPU
+
+
+def kernel_calls() -> int:
+    """How many compiled (or fallback) kernel calls the fused steps made so far, CPU and GPU
+    together: a benchmark's count of launches per optimizer step."""
+    return _CPU.calls + _CUDA.calls
 
 
 def implementation(array: Any) -> str:
@@ -253,7 +260,8 @@ def _fused_params(opt: Any, fallback: Update) -> Iterable[tuple[int, Any, dict[s
     for i, p, group in opt.indexed_params():
         if p.grad is None:
             continue
-        fusable = group.get("fused") and not any(group.get(k) for k in UNFUSED_OPTIONS)
+        multi = group.get("fused") or group.get("foreach")  # foreach shares the kernels
+        fusable = multi and not any(group.get(k) for k in UNFUSED_OPTIONS)
         kernels = _kernels_for(p.data) if fusable else None
         if kernels is None or kernels.get() is None or not _kernel_ready((p.data, p.grad)):
             fallback(i, p, group)
@@ -286,9 +294,7 @@ def sgd_step(opt: Any, fallback: Update) -> None:
         dt = np.dtype(dtype).type
         scalars = (dt(group["lr"]), dt(group["momentum"]), dt(1.0 - group["dampening"]),
                    dt(group["weight_decay"]), bool(group["nesterov"]), bool(first))
-        for p_flat, g_flat, b_flat in flat_runs(ready):
-            kernels.call("sgd_step", optim_math.sgd_step_reference, p_flat, g_flat, b_flat,
-                         *scalars)
+        _launch(kernels, "sgd", ready, scalars)
 
 
 def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
@@ -321,5 +327,32 @@ def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
         scalars = (dt(1.0 - lr * wd if decoupled else 1.0), dt(0.0 if decoupled else wd),
                    dt(beta1), dt(1.0 - beta1), dt(beta2), dt(1.0 - beta2),
                    dt(math.sqrt(1.0 - beta2 ** t)), dt(eps), dt(lr / (1.0 - beta1 ** t)))
-        for run in flat_runs(ready):
-            kernels.call("adam_step", optim_math.adam_step_reference, *run, *scalars)
+        _launch(kernels, "adam", ready, scalars)
+
+
+MULTI_TENSOR = True
+"""False: one kernel call per run, as before multi-tensor tables (benchmarks compare both)."""
+
+_REFERENCES: dict[str, Callable[..., Any]] = {
+    "sgd_step": optim_math.sgd_step_reference,
+    "adam_step": optim_math.adam_step_reference,
+    "sgd_multi_step": optim_math.sgd_multi_step_reference,
+    "adam_multi_step": optim_math.adam_multi_step_reference}
+
+
+def _launch(kernels: CompiledBackend, name: str, ready: list[tuple[Any, ...]],
+            scalars: tuple) -> None:
+    """One kernel call for all tensors in ``ready`` (one dtype and device): a single flat run
+    directly, several runs through a multi-tensor table of the tensors (``multi_tensor``;
+    built from the tensors themselves, whose addresses it remembers); one call per run only
+    when the addresses allow no table."""
+    runs = flat_runs(ready)
+    table = multi_tensor.table_of(ready) if len(runs) > 1 and MULTI_TENSOR else None
+    if table is not None:
+        op = f"{name}_multi_step"
+        kernels.call(op, _REFERENCES[op], table.base, table.offsets, table.max_numel,
+                     *scalars)
+        return
+    op = f"{name}_step"
+    for run in runs:
+        kernels.call(op, _REFERENCES[op], *run, *scalars)

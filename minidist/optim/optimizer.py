@@ -187,7 +187,7 @@ class Optimizer:
         ``self.state[p]`` as in torch (see the module docstring). The optimizers here
         implement ``_update(i, p, group)`` instead, one parameter at a time.
         """
-        loss = run_closure(closure)
+        loss = None if closure is None else run_closure(closure)
         for i, p, group in self.indexed_params():
             if p.grad is not None:
                 self._update(i, p, group)

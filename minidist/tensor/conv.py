@@ -24,7 +24,7 @@ import numpy
 
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
-from minidist.tensor import autograd
+from minidist.tensor.grad_destination import adopt_grad, claim_grad_destination
 from minidist.tensor.core import Tensor, error
 from minidist.tensor.linalg import check_same_dtype, mm, sum_rows
 
@@ -134,9 +134,9 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
         g2 = g.transpose(1, 0, 2, 3).reshape(o, n * ho * wo)  # a free view when g is out-shaped
         gx = gw = gb = None
         if weight.requires_grad:
-            dest = autograd.claim_grad_destination(weight)  # W's reserved buffer (DDP's slot)
+            dest = claim_grad_destination(weight)  # W's reserved buffer (DDP's slot)
             if dest is None:
-                gw = mm(g2, cols.T).reshape(o, c, kh, kw)
+                gw = adopt_grad(weight, mm(g2, cols.T).reshape(o, c, kh, kw))
             else:  # the GEMM writes it there: no temporary, no copy
                 mm(g2, cols.T, out=dest.buffer.reshape(o, c * kh * kw), scale=dest.scale)
                 gw = dest.buffer
@@ -145,8 +145,8 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
             gx = col2im(gcols, xpad.shape, sh, sw, channels_first=True
                         )[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]]
         if bias is not None and bias.requires_grad:
-            dest = autograd.claim_grad_destination(bias)
-            gb = sum_rows(g2, axis=1) if dest is None else sum_rows(
+            dest = claim_grad_destination(bias)
+            gb = adopt_grad(bias, sum_rows(g2, axis=1)) if dest is None else sum_rows(
                 g2, axis=1, out=dest.buffer, scale=dest.scale)
         return (gx, gw) if bias is None else (gx, gw, gb)
 

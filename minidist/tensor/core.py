@@ -273,15 +273,15 @@ class Tensor:
         if self.data.size != 1:
             raise ValueError(error("item", f"needs a one-element tensor, got shape {self.shape}."
                                    " Reduce it first (.sum(), .mean()) or index one element."))
-        return self.data.reshape(()).item()
+        return backend.to_host(self.data, explicit="item").reshape(()).item()
 
     def numpy(self) -> numpy.ndarray:
         """The values as a NumPy array (shares memory on the CPU; copies from a GPU)."""
-        return backend.to_host(self.data)
+        return backend.to_host(self.data, explicit="numpy")
 
     def tolist(self) -> Any:
         """The values as (nested) Python lists of numbers (a number for a 0-d tensor)."""
-        return backend.to_host(self.data).tolist()
+        return backend.to_host(self.data, explicit="tolist").tolist()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> numpy.ndarray:
         """NumPy's conversion hook: ``numpy.asarray(t)`` is ``t.numpy()`` (a host copy from a
@@ -306,7 +306,8 @@ class Tensor:
     def __repr__(self) -> str:
         """torch's layout, ``tensor([0.5000, 0.2500], requires_grad=True)`` (see printing)."""
         where = str(self.device) if self.is_cuda else None
-        return printing.tensor_repr(backend.to_host(self.data), where, self.requires_grad,
+        host = backend.to_host(self.data, explicit="print")
+        return printing.tensor_repr(host, where, self.requires_grad,
                                     None if self.is_leaf else self._op)
 
     def __format__(self, format_spec: str) -> str:
@@ -522,7 +523,7 @@ class Tensor:
             raise RuntimeError(error("bool", f"the truth value of a tensor with {self.data.size}"
                                      " elements is ambiguous. Use .any() / .all() on .data, or "
                                      "compare one element."))
-        return bool(self.data.reshape(()).item())
+        return bool(backend.to_host(self.data, explicit="bool").reshape(()).item())
 
     # ---- in-place fills, torch's initialisers (outside the tape, like nn.init) --------------
 

@@ -322,8 +322,9 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
     COLLECTIVE. Returns ``{"plain": {nbytes: {algorithm: us}}, "shared": {...}, "device":
     {...}}`` ("shared": a buffer in a shared window, measured where the group has one;
     "device": a CuPy buffer, "cuda_ipc" against "host_copy", where a GPU and CUDA IPC serve the
-    group, each call timed until its stream is done). The ledger is off during
-    the measurement (every rank alike), so the user's call numbers are untouched.
+    group, each call timed until its stream is done). The measurement runs unobserved
+    (``calls.unobserved``, every rank alike): no ledger entries, and the user's call numbers
+    are untouched.
     """
     from minidist.comm.algorithms.shm import shm_alloc_buffer
     from minidist.comm.transports.shm_window import shm_free_buffer
@@ -344,35 +345,33 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
     if device is not None:
         kinds["device"] = device[0]
     out: dict = {k: {} for k in kinds}
-    ledger, was = group.ledger, group.ledger.enabled
-    ledger.enabled = False
     buf = None
     try:
-        for nbytes in sizes:
-            c, iters = nbytes // 4, _iters(nbytes, quick)
-            runs = [(kind, name) for kind in kinds
-                    for name in (DEVICE_CANDIDATES if kind == "device" else names)]
-            local = np.zeros((len(runs), iters))
-            for i in range(-1, iters):  # i = -1: one untimed warm-up round
-                for j in np.random.default_rng(i + 1).permutation(len(runs)):
-                    kind, name = runs[j]
-                    buf = kinds[kind][:c]
-                    buf[...] = dev_source[:c] if dev_source is not None and kind == "device" \
-                        else base[:c]
-                    if dev_sync is not None and kind == "device":
-                        dev_sync()  # the copy in is done before the clock starts
-                    group.barrier()
-                    t0 = time.perf_counter()
-                    group.all_reduce(buf, algorithm=name)
-                    if dev_sync is not None and kind == "device":
-                        dev_sync()  # stream-ordered results: the call ends when they are in
-                    if i >= 0:
-                        local[j, i] = time.perf_counter() - t0
-            slowest = group.all_gather(local.reshape(-1)).max(axis=0).reshape(local.shape)
-            for (kind, name), row in zip(runs, slowest):
-                out[kind].setdefault(nbytes, {})[name] = float(np.median(row)) * 1e6
+        with group.calls.unobserved():
+            for nbytes in sizes:
+                c, iters = nbytes // 4, _iters(nbytes, quick)
+                runs = [(kind, name) for kind in kinds
+                        for name in (DEVICE_CANDIDATES if kind == "device" else names)]
+                local = np.zeros((len(runs), iters))
+                for i in range(-1, iters):  # i = -1: one untimed warm-up round
+                    for j in np.random.default_rng(i + 1).permutation(len(runs)):
+                        kind, name = runs[j]
+                        on_device = dev_sync is not None and kind == "device"
+                        buf = kinds[kind][:c]
+                        buf[...] = dev_source[:c] if on_device else base[:c]
+                        if on_device:
+                            dev_sync()  # the copy in is done before the clock starts
+                        group.barrier()
+                        t0 = time.perf_counter()
+                        group.all_reduce(buf, algorithm=name)
+                        if on_device:
+                            dev_sync()  # stream-ordered results: the call ends when they are in
+                        if i >= 0:
+                            local[j, i] = time.perf_counter() - t0
+                slowest = group.all_gather(local.reshape(-1)).max(axis=0).reshape(local.shape)
+                for (kind, name), row in zip(runs, slowest):
+                    out[kind].setdefault(nbytes, {})[name] = float(np.median(row)) * 1e6
     finally:
-        ledger.enabled = was
         if "shared" in kinds:
             buf = None  # no view of the window may outlive it
             shm_free_buffer(group.transport, kinds.pop("shared"))
@@ -439,12 +438,8 @@ def calibrate(group: Any, quick: bool = True, max_bytes: int | None = None,
                 "elapsed_s": round(time.perf_counter() - t0, 3),
                 "times_us": {k: {str(s): row for s, row in v.items()} for k, v in times.items()},
                 "fit_error": {name: err for name, _, _, err in report}}
-    ledger, was = group.ledger, group.ledger.enabled
-    ledger.enabled = False
-    try:
+    with group.calls.unobserved():
         data = group.broadcast_object(data, src=0)
-    finally:
-        ledger.enabled = was
     path = cache_path(transport, n)
     if write and group.rank == 0:
         try:
@@ -453,11 +448,8 @@ def calibrate(group: Any, quick: bool = True, max_bytes: int | None = None,
             log.warning("auto: could not write the calibration to %s (%s); it is used by this "
                         "job only. Set MINIDIST_CACHE_DIR to a writable directory.", path, e)
     if write:  # the file exists before any rank goes on (a group made next reads it)
-        ledger.enabled = False
-        try:
+        with group.calls.unobserved():
             group.barrier()
-        finally:
-            ledger.enabled = was
     data["key"] = cache_key(transport, n)  # this rank's own host (the file holds rank 0's)
     return Calibration(data["key"], data["model"], data["rules"], path if write else None,
                        digest(data["model"], data["rules"]), data.get("measured_bytes"))
