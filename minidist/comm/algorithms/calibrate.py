@@ -356,15 +356,16 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
                 for i in range(-1, iters):  # i = -1: one untimed warm-up round
                     for j in np.random.default_rng(i + 1).permutation(len(runs)):
                         kind, name = runs[j]
-                        on_device = dev_sync is not None and kind == "device"
                         buf = kinds[kind][:c]
-                        buf[...] = dev_source[:c] if on_device else base[:c]
-                        if on_device:
+                        if dev_sync is not None and kind == "device":
+                            buf[...] = dev_source[:c]  # type: ignore[index]
                             dev_sync()  # the copy in is done before the clock starts
+                        else:
+                            buf[...] = base[:c]
                         group.barrier()
                         t0 = time.perf_counter()
                         group.all_reduce(buf, algorithm=name)
-                        if on_device:
+                        if dev_sync is not None and kind == "device":
                             dev_sync()  # stream-ordered results: the call ends when they are in
                         if i >= 0:
                             local[j, i] = time.perf_counter() - t0
