@@ -142,6 +142,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
              "auto, numba-cuda or numba-cuda-mlir"),
     Variable("MINIDIST_CUDA_LAUNCH", _choice("direct", "dispatcher"), "direct",
              "direct or dispatcher"),
+    Variable("MINIDIST_IPC_ORDER", _choice("auto", "stream", "host"), "auto",
+             "auto, stream or host"),
     Variable("MINIDIST_LAUNCHER", _choice("launch", "spawn"), None,
              "launch or spawn (set by minidist's launchers)"),
 ]}
