@@ -142,6 +142,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
              "auto, numba-cuda or numba-cuda-mlir"),
     Variable("MINIDIST_CUDA_LAUNCH", _choice("direct", "dispatcher"), "direct",
              "direct or dispatcher"),
+    Variable("MINIDIST_LAUNCH_FD", _whole(0), None,
+             "a file descriptor (set by python -m minidist.launch for its ranks, not by hand)"),
 ]}
 
 

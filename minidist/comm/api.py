@@ -194,7 +194,13 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             raise ValueError(f"init_process_group(backend='local'): the launcher ({info.launcher}) "
                              f"started {info.world_size} ranks but 'local' runs one. Use "
                              "backend='auto'.")
-    transport = _make_transport(chosen, info, timeout_s)
+    interrupts.prepare(info.rank, info.world_size or 1)  # Ctrl-C in the rendezvous: one line
+    try:
+        transport = _make_transport(chosen, info, timeout_s)
+    except BaseException as e:
+        interrupts.interrupted_during_start(e)
+        interrupts.uninstall()
+        raise
     mdlog.set_rank(transport.rank, transport.size)  # before the group: its set-up logs too
     group = ProcessGroup(transport, algorithm=algorithm, backend=chosen)
     _group, _info = group, info

@@ -98,7 +98,7 @@ def failure_kind(error: BaseException) -> str:
     return "local"
 
 
-def _peers(error: BaseException) -> list[int]:
+def failure_peers(error: BaseException) -> list[int]:
     """The ranks a network failure names: the diagnosis' silent ranks, or the notifying peer."""
     missing = (getattr(error, "diagnosis", None) or {}).get("missing") or {}
     peers = sorted(int(r) for r in missing)
@@ -114,11 +114,15 @@ def failure_advice(error: BaseException) -> str:
                 "(same parameters, same forward/backward calls)")
     if kind == "exited":
         peer, code = getattr(error, "peer", "?"), getattr(error, "exit_code", "?")
-        return (f"Rank {peer} left the job (exit code {code}) while this rank still waited for "
+        if (getattr(error, "diagnosis", None) or {}).get("exit_code") == -1:
+            code = "SystemExit or its script returned"  # the code is not visible here
+        else:
+            code = f"exit code {code}"
+        return (f"Rank {peer} left the job ({code}) while this rank still waited for "
                 f"it: see rank {peer}'s log for why it exited; every rank must stay until the "
                 "last collective")
     if kind == "network":
-        peers = _peers(error)
+        peers = failure_peers(error)
         who = (f"rank {peers[0]}" if len(peers) == 1 else
                f"ranks {', '.join(map(str, peers))}" if peers else "a peer")
         logs = (f"{who}'s log" if len(peers) == 1 else "their logs" if peers

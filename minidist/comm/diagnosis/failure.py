@@ -35,7 +35,8 @@ from typing import Any
 
 from minidist.comm.diagnosis.diagnose import diagnose
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
-                                  CommTimeout, PeerFailed)
+                                  CommTimeout, PeerFailed, failure_peers)
+from minidist.comm.failure import notice
 from minidist.comm.diagnosis.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, dump_dir
 from minidist.comm.leaving import bye_payload, parse_bye, peer_exited, peer_left
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_DONE, SIDE_FAIL,
@@ -196,6 +197,10 @@ def on_failure(group: Any, row: list | None, error: CommError, call: str) -> Com
     except TypeError:  # an error class with another constructor
         out = CommError(message)
     out.diagnosis = diag
+    # Under the launcher, a rank that failed because a peer died says so first: the launcher
+    # names the dead peer and stops this rank before it repeats the news.
+    if failure_peers(out) and diag["kind"] == "missing":
+        notice.tell("exception", f"{type(out).__name__}: {message}", failure_peers(out))
     # Printed here, before the DONE round: under MPI the first rank to raise ends the job
     # (excepthook -> Abort), and every rank's finding should be on record by then.
     log.error("%s: %s", type(out).__name__, message.split("] ", 1)[-1])
