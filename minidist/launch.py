@@ -276,7 +276,7 @@ class Launcher:
                     return
                 with self.deciding:
                     r.notice = r.notice or got  # a rank's first notice says why it ended
-                    if self.first is None and got.kind in ("exception", "exit"):
+                    if self.first is None and got.kind in ("exception", "exit", "startup"):
                         culprit = self._culprit(r, got)
                         if culprit is not None:
                             self.first = culprit
@@ -331,9 +331,10 @@ class Launcher:
         code = _exit_code(failed.proc.returncode)
         if code == 0:  # its script returned (or raised SystemExit(0)) while the others waited
             code = 1
-        said = failed.notice.line if failed.notice is not None else ""
-        quote = (f"Rank {failed.rank} raised: {said!r}" if said and failed.notice.kind
-                 == "exception" else f"Last line of rank {failed.rank}: {failed.last_line!r}"
+        said, kind = (failed.notice.line, failed.notice.kind) if failed.notice else ("", "")
+        quote = (f"Rank {failed.rank} raised: {said!r}" if said and kind == "exception"
+                 else said if said and kind == "startup"  # one line: "minidist: ..."
+                 else f"Last line of rank {failed.rank}: {failed.last_line!r}"
                  if failed.last_line else f"Rank {failed.rank} printed nothing.")
         self._say(f"rank {failed.rank} exited with code {_exit_code(failed.proc.returncode)}; "
                   f"stopped the other ranks. {quote}")
