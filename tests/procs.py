@@ -5,7 +5,8 @@
     assert result.returncode == 0, result.report()
 
 Each job runs in its own process group (session); on timeout or any failure in the caller the
-whole group gets SIGKILL, so no rank outlives its test. A timeout raises AssertionError with
+whole group gets SIGKILL, and so it does after a success (a straggler that outlived its
+leader), so no rank outlives its test. One deadline bounds the whole job. A timeout raises AssertionError with
 the tail of what every rank printed, so a hang names itself instead of stalling CI.
 """
 
@@ -17,6 +18,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,32 +64,111 @@ def job_env(extra: dict | None = None) -> dict:
 
 
 def _run_group(procs: list, argv: list, timeout_s: float) -> JobResult:
+    """Wait for every process under ONE deadline for the whole job; kill each process group on
+    every way out (a timeout, an exception in the caller, or success: stragglers that outlive
+    their leader, such as a grandchild, are killed too)."""
+    deadline = time.monotonic() + timeout_s
     outs, errs, codes = [], [], []
     try:
         for p in procs:
-            out, err = p.communicate(timeout=timeout_s)
+            out, err = p.communicate(timeout=max(0.0, deadline - time.monotonic()))
             outs.append(out), errs.append(err), codes.append(p.returncode)
     except subprocess.TimeoutExpired:
         _kill(procs)
         parts = []
         for i, p in enumerate(procs):
-            out, err = p.communicate()
-            parts.append(f"[process {i}] exit={p.returncode}\n{out[-1500:]}\n{err[-1500:]}")
-        raise AssertionError(f"job timed out after {timeout_s}s and was killed: "
-                             f"{' '.join(map(str, argv))}\n" + "\n".join(parts)) from None
+            out, err = _drain(p)
+            leader = ("was still running" if p.returncode in (None, -signal.SIGKILL) else
+                      f"had exited with {p.returncode}, but processes it started kept its "
+                      f"output open")
+            parts.append(f"[process {i}] {leader}\n{out[-1500:]}\n{err[-1500:]}")
+        raise AssertionError(f"job timed out after {timeout_s}s and its process groups were "
+                             f"killed: {' '.join(map(str, argv))}\n" + "\n".join(parts)) from None
     finally:
         _kill(procs)
     code = next((c for c in codes if c != 0), 0)
     return JobResult(code, "".join(outs), "".join(errs), argv)
 
 
-def _kill(procs: list) -> None:
-    for p in procs:
-        if p.poll() is None:
+def _drain(p: subprocess.Popen) -> tuple[str, str]:
+    """What a killed process left in its pipes (bounded: a pipe some escaped process still
+    holds open is given up after a few seconds)."""
+    try:
+        return p.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        return "", "(its output pipes are held open by a process outside its group)"
+
+
+def _table() -> dict[int, tuple[int, int, int]]:
+    """pid -> (parent pid, process group, session) for every process, from /proc."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
             try:
-                os.killpg(p.pid, signal.SIGKILL)
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[int(name)] = (int(fields[1]), int(fields[2]), int(fields[3]))
+    return out
+
+
+def family(pid: int, leader_alive: bool = True) -> set[int]:
+    """Every live process of the job led by ``pid``: its group and session (which outlive the
+    leader), and the descendants of all of those (Hydra starts each rank in a session of its
+    own under its proxy, so the group alone misses the ranks). ``leader_alive=False``: the
+    leader was reaped, so ``pid`` itself may name a new, unrelated process: skip it."""
+    table = _table()
+    found = {q for q, (_, pgrp, sid) in table.items() if pgrp == pid or sid == pid}
+    if leader_alive and pid in table:
+        found.add(pid)
+    todo = list(found)
+    while todo:
+        parent = todo.pop()
+        for q, (ppid, _, _) in table.items():
+            if ppid == parent and q not in found:
+                found.add(q)
+                todo.append(q)
+    return found
+
+
+def kill_group(pid: int, leader_alive: bool = True) -> None:
+    """SIGKILL the job led by ``pid`` (started with ``start_new_session=True``), whether the
+    leader is still alive or not: its process group, its session, and every descendant."""
+    for q in family(pid, leader_alive) | {pid}:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(q, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _kill(procs: list) -> None:
+    for p in procs:
+        kill_group(p.pid, leader_alive=p.poll() is None)
+        if p.poll() is None:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def readline_within(stream, timeout_s: float) -> str:
+    """One line from a child's pipe, or AssertionError after ``timeout_s`` (a plain
+    ``readline()`` would wait for ever on a rank that hangs before printing)."""
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not box:
+        raise AssertionError(f"no line within {timeout_s}s")
+    return box[0]
+
+
+def wait_job(p: subprocess.Popen, timeout_s: float) -> JobResult:
+    """Wait for a job started with ``start_new_session=True`` and text pipes (bounded, and
+    cleaned up like the jobs this module starts itself)."""
+    return _run_group([p], list(p.args), timeout_s)
 
 
 def run_mpi(n: int, python_args: list, timeout_s: float = 90, env: dict | None = None,

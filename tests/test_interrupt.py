@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from procs import REPO, free_port, job_env, mpiexec_path, run_mpi
+from procs import REPO, free_port, job_env, mpiexec_path, readline_within, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -110,7 +110,7 @@ def test_ctrl_c_over_tcp_ends_every_rank_with_exit_code_130(mode):
                                           text=True, cwd=str(REPO), start_new_session=True,
                                           preexec_fn=_sigint_live))
         for p in procs:   # each prints READY once it trains
-            assert "READY" in p.stdout.readline(), p.stderr.read()
+            assert "READY" in readline_within(p.stdout, 90), f"rank exit {p.poll()}"
         for p in procs:
             p.send_signal(signal.SIGINT)
         for p in procs:

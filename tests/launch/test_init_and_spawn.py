@@ -11,7 +11,7 @@ import pytest
 
 import minidist as md
 from minidist.comm.env import LaunchInfo, apply_init_args, parse_init_method
-from procs import REPO, free_port, job_env, run_mpi
+from procs import REPO, free_port, job_env, run_mpi, wait_job
 
 BODY = REPO / "tests" / "launch" / "spawn_body.py"
 
@@ -20,15 +20,8 @@ def _run(args: list, timeout_s: float = 90) -> subprocess.CompletedProcess:
     p = subprocess.Popen([sys.executable, str(BODY), *args], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, cwd=str(REPO),
                          env=job_env({"MINIDIST_TIMEOUT_S": "30"}), start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout_s)
-    finally:
-        if p.poll() is None:
-            import os
-            import signal
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    result = wait_job(p, timeout_s)
+    return subprocess.CompletedProcess(p.args, result.returncode, result.stdout, result.stderr)
 
 
 @pytest.mark.parametrize("mode", ["ok", "explicit"])

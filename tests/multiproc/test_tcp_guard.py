@@ -19,7 +19,7 @@ import time
 import pytest
 
 from minidist.comm.transports import tcp_rendezvous as tcp
-from procs import REPO, free_port, job_env, run_env_ranks
+from procs import REPO, free_port, job_env, kill_group, run_env_ranks
 
 BODY = REPO / "tests" / "multiproc" / "tcp_body.py"
 
@@ -34,13 +34,15 @@ def _rank(r: int, port: int, extra: dict | None = None) -> subprocess.Popen:
 
 
 def _finish(procs: list, timeout_s: float = 60) -> list[tuple[int, str, str]]:
+    """(exit code, stdout, stderr) of each rank, under one deadline for all of them."""
+    deadline = time.monotonic() + timeout_s
     try:
-        return [(p.communicate(timeout=timeout_s) and p.returncode, *p.communicate())
-                for p in procs]
+        return [(p.communicate(timeout=max(0.0, deadline - time.monotonic())) and p.returncode,
+                 *p.communicate()) for p in procs]
     finally:
         for p in procs:
+            kill_group(p.pid, leader_alive=p.poll() is None)
             if p.poll() is None:
-                os.killpg(p.pid, 9)
                 p.communicate()
 
 
@@ -133,10 +135,14 @@ def test_strangers_are_dropped_and_the_job_completes(target):
     assert len(dropped) >= 5, err0
     # On the data port the handshake-speaking stranger races rank 1 (both are served at once):
     # dropped for the rank it claims, or as still silent when rank 1 completed the mesh first.
-    for reason in ("did not open with minidist's handshake", "still silent",
-                   "announced a 4294967295-byte" if target == "master" else "says it is rank"):
-        assert any(reason in line for line in dropped) or reason == "says it is rank", (
-            reason, err0)
+    for reason in ("did not open with minidist's handshake", "still silent"):
+        assert any(reason in line for line in dropped), (reason, err0)
+    if target == "master":
+        assert any("announced a 4294967295-byte" in line for line in dropped), err0
+    else:  # the speaker: dropped for its claim, or a second silent one besides the mute stranger
+        claims = sum("says it is rank" in line for line in dropped)
+        silent = sum("still silent" in line for line in dropped)
+        assert claims >= 1 or silent >= 2, err0
 
 
 def test_ranks_with_different_tokens_both_fail_fast():

@@ -275,8 +275,16 @@ def test_disabled_scaler_is_a_pass_through():
     scaler.step(opt)
     scaler.update()
     assert np.allclose(p.data, 0.9) and scaler.state_dict() == {}
-    assert not amp.GradScaler("cuda", enabled=backend.gpu_available()).is_enabled() or \
-        backend.gpu_available()
+    assert not amp.GradScaler("cuda", enabled=False).is_enabled()
+
+
+def test_a_cuda_scaler_is_enabled_exactly_when_a_gpu_is_there(caplog):
+    """torch's rule: GradScaler("cuda") without CUDA warns once and disables itself."""
+    with caplog.at_level("WARNING", logger="minidist.amp.grad_scaler"):
+        scaler = amp.GradScaler("cuda", enabled=True)
+    assert scaler.is_enabled() is backend.gpu_available()
+    warned = "CUDA is not available. Disabling." in caplog.text
+    assert warned is not backend.gpu_available(), caplog.text
 
 
 def test_state_dict_round_trip_and_fp16_loss_is_widened():

@@ -173,7 +173,7 @@ def test_master_to_model_matches_numpy_astype(variant):
 
 
 @pytest.mark.skipif(os.environ.get("MINIDIST_EXHAUSTIVE") != "1",
-                    reason="all 2^32 float32 patterns (5-10 min); set MINIDIST_EXHAUSTIVE=1")
+                    reason="all 2^32 float32 patterns (5-13 min on 2 cores); set MINIDIST_EXHAUSTIVE=1")
 @pytest.mark.timeout(3600)
 def test_master_to_model_all_float32_patterns():
     chunk = 1 << 24
