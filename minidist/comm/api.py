@@ -28,11 +28,10 @@ from typing import Any
 
 from minidist import log as mdlog
 from minidist.comm import interrupts
-from minidist.envvars import env as env_var, quiet_rank, validate as validate_env
+from minidist.envvars import env as env_var
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
                                detect_launch, warn_if_single)
 from minidist.comm import leaving, report
-from minidist.comm.errors import CommError
 from minidist.comm.failure import startup
 from minidist.comm.group import ProcessGroup
 from minidist.comm.diagnosis.ledger import LedgerEntry
@@ -127,14 +126,6 @@ def _torch_backend(backend: str, chosen: str) -> None:
                     "this", chosen)
 
 
-def _check_environment() -> None:
-    """Every MINIDIST_ variable, checked at the start (a bad value raises EnvVarError); one
-    warning for the job per unknown MINIDIST_ name, naming the closest known one."""
-    for warning in validate_env():
-        if not quiet_rank():
-            log.warning("%s", warning)
-
-
 def _export_rank_env(group: ProcessGroup, info: LaunchInfo) -> None:
     """Under mpiexec/srun, set RANK, LOCAL_RANK, WORLD_SIZE (if unset) for torch-style scripts."""
     if info.launcher in MPI_LAUNCHERS:
@@ -194,7 +185,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     info: LaunchInfo | None = None
     try:  # a job that cannot start ends with one line (comm/failure/startup.py)
         timeout_s = _timeout_s(timeout)
-        _check_environment()
+        startup.check_environment()
         info = apply_init_args(detect_launch(), init_method, world_size, rank)
         requested = TORCH_BACKENDS.get(backend, backend)
         chosen = default_backend(info) if requested == "auto" else requested
@@ -210,10 +201,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         interrupts.prepare(info.rank, info.world_size or 1)  # Ctrl-C in the rendezvous: 1 line
         transport = _make_transport(chosen, info, timeout_s)
     except BaseException as e:
-        interrupts.interrupted_during_start(e)
-        interrupts.uninstall()
-        if isinstance(e, (ValueError, CommError)):
-            startup.one_line(e, info.rank if info is not None else int(quiet_rank()))
+        startup.failed(e, info.rank if info is not None else None)
         raise
     mdlog.set_rank(transport.rank, transport.size)  # before the group: its set-up logs too
     group = ProcessGroup(transport, algorithm=algorithm, backend=chosen)

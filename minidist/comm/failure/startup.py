@@ -28,12 +28,34 @@ import sys
 import time
 from typing import Any
 
+from minidist import log as mdlog
+from minidist.comm import interrupts
+from minidist.comm.errors import CommError
 from minidist.comm.failure import notice
-from minidist.envvars import USAGE_EXIT_CODE, quiet_rank
+from minidist.envvars import USAGE_EXIT_CODE, quiet_rank, validate
+
+log = mdlog.get_logger("minidist.comm.api")
 
 QUIET_S = 1.0  # a rank other than 0 waits this long, so that rank 0's report comes first
 LAUNCHER_QUIET_S = 10.0  # ... under the launcher, which stops it once rank 0 has reported
                          # (rank 0 may start seconds later on a busy machine)
+
+
+def check_environment() -> None:
+    """Every MINIDIST_ variable, checked at the start (a bad value raises EnvVarError); one
+    warning for the job per unknown MINIDIST_ name, naming the closest known one."""
+    for warning in validate():
+        if not quiet_rank():
+            log.warning("%s", warning)
+
+
+def failed(error: BaseException, rank: int | None) -> None:
+    """``init_process_group`` could not start: Ctrl-C ends the rank in one line; a setting or
+    a rendezvous that failed ends the job in one line if nobody catches ``error``."""
+    interrupts.interrupted_during_start(error)
+    interrupts.uninstall()
+    if isinstance(error, (ValueError, CommError)):
+        one_line(error, int(quiet_rank()) if rank is None else rank)
 
 
 def one_line(error: BaseException, rank: int = 0) -> None:
