@@ -7,7 +7,8 @@
 Layers inside (each imports only the ones above it in this list):
 ``env`` (launcher detection) -> ``ops`` (ReduceOp) -> ``transports`` (local, threads, mpi, tcp)
 -> ``topology`` (nodes, local ranks) -> ``algorithms`` (direct, ring, tree, rd, mpi, shm, hier,
-auto) -> ``ledger`` (record, fingerprints), ``diagnose`` (compare ledgers), ``failure`` (exchange them) -> ``group`` (ProcessGroup) -> ``api``.
+auto) -> ``ledger`` (record, fingerprints), ``diagnose`` (compare ledgers) -> ``failure`` (detect,
+diagnose, act, advise: one package, one policy object) -> ``group`` (ProcessGroup) -> ``api``.
 See docs/algorithms.md, docs/env_vars.md and docs/troubleshooting.md.
 """
 

@@ -17,7 +17,7 @@ Every collective is recorded in the group's ledger (``get_ledger()``, ``ledger_l
 uncaught exception on one rank prints its traceback prefixed with ``[rank r/N]`` and then, under
 MPI, calls ``MPI.COMM_WORLD.Abort(1)``, so the whole job ends at once instead of the other ranks
 waiting for a message that never comes (over TCP it closes the transport, which wakes the peers);
-Ctrl-C ends every rank in one line. Both live in ``minidist.comm.interrupts``.
+Ctrl-C ends every rank in one line. Both live in ``minidist.comm.failure.interrupts``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import os
 from typing import Any
 
 from minidist import log as mdlog
-from minidist.comm import interrupts
+from minidist.comm.failure import interrupts
 from minidist.envvars import env as env_var
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
                                detect_launch, warn_if_single)
-from minidist.comm import leaving, report
+from minidist.comm.failure import leaving, report
 from minidist.comm.failure import startup
 from minidist.comm.group import ProcessGroup
 from minidist.comm.diagnosis.ledger import LedgerEntry

@@ -16,7 +16,7 @@ in collectives.py; this module is the spine: ``all_reduce`` reads as validate, p
     -> run under the ledger: ``claim`` the call number and message tag (the call's fingerprint)
        before the first message, ``record`` the row (on MPI's own Allreduce: while the data is
        in flight), run; a CommError (timeout, peer failure, fingerprint mismatch) goes to
-       diagnosis/failure.py: the ranks exchange ledgers and every rank raises the same finding
+       failure/exchange.py: the ranks exchange ledgers and every rank raises the same finding
 
 Streams: ``tag`` (0 <= tag < MAX_STREAMS = 1024) names an independent stream with its own call
 numbers, for collectives that run concurrently from different threads; one stream must be used
@@ -40,7 +40,8 @@ from minidist.comm.algorithms.select import Explainer
 from minidist.comm.algorithms.shm import shm_available, shm_node
 from minidist.comm.collectives import Collectives
 from minidist.comm.diagnosis.consistency import check_agreement
-from minidist.comm.diagnosis.failure import farewell, on_failure, poll
+from minidist.comm.failure import FailurePolicy
+from minidist.comm.failure.exchange import farewell, on_failure, poll
 from minidist.comm.diagnosis.ledger import (T0, T1, TAG, Ledger, dump_dir, ledger_capacity,
                                             ledger_enabled)
 from minidist.comm.errors import CommError
@@ -95,10 +96,12 @@ class ProcessGroup(Collectives):
         self._explainer = Explainer(self.size)  # MINIDIST_DEBUG: auto, once per size class
         # peer -> its final collective counts per stream, from its farewell (SIDE_BYE)
         self.farewells: dict[int, dict[int, int]] = {}
-        self.exit_codes: dict[int, int] = {}  # peer -> its exit code, if it left (leaving.py)
+        self.exit_codes: dict[int, int] = {}  # peer -> its exit code, if it left (failure/leaving.py)
         self._token = np.zeros(1, np.uint8)
         self._token_in = np.zeros(1, np.uint8)
         self._worker: AsyncWorker | None = None  # started by the first run_async
+        # what this rank does when it or a peer fails (comm/failure/policy.py)
+        self.failure_policy = FailurePolicy()
         transport.poll_hook = self._poll
         # auto's table: a calibration every rank holds alike (collective), else the shipped one
         self.planner = Planner(transport, self.topology.num_nodes, self._shm, None)

@@ -61,7 +61,7 @@ from typing import Any, Callable, Sequence
 from minidist import comm, trace
 from minidist import xp as backend
 from minidist.amp import active_scaler
-from minidist.comm.errors import failure_advice, sentence
+from minidist.comm.failure.advice import failure_advice, sentence
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.comm_thread import CommThread
 from minidist.ddp.grad_checks import (all_finite_fast, float_arrays, missing_gradients_error,

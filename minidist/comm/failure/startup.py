@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from minidist import log as mdlog
-from minidist.comm import interrupts
+from minidist.comm.failure import interrupts
 from minidist.comm.errors import CommError
 from minidist.comm.failure import notice
 from minidist.envvars import USAGE_EXIT_CODE, quiet_rank, validate

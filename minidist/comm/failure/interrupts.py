@@ -1,6 +1,6 @@
 """One rank's failure ends the world; so does Ctrl-C, promptly and in one line.
 
-    from minidist.comm import interrupts
+    from minidist.comm.failure import interrupts
     interrupts.install(group)      # init_process_group does this
     interrupts.uninstall()         # destroy_process_group does this
 
@@ -38,23 +38,24 @@ import time
 from typing import Any, Callable
 
 from minidist import log as mdlog
-from minidist.comm import report
-from minidist.comm.errors import failure_peers
+from minidist.comm.failure import report
+from minidist.comm.failure.advice import failure_peers
 from minidist.comm.failure import notice
+from minidist.comm.failure.policy import FailurePolicy
 
-INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
+INTERRUPT_EXIT_CODE = FailurePolicy.interrupt_exit_code  # 128 + SIGINT, as a shell says
 # A rank whose main thread waits inside a blocking MPI call (Barrier, Comm_split_type, MPI's
 # Allreduce) runs no Python code, so Python's SIGINT handler cannot raise KeyboardInterrupt
 # there. The watcher thread gives the main thread this long to take the interrupt itself.
-INTERRUPT_GRACE_S = 1.0
+INTERRUPT_GRACE_S = FailurePolicy.interrupt_grace_s
 # Python took the interrupt but the rank is still alive this long after: something on the way
 # out (a handler, a ``finally``, a thread the exit waits for) is stuck. The watcher ends it, so
 # Ctrl-C always ends every rank in bounded time.
-INTERRUPT_UNWIND_S = 15.0
+INTERRUPT_UNWIND_S = FailurePolicy.interrupt_unwind_s
 # Ranks other than 0 wait this long before ending: rank 0's exit usually makes the launcher end
 # them first, so a Ctrl-C prints one line, not one per rank. Longer than INTERRUPT_GRACE_S so
 # rank 0, even in a blocking call, gets there first.
-INTERRUPT_QUIET_S = 2.0
+INTERRUPT_QUIET_S = FailurePolicy.interrupt_quiet_s
 # Before MPI Abort: time for the launcher to relay this rank's last lines (an "interrupted"
 # line, a traceback); Abort kills the job at once, and Hydra drops output still in flight.
 ABORT_FLUSH_S = 0.2
@@ -74,22 +75,24 @@ class _Ending:
     def __init__(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
         self.transport: Any = None  # None until the group exists: nothing to abort yet
+        self.policy = FailurePolicy()  # the group's, once there is one
         self.lock = threading.Lock()
 
     def interrupted(self) -> None:
         """Ctrl-C: one line, then abort(130) (MPI: every rank) or exit (TCP and others)."""
+        code = self.policy.interrupt_exit_code
         if not self.lock.acquire(blocking=False):
-            time.sleep(INTERRUPT_QUIET_S)  # another thread is already ending this process
-            os._exit(INTERRUPT_EXIT_CODE)
+            time.sleep(self.policy.interrupt_quiet_s)  # another thread is ending this process
+            os._exit(code)
         _flush_std_streams()
-        if notice.tell("interrupted", "interrupted (SIGINT)", code=INTERRUPT_EXIT_CODE):
-            os._exit(INTERRUPT_EXIT_CODE)  # the launcher prints the job's one line
+        if notice.tell("interrupted", "interrupted (SIGINT)", code=code):
+            os._exit(code)  # the launcher prints the job's one line
         transport = self.transport
         aborts = transport is not None and transport.abort_ends_job
         if self.rank != 0 and aborts:
-            time.sleep(INTERRUPT_QUIET_S)  # rank 0's abort normally ends this process first
+            time.sleep(self.policy.interrupt_quiet_s)  # rank 0's abort normally ends us first
         sys.stderr.write(f"{mdlog.rank_prefix()} interrupted (SIGINT): ending the job on all "
-                         f"{self.size} ranks with exit code {INTERRUPT_EXIT_CODE}.\n")
+                         f"{self.size} ranks with exit code {code}.\n")
         sys.stderr.flush()
         if aborts:
             # MPI Abort ends every rank, even those inside a blocking call, and mpiexec exits
@@ -99,8 +102,8 @@ class _Ending:
             # quiet first.
             time.sleep(ABORT_FLUSH_S)
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-            transport.abort(INTERRUPT_EXIT_CODE)
-        os._exit(INTERRUPT_EXIT_CODE)  # TCP and others: peers see the closed connections
+            transport.abort(code)
+        os._exit(code)  # TCP and others: peers see the closed connections
 
     def failed(self, exc_type: Any, exc: Any, tb: Any, where: str) -> None:
         """An uncaught exception: the rank-prefixed traceback, then abort(1)."""
@@ -150,7 +153,7 @@ def _hooks(ending: _Ending, prev_sys: Any, prev_thread: Any) -> tuple:
     """``(sys.excepthook, threading.excepthook)`` that end the world (one rank: the old ones)."""
 
     def sys_hook(exc_type: Any, exc: Any, tb: Any) -> None:
-        if ending.size == 1:
+        if ending.size == 1 or not ending.policy.end_job_on_error:
             prev_sys(exc_type, exc, tb)
             return
         if caused_by_interrupt(exc):
@@ -158,7 +161,7 @@ def _hooks(ending: _Ending, prev_sys: Any, prev_thread: Any) -> tuple:
         ending.failed(exc_type, exc, tb, "in the main thread")
 
     def thread_hook(args: Any) -> None:
-        if args.exc_type is SystemExit or ending.size == 1:
+        if args.exc_type is SystemExit or ending.size == 1 or not ending.policy.end_job_on_error:
             prev_thread(args)
             return
         ending.failed(args.exc_type, args.exc_value, args.exc_traceback,
@@ -189,10 +192,10 @@ def install(group: Any) -> None:
         prepare(group.rank, group.size)
     assert _ending is not None
     _ending.rank, _ending.size = group.rank, group.size  # MPI may say more than the launcher
-    _ending.transport = group.transport
+    _ending.transport, _ending.policy = group.transport, group.failure_policy
     if group.size > 1 and _restore_signals is None:
         prepare(group.rank, group.size)  # prepare saw one rank (PMIx: the size comes from MPI)
-        _ending.transport = group.transport
+        _ending.transport, _ending.policy = group.transport, group.failure_policy
 
 
 def interrupted_during_start(exc: BaseException) -> None:
@@ -255,10 +258,11 @@ def _watch(rfd: int, python_saw: threading.Event, stopped: threading.Event,
             os.close(rfd)
             return
         if signal.SIGINT in got:
-            if not python_saw.wait(INTERRUPT_GRACE_S):
+            policy = _ending.policy if _ending is not None else FailurePolicy()
+            if not python_saw.wait(policy.interrupt_grace_s):
                 end()  # the main thread is stuck in C: end from here
             python_saw.clear()  # Python raised KeyboardInterrupt; the next Ctrl-C is new
-            if not stopped.wait(INTERRUPT_UNWIND_S):  # normally the rank has ended by now
+            if not stopped.wait(policy.interrupt_unwind_s):  # normally the rank has ended
                 end()  # still here, group not destroyed: stuck on the way out
 
 

@@ -216,7 +216,8 @@ def leave(group: Any, code: int) -> None:
         return
     finished: dict[int, dict[int, int]] = dict(group.farewells)  # what the poll hook already read
     gone: set[int] = set()
-    deadline = time.monotonic() + min(GRACE_S, float(t.timeout_s or DEFAULT_TIMEOUT_S))
+    grace_s = group.failure_policy.leave_grace_s
+    deadline = time.monotonic() + min(grace_s, float(t.timeout_s or DEFAULT_TIMEOUT_S))
     while time.monotonic() < deadline:
         waiting = [p for p in peers if p not in finished and p not in gone]
         if not waiting:
