@@ -11,7 +11,8 @@ communication thread) gives the advice that fits, and ``failure_advice(error)`` 
 
 from __future__ import annotations
 
-from minidist.comm.errors import CollectiveMismatch, CommError, CommTimeout, PeerExited
+from minidist.comm.errors import CollectiveMismatch, CommError, PeerExited
+from minidist.comm.errors import CommTimeout  # noqa: F401 - failure_kind's example uses it
 
 
 def failure_kind(error: BaseException) -> str:
