@@ -44,13 +44,22 @@ fi
 shm_files() { (cd /dev/shm 2>/dev/null && ls -1 2>/dev/null | grep '^mpich_shm_' | sort) || true; }
 shm_before=$(shm_files)
 remove_leftovers() {
-    local f n=0
+    local f n=0 young=0 now
+    now=$(date +%s)
     for f in $(comm -13 <(printf '%s\n' "$shm_before") <(shm_files)); do
         grep -qsF "/dev/shm/$f" /proc/[0-9]*/maps && continue  # another job's, still in use
+        # a file younger than 5 s may be another job's that its ranks are about to map
+        if [ $((now - $(stat -c %Y "/dev/shm/$f" 2>/dev/null || echo "$now"))) -lt 5 ]; then
+            young=$((young + 1))
+            continue
+        fi
         rm -f "/dev/shm/$f" && n=$((n + 1))
     done
     if [ "$n" -gt 0 ]; then
         echo "mpirun.sh: removed $n MPICH shared-memory file(s) (/dev/shm/mpich_shm_*) that the job's killed ranks left behind." >&2
+    fi
+    if [ "$young" -gt 0 ]; then
+        echo "mpirun.sh: $young new MPICH shared-memory file(s) (/dev/shm/mpich_shm_*) may be left by killed ranks; remove them with rm /dev/shm/mpich_shm_* when no MPI job runs." >&2
     fi
 }
 
