@@ -37,7 +37,7 @@ from minidist.comm.diagnosis.diagnose import diagnose
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
                                   CommTimeout, PeerFailed)
 from minidist.comm.failure.advice import failure_peers
-from minidist.comm.failure.waiting import SlowWait
+from minidist.comm.failure import waiting
 from minidist.comm.failure import notice
 from minidist.comm.diagnosis.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, dump_dir
 from minidist.comm.failure.leaving import bye_payload, parse_bye, peer_exited, peer_left
@@ -55,7 +55,6 @@ _POLL_S = 0.001
 # "the peer is past this call" counts only once it has held this long.
 AHEAD_GRACE_S = 2.0
 _ahead_seen: dict[tuple, float] = {}
-_slow_waits: dict[int, SlowWait] = {}  # id(group) -> its current wait (waiting.py)
 
 
 def exchange_timeout_s(transport: Transport, limit_s: float = EXCHANGE_S) -> float:
@@ -229,9 +228,8 @@ def poll(group: Any, src: int | None, tag: int) -> CommError | None:
     if failed is not None:
         return PeerFailed(f"{group.where('wait')}: rank {failed} reported a failed "
                           "collective.", failed)
-    if len(_slow_waits) > 64:
-        _slow_waits.clear()
-    _slow_waits.setdefault(id(group), SlowWait()).check(group, src, tag)  # said once, early
+    if time.monotonic() > waiting.next_check.get(id(group), 0.0):  # at most once a second
+        waiting.check(group, src, tag)  # a long wait says whom it waits for, once
     if not group.ledger.enabled or group.size == 1:
         return None
     if src is not None and has_fingerprint(tag):

@@ -1,7 +1,6 @@
 """A long silent wait says once, early, who it waits for and how long it may still last.
 
-    waits = SlowWait()                      # one per process group (or rendezvous)
-    waits.check(group, src, tag)            # from the poll hook, every few ms of a slow wait
+    waiting.check(group, src, tag)          # from the poll hook, at most once a second
 
 Without it a rank waiting for a hung peer (or for ranks that never started) prints nothing
 until ``MINIDIST_TIMEOUT_S`` (300 s by default) has passed. After ``wait_notice_s`` (the
@@ -32,32 +31,34 @@ def notice_text(where: str, waited_s: float, who: str, timeout_s: float) -> str:
             "who did not answer. Ctrl-C ends the job now.")
 
 
-class SlowWait:
-    """Tracks the current wait of one process group; warns once when it has lasted long."""
+CHECK_EVERY_S = 1.0  # the poll hook runs every few ms; a wait is sampled once a second
+next_check: dict[int, float] = {}  # id(group) -> when to sample its wait next
+_current: dict[int, tuple] = {}  # id(group) -> (the wait's key, since when, said yet)
 
-    def __init__(self) -> None:
-        self.key: tuple | None = None
-        self.since = 0.0
-        self.said = False
 
-    def check(self, group: Any, src: int | None, tag: int) -> None:
-        """Called from the poll hook: the same ``(src, tag, calls)`` again is the same wait."""
-        notice_s = group.failure_policy.wait_notice_s
-        if notice_s <= 0:
-            return
-        now = time.monotonic()
-        counts = group.ledger.counts()
-        key = (src, tag, tuple(sorted(counts.items())))
-        if key != self.key:
-            self.key, self.since, self.said = key, now, False
-            return
-        if self.said or now - self.since < notice_s:
-            return
-        self.said = True
-        stream, n = max(counts.items()) if counts else (0, 0)
-        last = group.ledger.entries(stream, last=1) if n else []
-        call = f"{last[0].collective} #{n}" if last else "wait"
-        who = "the other ranks" if src is None else f"rank {src} (nothing from it yet)"
-        where = group.where(call).split("] ", 1)[-1]  # the log line has the rank prefix
-        log.warning("%s", notice_text(where, now - self.since, who,
-                                      float(group.transport.timeout_s)))
+def check(group: Any, src: int | None, tag: int) -> None:
+    """Sample ``group``'s current wait (the poll hook calls this once a second): the same
+    ``(src, tag, calls)`` as the last sample is the same wait; once it has lasted the policy's
+    ``wait_notice_s``, log whom it waits for and how long it may still last, once."""
+    now = time.monotonic()
+    if len(next_check) > 64:  # groups come and go (tests make hundreds): forget old ones
+        next_check.clear()
+        _current.clear()
+    next_check[id(group)] = now + CHECK_EVERY_S
+    notice_s = group.failure_policy.wait_notice_s
+    counts = group.ledger.counts()
+    key = (src, tag, tuple(sorted(counts.items())))
+    last = _current.get(id(group))
+    if last is None or last[0] != key:
+        _current[id(group)] = (key, now, False)
+        return
+    _, since, said = last
+    if said or notice_s <= 0 or now - since < notice_s:
+        return
+    _current[id(group)] = (key, since, True)
+    stream, n = max(counts.items()) if counts else (0, 0)
+    entry = group.ledger.entries(stream, last=1) if n else []
+    call = f"{entry[0].collective} #{n}" if entry else "wait"
+    who = "the other ranks" if src is None else f"rank {src} (nothing from it yet)"
+    where = group.where(call).split("] ", 1)[-1]  # the log line has the rank prefix
+    log.warning("%s", notice_text(where, now - since, who, float(group.transport.timeout_s)))
