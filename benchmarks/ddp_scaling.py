@@ -6,12 +6,15 @@
     .venv/bin/python benchmarks/ddp_scaling.py --out benchmarks/results   # the published results
                                                         # (default: runs/bench/, git-ignored)
     .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
-        # + a step timeline per rank (minidist/trace.py): /tmp/tr/n2/trace.json, drawn by
+        # + a step timeline per rank (minidist/tracing.py): /tmp/tr/n2/trace.json, drawn by
         # benchmarks/plot_trace.py (tracing adds a little time to every step: not for the table)
     .venv/bin/python benchmarks/ddp_scaling.py --amp --quick  # + AMP rows: the cost of loss scaling
     .venv/bin/python benchmarks/ddp_scaling.py --models large --quick --paired 200
         # the reference workload only, + DDP's overhead step by step (plain and DDP steps
         # alternate: the ratio holds up on a machine shared with other jobs)
+    .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --models large --quick --paired 200 --fold
+        # + a third side, DDP with the prescaled hook: what folding the average into
+        # backward saves over the default hook's divide
 
 Models (float32, SGD lr 0.01, synthetic data, batch 64 PER RANK):
     small   MLP 64-256-10          (19k parameters: latency-bound all-reduce)
@@ -70,10 +73,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import minidist  # noqa: E402
-from minidist import amp, comm, kernels, nn, optim, trace  # noqa: E402
+from minidist import amp, comm, kernels, nn, optim  # noqa: E402
+from minidist import tracing as trace  # noqa: E402
 from minidist.comm.algorithms.shm import shm_is_shared  # noqa: E402
 from minidist.ddp import DistributedDataParallel, auto_overlap  # noqa: E402
-from minidist.ddp.reducer import all_finite_fast  # noqa: E402
+from minidist.ddp.hooks import prescaled_allreduce_hook  # noqa: E402
+from minidist.ddp.grad_checks import all_finite_fast  # noqa: E402
 from minidist.tensor import Tensor  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -171,12 +176,15 @@ def summarize(model_name: str, use_ddp: bool, times: list[float], exposed: list[
             "peak_mem_mib": float(med[2])}
 
 
-def paired_steps(model_name: str, pairs: int, warmup: int) -> dict:
+def paired_steps(model_name: str, pairs: int, warmup: int, fold: bool = False) -> dict:
     """DDP's overhead measured step by step: a plain model and a DDP model (overlap "auto")
-    of the same n processes take turns, one step each, ``pairs`` times (which goes first
-    alternates). A burst of load from other jobs then hits both sides of a pair alike, so the
-    median of the per-pair ratios resolves a few percent where whole-configuration medians
-    on a shared machine cannot. Returns medians (max over ranks) and the median ratio."""
+    of the same n processes take turns, one step each, ``pairs`` times (the order rotates).
+    A burst of load from other jobs then hits every side of a round alike, so the median of
+    the per-round ratios resolves a few percent where whole-configuration medians on a
+    shared machine cannot. With ``fold`` a third side runs DDP with the prescaled hook (the
+    average folded into backward, ``hooks.prescaled_allreduce_hook``): its saving over the
+    default hook is the median of the per-round (DDP - fold) / plain. Returns medians (max
+    over ranks) and the median ratios."""
     rank = comm.get_rank()
     d_in, _, d_out = MODELS[model_name]
     rng = np.random.default_rng(rank)
@@ -184,9 +192,10 @@ def paired_steps(model_name: str, pairs: int, warmup: int) -> dict:
     y = rng.integers(0, d_out, BATCH)
     loss_fn = nn.CrossEntropyLoss()
     sides = []
-    for use_ddp in (False, True):
+    for kind in ("plain", "ddp") + (("fold",) if fold else ()):
         model = build(model_name)
-        net = DistributedDataParallel(model) if use_ddp else model
+        net = model if kind == "plain" else DistributedDataParallel(
+            model, comm_hook=prescaled_allreduce_hook if kind == "fold" else None)
         sides.append((net, optim.SGD(model.parameters(), lr=0.01)))
 
     def step(side: int) -> tuple[float, float]:
@@ -197,26 +206,38 @@ def paired_steps(model_name: str, pairs: int, warmup: int) -> dict:
         opt.zero_grad()
         return time.perf_counter() - t0, time.process_time() - c0
 
-    wall: tuple[list[float], list[float]] = ([], [])
-    cpu: tuple[list[float], list[float]] = ([], [])
+    k = len(sides)
+    wall: list[list[float]] = [[] for _ in range(k)]
+    cpu: list[list[float]] = [[] for _ in range(k)]
     for i in range(warmup + pairs):
         if i == warmup:
             comm.barrier()
-        for side in ((0, 1) if i % 2 else (1, 0)):
+        for j in range(k):  # rotate who goes first
+            side = (i + j) % k
             t, c = step(side)
             if i >= warmup:
                 wall[side].append(t)
                 cpu[side].append(c)
-    sides[1][0].close(release_buffers=True)
-    ratios = [d / p for p, d in zip(*wall)]
-    cpu_ratios = [d / p for p, d in zip(*cpu)]
-    med = np.array([statistics.median(wall[0]), statistics.median(wall[1]),
-                    statistics.median(ratios), statistics.median(cpu_ratios)])
+    for net, _ in sides[1:]:
+        net.close(release_buffers=True)
+    ratios = [d / p for p, d in zip(wall[0], wall[1])]
+    cpu_ratios = [d / p for p, d in zip(cpu[0], cpu[1])]
+    meds = [statistics.median(wall[0]), statistics.median(wall[1]),
+            statistics.median(ratios), statistics.median(cpu_ratios)]
+    if fold:
+        meds += [statistics.median(wall[2]),
+                 statistics.median([f / p for p, f in zip(wall[0], wall[2])]),
+                 statistics.median([(d - f) / p for p, d, f in zip(*wall)])]
+    med = np.array(meds)
     comm.all_reduce(med, op="max")
-    return {"model": model_name, "n": comm.get_world_size(), "pairs": pairs,
-            "plain_ms": float(med[0]) * 1e3, "ddp_ms": float(med[1]) * 1e3,
-            "ratio": float(med[2]), "cpu_ratio": float(med[3]),
-            "overlap": auto_overlap(comm.get_world_size())}
+    out = {"model": model_name, "n": comm.get_world_size(), "pairs": pairs,
+           "plain_ms": float(med[0]) * 1e3, "ddp_ms": float(med[1]) * 1e3,
+           "ratio": float(med[2]), "cpu_ratio": float(med[3]),
+           "overlap": auto_overlap(comm.get_world_size())}
+    if fold:
+        out.update(fold_ms=float(med[4]) * 1e3, fold_ratio=float(med[5]),
+                   fold_saving=float(med[6]))
+    return out
 
 
 def finite_check_cost_ms(numel: int, repeats: int = 20) -> float:
@@ -271,7 +292,8 @@ def worker(args: argparse.Namespace) -> dict:
            "overlap_auto": auto_overlap(world),
            "finite_check_ms_1.86M": finite_check_cost_ms(1_863_690), "_rank": comm.get_rank()}
     if args.paired:
-        out["paired"] = [paired_steps(m, args.paired, args.warmup) for m in args.models]
+        out["paired"] = [paired_steps(m, args.paired, args.warmup, args.fold)
+                         for m in args.models]
     if args.trace:
         trace.stop()
         comm.barrier()  # every rank's file is written
@@ -337,6 +359,11 @@ def overhead_lines(results: list[dict]) -> list[str]:
             lines.append(f"# n={r['n']} {r['model']} paired ({r['pairs']} alternating steps): "
                          f"plain {r['plain_ms']:.2f} ms, DDP {r['ddp_ms']:.2f} ms; median of "
                          f"per-pair DDP/plain {r['ratio']:.3f}x, CPU time {r['cpu_ratio']:.3f}x")
+            if "fold_ratio" in r:
+                lines.append(f"#   prescaled hook (average folded into backward): "
+                             f"{r['fold_ms']:.2f} ms, fold/plain {r['fold_ratio']:.3f}x; it "
+                             f"saves {100 * r['fold_saving']:.1f}% of a plain step over the "
+                             "default hook")
     return lines
 
 
@@ -372,7 +399,7 @@ def driver(args: argparse.Namespace) -> None:
                __file__, "--worker-out", str(out), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--out", args.out,
                "--models", *args.models, "--paired", str(args.paired)] \
-            + (["--quick"] if args.quick else []) \
+            + (["--quick"] if args.quick else []) + (["--fold"] if args.fold else []) \
             + (["--amp"] if args.amp else []) + (["--trace", args.trace] if args.trace else [])
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         print(f"# running n={n}: {' '.join(cmd[:3])} ...", flush=True)
@@ -407,6 +434,9 @@ def main() -> None:
     p.add_argument("--paired", type=int, default=0, metavar="PAIRS",
                    help="also time PAIRS alternating plain/DDP steps per model (see "
                    "paired_steps): DDP's overhead, robust to load from other jobs")
+    p.add_argument("--fold", action="store_true",
+                   help="with --paired: also time DDP with hooks.prescaled_allreduce_hook (the "
+                   "average folded into backward) beside the default hook")
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["small", "large"],
                    help="which models to run (large: the reference workload of the targets)")
     p.add_argument("--amp", action="store_true",
@@ -414,7 +444,7 @@ def main() -> None:
     p.add_argument("--out", default=str(LOCAL_RESULTS), help="folder for the JSON/text "
                    "results (the published ones: --out benchmarks/results)")
     p.add_argument("--trace", metavar="DIR", help="write a step timeline per world size "
-                   "into DIR/n<N>/ (Chrome trace / Perfetto JSON; see minidist/trace.py)")
+                   "into DIR/n<N>/ (Chrome trace / Perfetto JSON; see minidist/tracing.py)")
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)

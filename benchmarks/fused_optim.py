@@ -11,7 +11,11 @@ about ``--numel`` (default 10 x 1024 x 1025 = 10,496,000 parameters, 20 tensors)
 Implementations (all AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2):
 
     default  minidist.optim.AdamW: per tensor, whole-array NumPy ops (14 passes over memory)
-    fused    minidist.optim.AdamW(fused=True): one Numba pass per flat run of tensors
+    fused    minidist.optim.AdamW(fused=True): ONE Numba call for all tensors (a multi-tensor
+             table of offsets, minidist.optim.multi_tensor)
+    fused-per-tensor
+             the same kernel called once per tensor (``fused.MULTI_TENSOR = False``: the path
+             before multi-tensor tables)
     torch-foreach / torch-fused
              torch.optim.AdamW(foreach=True) / (fused=True), torch.set_num_threads(1)
 
@@ -68,13 +72,22 @@ def make_data(shapes: list[tuple[int, ...]]) -> tuple[list[np.ndarray], list[np.
     return params, grads
 
 
-def minidist_step(params0: list[np.ndarray], grads: list[np.ndarray], fused_on: bool
+def minidist_step(params0: list[np.ndarray], grads: list[np.ndarray], fused_on: bool,
+                  multi_tensor: bool = True
                   ) -> tuple[Callable[[], None], Callable[[], list[np.ndarray]]]:
     ps = [Parameter(p.copy()) for p in params0]
     for p, g in zip(ps, grads):
         p.grad = g
     opt = optim.AdamW(ps, fused=fused_on, **HYPER)
-    return opt.step, lambda: [p.data for p in ps]
+
+    def step() -> None:
+        before, fused.MULTI_TENSOR = fused.MULTI_TENSOR, multi_tensor
+        try:
+            opt.step()
+        finally:
+            fused.MULTI_TENSOR = before
+
+    return step, lambda: [p.data for p in ps]
 
 
 def torch_step(torch: Any, params0: list[np.ndarray], grads: list[np.ndarray], kind: str
@@ -158,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     numel = sum(int(np.prod(s)) for s in shapes)
     params0, grads = make_data(shapes)
     impls = {"default": lambda: minidist_step(params0, grads, False),
-             "fused": lambda: minidist_step(params0, grads, True)}
+             "fused": lambda: minidist_step(params0, grads, True),
+             "fused-per-tensor": lambda: minidist_step(params0, grads, True, False)}
     if torch is not None:
         for kind in ("foreach", "fused"):
             impls[f"torch-{kind}"] = (lambda k=kind: torch_step(torch, params0, grads, k))
@@ -170,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(a.check_steps):
             step()
         results[name] = [r.copy() for r in read()]
-    check = {"fused_bits_equal_default": all(np.array_equal(x, y) for x, y in
-                                             zip(results["fused"], results["default"]))}
+    check = {f"{name}_bits_equal_default": all(np.array_equal(x, y) for x, y in
+                                               zip(results[name], results["default"]))
+             for name in ("fused", "fused-per-tensor")}
     ref_name = "torch-fused" if torch is not None else "default"
     for name, res in results.items():
         check[f"max_abs_diff_{name}_vs_{ref_name}"] = max(
@@ -182,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     for step in steppers.values():
         step()  # warm up (compiles the kernels, allocates the state)
     samples: dict[str, list[float]] = {name: [] for name in steppers}
+    calls: dict[str, int] = {}
+    for name, step in steppers.items():  # kernel calls per step (0: no compiled kernel)
+        before = fused.kernel_calls()
+        step()
+        calls[name] = fused.kernel_calls() - before
     for r in range(a.repeats):
         order = list(steppers)
         random.Random(r).shuffle(order)
@@ -198,15 +218,18 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"impl": name, "median_ms": st["median_us"] / 1e3,
                      "min_ms": st["min_us"] / 1e3, "max_ms": st["max_us"] / 1e3,
                      "samples": st["samples"], "GBps": 28 * numel / (st["median_us"] * 1e3),
+                     "kernel_calls": calls.get(name),
                      "vs_default": med[name] / med["default"],
                      "vs_best_torch": None if best_torch is None else med[name] / best_torch})
     print(f"# AdamW step, {numel:,} float32 parameters in {len(shapes)} tensors, one thread, "
           f"median of {a.repeats}; fused kernel: {fused.implementation(params0[0])}")
-    table = Table([("impl", 14, "s"), ("median ms", 10, ".2f"), ("min ms", 8, ".2f"),
-                   ("GB/s", 6, ".1f"), ("vs default", 10, ".2f"), ("vs best torch", 13, ".2f")])
+    table = Table([("impl", 16, "s"), ("median ms", 10, ".2f"), ("min ms", 8, ".2f"),
+                   ("GB/s", 6, ".1f"), ("calls/step", 10, "d"), ("vs default", 10, ".2f"),
+                   ("vs best torch", 13, ".2f")])
     print(table.header())
     for row in rows:
         print(table.row(row["impl"], row["median_ms"], row["min_ms"], row["GBps"],
+                        row["kernel_calls"] if row["impl"].startswith("fused") else None,
                         row["vs_default"], row["vs_best_torch"]))
     for key, value in check.items():
         print(f"# {key}: {value}")

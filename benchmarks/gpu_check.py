@@ -361,14 +361,57 @@ def section_train_step(args: argparse.Namespace) -> dict:
         yh = rng.integers(0, widths[-1], batch)
         for mode in ("fp32", "amp"):
             minidist.manual_seed(0)
-            ours = _time_steps(_minidist_step(widths, xh, yh, device, mode == "amp"), dev.sync)
+            step = _minidist_step(widths, xh, yh, device, mode == "amp")
+            ours = _time_steps(step, dev.sync)
             theirs = None
             if torch is not None:
                 theirs = _torch_step_ms(torch, widths, xh, yh, device, mode)
             rows.append({"model": name, "widths": widths, "batch": batch, "mode": mode,
                          "minidist_ms": ours, "torch_ms": theirs,
-                         "ratio": ours / theirs if theirs else None})
+                         "ratio": ours / theirs if theirs else None,
+                         **step_counts(step, widths, device)})
     return {"status": "ok", "rows": rows}
+
+
+def step_counts(step: Callable[[], None], widths: list[int], device: str) -> dict:
+    """What one step does besides computing, counted (device-independent, so the CPU smoke
+    run checks them too): device-to-host transfers (``xp.count_host_transfers``), Python
+    function calls (``sys.setprofile``), autocast's casts (weights and others), and the
+    kernel calls of one ``SGD(fused=True)`` step over the same (unflattened) model."""
+    import numpy as np
+
+    from minidist import nn, optim
+    from minidist import xp as backend
+    from minidist.optim import fused
+    from minidist.tensor import autocast_mode
+
+    casts0 = autocast_mode.cast_counts()
+    calls = [0]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls[0] += 1
+
+    with backend.count_host_transfers() as transfers:
+        sys.setprofile(profile)
+        try:
+            step()
+        finally:
+            sys.setprofile(None)
+    casts1 = autocast_mode.cast_counts()
+    model = _mlp(nn, widths)
+    params = list(model.parameters())
+    opt = optim.SGD(params, lr=1e-3, momentum=0.9, fused=True)
+    for p in params:
+        p.grad = backend.to_device(np.zeros(p.shape, np.float32), device)
+    opt.step()  # compiles, allocates the momentum buffers
+    launches0 = fused.kernel_calls()
+    opt.step()
+    return {"host_syncs": sum(transfers.values()), "host_sync_ops": dict(transfers),
+            "python_calls": calls[0],
+            "weight_casts": casts1.get("weights", 0) - casts0.get("weights", 0),
+            "other_casts": casts1.get("others", 0) - casts0.get("others", 0),
+            "params": len(params), "opt_launches": fused.kernel_calls() - launches0}
 
 
 def _minidist_step(widths: list[int], xh: Any, yh: Any, device: str,
@@ -558,7 +601,30 @@ def targets(result: dict) -> list[dict]:
         if r.get("cuda_ipc_vs_staged") is not None:
             add(f"cuda_ipc <= 0.5 x staged ({mib} MiB)", r["cuda_ipc_vs_staged"] <= 0.5,
                 f"{r['cuda_ipc_vs_staged']:.2f}")
-    limits = {"wide": (1.15, 1.3), "deep": (1.5, 1.8)}
+    steps = result.get("train_step", {}).get("rows", [])
+    counted = [r for r in steps if "host_syncs" in r]
+    if counted:
+        worst = {m: max((r["host_syncs"] for r in counted if r["mode"] == m), default=0)
+                 for m in ("fp32", "amp")}
+        add("no host sync in an fp32 step, one (the scaler's) in an AMP step",
+            worst["fp32"] == 0 and worst["amp"] <= 1,
+            f"max {worst['fp32']} (fp32), {worst['amp']} (AMP) per step")
+        amp_rows = [r for r in counted if r["mode"] == "amp"]
+        if amp_rows:
+            add("an AMP step casts each weight at most once",
+                all(r["weight_casts"] <= r["params"] for r in amp_rows),
+                ", ".join(f"{r['model']} {r['weight_casts']} for {r['params']}"
+                          for r in amp_rows))
+        add("a fused optimizer step is one launch per (device, dtype)",
+            all(r["opt_launches"] <= 1 for r in counted),
+            f"max {max(r['opt_launches'] for r in counted)} per step")
+    runs = [r for s in ("examples", "mpi") for r in result.get(s, {}).get("rows", [])]
+    if runs:
+        warned = [r["command"] for r in runs
+                  if any("NumbaPerformanceWarning" in w for w in r.get("warnings", []))]
+        add("no NumbaPerformanceWarning in training runs", not warned,
+            "warned: " + "; ".join(warned) if warned else f"none in {len(runs)} runs")
+    limits = {"wide": (1.15, 1.3), "deep": (1.15, 1.3), "small": (1.5, 1.5)}
     for r in training.get("step_rows", []):
         if r.get("step_vs_torch") is None:
             continue
@@ -612,12 +678,15 @@ def markdown(result: dict) -> str:
         lines.append("")
     steps = result.get("train_step", {}).get("rows", [])
     if steps:
-        lines += ["| model | batch | mode | minidist ms/step | torch ms/step | minidist / torch |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["| model | batch | mode | minidist ms/step | torch ms/step | minidist / torch | "
+                  "host syncs | Python calls | weight casts | fused opt launches |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in steps:
             lines.append(f"| {r['model']} {'-'.join(map(str, r['widths']))} | {r['batch']} | "
                          f"{r['mode']} | {r['minidist_ms']:.2f} | {_fmt(r['torch_ms'], '.2f')} | "
-                         f"{_fmt(r['ratio'], '.2f')} |")
+                         f"{_fmt(r['ratio'], '.2f')} | {_fmt(r.get('host_syncs'))} | "
+                         f"{_fmt(r.get('python_calls'))} | {_fmt(r.get('weight_casts'))} | "
+                         f"{_fmt(r.get('opt_launches'))} |")
         lines.append("")
     training = result.get("gpu_training", {})
     if training.get("allreduce_rows"):

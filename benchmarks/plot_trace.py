@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
     .venv/bin/python benchmarks/plot_trace.py /tmp/tr/n2/trace.json --out docs/img/ddp_step_trace.png
 
-The trace is the merged Chrome-trace JSON that ``--trace`` writes (minidist/trace.py). For
+The trace is the merged Chrome-trace JSON that ``--trace`` writes (minidist/tracing.py). For
 overlap on and overlap off (one panel each) this picks, among the timed steps of the "large"
 model on rank 0, the step of median duration, and the step of every other rank that overlaps
 it most, and draws them on one time axis::

@@ -6,12 +6,14 @@ xp -> tensor, kernels -> nn, optim, comm, utils -> data -> amp -> ddp -> checkpo
 
 import sys as _sys
 
+# minidist.log and minidist.trace are torch's functions (below); the modules that had those
+# names are minidist.logger and minidist.tracing (each registers its old import path).
+from minidist import logger, tracing
 from minidist import xp
 from minidist import cuda
 from minidist import accelerator
 from minidist.xp import DeviceUnavailableError, device
-from minidist.log import get_logger
-from minidist import trace
+from minidist.logger import get_logger
 
 # tensor and nn: Tensor + autograd tape, no_grad, layers (minidist/tensor, minidist/nn)
 from minidist import nn
@@ -27,6 +29,16 @@ from minidist.tensor import (cat, chunk, flatten, masked_fill, multinomial,  # t
                              split, stack, topk, transpose, tril, triu)
 from minidist.tensor import bool as bool  # noqa: A004,F401 - torch's name (minidist.bool)
 from minidist.tensor import float as float  # noqa: A004,F401 - torch's name (minidist.float)
+# torch's math functions and dtypes added for ported scripts (minidist/tensor/mathops.py,
+# views.py, dtypes.py); minidist.log and minidist.trace are the functions, as torch's
+from minidist.tensor import (bfloat16, clamp, cos, diagonal, dtype, exp, int8, int16, log,
+                             narrow, norm, sin, softmax, sqrt, trace, uint8, where)
+from minidist.tensor import abs as abs  # noqa: A004,F401 - torch's name (minidist.abs)
+# torch's legacy constructors: isinstance checks and x.type(...) work; calling one raises
+# with the modern spelling (minidist.tensor(data, dtype=minidist.int64))
+from minidist.tensor.dtypes import (BFloat16Tensor, BoolTensor, ByteTensor, CharTensor,
+                                    DoubleTensor, FloatTensor, HalfTensor, IntTensor, LongTensor,
+                                    ShortTensor)
 
 # comm: process group and collectives (minidist/comm)
 from minidist.comm import (
@@ -48,7 +60,7 @@ from minidist.comm import (
     new_group,
     new_group_from_transport,
 )
-from minidist.distributed import get_backend
+from minidist.distributed.queries import get_backend
 
 # optim and data: optimizers, LR schedules, clipping; datasets, DistributedSampler, DataLoader
 from minidist import data, optim
@@ -81,3 +93,16 @@ setattr(nn, "SyncBatchNorm", SyncBatchNorm)  # noqa: B010 - nn declares no such 
 setattr(utils, "data", data)  # noqa: B010 - utils declares no such name
 _sys.modules["minidist.utils.data"] = data
 _sys.modules["minidist.utils.data.distributed"] = data.distributed
+
+# torch's other namespaces by their paths: torch.distributed (a package with torch's sub-paths
+# and argument orders), torch.backends (flags, accepted), torch.multiprocessing, and the two
+# that lower layers cannot hold themselves: torch.cuda.amp (cuda sits below amp) and
+# torch.nn.parallel (nn sits below ddp). The root attaches them, as for nn.SyncBatchNorm.
+from minidist import backends, distributed, multiprocessing  # noqa: E402
+from minidist.amp import cuda_amp as _cuda_amp  # noqa: E402
+from minidist.ddp import nn_parallel as _nn_parallel  # noqa: E402
+
+setattr(cuda, "amp", _cuda_amp)  # noqa: B010 - cuda declares no such name
+_sys.modules["minidist.cuda.amp"] = _cuda_amp
+setattr(nn, "parallel", _nn_parallel)  # noqa: B010 - nn declares no such name
+_sys.modules["minidist.nn.parallel"] = _nn_parallel

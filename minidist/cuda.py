@@ -7,6 +7,13 @@
 ``manual_seed``/``manual_seed_all`` seed CuPy's own generator (minidist's draws come from the
 host generator of ``minidist.manual_seed``).
 
+``set_sync_debug_mode("warn")`` (or ``"error"``) flags every implicit device-to-host
+synchronization the library makes, naming the op, as torch's does; a training step makes
+none apart from ``GradScaler.step``'s read of its inf/NaN flags (docs/gpu.md)::
+
+    minidist.cuda.set_sync_debug_mode("error")    # raise at the first implicit sync
+    minidist.cuda.get_sync_debug_mode()           # 2
+
 On a machine without CuPy or a GPU, ``is_available()`` is False and ``device_count()`` is 0;
 ``set_device``/``current_device`` raise the one-line ``DeviceUnavailableError`` that says how to
 get a working GPU path (minidist.xp.require_cuda).
@@ -19,6 +26,18 @@ from typing import Any
 from minidist import xp as backend
 
 DeviceUnavailableError = backend.DeviceUnavailableError
+SyncDebugError = backend.SyncDebugError
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """torch.cuda's switch: ``"default"`` (0), ``"warn"`` (1) or ``"error"`` (2) on every
+    implicit device-to-host synchronization (``minidist.xp.set_sync_debug_mode``)."""
+    backend.set_sync_debug_mode(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    """The sync debug mode: 0 (default), 1 (warn) or 2 (error)."""
+    return backend.get_sync_debug_mode()
 
 
 def is_available() -> bool:

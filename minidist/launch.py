@@ -22,6 +22,12 @@ spellings (``--nproc_per_node``) are accepted too. What the launcher guarantees:
 ``--standalone`` picks a free port and keeps it reserved until the job ends (see
 ``reserve_port``), so no other program can take it between the pick and rank 0's bind.
 
+``--max-restarts N`` (torchrun's elastic restarts): when a rank fails, the launcher stops the
+group as above, says which restart it starts and why, and starts every rank again, up to N
+times; each rank sees ``TORCHELASTIC_RESTART_COUNT`` (0 on the first attempt) and
+``TORCHELASTIC_MAX_RESTARTS``. A script that checkpoints (the Trainer with ``resume=True``)
+continues from its last checkpoint. Only this node's ranks restart (one node per launcher).
+
 Exit code: 0 when every rank exits 0; the first failed rank's code (128 + signal if a signal
 killed it); 130 after SIGINT (Ctrl-C), 143 after SIGTERM.
 """
@@ -74,6 +80,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="rendezvous port on the master (default 29500)")
     p.add_argument("--standalone", action="store_true",
                    help="one node: rendezvous on 127.0.0.1 at a free port (ignores --master-*)")
+    p.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
+                   help="after a failure, stop the group and start it again, up to this many "
+                        "times (torchrun's elastic restarts; default 0)")
     p.add_argument("-m", "--module", action="store_true",
                    help="SCRIPT is a module name, run as `python -m SCRIPT`")
     p.add_argument("script", help="the Python script (or module with -m) each rank runs")
@@ -83,6 +92,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--nproc-per-node={args.nproc_per_node} and --nnodes={args.nnodes} must be >= 1")
     if not 0 <= args.node_rank < args.nnodes:
         p.error(f"--node-rank={args.node_rank} must be in [0, {args.nnodes}) (--nnodes)")
+    if args.max_restarts < 0:
+        p.error(f"--max-restarts={args.max_restarts} must be >= 0")
     if not 1 <= args.master_port <= 65535:
         p.error(f"--master-port={args.master_port} is not a TCP port; use 1..65535")
     if args.standalone:
@@ -122,7 +133,10 @@ def rank_env(args: argparse.Namespace, local_rank: int,
     env.update(RANK=str(args.node_rank * args.nproc_per_node + local_rank),
                LOCAL_RANK=str(local_rank), WORLD_SIZE=str(args.nnodes * args.nproc_per_node),
                LOCAL_WORLD_SIZE=str(args.nproc_per_node), GROUP_RANK=str(args.node_rank),
-               MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port))
+               MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port),
+               MINIDIST_LAUNCHER="launch",
+               TORCHELASTIC_RESTART_COUNT=str(getattr(args, "restart_count", 0)),
+               TORCHELASTIC_MAX_RESTARTS=str(getattr(args, "max_restarts", 0)))
     return env
 
 
@@ -188,6 +202,7 @@ class Launcher:
         self.signalled: int | None = None  # the signal the launcher received, if any
         self.first: Rank | None = None  # the rank that failed first, once one has
         self.deciding = threading.Lock()  # guards first and the ranks' notices
+        self.failed: Rank | None = None     # the rank whose failure ended the group, if any
 
     def _say(self, text: str) -> None:
         sys.stderr.buffer.write(f"[minidist.launch] {text}\n".encode())
@@ -251,6 +266,7 @@ class Launcher:
                 return 128 + self.signalled
             failed = self.first_failed()
             if failed is not None:
+                self.failed = failed
                 return self.end_failed_job(failed)
             if all(r.proc.poll() == 0 for r in self.ranks):
                 self.kill_all()  # joins the relays, so every line is out before we exit
@@ -350,13 +366,56 @@ class Launcher:
                 r.signal_group(signal.SIGKILL)  # never leave a rank behind, whatever happened
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            if getattr(self.args, "reservation", None) is not None:
-                self.args.reservation.close()
+
+
+# ---- elastic restarts (torchrun's --max-restarts) ---------------------------------------
+
+def say(text: str) -> None:
+    """One line of the launcher's own on stderr, ``[minidist.launch]``-prefixed."""
+    sys.stderr.buffer.write(f"[minidist.launch] {text}\n".encode())
+    sys.stderr.flush()
+
+
+def restart_cause(launcher: Launcher, code: int) -> str:
+    """What ended an attempt, for the restart line: the failed rank and its last line."""
+    failed = launcher.failed
+    if failed is None:
+        return f"the group exited with code {code}"
+    last = f" (its last line: {failed.last_line!r})" if failed.last_line else ""
+    return f"rank {failed.rank} exited with code {code}{last}"
+
+
+def run_with_restarts(args: argparse.Namespace) -> int:
+    """Run the group; after a failure stop it and start it again, up to ``--max-restarts``
+    times, as torchrun does (never after SIGINT/SIGTERM to the launcher).
+
+    Every attempt starts all ranks afresh with ``TORCHELASTIC_RESTART_COUNT`` = the attempt
+    number (0 first) and the same rendezvous port; a script that saves checkpoints resumes
+    from its last one (``TrainerConfig(resume=True)``). Returns the last attempt's code.
+    """
+    try:
+        for attempt in range(args.max_restarts + 1):
+            args.restart_count = attempt
+            launcher = Launcher(args)
+            code = launcher.run()
+            if code == 0 or launcher.signalled is not None or attempt == args.max_restarts:
+                if code != 0 and args.max_restarts and launcher.signalled is None:
+                    say(f"giving up after {attempt} restart(s) "
+                                  f"(--max-restarts {args.max_restarts}).")
+                return code
+            say(f"restart {attempt + 1} of {args.max_restarts}: "
+                          f"{restart_cause(launcher, code)}; starting all "
+                          f"{args.nproc_per_node} ranks again "
+                          f"(TORCHELASTIC_RESTART_COUNT={attempt + 1}).")
+        return code
+    finally:
+        if getattr(args, "reservation", None) is not None:
+            args.reservation.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m minidist.launch``; returns the exit code."""
-    return Launcher(parse_args(argv)).run()
+    return run_with_restarts(parse_args(argv))
 
 
 if __name__ == "__main__":

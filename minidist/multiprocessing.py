@@ -15,8 +15,11 @@ around ``torch.multiprocessing.spawn``.
 Each process starts with the "spawn" start method (a fresh interpreter, as torch does) and the
 torchrun-style environment of its rank: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` (default 127.0.0.1) and ``MASTER_PORT`` (default: a free
-port), and one BLAS thread, so ``init_process_group()`` builds a TCP group inside. The first
-process that fails ends the others; ``spawn`` then raises ``ProcessRaisedException`` (with
+port), and one BLAS thread, so ``init_process_group()`` builds a TCP group inside. torch's
+``spawn`` sets none of these, so a script that passes ``init_process_group(rank=...,
+world_size=...)`` itself (a multi-node job: several spawns, one per machine) gets the values it
+passes; ``MINIDIST_LAUNCHER=spawn`` tells ``init_process_group`` where its defaults came from.
+The first process that fails ends the others; ``spawn`` then raises ``ProcessRaisedException`` (with
 that rank's traceback) or ``ProcessExitedException`` (with its exit code).
 """
 
@@ -162,7 +165,7 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
             os.environ.setdefault(var, "1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.update(MASTER_PORT=port, WORLD_SIZE=str(nprocs),
-                          LOCAL_WORLD_SIZE=str(nprocs))
+                          LOCAL_WORLD_SIZE=str(nprocs), MINIDIST_LAUNCHER="spawn")
         for rank in range(nprocs):
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
             recv_end, send_end = ctx.Pipe(duplex=False)

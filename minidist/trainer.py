@@ -44,13 +44,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from minidist import amp, comm, trace
+from minidist import amp, comm
+from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.checkpoint import checkpoint_path, save_checkpoint
 from minidist.checkpoint.resume import agree_on_checkpoint, restore
 from minidist.data import DataLoader, DistributedSampler, random_split
 from minidist.ddp import DistributedDataParallel, check_manifest
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 from minidist.optim import LinearWarmup, WarmupCosine
 from minidist.tensor import Tensor, no_grad
 from minidist.tensor import random as tensor_random
@@ -96,7 +97,7 @@ class TrainerConfig:
         min_lr: the final rate of the cosine schedule.
         log_every_n_batches: rank 0 reports its loss every n optimizer steps (0: per epoch only).
         trace_dir: write a step timeline (Chrome trace / Perfetto JSON) per rank into this
-            folder, merged into ``trace.json`` at the end of ``fit`` (minidist/trace.py; the
+            folder, merged into ``trace.json`` at the end of ``fit`` (minidist/tracing.py; the
             ``MINIDIST_TRACE`` variable does the same). None: no tracing.
         checkpoint_every_n_epochs: write a checkpoint every n epochs and after the last (0: never).
         checkpoint_every_n_steps: also write a checkpoint every n optimizer steps, mid-epoch

@@ -27,7 +27,7 @@ from typing import Sequence
 
 from minidist.comm import api as comm
 from minidist.comm.algorithms import calibrate, select
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 

@@ -16,7 +16,10 @@ a missing wheel (ImportError) and a missing device (``cupy.cuda.is_available()``
 
 from __future__ import annotations
 
-from typing import Any, Union
+import collections
+import contextlib
+import warnings
+from typing import Any, Iterator, Union
 
 import numpy
 
@@ -104,8 +107,94 @@ def get_array_module(*arrays: Any) -> Any:
     return numpy
 
 
-def to_host(array: Any) -> numpy.ndarray:
-    """A NumPy copy (or the array itself, if it already is one) of a NumPy or CuPy array."""
+# ---- host transfers: the one function every device-to-host copy goes through ----------------
+#
+# A device-to-host copy waits for the GPU to finish everything queued before it (a
+# synchronization): inside a training step it stalls the host until the GPU drains, so the next
+# kernels are queued late. minidist's forward, backward and optimizer step make none, apart
+# from GradScaler.step's one read of the inf/NaN flags (torch makes the same one). Every copy
+# is counted here, on the CPU too (where it costs nothing but would synchronize on a GPU), so
+# a test on the CPU can check that a step makes none.
+
+SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+"""torch's names and numbers for ``set_sync_debug_mode``."""
+
+_sync_debug_mode = 0
+_counters: list[collections.Counter] = []
+
+
+class SyncDebugError(RuntimeError):
+    """An implicit synchronization under ``set_sync_debug_mode("error")``."""
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """What an implicit device-to-host synchronization does (torch.cuda's function).
+
+    ``"default"`` (0): nothing. ``"warn"`` (1): a ``UserWarning`` naming the op.
+    ``"error"`` (2): ``SyncDebugError`` naming the op. An implicit synchronization is one the
+    library makes for its own sake (a check, a decision on a device value); one the user asks
+    for (``.item()``, ``float()``, ``.numpy()``, printing) is never flagged. The mode applies to
+    NumPy arrays as well: the same call would synchronize on a GPU, so a CPU run finds it.
+    """
+    global _sync_debug_mode
+    if isinstance(debug_mode, str):
+        if debug_mode not in SYNC_DEBUG_MODES:
+            raise ValueError(f"set_sync_debug_mode: unknown mode {debug_mode!r}; use one of "
+                             f"{sorted(SYNC_DEBUG_MODES)} (or 0, 1, 2).")
+        debug_mode = SYNC_DEBUG_MODES[debug_mode]
+    if debug_mode not in (0, 1, 2):
+        raise ValueError(f"set_sync_debug_mode: unknown mode {debug_mode!r}; use 0 "
+                         "('default'), 1 ('warn') or 2 ('error').")
+    _sync_debug_mode = int(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    """The current mode as torch returns it: 0 (default), 1 (warn) or 2 (error)."""
+    return _sync_debug_mode
+
+
+@contextlib.contextmanager
+def count_host_transfers() -> Iterator[collections.Counter]:
+    """Count the device-to-host transfers made inside the block, by op.
+
+        with count_host_transfers() as counts:
+            loss = model(x).sum(); loss.backward(); opt.step()
+        counts   # Counter(): none; counts["item"] after a loss.item()
+
+    Keys are the op names of implicit transfers (``"GradScaler.step"``) and ``"item"``,
+    ``"numpy"``, ... for those the user asked for. NumPy arrays are counted too.
+    """
+    counts: collections.Counter = collections.Counter()
+    _counters.append(counts)
+    try:
+        yield counts
+    finally:
+        _counters.remove(counts)
+
+
+def to_host(array: Any, *, op: str | None = None, explicit: str = "to_host") -> numpy.ndarray:
+    """A NumPy copy (or the array itself, if it already is one) of a NumPy or CuPy array.
+
+    Args:
+        array: a NumPy or CuPy array.
+        op: the library operation that needs the values on the host: an IMPLICIT
+            synchronization, flagged under ``set_sync_debug_mode("warn" | "error")``. None
+            when the user asked for the values (``explicit`` names how).
+        explicit: the user-facing call (``"item"``, ``"numpy"``, ...) when ``op`` is None.
+
+    Raises:
+        SyncDebugError: ``op`` is given and the sync debug mode is ``"error"``.
+    """
+    if _counters:
+        for counts in _counters:
+            counts[op or explicit] += 1
+    if op is not None and _sync_debug_mode:
+        msg = (f"{op}: an implicit device-to-host synchronization (it copies a value to the "
+               "host and waits for the GPU). Keep the value on the device, or call "
+               "set_sync_debug_mode('default') to allow it.")
+        if _sync_debug_mode == 2:
+            raise SyncDebugError(msg)
+        warnings.warn(msg, UserWarning, stacklevel=3)
     if is_device_array(array):
         return _cupy.asnumpy(array)
     return numpy.asarray(array)

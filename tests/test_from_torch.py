@@ -4,6 +4,7 @@ mp.spawn-shaped one as a plain script that starts its own ranks. Where torch is 
 originals run too (under torchrun) and end as their ports do."""
 
 import difflib
+import json
 import re
 
 import numpy as np
@@ -13,7 +14,8 @@ from procs import REPO, run_python
 
 HERE = REPO / "examples" / "from_torch"
 PAIRS = [("ddp_torchrun.py", "ddp_torchrun_minidist.py"), ("ddp_spawn.py", "ddp_spawn_minidist.py"),
-         ("gpt_ddp.py", "gpt_ddp_minidist.py"), ("ddp_zero.py", "ddp_zero_minidist.py")]
+         ("gpt_ddp.py", "gpt_ddp_minidist.py"), ("ddp_zero.py", "ddp_zero_minidist.py"),
+         ("word_lm.py", "word_lm_minidist.py"), ("resnet_cnn.py", "resnet_cnn_minidist.py")]
 # (torch line, minidist line) pairs allowed besides imports: none today.
 EXCEPTIONS: set = set()
 
@@ -86,13 +88,67 @@ def test_zero_port_trains_with_a_dataset_of_tensors_checkpointing_and_zero():
     check_zero_run(job.stdout, job.report())
 
 
-@pytest.mark.parametrize("original", ["ddp_zero.py", "gpt_ddp.py"])
-def test_originals_run_under_torch(original):
+def losses_of(stdout, pattern):
+    return [float(v) for v in re.findall(pattern, stdout)]
+
+
+def check_word_lm_run(stdout, report):
+    losses = losses_of(stdout, r"epoch \d+: loss ([0-9.]+)")
+    assert len(losses) == 20 and losses[-1] < 0.8 * losses[0], report
+    assert "reloaded model: same loss True" in stdout, report
+
+
+def check_resnet_run(stdout, report):
+    losses = losses_of(stdout, r"step \d+: loss ([0-9.]+)")
+    acc = float(re.findall(r"test accuracy ([0-9.]+)", stdout)[-1])
+    assert len(losses) == 10 and losses[-1] < 0.3 * losses[0] and acc >= 0.9, report
+
+
+def test_word_lm_port_trains_an_lstm_with_a_tied_decoder_and_saves_the_whole_model(tmp_path):
+    # nn.LSTM(2 layers, dropout), Embedding weight shared with the decoder, clip_grad_norm_,
+    # torch.save(model.module) and torch.load(..., weights_only=False)
+    job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
+                      HERE / "word_lm_minidist.py"], timeout_s=240,
+                     env={"SAVE_TO": str(tmp_path / "model.pt")})
+    assert job.returncode == 0, job.report()
+    check_word_lm_run(job.stdout, job.report())
+
+
+def test_resnet_port_trains_with_accumulation_and_torchs_namespaces():
+    # GroupNorm, MaxPool2d(padding=1), ReLU(inplace=True), kaiming_normal_, torch.backends
+    # flags, require_backward_grad_sync, torch.cuda.amp (disabled without a GPU, as torch)
+    job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
+                      HERE / "resnet_cnn_minidist.py"], timeout_s=240)
+    assert job.returncode == 0, job.report()
+    check_resnet_run(job.stdout, job.report())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["word_lm", "resnet_cnn"])
+def test_loss_trajectories_match_torchs_within_the_noise_of_a_seed(pair, tmp_path):
+    pytest.importorskip("torch")
+    job = run_python([HERE / "compare_losses.py", pair, "--seeds", "0", "1", "2",
+                      "--json", tmp_path / "rows.json"], timeout_s=1200,
+                     env={"TMPDIR": str(tmp_path)})
+    assert job.returncode == 0, job.report()
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    within = [r["within"] for r in rows]
+    assert sum(within) >= len(within) - 1 and within[-1], job.stdout
+
+
+@pytest.mark.parametrize("original", ["ddp_zero.py", "gpt_ddp.py", "word_lm.py", "resnet_cnn.py"])
+def test_originals_run_under_torch(original, tmp_path):
     pytest.importorskip("torch")
     job = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                      HERE / original], timeout_s=300, env={"STEPS": "30"})
+                      HERE / original], timeout_s=300,
+                     env={"STEPS": "30"} if original in ("ddp_zero.py", "gpt_ddp.py") else
+                     {"SAVE_TO": str(tmp_path / "model.pt")})
     assert job.returncode == 0, job.report()
     if original == "ddp_zero.py":
         check_zero_run(job.stdout, job.report())
+    elif original == "word_lm.py":
+        check_word_lm_run(job.stdout, job.report())
+    elif original == "resnet_cnn.py":
+        check_resnet_run(job.stdout, job.report())
     else:
         assert re.findall(r"sample: first ", job.stdout), job.report()

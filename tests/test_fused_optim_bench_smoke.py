@@ -17,8 +17,11 @@ def test_fused_optim_benchmark_tiny(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads((tmp_path / "fused_optim.json").read_text())
     assert data["tensors"] == 4 and 19_000 < data["numel"] < 21_000 and data["torch"] is None
-    assert {r["impl"] for r in data["rows"]} == {"default", "fused"}
+    assert {r["impl"] for r in data["rows"]} == {"default", "fused", "fused-per-tensor"}
     assert data["check"]["fused_bits_equal_default"] is True
+    assert data["check"]["fused-per-tensor_bits_equal_default"] is True
+    calls = {r["impl"]: r["kernel_calls"] for r in data["rows"]}
+    assert calls["fused"] == 1 and calls["fused-per-tensor"] == 4  # one call vs one per tensor
     for r in data["rows"]:
         assert r["samples"] == 2 and r["median_ms"] > 0 and r["vs_best_torch"] is None
     assert "vs best torch" in res.stdout

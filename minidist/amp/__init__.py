@@ -19,7 +19,8 @@ numbers as a GPU's float16 GEMM, not faster.
 """
 
 from minidist.amp.autocast_mode import autocast, float16, get_autocast_dtype, is_autocast_enabled
-from minidist.amp.grad_scaler import GradScaler, OptState, active_scaler
+from minidist.amp.grad_scaler import (GradScaler, OptState, active_scaler, add_scale_listener,
+                                      remove_scale_listener)
 from minidist.amp.master_weights import MasterParameter, MasterWeights, owner_of
 from minidist.amp.overflow import SCALE_FLOOR
 
@@ -29,7 +30,7 @@ __all__ = [
            "MasterParameter",
            "MasterWeights",
            "OptState",
-           "active_scaler",
+           "active_scaler", "add_scale_listener", "remove_scale_listener",
            "autocast",
            "float16",
            "get_autocast_dtype",

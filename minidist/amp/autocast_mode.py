@@ -18,23 +18,27 @@ from typing import Any, Callable, TypeVar
 
 import numpy
 
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 from minidist.tensor import autocast_mode as state
+from minidist.tensor import dtypes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-float16 = numpy.dtype(numpy.float16)
+float16 = dtypes.float16
 """The dtype autocast computes in: ``amp.autocast("cuda", dtype=minidist.float16)``."""
 
 
-def _check_dtype(dtype: Any) -> Any:
+def _check_dtype(device_type: str, dtype: Any) -> Any:
     try:
         dt = numpy.dtype(dtype if dtype is not None else numpy.float16)
     except TypeError:
         dt = None
     if dt not in state.SUPPORTED_DTYPES:
         raise ValueError(f"{rank_prefix()} autocast: dtype={dtype!r} is not supported; use "
-                         "dtype='float16' (minidist.float16). NumPy and CuPy have no bfloat16.")
+                         "dtype=minidist.float16 (or minidist.bfloat16 on the CPU).")
+    if dt != numpy.float16 and device_type == "cuda":
+        raise ValueError(f"{rank_prefix()} autocast('cuda', dtype={dtype!r}): CuPy has no "
+                         "bfloat16 arrays; use dtype=minidist.float16 on a GPU.")
     return dt
 
 
@@ -56,7 +60,8 @@ class autocast:  # noqa: N801 - torch's name
     Args:
         device_type: "cpu" (NumPy arrays) or "cuda" (CuPy arrays): ops on arrays of the other
             device are left alone, as in torch.
-        dtype: the lower-precision dtype; only float16.
+        dtype: the lower-precision dtype: float16, or on the CPU bfloat16 (``ml_dtypes``;
+            its products are emulated with float32 BLAS as float16's are).
         enabled: False makes the block a no-op (or turns autocast off inside another block).
 
     Attributes:
@@ -69,7 +74,7 @@ class autocast:  # noqa: N801 - torch's name
             raise ValueError(f"{rank_prefix()} autocast: device_type={device_type!r}; use one "
                              f"of {state.DEVICE_TYPES}.")
         self.device_type = device_type
-        self.fast_dtype = _check_dtype(dtype)
+        self.fast_dtype = _check_dtype(device_type, dtype)
         self.enabled = bool(enabled)
         self.lower_precision_ops = 0
         self._prev: list[Any] = []
@@ -79,11 +84,15 @@ class autocast:  # noqa: N801 - torch's name
         new = self.fast_dtype if self.enabled else None
         self._prev.append(state.set_autocast_dtype(self.device_type, new))
         self._count0.append(state.lower_precision_op_count())
+        state.enter_region()  # the cast cache lives until the outermost region exits
         return self
 
     def __exit__(self, *exc: object) -> None:
-        state.set_autocast_dtype(self.device_type, self._prev.pop())
-        self.lower_precision_ops = state.lower_precision_op_count() - self._count0.pop()
+        try:
+            state.set_autocast_dtype(self.device_type, self._prev.pop())
+            self.lower_precision_ops = state.lower_precision_op_count() - self._count0.pop()
+        finally:
+            state.exit_region()
 
     def __call__(self, fn: F) -> F:
         @functools.wraps(fn)

@@ -50,7 +50,7 @@ from __future__ import annotations
 import enum
 import threading
 import weakref
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -58,7 +58,7 @@ from minidist import kernels
 from minidist import xp as backend
 from minidist.amp.master_weights import MasterParameter, MasterWeights, owner_of
 from minidist.amp.overflow import OverflowReport, first_nonfinite
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 from minidist.tensor import Tensor
 
 log = get_logger(__name__)
@@ -73,15 +73,47 @@ def active_scaler() -> GradScaler | None:
     """The scaler whose ``scale()`` ran last on this thread, while the tensor it returned is
     alive (its backward is running or to come) and ``update()`` has not been called.
 
-    DDP's reducer asks this when it launches a bucket, to fold the unscale into the bucket's
-    post-reduction pass. Tying it to the scaled tensor's lifetime means that a step abandoned
-    halfway (an exception between ``scale`` and ``update``) cannot make a later, unrelated
-    backward unscale its gradients.
+    Tying it to the scaled tensor's lifetime means that a step abandoned halfway (an exception
+    between ``scale`` and ``update``) cannot make a later, unrelated backward unscale its
+    gradients. (DDP does not ask: it is told, see ``add_scale_listener``.)
     """
     scaler = getattr(_active, "scaler", None)
     if scaler is None or _active.output() is None:
         return None
     return scaler
+
+
+def add_scale_listener(listener: Callable[[GradScaler], None]) -> None:
+    """Call ``listener(scaler)`` whenever a GradScaler's ``scale()`` runs on this thread.
+
+    DistributedDataParallel listens (on the thread that built it) to plug the scaler's fused
+    unscale into each bucket's reduction for that step: amp does not import ddp, and a step
+    without a scaler runs none of this. The listener is held weakly (a bound method: as long
+    as its object lives).
+    """
+    ref = weakref.WeakMethod(listener) if hasattr(listener, "__self__") else \
+        weakref.ref(listener)
+    listeners = getattr(_active, "listeners", None)
+    if listeners is None:
+        listeners = _active.listeners = []
+    listeners.append(ref)
+
+
+def remove_scale_listener(listener: Callable[[GradScaler], None]) -> None:
+    """Stop calling ``listener`` (a no-op if it is not registered on this thread)."""
+    listeners = getattr(_active, "listeners", [])
+    listeners[:] = [r for r in listeners if r() is not None and r() != listener]
+
+
+def _notify_listeners(scaler: GradScaler) -> None:
+    listeners = getattr(_active, "listeners", None)
+    if listeners:
+        for ref in list(listeners):
+            fn = ref()
+            if fn is None:
+                listeners.remove(ref)
+            else:
+                fn(scaler)
 
 
 class OptState(enum.Enum):
@@ -142,7 +174,7 @@ class _FlagSlots:
 
     def read(self) -> np.ndarray:
         """Every slot on the host (one device-to-host copy)."""
-        return backend.to_host(self.array[:len(self._views)])
+        return backend.to_host(self.array[:len(self._views)], op="GradScaler.step")
 
     def zero(self) -> None:
         self.array[...] = 0
@@ -233,6 +265,7 @@ class GradScaler:
         factor = Tensor(self._scale.reshape(()).copy())
         scaled = _map(outputs, lambda t: (t.float() if t.dtype == np.float16 else t) * factor)
         _active.scaler, _active.output = self, weakref.ref(next(iter(_tensors(scaled))))
+        _notify_listeners(self)
         return scaled
 
     def _lazy_init(self, like: Any) -> None:
@@ -468,7 +501,9 @@ class GradScaler:
         """The current scale as a Python float (1.0 when disabled); a host read on a GPU."""
         if not self._enabled:
             return 1.0
-        return self._init_scale if self._scale is None else float(self._scale[0])
+        if self._scale is None:
+            return self._init_scale
+        return float(backend.to_host(self._scale, explicit="get_scale")[0])
 
     def get_growth_factor(self) -> float:
         return self._growth_factor
@@ -580,6 +615,6 @@ def _fusable(src: Any, dst: Any) -> bool:
 def _unscale_unfused(src: Any, dst: Any, inv: Any, found: Any) -> None:
     """``dst = src * inv`` and ``found[0] = 1`` if src has inf/NaN, as two plain passes."""
     xp = backend.get_array_module(src)
-    if not bool(xp.isfinite(src).all()):  # float64 grads: NumPy ops, not a kernel
-        found[0] = 1.0
+    bad = ~xp.isfinite(src).all()  # float64 grads: NumPy ops, not a kernel; no host read
+    xp.maximum(found, bad.astype(found.dtype), out=found)
     xp.multiply(src, inv.astype(dst.dtype).reshape(()), out=dst)

@@ -44,7 +44,7 @@ import numpy as np
 
 from minidist import kernels
 from minidist import xp as backend
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 from minidist.nn import Parameter
 from minidist.optim import Optimizer
 from minidist.tensor import WeakIdKeyDictionary

@@ -17,7 +17,7 @@ import collections
 from typing import Any, Iterable, Sequence
 
 from minidist import xp as backend
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 
@@ -27,8 +27,11 @@ below 1 means the gradients overflow even UNscaled, so loss scaling cannot help;
 diverging, and the warning names the parameter that overflowed first most often."""
 
 
+_OP = "GradScaler.step (naming the overflowing parameter of a skipped step)"
+
+
 def _finite(a: Any) -> bool:
-    return bool(backend.get_array_module(a).isfinite(a).all())
+    return bool(backend.to_host(backend.get_array_module(a).isfinite(a).all(), op=_OP))
 
 
 def first_nonfinite(buckets: Iterable[tuple[Any, Sequence[Any], Sequence[str]]],
@@ -42,7 +45,7 @@ def first_nonfinite(buckets: Iterable[tuple[Any, Sequence[Any], Sequence[str]]],
         covered: ids of the parameters a bucket covered (not searched again).
     """
     for found_inf, targets, names in buckets:
-        if float(found_inf[0]) == 0.0:
+        if float(backend.to_host(found_inf, op=_OP)[0]) == 0.0:
             continue
         for k, t in enumerate(targets):
             if t.grad is not None and not _finite(t.grad):

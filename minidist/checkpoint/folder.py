@@ -14,7 +14,7 @@ import socket
 import time
 from pathlib import Path
 
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 

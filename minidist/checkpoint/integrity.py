@@ -19,7 +19,7 @@ import numpy as np
 
 from minidist.checkpoint.errors import CheckpointError
 from minidist.checkpoint.folder import latest_checkpoint
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 
 # CRC-32 finds every change of up to 32 consecutive bits (so every changed byte, for sure) and
 # is faster than SHA-256: it guards against accidents, not against attacks.

@@ -26,7 +26,7 @@ from minidist import comm
 from minidist.checkpoint.errors import CheckpointError
 from minidist.checkpoint.folder import list_checkpoints, remove_stale_temp_files
 from minidist.checkpoint.store import check_state_dict, load_checkpoint
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 from minidist.tensor import random as tensor_random
 
 log = get_logger("minidist.trainer")  # resume is the Trainer's: its log lines keep that name

@@ -29,7 +29,7 @@ from minidist.checkpoint.errors import CheckpointError
 from minidist.checkpoint.folder import list_checkpoints, remove_stale_temp_files, temp_path
 from minidist.checkpoint.integrity import (append_trailer, check_trailer, damaged,
                                            first_nonfinite, nonfinite_error)
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 
 log = get_logger(__name__)
 

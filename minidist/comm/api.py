@@ -26,7 +26,7 @@ import datetime
 import os
 from typing import Any
 
-from minidist import log as mdlog
+from minidist import logger as mdlog
 from minidist.comm.failure import interrupts
 from minidist.envvars import env as env_var
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,

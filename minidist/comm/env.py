@@ -29,7 +29,7 @@ import dataclasses
 import os
 from typing import Mapping
 
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 
@@ -44,6 +44,17 @@ class LaunchInfo:
     local_rank: int
     master_addr: str | None = None
     master_port: int | None = None
+    # who set RANK/WORLD_SIZE for a "torchrun" launch (MINIDIST_LAUNCHER): "launch" (python -m
+    # minidist.launch), "spawn" (minidist.multiprocessing.spawn) or "" (torchrun, or by hand)
+    started_by: str = ""
+
+
+def launcher_name(info: LaunchInfo) -> str:
+    """The launcher as a message should name it (not "torchrun" where torchrun is absent)."""
+    if info.launcher != "torchrun":
+        return info.launcher
+    return {"launch": "python -m minidist.launch", "spawn": "minidist.multiprocessing.spawn"
+            }.get(info.started_by, "RANK/WORLD_SIZE in the environment, as torchrun sets them")
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None,
@@ -120,7 +131,8 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         if port is not None and port > 65535:
             raise ValueError(f"MASTER_PORT={port} is not a TCP port; use 1..65535.")
         return LaunchInfo("torchrun", rank, size, _int(env, "LOCAL_RANK", 0),
-                          env.get("MASTER_ADDR") or "127.0.0.1", port)
+                          env.get("MASTER_ADDR") or "127.0.0.1", port,
+                          env.get("MINIDIST_LAUNCHER", ""))
 
     if "SLURM_PROCID" in env:
         rank = _int(env, "SLURM_PROCID")
@@ -196,12 +208,19 @@ def apply_init_args(info: LaunchInfo, init_method: str | None = None, world_size
         if world_size < 1 or rank >= world_size:
             raise ValueError(f"init_process_group: rank={rank} must be in [0, {world_size}) "
                              f"(world_size={world_size}).")
-        if launcher != "single" and ((info.rank, info.world_size or world_size)
-                                     != (rank, world_size)):
+        agree = (info.rank, info.world_size or world_size) == (rank, world_size)
+        if info.started_by == "spawn" and not agree:
+            # torch's mp.spawn sets no rank variables, so a script that passes its own (the
+            # multi-node form of torch's imagenet example) means them: the arguments win.
+            log.info("init_process_group: rank=%d, world_size=%d from the arguments (spawn "
+                     "started this process as rank %d of %s).", rank, world_size, info.rank,
+                     info.world_size)
+            launcher = "single"
+        elif launcher != "single" and not agree:
             raise ValueError(
                 f"init_process_group: rank={rank}, world_size={world_size} but the launcher "
-                f"({launcher}) says rank={info.rank}, world_size={info.world_size}. Pass the "
-                "launcher's values, or neither (they are read from the environment).")
+                f"({launcher_name(info)}) says rank={info.rank}, world_size={info.world_size}. "
+                "Pass the launcher's values, or neither (they are read from the environment).")
         if launcher == "single":
             launcher = "explicit"
     return dataclasses.replace(

@@ -50,7 +50,7 @@ from minidist.comm.planner import Plan, Planner
 from minidist.comm.topology import Topology, detect_topology
 from minidist.comm.transports.base import MAX_STREAMS, Transport
 from minidist.comm.work import AsyncWorker, Work, completed
-from minidist.log import debug_level, get_logger
+from minidist.logger import debug_level, get_logger
 
 log = get_logger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from minidist.comm.algorithms import ALGORITHMS, cuda_ipc_available
+from minidist.comm.algorithms import ALGORITHMS
 from minidist.comm.algorithms import select
 from minidist.comm.algorithms.mpi_native import (NativeAllReduce, mpi_all_reduce,
                                                  native_all_reduce, supports_native)
@@ -133,28 +133,36 @@ class Planner:
             name, reason = algorithm, "explicit"
             if name == "mpi" and not self.native:
                 mpi_all_reduce(self.transport, flat, op, 0)  # the clear "no MPI here" error
-        fn = ALGORITHMS[name]
-        stager = stager_for(self.transport, flat, fn)  # device buffer, MPI not CUDA-aware
-        return Plan(name, reason, fn,
+        algo = ALGORITHMS[name]
+        stager = stager_for(self.transport, flat, algo)  # device buffer, MPI not CUDA-aware
+        return Plan(name, reason, algo.run,
                     call_plan("all_reduce", flat.size, flat.dtype, op, -1, name, reason),
                     self.mpi if name == "mpi" and self.size > 1 and stager is None else None,
                     stager)
 
+    def candidates(self, flat: Any, tag: int = 0) -> tuple:
+        """The registry's algorithms "auto" may weigh for ``flat`` on stream ``tag``: those
+        of ``select.CANDIDATES`` whose ``usable(transport, flat, tag)`` holds."""
+        return tuple(name for name in select.CANDIDATES
+                     if ALGORITHMS[name].usable(self.transport, flat, tag))
+
     def choose(self, flat: Any, shared: bool, tag: int = 0) -> tuple[str, str]:
-        """``(algorithm, reason)`` that "auto" picks for ``flat``."""
+        """``(algorithm, reason)`` that "auto" picks for ``flat``: the several-nodes rule, else
+        the first usable ``preferred`` entry of the registry, else the cheapest candidate."""
         by_nodes = select.choose_for_nodes(self.num_nodes, flat.nbytes)
         if by_nodes is not None:  # several nodes: hier (or rd for small messages)
             return by_nodes
-        if cuda_ipc_available(self.transport, flat, tag):
-            return "cuda_ipc", "device buffer, ranks on one node: CUDA IPC windows"
-        has_shm = self.shm is not None and type(flat) is np.ndarray and not tag  # stream 0
-        return select.choose_with_reason(self.size, flat.nbytes, self.native, has_shm, shared,
-                                         self.calibration)
+        for algo in ALGORITHMS.values():  # e.g. cuda_ipc for device buffers on one node
+            if algo.preferred and algo.usable(self.transport, flat, tag):
+                return algo.name, algo.preferred
+        return select.choose_with_reason(self.size, flat.nbytes, self.native, False, shared,
+                                         self.calibration, self.candidates(flat, tag))
 
     def table(self) -> dict:
         """What "auto" picks at every power-of-two size (``select.table``, nodes applied)."""
-        t = select.table(self.size, self.native, self.shm is not None,
-                         calibration=self.calibration)
+        names = self.candidates(np.zeros(1, np.float32))  # a host buffer on stream 0
+        t = select.table(self.size, self.native, "shm" in names, calibration=self.calibration,
+                         candidates=names)
         for row in t["sizes"]:  # several nodes: hier from HIER_MIN_BYTES up, rd below
             by_nodes = select.choose_for_nodes(self.num_nodes, row["nbytes"])
             if by_nodes is not None:

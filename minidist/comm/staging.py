@@ -47,7 +47,7 @@ import numpy as np
 from minidist import xp as backend
 from minidist.comm.transports.base import Transport
 from minidist.envvars import env
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 

@@ -136,15 +136,30 @@ def plan_buckets(params: Sequence[ParamMeta],
 
 
 class Bucket:
-    """A planned bucket with its flat buffer and this step's bookkeeping.
+    """One bucket: its flat buffer, its parameters' gradient views, and how it is reduced.
 
     ``buffer`` is one contiguous 1-D array (allocated by the process group, so a transport may
     place it in shared memory); ``views[k]`` is the gradient view of parameter
     ``spec.param_indices[k]``. ``pending`` counts the gradients still missing this step.
+
+    It is also what a comm hook receives (torch's ``GradBucket``): ``buffer``, ``index``,
+    ``views``, ``names``, ``world_size``, ``divisor``, ``is_last`` and ``all_reduce``, which
+    reduces an array over the DDP's process group with its algorithm.
+
+    Args:
+        spec: the bucket's plan (``plan_buckets``).
+        params: every parameter (the spec's indices point into it).
+        names: their names, for messages.
+        buffer: the flat buffer (``alloc_bucket_buffer``).
+        group: the process group it is reduced over (``all_reduce``); None for a bucket that
+            is never reduced (tests of the bookkeeping).
+        algorithm: the all-reduce algorithm passed to the group ("auto": its choice).
+        is_last: the last bucket of a step (a hook may finish per-step work there).
     """
 
     def __init__(self, spec: BucketSpec, params: Sequence[Any], names: Sequence[str],
-                 buffer: Any) -> None:
+                 buffer: Any, group: Any = None, algorithm: str = "auto",
+                 is_last: bool = False) -> None:
         if buffer.ndim != 1 or buffer.size != spec.numel:
             raise ValueError(f"Bucket {spec.index}: buffer has shape {buffer.shape}, expected "
                              f"({spec.numel},). Allocate numel={spec.numel} elements.")
@@ -155,12 +170,26 @@ class Bucket:
         self.names = [names[i] for i in spec.param_indices]
         self.views = [buffer[off:off + p.data.size].reshape(p.data.shape)
                       for off, p in zip(spec.offsets, self.params)]
+        self.group = group
+        self.algorithm = algorithm
+        self.world_size = group.size if group is not None else 1
+        # what the average divides by: the world size, or under DistributedDataParallel.join()
+        # the number of ranks that trained this step (the Reducer sets it per step)
+        self.divisor = self.world_size
+        self.is_last = is_last
+        self.label = f"bucket={spec.index}"  # its name in the ledger of every collective it runs
+        self.on_device = backend.is_device_array(buffer)  # GPU: sync the stream before sending
         self.state = BucketState.EMPTY
         self.pending = len(self.params)
         self._done = [False] * len(self.params)  # which grads reported this step
-        self.finite = True  # the last reduced contents held no NaN/inf (set by the reducer)
-        self.is_float = np.dtype(spec.dtype).kind == "f"  # can hold grad / n (not integers)
-        self.scaler: Any = None  # this step: the GradScaler that unscales it after reduction
+        # after the reduction: True/False once known (a GradScaler's unscale or the NaN/inf
+        # check, both DDP observers), None before
+        self.finite: bool | None = None
+
+    def all_reduce(self, array: Any, op: str = "sum") -> None:
+        """All-reduce ``array`` (this bucket's buffer, or a hook's own contiguous array) in
+        place over the DDP's process group, with its algorithm."""
+        self.group.all_reduce(array, op, self.algorithm, label=self.label)
 
     def __repr__(self) -> str:
         return (f"Bucket(index={self.index}, dtype={self.spec.dtype}, numel={self.spec.numel}, "
@@ -175,6 +204,7 @@ class Bucket:
         self.state = BucketState.EMPTY
         self.pending = len(self.params)
         self._done = [False] * len(self.params)
+        self.finite = None
 
     def attach_grads(self, zero_missing: bool = True) -> int:
         """Make every parameter's ``.grad`` the bucket view again; return how many were re-attached.

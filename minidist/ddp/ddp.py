@@ -44,22 +44,24 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from minidist import comm, trace
+from minidist import comm
+from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.amp import owner_of
 from minidist.comm.planner import check_algorithm
 from minidist.ddp.buffers import broadcast_buffer_packs, pack_buffers
 from minidist.ddp.bucket import Bucket, ParamMeta, alloc_bucket_buffer, plan_buckets
-from minidist.ddp.hooks import wants_prescaled
+from minidist.ddp.hooks import averages_plainly
 from minidist.ddp.join import Join
 from minidist.ddp.options import auto_overlap, check_device_ids
 from minidist.ddp.passthrough import ModulePassThrough
 from minidist.ddp.preflight import check_manifest, run_manifest
 from minidist.ddp.grad_checks import unused_param_indices
+from minidist.ddp.observers import StepStats
 from minidist.ddp.reducer import Reducer
 from minidist.ddp.sync_batchnorm import SyncBatchNorm
-from minidist.ddp.timeline import trace_all_reduce
-from minidist.log import get_logger, rank_prefix
+from minidist.ddp.timeline import StepTrace
+from minidist.logger import get_logger, rank_prefix
 from minidist.tensor.grad_mode import is_grad_enabled
 
 log = get_logger(__name__)
@@ -164,9 +166,11 @@ class DistributedDataParallel(ModulePassThrough):
             check_manifest(self.manifest, "DistributedDataParallel", self.process_group)
         xp = backend.get_array_module(self._params[0].data)
         buffers = [alloc_bucket_buffer(group, s.numel, np.dtype(s.dtype), xp) for s in specs]
-        self.buckets = [Bucket(s, self._params, self._names, b) for s, b in zip(specs, buffers)]
-        algorithms = self._bucket_algorithms(group)
-        self.manifest["all-reduce"]["buckets"] = algorithms  # what runs (after the check)
+        self.buckets = [Bucket(s, self._params, self._names, b, group, algorithm,
+                               is_last=s.index == len(specs) - 1)
+                        for s, b in zip(specs, buffers)]
+        self.bucket_algorithms = self._bucket_algorithms(group)  # what each bucket runs
+        self.manifest["all-reduce"]["buckets"] = self.bucket_algorithms  # (after the check)
         if broadcast_parameters and self.world_size > 1:
             self._broadcast_state()
         self._buffer_packs = pack_buffers(self.module) if broadcast_buffers and \
@@ -184,29 +188,21 @@ class DistributedDataParallel(ModulePassThrough):
                              "use True, False or 'auto'.")
         self.overlap = overlap
         # One rank has nothing to wait for: a comm thread would only add a hand-off per bucket.
-        self.reducer = Reducer(self._params, self._names, self.buckets, self._all_reduce,
-                               self.world_size, overlap=overlap and self.world_size > 1,
+        self.reducer = Reducer(self._params, self._names, self.buckets,
+                               overlap=overlap and self.world_size > 1,
                                find_unused_parameters=find_unused_parameters,
                                nonfinite_grads=nonfinite_grads, rank=self.rank)
-        self.reducer.bucket_algorithms = algorithms
+        self._trace: StepTrace | None = None  # the step timeline's observer, while tracing
+        self._stats: StepStats | None = None  # last_step_stats' observer, once read
         if comm_hook is not None:
             self.register_comm_hook(None, comm_hook)
         trace.start_from_env(self.rank, self.world_size)  # MINIDIST_TRACE=dir: step timeline
         log.info("DDP: %d parameters (%d elements) in %d buckets %s, overlap=%s, algorithm=%s "
                  "%s", len(self._params), sum(s.numel for s in specs), len(specs),
                  [round(b.nbytes / _MiB, 2) for b in self.buckets], overlap, algorithm,
-                 self.reducer.bucket_algorithms)
+                 self.bucket_algorithms)
 
     # ------------------------------------------------------------------ set-up helpers
-
-    def _all_reduce(self, array: Any, op: str) -> None:
-        tr = trace.tracer()
-        if tr is None:
-            comm.all_reduce(array, op=op, algorithm=self.algorithm, group=self.process_group)
-            return
-        t0 = tr.now()
-        comm.all_reduce(array, op=op, algorithm=self.algorithm, group=self.process_group)
-        trace_all_reduce(self, tr, array, op, t0, tr.now())
 
     def _bucket_algorithms(self, group: Any) -> list[str]:
         """What each bucket's all-reduce runs (the group's planner, with its calibration)."""
@@ -260,8 +256,14 @@ class DistributedDataParallel(ModulePassThrough):
             if self._buffer_packs and sync_buffers:
                 broadcast_buffer_packs(self._buffer_packs, self.process_group)
             return self.module(*args, **kwargs)
-        tr = trace.tracer()
+        tr = trace.active  # the step timeline (minidist/tracing.py); None when tracing is off
         t0 = tr.now() if tr is not None else 0.0
+        if tr is not None and (self._trace is None or self._trace.tracer is not tr):
+            if self._trace is not None:
+                self.reducer.remove_observer(self._trace)
+            self._trace = StepTrace(tr, self.bucket_algorithms, self.reducer.overlap)
+            self._trace.step = self.reducer.num_syncs
+            self.reducer.add_observer(self._trace)
         if self._join is not None and self.reducer.require_sync:
             self._join.count_active(self, 1)
         if self._buffer_packs and sync_buffers:
@@ -278,6 +280,15 @@ class DistributedDataParallel(ModulePassThrough):
         return out
 
     __call__ = forward
+
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        """torch's flag (nanoGPT sets it): False before a forward skips averaging, as no_sync."""
+        return self.reducer.require_sync
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, value: bool) -> None:
+        self.reducer.require_sync = bool(value)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -316,7 +327,7 @@ class DistributedDataParallel(ModulePassThrough):
             raise ValueError(f"{rank_prefix()} DistributedDataParallel.join: "
                              "throw_on_early_termination=True is not supported; use the "
                              "default (ranks that run out of batches shadow the others).")
-        if not wants_prescaled(self.reducer.comm_hook):
+        if not averages_plainly(self.reducer.comm_hook):
             raise ValueError(f"{rank_prefix()} DistributedDataParallel.join: a comm hook "
                              f"({getattr(self.reducer.comm_hook, '__name__', '?')}) is "
                              "registered; join shadows the plain all-reduce only. Remove the "
@@ -341,8 +352,7 @@ class DistributedDataParallel(ModulePassThrough):
             broadcast_buffer_packs(self._buffer_packs, self.process_group)
         for b in self.buckets:
             b.buffer[...] = 0
-            with comm.ledger_label(f"bucket={b.index}"):
-                self._all_reduce(b.buffer, "sum")
+            b.all_reduce(b.buffer, "sum")
 
     def register_comm_hook(self, state: Any, hook: Callable) -> None:
         """Replace the averaging of each bucket by ``hook(state, bucket)`` (see hooks.py)."""
@@ -357,8 +367,14 @@ class DistributedDataParallel(ModulePassThrough):
 
     @property
     def last_step_stats(self) -> dict[str, float]:
-        """Seconds of the last synced backward: ``wait_s`` (exposed comm), ``comm_s`` (busy)."""
-        return dict(self.reducer.stats)
+        """Seconds of the last synced backward: ``wait_s`` (exposed comm), ``comm_s`` (busy).
+
+        Timing is an observer of the Reducer (observers.StepStats), registered by the first
+        read: that read returns zeros, every later one the step before it."""
+        if self._stats is None:
+            self._stats = StepStats(self.reducer.overlap)
+            self.reducer.add_observer(self._stats)
+        return dict(self._stats.stats)
 
     def close(self, release_buffers: bool = False) -> None:
         """Remove the hooks, stop the communication thread, write the step timeline if on.
@@ -370,7 +386,7 @@ class DistributedDataParallel(ModulePassThrough):
                 views are copied out first, so ``p.grad`` stays readable.
         """
         self.reducer.close()
-        tr = trace.tracer()
+        tr = trace.active
         if tr is not None:  # the timeline so far is on disk even if the process is killed later
             tr.flush()
         if not release_buffers:

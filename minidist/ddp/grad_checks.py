@@ -1,16 +1,18 @@
 """Checks on gradients around the reduction: NaN/inf, and parameters the output does not reach.
 
+    NonfiniteCheck("warn")                # the Reducer's observer (observers.py), on by default
     all_finite_fast(bucket.buffer)        # one dot product: True, or "maybe not" (search then)
     nonfinite_names(buckets)              # the parameters whose reduced gradient holds NaN/inf
     where_it_started(outputs, rank, n, all_reduce)   # which ranks' forward was non-finite
     unused_param_indices(out, params, parents)       # find_unused_parameters
 
-With a GradScaler (mixed precision, minidist.amp): ``scaler.scale(loss)`` makes the scaler
-active; each bucket launched while it is active is UNSCALED right after its all-reduce by the
-scaler's fused kernel (``unscale_bucket_``: unscale + inf/NaN flag in one pass), in place of the
-finiteness dot product, so AMP adds no pass over the gradients. The flags are identical on
-every rank (the buckets are), so every rank skips the same steps. The scaler, not the reducer,
-then reports an inf/NaN (it is expected now and then: the scale was too high).
+With a GradScaler (mixed precision, minidist.amp): ``scaler.scale(loss)`` registers the
+scaler's observer for the step (observers.AmpUnscale); each bucket is UNSCALED right after its
+all-reduce by the scaler's fused kernel (``unscale_bucket_``: unscale + inf/NaN flag in one
+pass), in place of the finiteness dot product, so AMP adds no pass over the gradients. The
+flags are identical on every rank (the buckets are), so every rank skips the same steps. The
+scaler, not the reducer, then reports an inf/NaN (it is expected now and then: the scale was
+too high).
 
 Without a scaler, a NaN/inf after the reduction is reported once (warning) and then counted
 (``nonfinite_grad_steps``). Every rank sees the same reduced buckets, so all ranks take that
@@ -21,14 +23,64 @@ path), so the message can name the rank(s) where the NaN/inf started.
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from minidist import xp as backend
-from minidist.log import get_logger, rank_prefix
+from minidist.ddp.observers import ReducerObserver
+from minidist.logger import get_logger, rank_prefix
 
 log = get_logger("minidist.ddp.reducer")  # the Reducer's reports: one logger name for them
+
+NONFINITE_POLICIES = ("warn", "raise", "ignore")
+_MAX_WATCHED_OUTPUTS = 64  # forward outputs kept between syncs (no_sync micro-batches)
+
+
+class NonfiniteCheck(ReducerObserver):
+    """The NaN/inf check of the averaged gradients, a Reducer observer (on by default).
+
+    After each reduction: one dot product per bucket (``all_finite_fast``), unless a
+    GradScaler already unscaled and checked it. At the end of the step, only if a bucket may
+    hold NaN/inf: name the parameters, ask every rank whether its forward output was already
+    non-finite (one small all-reduce: every rank takes this path together, the reduced
+    buckets being identical), then warn once and count, or raise.
+
+    Args:
+        policy: "warn" (once, then count in ``steps``) or "raise" (FloatingPointError).
+        rank: this process's rank in the group (names the ranks in the report).
+    """
+
+    def __init__(self, policy: str, rank: int) -> None:
+        self.policy = policy
+        self.rank = rank
+        self.steps = 0  # synced steps whose reduced gradients held NaN/inf
+        # forward outputs since the last sync (see watch); bounded: only a reference each
+        self.outputs: collections.deque = collections.deque(maxlen=_MAX_WATCHED_OUTPUTS)
+
+    def watch(self, output: Any) -> None:
+        """Keep a reference to a forward output's arrays (no copy, no check: free); they are
+        checked only if a reduced gradient turns out non-finite."""
+        self.outputs.extend(float_arrays(output))
+
+    def bucket_reduced(self, bucket: Any) -> None:
+        if bucket.finite is None:  # not unscaled (and checked) by a GradScaler
+            bucket.finite = all_finite_fast(bucket.buffer)
+
+    def step_end(self, reducer: Any) -> None:
+        if not all(b.finite for b in reducer.buckets):
+            self.report(reducer)
+        self.outputs.clear()
+
+    def report(self, reducer: Any) -> None:
+        """The slow path: some bucket may hold NaN/inf (all ranks are here together)."""
+        bad = nonfinite_names(reducer.buckets)
+        if bad:
+            self.steps += 1
+            started = where_it_started(self.outputs, self.rank, reducer.world_size,
+                                       reducer.buckets[0].all_reduce)
+            report_nonfinite(bad, reducer.num_syncs - 1, started, self.policy, self.steps)
 
 
 def missing_gradients_error(buckets: Sequence[Any], unreduced: Sequence[Any], step: int,
@@ -66,7 +118,7 @@ def nonfinite_names(buckets: Sequence[Any]) -> list[str]:
     """Names of the parameters whose gradient holds NaN/inf, in the buckets not known finite."""
     bad: list[str] = []
     for b in buckets:
-        if b.finite:
+        if b.finite is not False:
             continue
         xp = backend.get_array_module(b.buffer)
         bad += [n for n, v in zip(b.names, b.views) if not bool(xp.isfinite(v).all())]
@@ -96,13 +148,13 @@ def all_finite_fast(buf: Any) -> bool:
     ``buf.sum()`` here and no boolean temporary like ``isfinite(buf).all()``): a NaN or inf
     element makes it NaN/inf, and the squares are >= 0, so nothing cancels. It can also overflow
     for finite values above ~1e19 (float32): a false "maybe", which the exact search clears.
+    float16 is summed in float32 (no half-precision BLAS); integers are always finite.
     """
     if buf.dtype.kind != "f":
         return True
-    xp = backend.get_array_module(buf)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow = "maybe", not a warning
-        s = xp.dot(buf, buf) if buf.dtype.itemsize >= 4 else buf.sum(dtype=xp.float32)
-    return bool(xp.isfinite(s))
+        return bool(np.isfinite(buf.dot(buf) if buf.dtype.itemsize >= 4 else
+                                buf.sum(dtype=np.float32)))
 
 
 def float_arrays(output: Any) -> list[Any]:
@@ -147,5 +199,6 @@ def unused_param_indices(outputs: Any, params: Sequence[Any],
     return [i for i, p in enumerate(params) if id(p) not in seen]
 
 
-__all__ = ["all_finite_fast", "float_arrays", "missing_gradients_error", "nonfinite_names",
-           "report_nonfinite", "unused_param_indices", "where_it_started"]
+__all__ = ["NONFINITE_POLICIES", "NonfiniteCheck", "all_finite_fast", "float_arrays",
+           "missing_gradients_error", "nonfinite_names", "report_nonfinite",
+           "unused_param_indices", "where_it_started"]

@@ -6,16 +6,16 @@
                                          start_powerSGD_iter=10), powersgd_hook)
 
 A hook is ``hook(state, bucket) -> None``: it must leave ``bucket.buffer`` holding the
-AVERAGE over ranks of what every rank had there, identically on every rank. It runs on DDP's
-communication thread and calls ``bucket.all_reduce(array, op)`` (the DDP's process group and
-algorithm). torch hooks return a Future; ours run synchronously on the comm thread, which gives
-the same overlap with backward without futures.
+AVERAGE over ranks of what every rank had there, identically on every rank. ``bucket`` is the
+DDP's ``Bucket`` (bucket.py: ``buffer``, ``index``, ``views``, ``names``, ``world_size``,
+``divisor``, ``is_last``); ``bucket.all_reduce(array, op)`` reduces over the DDP's process
+group with its algorithm. torch hooks return a Future; ours run synchronously, on DDP's
+communication thread when overlap is on, which gives the same overlap without futures.
 
 Hooks here:
-- ``allreduce_hook``: the default, one all-reduce. It declares ``prescale``: the Reducer then
-  has backward write each gradient divided by n into its bucket slot (``bucket.prescaled``),
-  and the average is an all-reduce SUM, with no pass to divide (torch's ``div_factor``);
-  integer buckets (and one rank) get op "avg".
+- ``allreduce_hook``: the default. The textbook average: divide by n, all-reduce the sum.
+- ``prescaled_allreduce_hook``: the same average with the division folded into backward (a
+  named fast path, see its docstring; benchmarks/ddp_scaling.py --fold measures it).
 - ``fp16_compress_hook``: divide by the world size, cast to float16, all-reduce the sum, cast
   back. Dividing first (as torch's ``fp16_compress_hook``) keeps the float16 sum from
   overflowing (max 65504) at large world sizes.
@@ -46,62 +46,56 @@ from typing import Any, Callable
 import numpy as np
 
 from minidist import xp as backend
+from minidist.ddp.bucket import Bucket
+
+GradBucket = Bucket  # torch's name for what a hook receives: the one bucket class
 
 
-class GradBucket:
-    """What a comm hook sees: one bucket's flat buffer, its gradient views and a collective.
+def allreduce_hook(state: Any, bucket: Bucket) -> None:
+    """The default hook: the average of the bucket over the ranks.
 
-    Attributes:
-        buffer: the flat 1-D gradient buffer (reduce it in place).
-        index: the bucket's position in the launch order.
-        views: per-parameter views into ``buffer`` (parameter shapes).
-        names: the parameter names, for messages.
-        world_size: number of ranks.
-        is_last: True for the last bucket of the step.
-        prescaled: the gradients arrived divided by n (a hook that declares ``prescale``, on
-            a floating-point bucket, with more than one rank): a SUM is their average.
+    Each rank divides its gradients by n, then one all-reduce SUM adds them up: the sum of
+    grad / n is the average (torch's ``allreduce_hook`` divides first too). n is
+    ``bucket.divisor``: the world size, or under ``DistributedDataParallel.join()`` the number
+    of ranks that trained this step.
     """
-
-    def __init__(self, bucket: Any, all_reduce: Callable[[Any, str], None], world_size: int,
-                 is_last: bool = False, prescaled: bool = False) -> None:
-        self.prescaled = prescaled
-        self.buffer = bucket.buffer
-        self.index = bucket.index
-        self.views = bucket.views
-        self.names = bucket.names
-        self.world_size = world_size
-        self.is_last = is_last
-        self._all_reduce = all_reduce
-
-    def all_reduce(self, array: Any, op: str = "sum") -> None:
-        """All-reduce ``array`` in place over the DDP's group (contiguous xp array)."""
-        self._all_reduce(array, op)
-
-
-def allreduce_hook(state: Any, bucket: GradBucket) -> None:
-    """The default hook: average the bucket with one all-reduce.
-
-    It declares ``prescale`` (below), so on a floating-point bucket the gradients arrive
-    divided by n (backward wrote ``grad / n`` into the bucket: reducer.py) and a SUM is the
-    average; otherwise (integer buckets) the op is "avg".
-    """
-    if bucket.prescaled:
+    if bucket.world_size > 1:  # the average over one rank is the bucket itself
+        bucket.buffer /= bucket.divisor
         bucket.all_reduce(bucket.buffer, "sum")
-    elif bucket.world_size > 1:  # the average over one rank is the bucket itself
-        bucket.all_reduce(bucket.buffer, "avg")
 
 
-allreduce_hook.prescale = True  # type: ignore[attr-defined]
+def prescaled_allreduce_hook(state: Any, bucket: Bucket) -> None:
+    """The default average, with the division by n folded into backward (a fast path).
+
+    Registered (``DistributedDataParallel(model, comm_hook=prescaled_allreduce_hook)``), it
+    makes DDP reserve each gradient's bucket slot with ``scale = 1/n``
+    (``minidist.tensor.GradDestination``): backward writes ``grad / n`` where it writes the
+    gradient anyway (linear's weight gradient: the GEMM's 64-row operand is scaled), so the
+    all-reduce SUM is the average and no pass over the bucket divides it. A slot that held a
+    gradient before the backward (``no_sync`` accumulation) is divided when it is ready
+    (prescale.py). The saving is one pass over the gradients per step; measure it with
+    ``benchmarks/ddp_scaling.py --fold``.
+    """
+    if bucket.world_size > 1:
+        bucket.all_reduce(bucket.buffer, "sum")
+
+
+prescaled_allreduce_hook.prescale = True  # type: ignore[attr-defined]
 
 
 def wants_prescaled(hook: Callable[..., Any]) -> bool:
-    """True when ``hook`` declares ``prescale = True``: its buckets should arrive with every
-    gradient already divided by n (what ``allreduce_hook`` sums). Other hooks (fp16,
-    PowerSGD, a user's) get the gradients as backward computed them."""
+    """True when ``hook`` declares ``prescale = True`` (``prescaled_allreduce_hook``): its
+    buckets should arrive with every gradient already divided by n."""
     return getattr(hook, "prescale", False) is True
 
 
-def fp16_compress_hook(state: Any, bucket: GradBucket) -> None:
+def averages_plainly(hook: Callable[..., Any]) -> bool:
+    """True for the hooks that compute the plain average with one all-reduce per bucket (the
+    default and its prescaled fast path): what ``join()`` can shadow with zeros."""
+    return hook is allreduce_hook or hook is prescaled_allreduce_hook
+
+
+def fp16_compress_hook(state: Any, bucket: Bucket) -> None:
     """Average the bucket in float16: half the bytes on the wire, ~3 decimal digits kept."""
     xp = backend.get_array_module(bucket.buffer)
     with np.errstate(over="ignore"):  # overflow -> inf, caught after the reduction
@@ -171,7 +165,7 @@ def _initial_q(state: PowerSGDState, key: tuple, shape: tuple, dtype: Any, xp: A
     return q
 
 
-def powersgd_hook(state: PowerSGDState, bucket: GradBucket) -> None:
+def powersgd_hook(state: PowerSGDState, bucket: Bucket) -> None:
     """Average the bucket with PowerSGD low-rank compression (see the module docstring)."""
     try:
         if state.iter < state.start_powerSGD_iter:
@@ -183,7 +177,7 @@ def powersgd_hook(state: PowerSGDState, bucket: GradBucket) -> None:
             state.iter += 1
 
 
-def _powersgd(state: PowerSGDState, bucket: GradBucket) -> None:
+def _powersgd(state: PowerSGDState, bucket: Bucket) -> None:
     xp = backend.get_array_module(bucket.buffer)
     r = state.matrix_approximation_rank
     mats, plain = [], []

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from minidist import comm
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger("minidist.ddp.ddp")  # join's lines are DDP's
 

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from minidist import xp as backend
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 
 
 def check_device_ids(module: Any, device_ids: Any, output_device: Any) -> None:

@@ -39,7 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from minidist import comm
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 from minidist.version import __version__
 
 FAKE_VERSION_VAR = "MINIDIST_FAKE_VERSION"

@@ -1,36 +1,31 @@
 """The Reducer: turns gradients written by backward into averaged gradients, bucket by bucket.
 
-    reducer = Reducer(params, names, buckets, all_reduce_fn, world_size, overlap=True)
+    reducer = Reducer(params, names, buckets, overlap=True)
     reducer.prepare_for_forward()        # DDP.forward calls this: new step (None grads stay None)
     out = module(x)
-    reducer.watch_output(out)            # keep a reference, checked only if a NaN/inf shows up
     reducer.mark_unused(unused_param_indices(out, params, parents))  # find_unused_parameters:
                                          # parameters the output does not reach are ready now
     loss.backward()                      # hooks fire; returns with every bucket averaged
 
-How one synced backward runs (overlap=True; 3 buckets, bucket 0 holds the last layer)::
+Bucket, reduce, average, done. How one synced backward runs (overlap=True; 3 buckets,
+bucket 0 holds the last layer)::
 
     main thread (backward)                          comm thread
-    grad fc3.b, fc3.w -> bucket 0 READY ---launch-->  all_reduce(bucket 0, SUM)
-    grad fc2.b, fc2.w -> bucket 1 READY ---launch-->  all_reduce(bucket 1, SUM)  (queued)
-    grad fc1.b, fc1.w -> bucket 2 READY ---launch-->  all_reduce(bucket 2, SUM)
-    last hook: wait until the comm thread is done  <-- done; NaN/inf check on the way
+    grad fc3.b, fc3.w -> bucket 0 READY ---launch-->  comm_hook(bucket 0): /= n, all-reduce SUM
+    grad fc2.b, fc2.w -> bucket 1 READY ---launch-->  comm_hook(bucket 1)   (queued)
+    grad fc1.b, fc1.w -> bucket 2 READY ---launch-->  comm_hook(bucket 2)
+    last hook: wait until the comm thread is done  <-- done
     loss.backward() returns: every p.grad (a view of its bucket) holds the average
 
 With overlap=False the same launches just run on the main thread when the last hook fires.
 
-Passes over the gradient memory per step (what makes DDP cheap next to one process)::
-
-    every parameter has its bucket slot reserved as its gradient destination
-        (p.grad_destination, minidist.tensor.GradDestination), with scale 1/n for a synced step
-    zero_grad() sets p.grad = None; forward leaves it None (no memset of the buckets)
-    backward writes p.grad straight into the slot, already divided by n: linear's weight
-        gradient is the GEMM's own output there (the 1/n multiplies its 64-row operand), other
-        ops' results are copied in once; no gradient is allocated and then copied (zero-copy)
-        and the all-reduce is a plain SUM (the average costs no pass, as torch's div_factor;
-        a grad already in the slot before the backward, e.g. under no_sync, is divided there)
-    all-reduce SUM of the bucket; NaN/inf check: one dot product (all_finite_fast); at one
-        rank (nothing to reduce) per gradient, right after backward wrote it (still in cache)
+Where the gradients live: every parameter's bucket slot is its gradient destination
+(``minidist.tensor.GradDestination``), so backward writes each gradient straight into the
+buffer the all-reduce sends (linear's weight gradient is the GEMM's own output there), with
+no gradient array allocated and copied in; ``zero_grad()`` sets ``p.grad = None`` and forward
+leaves it so (no memset). The comm hook (default: ``hooks.allreduce_hook``) then divides the
+bucket by n and all-reduces the sum, in one visible place. ``hooks.prescaled_allreduce_hook``
+is the named fast path that folds the division into backward's write (prescale.py).
 
 Rules that keep every rank in step:
 - buckets are LAUNCHED IN INDEX ORDER on every rank; if bucket 2 is ready before bucket 1, it
@@ -47,34 +42,28 @@ Rules that keep every rank in step:
 - an exception in the comm thread is kept and re-raised in the main thread, naming the bucket;
 - under ``no_sync`` the hooks do nothing: gradients just accumulate in the bucket views.
 
-With a GradScaler each bucket is unscaled right after its all-reduce (in place of the NaN/inf
-check); without one, a NaN/inf after the reduction is reported (grad_checks.py).
+What watches the step (the NaN/inf check, a GradScaler's unscale, the trace, timing stats)
+is an observer (observers.py), called at three events: bucket ready, bucket reduced, step end.
 """
 
 from __future__ import annotations
 
-import collections
-import time
 from typing import Any, Callable, Sequence
 
-
-from minidist import comm, trace
 from minidist import xp as backend
-from minidist.amp import active_scaler
+from minidist.amp import add_scale_listener, remove_scale_listener
 from minidist.comm.failure.advice import failure_advice, sentence
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.comm_thread import CommThread
-from minidist.ddp.grad_checks import (all_finite_fast, float_arrays, missing_gradients_error,
-                                      nonfinite_names, report_nonfinite, where_it_started)
-from minidist.ddp.hooks import GradBucket, allreduce_hook, wants_prescaled
-from minidist.ddp.states import StepState, SyncMode
-from minidist.log import get_logger, rank_prefix
+from minidist.ddp.grad_checks import NONFINITE_POLICIES, NonfiniteCheck, missing_gradients_error
+from minidist.ddp.hooks import allreduce_hook, wants_prescaled
+from minidist.ddp.observers import EVENTS, AmpUnscale, ReducerObserver, overridden
+from minidist.ddp.prescale import FoldedAverage
+from minidist.ddp.states import StepState
+from minidist.logger import get_logger, rank_prefix
 from minidist.tensor import GradDestination, queue_callback
 
 log = get_logger(__name__)
-
-NONFINITE_POLICIES = ("warn", "raise", "ignore")
-_MAX_WATCHED_OUTPUTS = 64  # forward outputs kept between syncs (no_sync micro-batches)
 
 
 class Reducer:
@@ -83,52 +72,45 @@ class Reducer:
     Args:
         params: the parameters that need gradients, in registration order.
         names: their names (``fc1.weight``), used in every error message.
-        buckets: the buckets (from ``plan_buckets``), in launch order, with their buffers.
-        all_reduce: ``all_reduce(array, op)`` on the DDP's process group and algorithm.
-        world_size: number of ranks.
+        buckets: the buckets (from ``plan_buckets``), in launch order, with their buffers and
+            the process group they are reduced over.
         overlap: reduce buckets on a comm thread during backward (True) or all at the end.
         find_unused_parameters: see :class:`minidist.ddp.DistributedDataParallel`.
         nonfinite_grads: ``"warn"`` (once, then count), ``"raise"`` or ``"ignore"`` a NaN/inf
-            after a reduction (not used for buckets a GradScaler unscales).
+            after a reduction (grad_checks.NonfiniteCheck; not for buckets a GradScaler
+            unscales).
         rank: this process's rank in the group (names the ranks in the non-finite report).
     """
 
     def __init__(self, params: Sequence[Any], names: Sequence[str], buckets: Sequence[Bucket],
-                 all_reduce: Callable[[Any, str], None], world_size: int, *, overlap: bool = True,
-                 find_unused_parameters: bool = False, nonfinite_grads: str = "warn",
-                 rank: int = 0) -> None:
+                 *, overlap: bool = True, find_unused_parameters: bool = False,
+                 nonfinite_grads: str = "warn", rank: int = 0) -> None:
         if nonfinite_grads not in NONFINITE_POLICIES:
             raise ValueError(f"{rank_prefix()} DistributedDataParallel: nonfinite_grads="
                              f"{nonfinite_grads!r}; use one of {NONFINITE_POLICIES}.")
+        self.rank = rank
         self.params = list(params)
         self.names = list(names)
         self.buckets = list(buckets)
-        self.all_reduce = all_reduce
-        self.world_size = world_size
+        self.world_size = self.buckets[0].world_size if self.buckets else 1
         # what the default hook divides the summed gradients by: the world size, or under
         # DistributedDataParallel.join() the number of ranks that contribute this step
-        self.divisor = world_size
-        self.rank = rank
+        self.divisor = self.world_size
         self.overlap = overlap
         self.find_unused_parameters = find_unused_parameters
-        self.nonfinite_grads = nonfinite_grads
         self.require_sync = True  # False inside no_sync()
-        self.mode = SyncMode.NO_SYNC  # this step's (prepare_for_forward decides)
-        self.comm_hook: Callable[[Any, GradBucket], None] = allreduce_hook
+        self.comm_hook: Callable[[Any, Bucket], None] = allreduce_hook
         self.hook_state: Any = None
         self.num_syncs = 0  # completed synced backward passes (the "step" in messages)
-        self.nonfinite_grad_steps = 0  # synced steps whose reduced gradients held NaN/inf
-        # forward outputs since the last sync (see watch_output); bounded: only a reference each
-        self._outputs: collections.deque = collections.deque(maxlen=_MAX_WATCHED_OUTPUTS)
-        self.stats = {"wait_s": 0.0, "comm_s": 0.0}  # last step: exposed wait, comm thread busy
-        self._next_launch = 0
         self.step_state = StepState.IDLE
-        self._check_in_hook = False  # this step: NaN/inf checked per gradient (see _grad_ready)
+        self._next_launch = 0
         self._unused: list[int] = []  # this step: parameters marked ready before backward
-        self._comm_busy_s = 0.0
+        self._fold: FoldedAverage | None = None  # prescaled_allreduce_hook's fast path
+        self._observers: list[ReducerObserver] = []  # every step
+        self._step_observers: list[ReducerObserver] = []  # this step only
+        self._calls: dict[str, list[Callable[..., None]]] = {e: [] for e in EVENTS}
         # parameter position -> (bucket, slot in bucket)
         self._slot: dict[int, tuple[Bucket, int]] = {}
-        self.bucket_algorithms = ["?"] * len(self.buckets)  # for traces; DDP sets the names
         # parameter position -> its reserved gradient slot: backward writes the gradient there
         self._dests: list[GradDestination] = [None] * len(self.params)  # type: ignore[list-item]
         for b in self.buckets:
@@ -138,11 +120,71 @@ class Reducer:
                 self.params[i].grad_destination = self._dests[i]
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                          for i, p in enumerate(self.params)]
-        device = self.buckets[0].buffer.device if self.buckets and \
-            backend.is_device_array(self.buckets[0].buffer) else None
+        device = getattr(self.buckets[0].buffer, "device", None) if self.buckets and \
+            self.buckets[0].on_device else None
         self._thread = CommThread(self._reduce_bucket, device) if overlap else None
         for b in self.buckets:
             b.attach_grads()
+        self._nonfinite: NonfiniteCheck | None = None
+        self.nonfinite_grads = nonfinite_grads
+        add_scale_listener(self._use_scaler)  # a GradScaler's scale() on this thread
+
+    # ------------------------------------------------------------------ features as observers
+
+    @property
+    def nonfinite_grads(self) -> str:
+        """The NaN/inf policy: "warn", "raise" or "ignore" (no check is registered then)."""
+        return self._nonfinite.policy if self._nonfinite is not None else "ignore"
+
+    @nonfinite_grads.setter
+    def nonfinite_grads(self, policy: str) -> None:
+        if self._nonfinite is not None:
+            self.remove_observer(self._nonfinite)
+        self._nonfinite = None if policy == "ignore" else NonfiniteCheck(policy, self.rank)
+        if self._nonfinite is not None:
+            self.add_observer(self._nonfinite)
+
+    @property
+    def nonfinite_grad_steps(self) -> int:
+        """Synced steps whose reduced gradients held NaN/inf (counted by the check)."""
+        return self._nonfinite.steps if self._nonfinite is not None else 0
+
+    def watch_output(self, output: Any) -> None:
+        """Keep a reference to this forward's output (no copy, no check: free); checked only
+        if a reduced gradient turns out non-finite, to name the ranks where it started."""
+        if self._nonfinite is not None:
+            self._nonfinite.watch(output)
+
+    def _use_scaler(self, scaler: Any) -> None:
+        """A GradScaler scaled this step's loss: unscale each bucket after its reduction."""
+        if self.step_state is not StepState.IDLE:
+            for o in self._step_observers:
+                if isinstance(o, AmpUnscale):
+                    self.remove_observer(o)
+            self.add_observer(AmpUnscale(scaler), step=True)
+
+    # ------------------------------------------------------------------ observers
+
+    def add_observer(self, observer: ReducerObserver, step: bool = False) -> None:
+        """Call ``observer`` at the events it overrides (observers.py): from now on, or with
+        ``step=True`` for this step only (the next ``prepare_for_forward`` drops it)."""
+        (self._step_observers if step else self._observers).append(observer)
+        self._rebuild_calls()
+
+    def remove_observer(self, observer: ReducerObserver) -> None:
+        """Stop calling ``observer`` (a no-op if it is not registered)."""
+        for group in (self._observers, self._step_observers):
+            if observer in group:
+                group.remove(observer)
+        self._rebuild_calls()
+
+    def observers(self) -> list[ReducerObserver]:
+        """The registered observers, this step's first (in the order they are called)."""
+        return self._step_observers + self._observers
+
+    def _rebuild_calls(self) -> None:
+        self._calls = {e: [getattr(o, e) for o in self.observers() if overridden(o, e)]
+                       for e in EVENTS}
 
     # ------------------------------------------------------------------ step boundaries
 
@@ -156,40 +198,22 @@ class Reducer:
             # None grads stay None: backward writes them into their reserved slots.
             if b.attach_grads(zero_missing=False):
                 log.debug("bucket %d: user-assigned grads copied into the bucket", b.index)
-        self.mode = self._step_mode()
-        if self.mode is SyncMode.NO_SYNC:
-            self._reset_scales()  # no_sync: gradients accumulate as they are
+        if self._step_observers:
+            self._step_observers = []
+            self._rebuild_calls()
+        self._fold = FoldedAverage() if wants_prescaled(self.comm_hook) else None
+        if not self.require_sync:
+            FoldedAverage.reset(self._dests)  # no_sync: gradients accumulate as they are
             self.step_state = StepState.IDLE
             return
-        # PRESCALED: the average is folded into the write into the bucket (backward writes
-        # grad / n into the slot, then the hook's all-reduce SUM): no separate pass to divide.
-        scale = 1.0 / self.divisor
-        self._check_in_hook = False  # decided at the first gradient (a GradScaler is known then)
         self._unused = []
         for b in self.buckets:
             b.reset()
-            b.finite = True
-            prescaled = self._prescaled(b)
-            for p, i in zip(b.params, b.spec.param_indices):
-                # A slot that already holds a gradient (no_sync accumulation, zero_grad with
-                # set_to_none=False) is divided in place when ready; an empty one gets grad / n.
-                self._dests[i].scale = scale if prescaled and p.grad is None else 1.0
+            b.divisor = self.divisor
+        if self._fold is not None:
+            self._fold.prepare(self._dests, self.buckets, self.divisor)
         self._next_launch = 0
         self.step_state = StepState.PREPARED
-        self._comm_busy_s = 0.0
-        self.stats = {"wait_s": 0.0, "comm_s": 0.0}
-
-    def _step_mode(self) -> SyncMode:
-        """This step's SyncMode (see its docstring)."""
-        if not self.require_sync:
-            return SyncMode.NO_SYNC
-        if wants_prescaled(self.comm_hook):
-            return SyncMode.PRESCALED if self.world_size > 1 else SyncMode.LOCAL
-        return SyncMode.RAW
-
-    def _prescaled(self, bucket: Bucket) -> bool:
-        """This step, ``bucket``'s gradients are written divided by n (PRESCALED, floats)."""
-        return self.mode is SyncMode.PRESCALED and bucket.is_float
 
     def mark_unused(self, unused: Sequence[int]) -> None:
         """Mark parameters that will get no gradient this step as ready (reduced as they are).
@@ -205,14 +229,6 @@ class Reducer:
         if unused:
             log.debug("step %d: %d unused parameter(s) marked ready", self.num_syncs, len(unused))
 
-    def watch_output(self, output: Any) -> None:
-        """Keep a reference to this forward's output arrays (no copy, no check: free).
-
-        Only if a reduced gradient turns out non-finite are they checked, to tell which
-        ranks' forward passes already produced NaN/inf (``_check_finite``).
-        """
-        self._outputs.extend(float_arrays(output))
-
     # ------------------------------------------------------------------ hooks
 
     def _make_hook(self, i: int) -> Callable[[Any], None]:
@@ -221,15 +237,6 @@ class Reducer:
                 if self.step_state is StepState.PREPARED:  # first gradient of this backward
                     self.step_state = StepState.BACKWARD
                     queue_callback(self._end_of_backward)
-                    # One rank with the default hook reduces nothing: check each gradient as
-                    # soon as it is written (still in cache), not the buckets afterwards.
-                    self._check_in_hook = (self.mode is SyncMode.LOCAL
-                                           and active_scaler() is None
-                                           and self.nonfinite_grads != "ignore")
-                    if self._check_in_hook:
-                        for j in self._unused:  # marked ready before backward started
-                            b, k = self._slot[j]
-                            b.finite = b.finite and all_finite_fast(b.views[k].reshape(-1))
                 self._grad_ready(i)
         return hook
 
@@ -244,7 +251,7 @@ class Reducer:
         """
         if self.step_state is StepState.IDLE:  # finalized by the hook of the last bucket
             return
-        self._reset_scales()
+        FoldedAverage.reset(self._dests)
         if self._thread is not None:
             # Finish the buckets that were launched: the peers launched them too (same order).
             self._thread.wait_all()
@@ -256,57 +263,33 @@ class Reducer:
         raise missing_gradients_error(self.buckets, self.buckets[self._next_launch:],
                                       self.num_syncs, self.find_unused_parameters)
 
-    def _reset_scales(self) -> None:
-        """Gradient destinations back to scale 1 (outside a synced step nothing is averaged)."""
-        for d in self._dests:
-            d.scale = 1.0
-
     def _grad_ready(self, i: int) -> None:
         bucket, k = self._slot[i]
         if bucket.is_slot_done(k):  # a second report is ignored
             return
-        p, view, dest = self.params[i], bucket.views[k], self._dests[i]
-        g = p.grad
-        # The gradient must be in its bucket slot, divided by n in PRESCALED mode (the hook
-        # then sums, like torch's div_factor). Usually backward wrote it there already,
-        # divided (the slot is its destination, with scale 1/n): nothing to do.
-        prescaled = self._prescaled(bucket)
-        if g is None:  # unused parameter (find_unused_parameters): reduced as zeros
-            view[...] = 0
-        elif g is not view:  # not in the slot (assigned after forward?): copy it in, one pass
-            if prescaled and dest.scale == 1.0:
-                backend.get_array_module(view).divide(g, view.dtype.type(self.divisor),
-                                                      out=view)
-            else:
-                view[...] = g
-        elif prescaled and dest.scale == 1.0:  # accumulated before this backward
-            view /= view.dtype.type(self.divisor)     # (no_sync, zero_grad(set_to_none=False))
-        dest.scale = 1.0  # this step's gradient is complete: a later backward is not averaged
-        p.grad = view
-        if self._check_in_hook and bucket.finite:
-            bucket.finite = all_finite_fast(view.reshape(-1))
+        p, view = self.params[i], bucket.views[k]
+        if p.grad is not view:  # no gradient (an unused parameter), or one assigned after
+            view[...] = 0 if p.grad is None else p.grad  # forward: into the slot, one pass
+            p.grad = view
+        if self._fold is not None:
+            self._fold.grad_ready(view, self._dests[i], self._dests[i].scale == 1.0)
         if not bucket.mark_slot_done(k):
             return
-        tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
-        if tr is not None:
-            tr.instant(f"bucket {bucket.index} ready", args={"step": self.num_syncs})
         # Launch ready buckets strictly in index order (the same order on every rank).
         while (self._next_launch < len(self.buckets)
                and self.buckets[self._next_launch].state is BucketState.READY):
             b = self.buckets[self._next_launch]
             self._next_launch += 1
             b.state = BucketState.REDUCING
-            b.scaler = active_scaler()  # the GradScaler scaling this backward's loss, or None
-            if tr is not None:
-                tr.instant(f"bucket {b.index} launch", args={"step": self.num_syncs})
+            for call in self._calls["bucket_ready"]:
+                call(b)
             if self._thread is not None:
                 self._thread.submit(b)
         if self._next_launch == len(self.buckets):
             self._finalize()
 
     def _finalize(self) -> None:
-        """All buckets launched: wait for them (or run them now without overlap), then check."""
-        t0 = time.perf_counter()
+        """All buckets launched: wait for them (or run them now without overlap), then done."""
         if self._thread is not None:
             self._thread.wait_all()
             if self._thread.error is not None:
@@ -319,18 +302,10 @@ class Reducer:
                     self._reduce_bucket(b)
                 except Exception as err:
                     self._raise_bucket_error(b, err)
-        self.stats = {"wait_s": time.perf_counter() - t0, "comm_s": self._comm_busy_s}
-        tr = trace.tracer()
-        if tr is not None:  # the exposed communication of this step
-            tr.complete("wait for all-reduce", t0, t0 + self.stats["wait_s"], cat="exposed",
-                        args={"step": self.num_syncs})
-            tr.counter("exposed comm [ms]", {"ms": self.stats["wait_s"] * 1e3})
         self.step_state = StepState.IDLE
         self.num_syncs += 1
-        try:
-            self._check_finite()
-        finally:
-            self._outputs.clear()
+        for call in self._calls["step_end"]:
+            call(self)
 
     def _raise_bucket_error(self, bucket: Bucket, err: BaseException) -> None:
         self.step_state = StepState.IDLE
@@ -343,41 +318,16 @@ class Reducer:
     # ------------------------------------------------------------------ reduction
 
     def _reduce_bucket(self, bucket: Bucket) -> None:
-        t0 = time.perf_counter()
-        backend.synchronize(bucket.buffer)  # GPU: kernels writing the grads must be done
-        # The ledger names this bucket in every collective it runs (a diagnosis then says
-        # "bucket=2" beside the call site).
-        with comm.ledger_label(f"bucket={bucket.index}"):
-            grad_bucket = GradBucket(bucket, self.all_reduce, self.world_size,
-                                     is_last=bucket.index == len(self.buckets) - 1,
-                                     prescaled=self._prescaled(bucket))
-            self.comm_hook(self.hook_state, grad_bucket)  # default: hooks.allreduce_hook
-        if bucket.scaler is not None and bucket.scaler.unscale_bucket_(
-                bucket.buffer, bucket.params, bucket.names):
-            bucket.finite = True  # unscaled + checked in one pass; the scaler reports inf/NaN
-        elif self.nonfinite_grads != "ignore" and not self._check_in_hook:
-            bucket.finite = all_finite_fast(bucket.buffer)
+        if bucket.on_device:  # GPU: the kernels that wrote the gradients must be done
+            backend.synchronize(bucket.buffer)
+        self.comm_hook(self.hook_state, bucket)  # default: hooks.allreduce_hook
         bucket.state = BucketState.REDUCED
-        self._comm_busy_s += time.perf_counter() - t0
-        tr = trace.tracer()
-        if tr is not None:
-            tr.instant(f"bucket {bucket.index} done", lane=trace.COMM,
-                       args={"step": self.num_syncs})
-
-    def _check_finite(self) -> None:
-        # Each bucket was checked right after its reduction (_reduce_bucket, one dot product);
-        # only a bucket that may hold NaN/inf is searched for the parameters to name.
-        bad = nonfinite_names(self.buckets) if self.nonfinite_grads != "ignore" else []
-        if bad:
-            # Every rank is here (the reduced buckets are identical): a small collective is safe.
-            self.nonfinite_grad_steps += 1
-            started = where_it_started(self._outputs, self.rank, self.world_size,
-                                       self.all_reduce)
-            report_nonfinite(bad, self.num_syncs - 1, started, self.nonfinite_grads,
-                             self.nonfinite_grad_steps)
+        for call in self._calls["bucket_reduced"]:
+            call(bucket)
 
     def close(self) -> None:
         """Remove the gradient hooks and destinations, and stop the comm thread."""
+        remove_scale_listener(self._use_scaler)
         for h in self._handles:
             h.remove()
         self._handles = []

@@ -1,5 +1,5 @@
-"""The Reducer's two explicit states: where a synced step is (StepState), and where this
-step's gradients go (SyncMode). Both are decided at named points, never inferred from flags."""
+"""The Reducer's explicit step state (StepState): where a synced step is, decided at named
+points, never inferred from flags."""
 
 from __future__ import annotations
 
@@ -23,24 +23,4 @@ class StepState(enum.Enum):
     BACKWARD = "backward"      # gradients are arriving; the end-of-backward check is queued
 
 
-class SyncMode(enum.Enum):
-    """Where this step's gradients go, decided once per step (``prepare_for_forward``)::
-
-        no_sync()                        -> NO_SYNC    accumulate in the buckets, reduce nothing
-        hook declares prescale, n > 1    -> PRESCALED  backward writes grad / n into the slots;
-                                                       the hook's SUM is the average
-        hook declares prescale, n == 1   -> LOCAL      nothing to average; each gradient is
-                                                       checked for NaN/inf as it is written
-        any other hook (fp16, PowerSGD)  -> RAW        the hook gets the gradients as written
-
-    In every synced mode each ready bucket goes to ``comm_hook`` (default:
-    ``hooks.allreduce_hook``), which leaves the average in the bucket.
-    """
-
-    NO_SYNC = "no_sync"
-    PRESCALED = "prescaled"
-    LOCAL = "local"
-    RAW = "raw"
-
-
-__all__ = ["StepState", "SyncMode"]
+__all__ = ["StepState"]

@@ -1,32 +1,65 @@
-"""What DistributedDataParallel records on the step timeline (minidist/trace.py, MINIDIST_TRACE)."""
+"""What DistributedDataParallel records on the step timeline (minidist/tracing.py, MINIDIST_TRACE).
+
+A Reducer observer (observers.py), registered while a Tracer is active::
+
+    compute lane        bucket k ready, bucket k launch (instants)   wait for all-reduce (span)
+    communication lane  all_reduce bucket k (span: bytes, algorithm, busbw), bucket k done
+    counter             exposed comm [ms]
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
-from minidist import comm, trace
+from minidist import tracing as trace
+from minidist.ddp.observers import StepStats
 
 
-def trace_all_reduce(ddp: Any, tr: trace.Tracer, array: Any, op: str, t0: float,
-                     t1: float) -> None:
-    """One all-reduce on the communication lane: bytes, algorithm, bus bandwidth.
+class StepTrace(StepStats):
+    """The step timeline of one DDP model: each bucket's reduction and the exposed wait.
 
-    busbw = 2(n-1)/n x bytes / time: what each rank's link carried per second by the
-    bandwidth-optimal (ring) schedule, comparable across world sizes (nccl-tests' busbw).
+    Args:
+        tracer: the active Tracer.
+        algorithms: the algorithm each bucket's all-reduce runs (planned at construction).
+        overlap: whether reductions run on the comm thread during backward.
     """
-    n = ddp.world_size
-    index = next((b.index for b in ddp.buckets if b.buffer is array), None)
-    if index is not None:
-        name, algo = f"all_reduce bucket {index}", ddp.reducer.bucket_algorithms[index]
-    else:  # a comm hook's own array (fp16 copy, PowerSGD factors)
-        group = ddp.process_group or comm.get_default_group()
-        name, algo = "all_reduce", group.plan_all_reduce(array, ddp.algorithm).algorithm
-    busbw = 2 * (n - 1) / n * array.nbytes / max(t1 - t0, 1e-9) / 1e9 if n > 1 else 0.0
-    args = {"step": ddp.reducer.num_syncs, "bytes": int(array.nbytes), "algorithm": algo,
-            "op": op, "busbw_GBps": round(busbw, 3)}
-    if index is not None:
-        args["bucket"] = index
-    tr.complete(name, t0, t1, lane=trace.COMM, cat="allreduce", args=args)
+
+    def __init__(self, tracer: trace.Tracer, algorithms: Sequence[str], overlap: bool) -> None:
+        super().__init__(overlap)
+        self.tracer = tracer
+        self.algorithms = list(algorithms)
+        self.step = 0
+
+    def bucket_ready(self, bucket: Any) -> None:
+        super().bucket_ready(bucket)
+        for what in ("ready", "launch"):
+            self.tracer.instant(f"bucket {bucket.index} {what}", args={"step": self.step})
+
+    def bucket_reduced(self, bucket: Any) -> None:
+        """One all-reduce on the communication lane: bytes, algorithm, bus bandwidth.
+
+        busbw = 2(n-1)/n x bytes / time: what each rank's link carried per second by the
+        bandwidth-optimal (ring) schedule, comparable across world sizes (nccl-tests' busbw).
+        """
+        t0, t1 = self.reduction_span(bucket)
+        self._busy += t1 - t0
+        n, nbytes = bucket.world_size, int(bucket.buffer.nbytes)
+        if n > 1:  # one rank: nothing was all-reduced
+            busbw = 2 * (n - 1) / n * nbytes / max(t1 - t0, 1e-9) / 1e9
+            args = {"step": self.step, "bytes": nbytes, "op": "sum", "bucket": bucket.index,
+                    "algorithm": self.algorithms[bucket.index], "busbw_GBps": round(busbw, 3)}
+            self.tracer.complete(f"all_reduce bucket {bucket.index}", t0, t1, lane=trace.COMM,
+                                 cat="allreduce", args=args)
+        self.tracer.instant(f"bucket {bucket.index} done", lane=trace.COMM,
+                            args={"step": self.step})
+
+    def step_end(self, reducer: Any) -> None:
+        super().step_end(reducer)
+        t0 = self._last_launch
+        self.tracer.complete("wait for all-reduce", t0, t0 + self.stats["wait_s"],
+                             cat="exposed", args={"step": self.step})
+        self.tracer.counter("exposed comm [ms]", {"ms": self.stats["wait_s"] * 1e3})
+        self.step += 1
 
 
-__all__ = ["trace_all_reduce"]
+__all__ = ["StepTrace"]

@@ -72,7 +72,7 @@ from typing import Any
 from minidist import comm
 from minidist import xp as backend
 from minidist.ddp.hooks import GradBucket
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 from minidist.optim import Optimizer
 from minidist.optim.options import run_closure
 

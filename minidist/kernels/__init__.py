@@ -38,7 +38,7 @@ import numpy as np
 from minidist import xp as backend
 from minidist.kernels import reference
 from minidist.kernels.fallback import REFERENCE, CompiledBackend
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 
 __all__ = ["unscale_and_check", "unscale_and_check_", "foreach_unscale_and_check_",
            "update_scale_", "master_to_model", "implementation", "fallback_reason",

@@ -56,6 +56,8 @@ from __future__ import annotations
 
 import collections
 import math
+import sys
+import threading
 import warnings
 from typing import Any, Hashable, NamedTuple, no_type_check
 
@@ -86,7 +88,7 @@ cuda, JIT = _import_cuda()
 
 __all__ = ["unscale_and_check", "unscale_and_check_", "foreach_unscale_and_check_",
            "update_scale_", "master_to_model", "SIMULATOR", "JIT", "check_usable", "signature",
-           "rehearse", "PLAN_STATS", "clear_plans"]
+           "rehearse", "PLAN_STATS", "clear_plans", "configure_quietly", "launch_plan"]
 
 
 def _simulator() -> bool:
@@ -397,10 +399,7 @@ class LaunchPlan:
                  stream: Any) -> None:
         PLAN_STATS.plans_built += 1
         self.kernel, self.views, self.stream = kernel, views, stream
-        with warnings.catch_warnings():  # a small grid is on purpose (one thread, tiny n)
-            warnings.filterwarnings("ignore", message=r"Grid size \d+ will likely result in "
-                                    "GPU under-utilization")
-            self.launcher = kernel[blocks, threads, stream]
+        self.launcher = configure_quietly(kernel, blocks, threads, stream)
         # as the dispatcher launches it: normalized dimensions, its own stream object
         self.griddim = getattr(self.launcher, "griddim", None)
         self.blockdim = getattr(self.launcher, "blockdim", None)
@@ -447,6 +446,40 @@ class LaunchPlan:
             return None
         compiled = overloads.get(tuple(typeof(a) for a in args))
         return compiled if hasattr(compiled, "launch") else None
+
+
+_CONFIGURE_LOCK = threading.Lock()
+
+
+def configure_quietly(kernel: Any, blocks: int, threads: int, stream: Any) -> Any:
+    """``kernel[blocks, threads, stream]`` without Numba's low-occupancy warning.
+
+    Numba decides that warning once per configuration, when ``kernel[...]`` is built, from
+    ``config.CUDA_LOW_OCCUPANCY_WARNINGS`` of its dispatcher's module (grids under 128 blocks
+    warn). Small grids are chosen here (one thread updates the loss scale; a small buffer
+    needs few blocks), so the flag is off while THIS configuration is built and restored
+    right after: the user's own launches still warn. A Numba that decides it elsewhere is
+    covered by a warnings filter around the configuration as well.
+    """
+    config: Any = getattr(sys.modules.get(type(kernel).__module__), "config", None)
+    flag: Any = getattr(config, "CUDA_LOW_OCCUPANCY_WARNINGS", 0) if config is not None else 0
+    with _CONFIGURE_LOCK, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Grid size \d+ will likely result in GPU "
+                                "under-utilization")
+        if flag:
+            config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+        try:
+            return kernel[blocks, threads, stream]
+        finally:
+            if flag:
+                config.CUDA_LOW_OCCUPANCY_WARNINGS = flag
+
+
+def launch_plan(kernel: Any, arrays: tuple[Any, ...], n: int,
+                launch: tuple[int, int] | None = None) -> LaunchPlan:
+    """The cached ``LaunchPlan`` of ``kernel`` over ``arrays`` (CuPy, or NumPy under the
+    simulator) with a grid for ``n`` elements: ``plan.launch(*plan.views, *scalars)``."""
+    return _plan(kernel, arrays, n, launch)
 
 
 def _plan(kernel: Any, arrays: tuple[Any, ...], n: int,

@@ -40,7 +40,7 @@ import numpy as np
 
 from minidist import xp as backend
 from minidist.envvars import env
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 
 log = get_logger(__name__)
 
@@ -122,6 +122,7 @@ class CompiledBackend:
         self.module: ModuleType | None = None
         self.reason = ""
         self.rehearsed: set[Hashable] = set()
+        self.calls = 0  # every call(), compiled or reference (benchmarks count launches)
         self._lock = threading.RLock()  # the comm thread and the main thread may both be first
 
     def get(self) -> ModuleType | None:
@@ -151,6 +152,7 @@ class CompiledBackend:
         The first call of each signature rehearses on private copies first, so a failure
         (any exception) falls back before any argument was written.
         """
+        self.calls += 1
         module = self.get()
         if module is None:
             return reference(*args)

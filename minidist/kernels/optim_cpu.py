@@ -38,8 +38,10 @@ from numba import njit, prange
 from numba.core.errors import NumbaError
 
 from minidist.kernels import optim_math
+from minidist.kernels.fallback import private_copies
 
-__all__ = ["sgd_step", "adam_step", "COMPILE_ERRORS", "check_usable", "signature"]
+__all__ = ["sgd_step", "adam_step", "sgd_multi_step", "adam_multi_step", "COMPILE_ERRORS",
+           "check_usable", "signature", "rehearse"]
 
 COMPILE_ERRORS: tuple[type[BaseException], ...] = (NumbaError,)
 """Errors that mean "Numba cannot compile this here" (the caller falls back to NumPy)."""
@@ -54,6 +56,8 @@ _PARALLEL_LOCK = threading.Lock()
 class _Loops(NamedTuple):
     sgd: Any
     adam: Any
+    sgd_multi: Any
+    adam_multi: Any
 
 
 def _compile_loops(parallel: bool) -> _Loops:
@@ -89,7 +93,33 @@ def _compile_loops(parallel: bool) -> _Loops:
             m[i] = new_m
             v[i] = new_v
 
-    return _Loops(sgd, adam)
+    # Multi-tensor: every tensor of a (dtype) group in one call. ``base`` spans them all and
+    # row k of ``table`` holds tensor k's element offsets in it, then its numel (multi_tensor).
+    # Each tensor's columns are cut out of ``base`` as slices and run through the loop above:
+    # indexing ``base[offset + j]`` directly would make Numba check each index for
+    # wraparound (it cannot prove offset + j >= 0), which stops the loop vectorizing (~7x).
+    @jit
+    def sgd_multi(base: Any, table: Any, lr: Any, momentum: Any, keep: Any, weight_decay: Any,
+                  nesterov: bool, first: bool) -> None:  # pragma: no cover - compiled
+        for k in range(table.shape[0]):
+            n = table[k, 3]
+            sgd(base[table[k, 0]:table[k, 0] + n], base[table[k, 1]:table[k, 1] + n],
+                base[table[k, 2]:table[k, 2] + n], lr, momentum, keep, weight_decay, nesterov,
+                first)
+
+    @jit
+    def adam_multi(base: Any, table: Any, decay: Any, l2: Any, beta1: Any,
+                   one_minus_beta1: Any, beta2: Any, one_minus_beta2: Any,
+                   bias_correction2_sqrt: Any, eps: Any,
+                   step_size: Any) -> None:  # pragma: no cover - compiled
+        for k in range(table.shape[0]):
+            n = table[k, 4]
+            adam(base[table[k, 0]:table[k, 0] + n], base[table[k, 1]:table[k, 1] + n],
+                 base[table[k, 2]:table[k, 2] + n], base[table[k, 3]:table[k, 3] + n], decay,
+                 l2, beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps,
+                 step_size)
+
+    return _Loops(sgd, adam, sgd_multi, adam_multi)
 
 
 PARALLEL_LOOPS = _compile_loops(parallel=True)
@@ -124,6 +154,42 @@ def sgd_step(p: np.ndarray, g: np.ndarray, buf: np.ndarray, lr: Any, momentum: A
             loops.sgd(*args)
     else:
         loops.sgd(*args)
+
+
+def sgd_multi_step(base: np.ndarray, table: np.ndarray, max_numel: int, *scalars: Any) -> None:
+    """One SGD step of every tensor in a multi-tensor table: ONE compiled call (``scalars`` as
+    ``sgd_step``'s; row k of ``table``: offsets of p, g, buf in ``base``, numel)."""
+    loops = _loops(int(max_numel))
+    if loops is PARALLEL_LOOPS:
+        with _PARALLEL_LOCK:
+            loops.sgd_multi(base, table, *scalars)
+    else:
+        loops.sgd_multi(base, table, *scalars)
+
+
+def adam_multi_step(base: np.ndarray, table: np.ndarray, max_numel: int, *scalars: Any) -> None:
+    """One Adam/AdamW step of every tensor in a multi-tensor table (p, g, m, v, numel): ONE
+    compiled call."""
+    loops = _loops(int(max_numel))
+    if loops is PARALLEL_LOOPS:
+        with _PARALLEL_LOCK:
+            loops.adam_multi(base, table, *scalars)
+    else:
+        loops.adam_multi(base, table, *scalars)
+
+
+_MULTI_COLUMNS = {"sgd_multi_step": 3, "adam_multi_step": 4}
+
+
+def rehearse(op: str, *args: Any) -> None:
+    """Compile and run ``op`` on private data: small copies of the arrays, or for a
+    multi-tensor op a small private table (a copy of the real one would point past it)."""
+    columns = _MULTI_COLUMNS.get(op)
+    if columns is None:
+        globals()[op](*private_copies(args))
+        return
+    base, table = optim_math.rehearsal_table(np, args[0].dtype, columns, 67)
+    globals()[op](base, table, 67, *args[3:])
 
 
 def adam_step(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, *scalars: Any) -> None:

@@ -28,8 +28,9 @@ from numba import cuda
 
 from minidist.kernels import optim_math
 
-__all__ = ["sgd_step", "adam_step", "SIMULATOR", "COMPILE_ERRORS", "check_usable",
-           "signature", "launch_config", "device_view", "current_stream", "configured"]
+__all__ = ["sgd_step", "adam_step", "sgd_multi_step", "adam_multi_step", "SIMULATOR",
+           "COMPILE_ERRORS", "check_usable", "signature", "rehearse", "launch_config",
+           "device_view", "current_stream", "configured"]
 
 SIMULATOR = bool(getattr(_numba_config, "ENABLE_CUDASIM", 0))
 THREADS_PER_BLOCK = 256
@@ -84,6 +85,46 @@ def _adam_kernel(p, g, m, v, decay, l2, beta1, one_minus_beta1, beta2, one_minus
         v[i] = new_v
 
 
+# Multi-tensor kernels: every tensor of a (dtype) group in one launch. ``base`` spans them
+# all; ``offsets`` is the flat (rows x W) table of minidist.optim.multi_tensor: row k holds
+# tensor k's element offsets in ``base`` (W - 1 columns), then its numel. Each thread strides
+# over tensor k, then over tensor k + 1, ...: coalesced within a tensor, no search.
+
+@cuda.jit
+@no_type_check
+def _sgd_multi_kernel(base, offsets, lr, momentum, keep, weight_decay, nesterov, first):
+    start, stride = cuda.grid(1), cuda.gridsize(1)
+    for k in range(offsets.size // 4):
+        op, og, ob, n = offsets[4 * k], offsets[4 * k + 1], offsets[4 * k + 2], offsets[4 * k + 3]
+        for j in range(start, n, stride):
+            if momentum != 0:
+                new_p, new_buf = _sgd_element(base[op + j], base[og + j], base[ob + j], lr,
+                                              momentum, keep, weight_decay, nesterov, first)
+                base[ob + j] = new_buf
+            else:
+                new_p, _ = _sgd_element(base[op + j], base[og + j], base[op + j], lr, momentum,
+                                        keep, weight_decay, nesterov, first)
+            base[op + j] = new_p
+
+
+@cuda.jit
+@no_type_check
+def _adam_multi_kernel(base, offsets, decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2,
+                       bias_correction2_sqrt, eps, step_size):
+    start, stride = cuda.grid(1), cuda.gridsize(1)
+    for k in range(offsets.size // 5):
+        op, og, om = offsets[5 * k], offsets[5 * k + 1], offsets[5 * k + 2]
+        ov, n = offsets[5 * k + 3], offsets[5 * k + 4]
+        for j in range(start, n, stride):
+            new_p, new_m, new_v = _adam_element(base[op + j], base[og + j], base[om + j],
+                                                base[ov + j], decay, l2, beta1, one_minus_beta1,
+                                                beta2, one_minus_beta2, bias_correction2_sqrt,
+                                                eps, step_size)
+            base[op + j] = new_p
+            base[om + j] = new_m
+            base[ov + j] = new_v
+
+
 _sm_count: int | None = None
 
 
@@ -134,7 +175,9 @@ def configured(kernel: Any, blocks: int, threads: int) -> Any:
     key = (kernel, blocks, threads, id(stream))
     launcher = _CONFIGURED.get(key)
     if launcher is None:
-        launcher = _CONFIGURED[key] = kernel[blocks, threads, stream]
+        from minidist.kernels.cuda import configure_quietly  # small grids are on purpose
+
+        launcher = _CONFIGURED[key] = configure_quietly(kernel, blocks, threads, stream)
     return launcher
 
 
@@ -170,3 +213,71 @@ def adam_step(p: Any, g: Any, m: Any, v: Any, *scalars: Any,
     """One Adam/AdamW step in place on 1-D device arrays, one launch."""
     _launch(_adam_kernel, int(p.size), launch, device_view(p), device_view(g), device_view(m),
             device_view(v), *scalars)
+
+
+def _multi_launch(kernel: Any, base: Any, offsets: Any, max_numel: int, scalars: tuple,
+                  launch: tuple[int, int] | None) -> None:
+    """One launch over a multi-tensor table, through a cached launch plan (its views, stream
+    and configuration built once per table: minidist.kernels.cuda.LaunchPlan), with a grid
+    sized for the largest tensor."""
+    from minidist.kernels import cuda as kcuda
+
+    if offsets.size == 0 or max_numel == 0:
+        return
+    grid = launch_config(int(max_numel), launch)
+    plan = kcuda.launch_plan(kernel, (_simulated(base), offsets), int(max_numel), grid)
+    plan.launch(*plan.views, *scalars)
+
+
+_SIMULATED: dict[int, tuple[Any, Any]] = {}
+
+
+def _simulated(base: Any) -> Any:
+    """Under the simulator, ``base`` wrapped as a simulated device array: the simulator copies
+    NumPy arguments in and back out, and a copy of ``base`` would read and write the memory
+    between the tensors. On a GPU (CuPy) ``base`` as it is."""
+    if not (SIMULATOR and isinstance(base, np.ndarray)):
+        return base
+    entry = _SIMULATED.get(id(base))
+    if entry is None or entry[0] is not base:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        if len(_SIMULATED) > 64:
+            _SIMULATED.clear()
+        entry = _SIMULATED[id(base)] = (base, FakeCUDAArray(base))
+    return entry[1]
+
+
+def sgd_multi_step(base: Any, offsets: Any, max_numel: int, *scalars: Any,
+                   launch: tuple[int, int] | None = None) -> None:
+    """One SGD step of every tensor of a multi-tensor table (rows: p, g, buf offsets and numel;
+    ``minidist.optim.multi_tensor``): ONE launch. ``scalars`` as ``sgd_step``'s."""
+    lr, momentum, keep, wd, nesterov, first = scalars
+    _multi_launch(_sgd_multi_kernel, base, offsets, max_numel,
+                  (lr, momentum, keep, wd, bool(nesterov), bool(first)), launch)
+
+
+def adam_multi_step(base: Any, offsets: Any, max_numel: int, *scalars: Any,
+                    launch: tuple[int, int] | None = None) -> None:
+    """One Adam/AdamW step of every tensor of a multi-tensor table (p, g, m, v, numel): ONE
+    launch."""
+    _multi_launch(_adam_multi_kernel, base, offsets, max_numel, scalars, launch)
+
+
+_MULTI_COLUMNS = {"sgd_multi_step": 3, "adam_multi_step": 4}
+
+
+def rehearse(op: str, *args: Any) -> None:
+    """Compile and launch ``op`` on private data (a multi-tensor op on a small private table:
+    a copy of the real one would point past the copies), and wait for it."""
+    from minidist.kernels.fallback import private_copies
+
+    columns = _MULTI_COLUMNS.get(op)
+    if columns is None:
+        globals()[op](*private_copies(args))
+    else:
+        xp = np if isinstance(args[0], np.ndarray) else _cupy
+        base, table = optim_math.rehearsal_table(xp, args[0].dtype, columns, 67)
+        globals()[op](base, table, 67, *args[3:])
+    if _cupy is not None and not SIMULATOR:
+        _cupy.cuda.get_current_stream().synchronize()

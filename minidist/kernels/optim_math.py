@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from minidist import xp as backend
+
 
 def sgd_element(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep: Any,
                 weight_decay: Any, nesterov: bool, first: bool) -> tuple[Any, Any]:
@@ -96,6 +98,37 @@ def adam_step_reference(p: Any, g: Any, m: Any, v: Any, *scalars: Any) -> None:
     m[...] = new_m
     v[...] = new_v
     p[...] = new_p
+
+
+def sgd_multi_step_reference(base: Any, table: Any, max_numel: int, *scalars: Any) -> None:
+    """``sgd_step_reference`` on each tensor of a multi-tensor table (see ``multi_tensor``):
+    row k of ``table`` holds the element offsets of p, g, buf in ``base`` and the numel."""
+    for p, g, buf in _columns(base, table, 3):
+        sgd_step_reference(p, g, buf, *scalars)
+
+
+def adam_multi_step_reference(base: Any, table: Any, max_numel: int, *scalars: Any) -> None:
+    """``adam_step_reference`` on each tensor of a multi-tensor table (p, g, m, v, numel)."""
+    for p, g, m, v in _columns(base, table, 4):
+        adam_step_reference(p, g, m, v, *scalars)
+
+
+def _columns(base: Any, table: Any, k: int) -> list[tuple[Any, ...]]:
+    rows = backend.to_host(table, op="fused optimizer (the reference fallback reads its table)")
+    return [tuple(base[int(o):int(o) + int(row[k])] for o in row[:k]) for row in rows]
+
+
+def rehearsal_table(xp: Any, dtype: Any, columns: int, numel: int) -> tuple[Any, Any]:
+    """A small private ``(base, table)`` for rehearsing a multi-tensor op: two tensors of
+    ``numel`` and 1 elements, each column its own stretch of ``base`` (random, finite)."""
+    sizes = (numel, 1)
+    total = columns * sum(sizes)
+    base = xp.asarray(np.random.default_rng(0).uniform(0.5, 1.0, total).astype(dtype))
+    rows, offset = [], 0
+    for n in sizes:
+        rows.append([offset + c * n for c in range(columns)] + [n])
+        offset += columns * n
+    return base, xp.asarray(np.array(rows, dtype=np.int64))
 
 
 def signature(op: str, *args: Any) -> tuple:

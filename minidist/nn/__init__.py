@@ -11,7 +11,9 @@
 Modules: ``module`` (Module, Parameter, state_dict), ``layers`` (Linear, LayerNorm, Dropout,
 Dropout2d, Embedding, activations, Sequential, ModuleList, ModuleDict), ``conv`` (Conv2d,
 MaxPool2d, AvgPool2d, AdaptiveAvgPool2d), ``attention`` (MultiheadAttention), ``norm``
-(BatchNorm1d/2d), ``losses``, ``init``, ``functional``, ``utils`` (clip_grad_norm_).
+(BatchNorm1d/2d, GroupNorm), ``rnn`` (RNN, LSTM, GRU), ``transformer`` (TransformerEncoderLayer,
+TransformerEncoder, TransformerDecoderLayer, TransformerDecoder, Transformer), ``losses``, ``init``,
+``functional``, ``utils`` (clip_grad_norm_).
 ``nn.SyncBatchNorm`` is attached by the package root: it communicates, so it lives in
 ``minidist/ddp/sync_batchnorm.py``, above comm.
 """
@@ -25,7 +27,10 @@ from minidist.nn.layers import (GELU, Dropout, Dropout2d, Embedding, Flatten, Id
                                 LayerNorm, Linear, LogSoftmax, ModuleDict, ModuleList, ReLU,
                                 Sequential, Sigmoid, Softmax, Tanh)
 from minidist.nn.losses import CrossEntropyLoss, MSELoss, NLLLoss
-from minidist.nn.norm import BatchNorm1d, BatchNorm2d
+from minidist.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm
+from minidist.nn.rnn import GRU, LSTM, RNN, RNNBase
+from minidist.nn.transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
+                                     TransformerEncoder, TransformerEncoderLayer)
 from minidist.nn.module import IncompatibleKeys, Module, Parameter, StateDictError
 from minidist.tensor import manual_seed
 
@@ -35,4 +40,6 @@ __all__ = [
     "Sequential", "CrossEntropyLoss", "MSELoss", "manual_seed", "init", "functional", "utils",
     "ModuleList", "ModuleDict", "Softmax", "LogSoftmax", "NLLLoss", "Embedding", "BatchNorm1d",
     "BatchNorm2d", "Dropout2d", "AvgPool2d", "AdaptiveAvgPool2d", "MultiheadAttention",
+    "GroupNorm", "RNNBase", "RNN", "LSTM", "GRU", "TransformerEncoderLayer", "TransformerEncoder",
+    "TransformerDecoderLayer", "TransformerDecoder", "Transformer",
 ]

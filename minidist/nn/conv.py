@@ -38,7 +38,7 @@ class Conv2d(Module):
         self.kernel_size = pair(kernel_size, "kernel_size")
         self.stride, self.padding = pair(stride, "stride"), pair(padding, "padding")
         self.weight = empty_parameter(out_channels, in_channels, *self.kernel_size, dtype=dtype)
-        init.kaiming_uniform_(self.weight)
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # torch's default
         if bias:
             self.bias = empty_parameter(out_channels, dtype=dtype)
             bound = 1.0 / math.sqrt(init.fan_in(self.weight))
@@ -56,25 +56,38 @@ class Conv2d(Module):
 
 
 class MaxPool2d(Module):
-    """Max over kernel windows (stride defaults to the kernel size; no padding)."""
+    """Max over kernel windows (torch's ``nn.MaxPool2d(kernel_size, stride=None, padding=0,
+    dilation=1, return_indices=False, ceil_mode=False)``; stride defaults to the kernel size).
 
-    def __init__(self, kernel_size: Any, stride: Any = None) -> None:
+    ``MaxPool2d(3, 2, padding=1)`` is torchvision's ResNet stem: the padding is -inf, so it
+    never wins a window.
+    """
+
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                 dilation: Any = 1, return_indices: bool = False,
+                 ceil_mode: bool = False) -> None:
         super().__init__()
+        if return_indices:
+            raise ValueError(error("MaxPool2d", "return_indices=True is not supported."))
         self.kernel_size = pair(kernel_size, "kernel_size")
         self.stride = pair(stride, "stride") if stride is not None else self.kernel_size
+        self.padding, self.dilation = pair(padding, "padding"), pair(dilation, "dilation")
+        self.return_indices, self.ceil_mode = return_indices, ceil_mode
 
     def forward(self, x: Tensor) -> Tensor:
-        return max_pool2d(x, self.kernel_size, self.stride)
+        return max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation,
+                          self.ceil_mode)
 
     def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}"
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
 
 
 class AvgPool2d(Module):
     """Mean over kernel windows (torch's ``nn.AvgPool2d``; stride defaults to the kernel size).
 
     ``count_include_pad=True`` (default) counts the zero padding in each divisor;
-    ``ceil_mode=True`` is not supported.
+    ``ceil_mode=True`` rounds the output size up, as torch.
     """
 
     def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0,

@@ -49,7 +49,7 @@ class Linear(Module):
         dtype = factory_dtype(dtype)
         self.in_features, self.out_features = in_features, out_features
         self.weight = empty_parameter(out_features, in_features, dtype=dtype)
-        init.kaiming_uniform_(self.weight)
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # torch's default
         if bias:
             self.bias = empty_parameter(out_features, dtype=dtype)
             bound = 1.0 / math.sqrt(in_features) if in_features > 0 else 0.0
@@ -93,19 +93,23 @@ class LayerNorm(Module):
 
 
 class Dropout(Module):
-    """Inverted dropout with probability ``p`` in training mode; the identity in eval mode."""
+    """Inverted dropout with probability ``p`` in training mode; the identity in eval mode.
 
-    def __init__(self, p: float = 0.5) -> None:
+    ``inplace=True`` is accepted, as torch's; the result is computed out of place (the tape
+    keeps the input for the backward pass), which gives the same values.
+    """
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
         if not 0.0 <= p <= 1.0:
             raise ValueError(error("Dropout", f"p must be in [0, 1], got {p}."))
-        self.p = p
+        self.p, self.inplace = p, inplace
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)
 
     def extra_repr(self) -> str:
-        return f"p={self.p}"
+        return f"p={self.p}, inplace={self.inplace}" if self.inplace else f"p={self.p}"
 
 
 class Dropout2d(Dropout):
@@ -128,8 +132,17 @@ class Flatten(Module):
 
 
 class ReLU(Module):
+    """``max(x, 0)``; ``inplace=True`` is accepted (computed out of place, same values)."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
     def forward(self, x: Tensor) -> Tensor:
         return x.relu()
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
 
 
 class GELU(Module):

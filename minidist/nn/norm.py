@@ -112,3 +112,53 @@ class BatchNorm2d(BatchNormBase):
     """Batch norm over (N, C, H, W) inputs, per channel C."""
 
     _dims = (4,)
+
+
+class GroupNorm(Module):
+    """torch's ``nn.GroupNorm(num_groups, num_channels, eps=1e-5, affine=True, device=None,
+    dtype=None)``: normalize each sample over groups of channels, in training and eval alike.
+
+    For x (N, C, *), the C channels split into ``num_groups`` groups of C / G; each sample's
+    group is normalized with its own mean and biased variance, then each channel is scaled and
+    shifted by ``weight``/``bias`` (ones/zeros; none with ``affine=False``). No running
+    statistics, so the batch size does not matter (GroupNorm(1, C) is a LayerNorm over
+    (C, *), GroupNorm(C, C) an InstanceNorm).
+
+    >>> import minidist
+    >>> from minidist import nn
+    >>> nn.GroupNorm(2, 4)(minidist.randn(3, 4, 5, 5)).shape
+    (3, 4, 5, 5)
+    """
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
+                 affine: bool = True, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        if num_groups <= 0 or num_channels % num_groups:
+            raise ValueError(error("GroupNorm", f"num_channels ({num_channels}) must be "
+                                   f"divisible by num_groups ({num_groups})."))
+        dtype = factory_dtype(dtype)
+        self.num_groups, self.num_channels, self.eps, self.affine = (num_groups, num_channels,
+                                                                     eps, affine)
+        if affine:
+            self.weight = init.ones_(empty_parameter(num_channels, dtype=dtype))
+            self.bias = empty_parameter(num_channels, dtype=dtype)
+        else:
+            self.weight = self.bias = None
+        place(self, device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim < 2 or x.shape[1] != self.num_channels:
+            raise ValueError(error("GroupNorm", f"expected input (N, {self.num_channels}, *), "
+                                   f"got shape {x.shape}."))
+        n = x.shape[0]
+        groups = x.reshape(n, self.num_groups, -1)
+        centered = groups - groups.mean(axis=2, keepdims=True)
+        var = (centered * centered).mean(axis=2, keepdims=True)
+        out = (centered * (var + self.eps) ** -0.5).reshape(*x.shape)
+        shape = (1, self.num_channels) + (1,) * (x.ndim - 2)
+        if self.weight is not None:
+            out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"

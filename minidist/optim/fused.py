@@ -45,12 +45,13 @@ import numpy as np
 from minidist import xp as backend
 from minidist.kernels import optim_math
 from minidist.kernels.fallback import CompiledBackend
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
+from minidist.optim import multi_tensor
 
 log = get_logger(__name__)
 
 __all__ = ["check_flags", "sgd_step", "adam_step", "implementation", "flatten_parameters",
-           "flat_runs"]
+           "flat_runs", "kernel_calls"]
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -76,6 +77,12 @@ _CUDA = CompiledBackend("numba-cuda optimizer", "minidist.kernels.optim_cuda",
 
 def _kernels_for(array: Any) -> CompiledBackend:
     return _CUDA if backend.is_device_array(array) else _CPU
+
+
+def kernel_calls() -> int:
+    """How many compiled (or fallback) kernel calls the fused steps made so far, CPU and GPU
+    together: a benchmark's count of launches per optimizer step."""
+    return _CPU.calls + _CUDA.calls
 
 
 def implementation(array: Any) -> str:
@@ -286,9 +293,7 @@ def sgd_step(opt: Any, fallback: Update) -> None:
         dt = np.dtype(dtype).type
         scalars = (dt(group["lr"]), dt(group["momentum"]), dt(1.0 - group["dampening"]),
                    dt(group["weight_decay"]), bool(group["nesterov"]), bool(first))
-        for p_flat, g_flat, b_flat in flat_runs(ready):
-            kernels.call("sgd_step", optim_math.sgd_step_reference, p_flat, g_flat, b_flat,
-                         *scalars)
+        _launch(kernels, "sgd", ready, scalars)
 
 
 def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
@@ -321,5 +326,32 @@ def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
         scalars = (dt(1.0 - lr * wd if decoupled else 1.0), dt(0.0 if decoupled else wd),
                    dt(beta1), dt(1.0 - beta1), dt(beta2), dt(1.0 - beta2),
                    dt(math.sqrt(1.0 - beta2 ** t)), dt(eps), dt(lr / (1.0 - beta1 ** t)))
-        for run in flat_runs(ready):
-            kernels.call("adam_step", optim_math.adam_step_reference, *run, *scalars)
+        _launch(kernels, "adam", ready, scalars)
+
+
+MULTI_TENSOR = True
+"""False: one kernel call per run, as before multi-tensor tables (benchmarks compare both)."""
+
+_REFERENCES: dict[str, Callable[..., Any]] = {
+    "sgd_step": optim_math.sgd_step_reference,
+    "adam_step": optim_math.adam_step_reference,
+    "sgd_multi_step": optim_math.sgd_multi_step_reference,
+    "adam_multi_step": optim_math.adam_multi_step_reference}
+
+
+def _launch(kernels: CompiledBackend, name: str, ready: list[tuple[Any, ...]],
+            scalars: tuple) -> None:
+    """One kernel call for all tensors in ``ready`` (one dtype and device): a single flat run
+    directly, several runs through a multi-tensor table of the tensors (``multi_tensor``;
+    built from the tensors themselves, whose addresses it remembers); one call per run only
+    when the addresses allow no table."""
+    runs = flat_runs(ready)
+    table = multi_tensor.table_of(ready) if len(runs) > 1 and MULTI_TENSOR else None
+    if table is not None:
+        op = f"{name}_multi_step"
+        kernels.call(op, _REFERENCES[op], table.base, table.offsets, table.max_numel,
+                     *scalars)
+        return
+    op = f"{name}_step"
+    for run in runs:
+        kernels.call(op, _REFERENCES[op], *run, *scalars)

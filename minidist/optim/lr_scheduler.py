@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 from minidist.optim.optimizer import Optimizer
 
 

@@ -55,7 +55,7 @@ from typing import Any
 import numpy
 
 from minidist import xp as backend
-from minidist.log import get_logger, rank_prefix
+from minidist.logger import get_logger, rank_prefix
 from minidist.optim.options import run_closure
 
 log = get_logger(__name__)
@@ -187,7 +187,7 @@ class Optimizer:
         ``self.state[p]`` as in torch (see the module docstring). The optimizers here
         implement ``_update(i, p, group)`` instead, one parameter at a time.
         """
-        loss = run_closure(closure)
+        loss = None if closure is None else run_closure(closure)
         for i, p, group in self.indexed_params():
             if p.grad is not None:
                 self._update(i, p, group)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 from minidist.tensor import enable_grad
 
 

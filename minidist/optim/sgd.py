@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from minidist import xp as backend
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 from minidist.optim import fused as fused_step
 from minidist.optim.optimizer import Optimizer, _required
 from minidist.optim.options import run_closure

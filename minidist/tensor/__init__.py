@@ -13,7 +13,10 @@ dropout, layer_norm, embedding), ``attention`` (scaled_dot_product_attention), `
 max/avg/adaptive pooling), ``sync_norm`` (batch norm with statistics summed by a callable),
 ``clip_grad`` (clip_grad_norm_), ``weak`` (WeakIdKeyDictionary); ``random`` (manual_seed,
 initial_seed, seed); ``creation`` (tensor, zeros, randn, arange, multinomial... with torch's
-default dtypes); ``printing`` (repr and str in torch's layout).
+default dtypes); ``printing`` (repr and str in torch's layout); ``dtypes`` (torch's dtype names,
+bfloat16, the refused legacy constructors); ``inplace`` (add_, mul_, clamp_... with torch's
+autograd rules); ``mathops`` (sin cos sqrt abs clamp where norm trace); ``views`` (diagonal,
+narrow, expand, t).
 See docs/tensor.md for how the tape works and the two contracts DDP relies on.
 """
 
@@ -24,7 +27,6 @@ import sys
 import types
 from typing import Any
 
-import numpy
 
 from minidist.tensor.autograd import RemovableHandle, queue_callback
 from minidist.tensor.grad_destination import GradDestination
@@ -43,6 +45,10 @@ from minidist.tensor.linalg import linear, matmul
 from minidist.tensor.random import default_generator, initial_seed, manual_seed, seed
 from minidist.tensor.reduce import max, mean, min, sum, topk  # noqa: A004
 from minidist.tensor.sync_norm import sync_batch_norm
+from minidist.tensor import dtypes
+from minidist.tensor.dtypes import bfloat16, dtype, int8, int16, uint8
+from minidist.tensor.mathops import abs, clamp, cos, norm, sin, sqrt, trace, where  # noqa: A004
+from minidist.tensor.views import diagonal, narrow
 from minidist.tensor.weak import WeakIdKeyDictionary
 from minidist.tensor.shape import (cat, chunk, concatenate, flatten, split, stack, swapaxes,
                                    tril, triu)
@@ -61,17 +67,19 @@ __all__ = [
     "from_numpy", "as_tensor", "zeros", "ones", "empty", "full", "rand",
     "randn", "randint", "arange", "zeros_like", "ones_like", "empty_like", "full_like",
     "rand_like", "randn_like", "flatten", "topk", "multinomial", "float16", "float32", "float64",
-    "int32", "int64",
+    "int32", "int64", "bfloat16", "uint8", "int8", "int16", "dtype", "clamp", "cos", "norm",
+    "sin", "sqrt", "trace", "where", "diagonal", "narrow",
 ]
 
-# torch's dtype names, as NumPy dtypes (minidist.float32 == numpy.float32). The aliases that
-# shadow builtins (float, double, half, long) are attributes only, not star-exported.
-float16 = half = numpy.dtype(numpy.float16)
-float32 = float = numpy.dtype(numpy.float32)  # noqa: A001 - torch's name
-float64 = double = numpy.dtype(numpy.float64)
-int32 = numpy.dtype(numpy.int32)
-int64 = long = numpy.dtype(numpy.int64)
-bool = numpy.dtype(numpy.bool_)  # noqa: A001 - torch's name (minidist.bool)
+# torch's dtype names (dtypes.py): minidist.float32 == numpy.float32, printed minidist.float32.
+# The aliases that shadow builtins (float, double, half, long, bool) are attributes only, not
+# star-exported.
+float16 = half = dtypes.float16
+float32 = float = dtypes.float32  # noqa: A001 - torch's name
+float64 = double = dtypes.float64
+int32 = dtypes.int32
+int64 = long = dtypes.int64
+bool = dtypes.bool_  # noqa: A001 - torch's name (minidist.bool)
 
 
 def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:  # noqa: A002 - torch's name

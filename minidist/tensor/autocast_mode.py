@@ -18,6 +18,13 @@ which, when autocast is on for the inputs' device, casts them with a differentia
                       max_pool2d, reshape, ...                      promotion (float16 + float32
                                                                     -> float32 = torch's "promote")
 
+**The cast cache** (torch's): a float32 parameter (a leaf that requires grad) cast to float16
+inside an autocast region is cast ONCE; its later uses in the region (a weight shared by two
+layers, a model called twice, gradient checkpointing's recompute) get the same float16 tensor,
+one node on the tape, so its gradient is summed once. The cache is cleared when the outermost
+region exits (``enter_region``/``exit_region``, called by ``amp.autocast``), so the next
+step casts the updated weights. Activations are not cached (each is used once).
+
 These are torch's autocast op lists, cut down to the ops minidist has. float64 inputs are never
 cast (as in torch: float64 is not "eligible"). Outside autocast nothing is cast, and the only
 cost of this module is one thread-local lookup per listed op.
@@ -37,6 +44,7 @@ from typing import Any
 import numpy
 
 from minidist import xp as backend
+from minidist.tensor import dtypes, grad_mode
 
 _state = threading.local()
 
@@ -51,7 +59,8 @@ POLICY: dict[str, str] = {
 """Op name -> how autocast treats its floating inputs (torch's lists, for minidist's ops)."""
 
 DEVICE_TYPES = ("cpu", "cuda")
-SUPPORTED_DTYPES = (numpy.dtype(numpy.float16),)
+SUPPORTED_DTYPES = (numpy.dtype(numpy.float16), dtypes.BFLOAT16_NUMPY)
+LOW_PRECISION = SUPPORTED_DTYPES  # the dtypes the FP32 ops widen back to float32
 
 
 def _active() -> dict[str, Any]:
@@ -96,9 +105,59 @@ def lower_precision_op_count() -> int:
     return getattr(_state, "lower_ops", 0)
 
 
+def cast_counts() -> dict[str, int]:
+    """How many casts autocast made on this thread (ever): ``{"weights": n, "others": m}``;
+    ``"weights"`` counts parameter casts (once per region each, thanks to the cache)."""
+    return dict(getattr(_state, "casts", {"weights": 0, "others": 0}))
+
+
+def enter_region() -> None:
+    """An autocast region begins (``amp.autocast.__enter__``): nesting depth + 1."""
+    _state.depth = getattr(_state, "depth", 0) + 1
+
+
+def exit_region() -> None:
+    """An autocast region ends; leaving the outermost one clears the cast cache (torch's
+    rule: the weights change between steps, their casts must not outlive the region)."""
+    _state.depth = getattr(_state, "depth", 1) - 1
+    if _state.depth <= 0:
+        _state.depth = 0
+        clear_autocast_cache()
+
+
+def clear_autocast_cache() -> None:
+    """Forget every cached cast of this thread (torch.clear_autocast_cache)."""
+    cache = getattr(_state, "cache", None)
+    if cache:
+        cache.clear()
+
+
+def _count(kind: str) -> None:
+    casts = getattr(_state, "casts", None)
+    if casts is None:
+        casts = _state.casts = {"weights": 0, "others": 0}
+    casts[kind] += 1
+
+
 def _cast(t: Any, dtype: Any) -> Any:
-    eligible = t is not None and (t.dtype == numpy.float32 or t.dtype == numpy.float16)
-    return t.astype(dtype) if eligible and t.dtype != dtype else t
+    src = None if t is None else t.data.dtype
+    eligible = src is not None and (src == numpy.float32 or src in LOW_PRECISION)
+    if not eligible or src == dtype:
+        return t
+    if not (t.requires_grad and t.is_leaf and getattr(_state, "depth", 0) > 0):
+        _count("others")
+        return t.astype(dtype)
+    cache = getattr(_state, "cache", None)
+    if cache is None:
+        cache = _state.cache = {}
+    key = (id(t), dtype, grad_mode.is_grad_enabled())
+    hit = cache.get(key)
+    if hit is not None and hit[0] is t:  # the tensor itself is kept: its id is not reused
+        return hit[1]
+    _count("weights")
+    out = t.astype(dtype)
+    cache[key] = (t, out)
+    return out
 
 
 def autocast_args(op: str, *tensors: Any) -> tuple:
@@ -117,5 +176,5 @@ def autocast_args(op: str, *tensors: Any) -> tuple:
     if POLICY[op] == LOWER_PRECISION:
         _state.lower_ops = getattr(_state, "lower_ops", 0) + 1
         return tuple(_cast(t, dtype) for t in tensors)
-    return tuple(t if t is None or t.dtype != numpy.float16 else t.astype(numpy.float32)
+    return tuple(t if t is None or t.data.dtype not in LOW_PRECISION else t.astype(numpy.float32)
                  for t in tensors)

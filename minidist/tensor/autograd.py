@@ -5,29 +5,23 @@
 Forward recorded, for every op result, its inputs and a closure ``g -> (g_in1, g_in2, ...)``.
 Backward:
 
-1. collects the nodes that reach the root through tensors that require grad, in topological
-   order (inputs before outputs), and counts, for each leaf, how many edges lead into it;
-2. visits the nodes in reverse order: calls the closure with the node's gradient and routes the
-   results to the inputs. An intermediate input sums its contributions in a dict; a leaf adds
-   each contribution straight into ``leaf.grad`` IN PLACE (contract 1: never rebinds it);
-3. when a leaf's last edge has delivered, its gradient for this backward is complete: its
-   post-accumulate-grad hooks fire then (contract 2), so DDP can start reducing that bucket
-   while the earlier layers are still being differentiated;
+1. orders the tensors that reach the root through tensors that require grad topologically
+   (inputs before outputs);
+2. visits them in reverse (micrograd's ``for v in reversed(topo): v._backward()``): an
+   intermediate sums the gradients its consumers sent it and its closure turns the sum into
+   its inputs' gradients; a leaf adds each contribution into ``leaf.grad`` IN PLACE
+   (contract 1: never rebinds it);
+3. a leaf is visited right after its last consumer, so its gradient for this backward is
+   complete then: its post-accumulate-grad hooks fire (contract 2), and DDP can start
+   reducing that bucket while the earlier layers are still being differentiated;
 4. drops each node's closure and inputs once used (unless ``retain_graph=True``), so the
    activations of a step are freed and memory does not grow across steps;
 5. when the walk is done, runs the callbacks queued during it (``queue_callback``), in order:
    the end-of-backward point, where DDP checks that every bucket was reduced.
 
-A leaf may carry a ``GradDestination``: a buffer reserved for its gradient (DDP reserves each
-parameter's slot of a flat bucket). While the leaf's ``.grad`` is None, backward writes the
-gradient straight into that buffer and makes it ``.grad``; an op that can compute the
-gradient in place asks for it with ``claim_grad_destination`` (``linear``'s weight gradient:
-one GEMM with ``out=`` the slot), for any other op the walk copies the result in::
-
-    leaf.grad is None, destination D   op claims D: writes scale * grad into D.buffer (GEMM out=)
-                                       op does not: D.buffer[...] = scale * grad    (one copy)
-                                       then leaf.grad = D.buffer
-    leaf.grad is an array              leaf.grad += scale * grad   (in place, as always)
+Leaves with a reserved gradient buffer (``GradDestination``, DDP's bucket slots) and the ops
+that write a gradient in place live beside the walk, in grad_destination.py: the walk only
+asks it where a leaf's first gradient goes (``store_first``).
 
     run_backward(loss)
       |-- walk the tape; hooks fire as leaves complete; a hook may call queue_callback(fn)
@@ -41,41 +35,24 @@ import threading
 import weakref
 from typing import Any, Callable, Sequence
 
-from minidist import trace
+from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.tensor.core import Tensor, as_array, error
-from minidist.tensor.grad_destination import GradDestination
+from minidist.tensor.grad_destination import (GradDestination, claim_grad_destination,
+                                              scale_of, store_first, writing)
 
 _handle_ids = itertools.count()
-# One list of queued callbacks per backward that is running on this thread (innermost last):
-# a hook may itself call backward, and each backward runs only its own callbacks. Beside it,
-# per backward, the destinations its ops claimed (``claims``; None in ``grad()``: nothing may
-# be written into ``.grad`` there).
-_running = threading.local()
 
 
-def claim_grad_destination(tensor: Tensor) -> GradDestination | None:
-    """For an op's backward: the buffer to write ``tensor``'s gradient into, or None.
+class _Running(threading.local):
+    """Per thread: one list of queued callbacks per backward running on it (innermost last):
+    a hook may itself call backward, and each backward runs only its own callbacks."""
 
-    Non-None only while a backward that accumulates into ``.grad`` is running (not ``grad()``),
-    ``tensor`` is a leaf with a ``GradDestination`` and its ``.grad`` is None, and only the
-    first time it is asked in this backward (a leaf used twice by one op gets one buffer).
-    An op that gets one MUST write ``scale * gradient`` into ``dest.buffer`` and return
-    ``dest.buffer`` itself as that input's gradient; the walk then makes it ``.grad`` with no
-    copy::
+    def __init__(self) -> None:
+        self.frames: list[list[Callable[[], None]]] = []
 
-        dest = claim_grad_destination(weight)
-        gw = mm(g2.T, x2) if dest is None else mm(g2.T, x2, out=dest.buffer, scale=dest.scale)
-    """
-    dest = tensor._grad_dest
-    if dest is None or tensor._grad is not None:
-        return None
-    stack = getattr(_running, "claims", None)
-    claims = stack[-1] if stack else None
-    if claims is None or id(tensor) in claims:
-        return None
-    claims[id(tensor)] = (tensor, dest.buffer)
-    return dest
+
+_running = _Running()
 
 
 class RemovableHandle:
@@ -143,7 +120,7 @@ def queue_callback(callback: Callable[[], None]) -> None:
     Raises:
         RuntimeError: no backward is running on this thread.
     """
-    frames = getattr(_running, "frames", None)
+    frames = _running.frames
     if not frames:
         raise RuntimeError(error(
             "queue_callback", "no backward is running on this thread, so there is no end of "
@@ -158,71 +135,45 @@ def _freed(g: Any) -> tuple:
         "time if you really need two passes, or recompute the forward."))
 
 
-def _topological_order(root: Tensor) -> tuple[list[Tensor], dict[int, int]]:
-    """Nodes reachable from root through requires-grad edges (inputs first) + edges per leaf."""
+def _topological_order(root: Tensor) -> list[Tensor]:
+    """The tensors reachable from root through requires-grad edges, each after its inputs.
+
+    Iterative post-order DFS (deep graphs do not hit the recursion limit). A node's leaf
+    inputs are explored after its other inputs, so in reverse order a leaf comes right after
+    its last consumer: its gradient is complete then, and its hooks fire while the earlier
+    layers are still to be differentiated (a Linear's bias, then its weight).
+    """
     order: list[Tensor] = []
-    leaf_edges: dict[int, int] = {}
     visited: set[int] = set()
     stack: list[tuple[Tensor, bool]] = [(root, False)]
-    while stack:  # iterative post-order DFS: deep graphs do not hit the recursion limit
+    while stack:
         node, expanded = stack.pop()
         if expanded:
             order.append(node)
-            continue
-        if id(node) in visited:
-            continue
-        visited.add(id(node))
-        stack.append((node, True))
-        for parent in node._parents:
-            if not parent.requires_grad:
-                continue
-            if parent._backward is None:
-                leaf_edges[id(parent)] = leaf_edges.get(id(parent), 0) + 1
-            if id(parent) not in visited:
-                stack.append((parent, False))
-    return order, leaf_edges
+        elif id(node) not in visited:
+            visited.add(id(node))
+            stack.append((node, True))
+            inputs = [p for p in reversed(node._parents) if p.requires_grad]
+            stack += [(p, False) for p in inputs if p._backward is None]  # leaves: popped last
+            stack += [(p, False) for p in inputs if p._backward is not None]
+    return order
 
 
-def _adoptable(g: Any, leaf: Tensor) -> bool:
-    """Whether ``g`` can become ``leaf.grad`` as it is: an owned, writable, contiguous array.
+def _accumulate(leaf: Tensor, g: Any) -> None:
+    """``leaf.grad += g`` in place (contract 1); the first contribution is stored.
 
-    Views (reshape/transpose/broadcast results) share memory with something else, so they are
-    copied; so is anything of another dtype.
-    """
-    flags = g.flags
-    return (bool(flags.owndata) and bool(getattr(flags, "writeable", True))
-            and bool(flags.c_contiguous) and g.dtype == leaf.data.dtype)
-
-
-def _accumulate(leaf: Tensor, g: Any, fresh: bool = False) -> None:
-    """Add ``g`` into ``leaf.grad`` in place (cast to its dtype); allocate it if it is None.
-
-    ``fresh`` says that no one else holds ``g`` (see ``run_backward``): then a leaf without a
-    gradient adopts it instead of copying it, which saves one pass over every parameter. A
-    leaf with a ``GradDestination`` gets ``scale * g`` written into (or added to) its buffer.
+    The first gradient of a leaf goes where ``grad_destination.store_first`` says: its
+    reserved buffer, or a copy the leaf owns. An op that wrote the gradient in place
+    (``claim_grad_destination``, ``adopt_grad``) returned ``leaf.grad`` itself: nothing to add.
     """
     if g.shape != leaf.data.shape:  # an op's backward broke its contract; not a user error
         raise AssertionError(f"gradient of shape {g.shape} for a leaf of shape {leaf.data.shape}")
-    dest = leaf._grad_dest
-    if dest is not None:
-        xp = backend.get_array_module(dest.buffer)
-        if leaf._grad is None:  # the first write of this gradient: straight into the buffer
-            if dest.scale == 1.0:
-                xp.copyto(dest.buffer, g, casting="unsafe")
-            else:
-                xp.multiply(g, dest.scale, out=dest.buffer, casting="unsafe")
-            leaf._grad = dest.buffer
-            return
-        if dest.scale != 1.0:
-            g = g * dest.scale
     if leaf._grad is None:
-        if fresh and _adoptable(g, leaf):
-            leaf._grad = g  # a new array only this leaf will ever see
-        else:
-            leaf._grad = g.astype(leaf.data.dtype, copy=True)  # a fresh array the leaf owns
-    else:
+        leaf._grad = store_first(leaf, g)
+    elif g is not leaf._grad:
+        scale = scale_of(leaf)
         xp = backend.get_array_module(leaf._grad)
-        xp.add(leaf._grad, g, out=leaf._grad, casting="unsafe")
+        xp.add(leaf._grad, g if scale == 1.0 else g * scale, out=leaf._grad, casting="unsafe")
 
 
 def _fire_hooks(leaf: Tensor) -> None:
@@ -243,7 +194,21 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
         ValueError: root is not a scalar and no gradient was given, or gradient has the wrong shape.
         RuntimeError: root does not require grad, or the graph was already freed.
     """
-    _run(root, gradient, retain_graph, None)
+    seed = _seed(root, gradient)
+    callbacks: list[Callable[[], None]] = []
+    _running.frames.append(callbacks)
+    tr = trace.active  # the step timeline (minidist/tracing.py); None when tracing is off
+    t0 = tr.now() if tr is not None else 0.0
+    writing.flags.append(True)  # ops may write into .grad (grad_destination.py)
+    try:
+        _walk(root, seed, retain_graph, _accumulate, _fire_hooks)
+        for callback in callbacks:  # a callback may queue more: they join the end of the list
+            callback()
+    finally:  # an error in the walk drops the queued callbacks
+        _running.frames.pop()
+        writing.flags.pop()
+        if tr is not None:
+            tr.complete("backward", t0, tr.now())
 
 
 def grad(outputs: Tensor, inputs: Sequence[Tensor], grad_outputs: Any = None,
@@ -264,44 +229,24 @@ def grad(outputs: Tensor, inputs: Sequence[Tensor], grad_outputs: Any = None,
     Returns:
         One gradient (an xp array, or None) per input, in order.
     """
-    capture: dict[int, Any] = {id(t): None for t in inputs}
-    _run(outputs, grad_outputs, retain_graph, capture)
-    return tuple(capture[id(t)] for t in inputs)
+    captured: dict[int, Any] = {id(t): None for t in inputs}
 
+    def capture(leaf: Tensor, g: Any) -> None:  # summed in arrival order, as .grad is
+        key = id(leaf)
+        if key in captured:
+            captured[key] = g if captured[key] is None else captured[key] + g
 
-def _run(root: Tensor, gradient: Any, retain_graph: bool, capture: dict[int, Any] | None
-         ) -> None:
-    frames = getattr(_running, "frames", None)
-    if frames is None:
-        frames = _running.frames = []
-    callbacks: list[Callable[[], None]] = []
-    frames.append(callbacks)
-    claims = getattr(_running, "claims", None)
-    if claims is None:
-        claims = _running.claims = []
-    claims.append({} if capture is None else None)
-    tr = trace.tracer()  # the step timeline (minidist/trace.py); None when tracing is off
-    t0 = tr.now() if tr is not None else 0.0
+    seed = _seed(outputs, grad_outputs)
+    writing.flags.append(False)  # no op may claim a destination or adopt into .grad here
     try:
-        _walk(root, gradient, retain_graph, capture)  # an error drops the queued callbacks
-        i = 0
-        while i < len(callbacks):  # a callback may queue more: they join the end of the list
-            callbacks[i]()
-            i += 1
+        _walk(outputs, seed, retain_graph, capture, lambda leaf: None)
     finally:
-        frames.pop()
-        claims.pop()
-        if tr is not None:
-            tr.complete("backward", t0, tr.now())
+        writing.flags.pop()
+    return tuple(captured[id(t)] for t in inputs)
 
 
-def _walk(root: Tensor, gradient: Any, retain_graph: bool, capture: dict[int, Any] | None
-          ) -> None:
-    """The backward walk itself (steps 1-4 of the module docstring).
-
-    With ``capture`` (leaf id -> gradient or None), leaf gradients are summed into it instead
-    of ``.grad`` (only for the leaves it lists) and no hook fires (``grad``).
-    """
+def _seed(root: Tensor, gradient: Any) -> Any:
+    """The gradient the walk starts from: 1 for a scalar root, else ``gradient``."""
     if not root.requires_grad:
         raise RuntimeError(error(
             "backward", f"called on a tensor of shape {root.shape} that does not require grad: "
@@ -312,72 +257,43 @@ def _walk(root: Tensor, gradient: Any, retain_graph: bool, capture: dict[int, An
             raise ValueError(error(
                 "backward", f"called on a tensor of shape {root.shape}; backward needs a scalar "
                 "loss (call .sum() or .mean() first) or pass gradient=..."))
-        xp = backend.get_array_module(root.data)
-        seed = xp.ones_like(root.data)
-    else:
-        seed = as_array(gradient, root.data.dtype)
-        if seed.shape != root.data.shape:
-            raise ValueError(error(
-                "backward", f"gradient has shape {tuple(seed.shape)} but the tensor has shape "
-                f"{root.shape}. Pass a gradient of the tensor's shape."))
+        return backend.get_array_module(root.data).ones_like(root.data)
+    seed = as_array(gradient, root.data.dtype)
+    if seed.shape != root.data.shape:
+        raise ValueError(error(
+            "backward", f"gradient has shape {tuple(seed.shape)} but the tensor has shape "
+            f"{root.shape}. Pass a gradient of the tensor's shape."))
+    return seed
 
-    if root._backward is None:  # backward on a leaf: its gradient is the seed itself
-        if capture is not None:
-            if id(root) in capture:
-                capture[id(root)] = seed
-            return
-        _accumulate(root, seed)
-        _fire_hooks(root)
-        return
 
-    order, leaf_edges = _topological_order(root)
-    grads: dict[int, Any] = {id(root): seed}
-    delivered: set[int] = set()  # leaves that received at least one gradient this pass
-    # ids of every array routed so far: an array routed twice (an add's (g, g), a pass-through
-    # of a gradient that also went elsewhere) is shared, and a leaf must not adopt it. An id
-    # reused after its array was freed only costs a copy, never a wrong result.
-    routed: set[int] = {id(seed)}
-    claims = _running.claims[-1]  # leaf id -> (leaf, buffer) an op wrote in place (None: grad())
-    for node in reversed(order):
-        if node._backward is None:
-            continue  # a leaf: handled when its consumers route to it
-        g = grads.pop(id(node), None)
-        parents = node._parents
-        parent_grads = node._backward(g) if g is not None else (None,) * len(parents)
-        written = None
-        if claims:  # the op wrote these leaves' gradients into their destinations: adopt them
-            written = dict(claims)  # now, so another gradient for the same leaf adds onto it
-            claims.clear()
-            for leaf, buf in written.values():
-                leaf._grad = buf
-        # Route in reverse input order: Linear(x, weight, bias) finishes bias before weight,
-        # so hooks fire in exactly the reverse of parameters() order.
-        for i in range(len(parents) - 1, -1, -1):
-            parent, pg = parents[i], parent_grads[i]
-            if not parent.requires_grad:
-                continue
-            key = id(parent)
-            if parent._backward is None and capture is not None:
-                if pg is not None and key in capture:  # summed in arrival order, as .grad is
-                    prev = capture[key]
-                    capture[key] = pg if prev is None else prev + pg
-            elif parent._backward is None:
-                if pg is not None:
-                    if written is not None and key in written and written[key][1] is pg:
-                        del written[key]  # already in its .grad (the destination)
-                    else:
-                        fresh = id(pg) not in routed and sum(q is pg for q in parent_grads) == 1
-                        _accumulate(parent, pg, fresh)
-                    delivered.add(key)
-                leaf_edges[key] -= 1
-                if leaf_edges[key] == 0 and key in delivered:
-                    _fire_hooks(parent)
-            elif pg is not None:
-                prev = grads.get(key)
-                grads[key] = pg if prev is None else prev + pg  # never in place: pg may alias
-        if written:  # an op claimed a destination and did not return it: a bug in that op
-            raise AssertionError(f"{node._op}: claimed gradient destination(s) it did not "
-                                 f"return ({len(written)} leaf/leaves)")
-        routed.update(id(q) for q in parent_grads if q is not None)
+def _walk(root: Tensor, seed: Any, retain_graph: bool,
+          deliver: Callable[[Tensor, Any], None], complete: Callable[[Tensor], None]) -> None:
+    """The backward walk (steps 1-4 of the module docstring).
+
+    Every tensor is visited after all its consumers (reverse topological order). An
+    intermediate's contributions are summed and passed through its closure; a leaf's are
+    handed to ``deliver(leaf, g)`` one by one, in arrival order (``_accumulate``, or
+    ``grad()``'s capture), then ``complete(leaf)`` runs (``_fire_hooks``).
+    """
+    grads: dict[int, list[Any]] = {id(root): [seed]}  # contributions received so far
+    for node in reversed(_topological_order(root)):
+        contributions = grads.pop(id(node), [])
+        if node._backward is None:  # a leaf
+            for g in contributions:
+                deliver(node, g)
+            if contributions:
+                complete(node)
+            continue
+        if contributions:
+            g = contributions[0]
+            for more in contributions[1:]:
+                g = g + more  # never in place: a contribution may alias another array
+            for parent, pg in zip(node._parents, node._backward(g)):
+                if pg is not None and parent.requires_grad:
+                    grads.setdefault(id(parent), []).append(pg)
         if not retain_graph:
             node._backward, node._parents = _freed, ()
+
+
+__all__ = ["GradDestination", "RemovableHandle", "claim_grad_destination", "grad",
+           "queue_callback", "register_post_accumulate_grad_hook", "run_backward"]

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from minidist import xp as backend
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 
 
 def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float, norm_type: float = 2.0,

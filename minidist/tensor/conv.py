@@ -20,9 +20,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy
+
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
-from minidist.tensor import autograd
+from minidist.tensor.grad_destination import adopt_grad, claim_grad_destination
 from minidist.tensor.core import Tensor, error
 from minidist.tensor.linalg import check_same_dtype, mm, sum_rows
 
@@ -48,33 +50,37 @@ def pad2d(x: Any, ph: int, pw: int) -> Any:
     return out
 
 
-def patches(x: Any, kh: int, kw: int, sh: int, sw: int, channels_first: bool = False) -> Any:
+def patches(x: Any, kh: int, kw: int, sh: int, sw: int, channels_first: bool = False,
+            dh: int = 1, dw: int = 1) -> Any:
     """All kh x kw patches of a 4-D array, as a new array (kh, kw, C, N, Ho, Wo), or
-    (C, kh, kw, N, Ho, Wo) with ``channels_first`` (the layout of a conv weight's (C, kh, kw))."""
+    (C, kh, kw, N, Ho, Wo) with ``channels_first`` (the layout of a conv weight's (C, kh, kw)).
+    With dilation ``(dh, dw)`` the kernel's taps are that many pixels apart."""
     xp = backend.get_array_module(x)
     n, c, h, w = x.shape
-    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+    ho, wo = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
     out = xp.empty((c, kh, kw, n, ho, wo) if channels_first else (kh, kw, c, n, ho, wo),
                    dtype=x.dtype)
     for i in range(kh):
         for j in range(kw):
             dst = out[:, i, j] if channels_first else out[i, j]
-            dst[...] = x[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] \
+            r, q = i * dh, j * dw
+            dst[...] = x[:, :, r:r + sh * (ho - 1) + 1:sh, q:q + sw * (wo - 1) + 1:sw] \
                 .transpose(1, 0, 2, 3)
     return out
 
 
 def col2im(gp: Any, shape: tuple[int, ...], sh: int, sw: int,
-           channels_first: bool = False) -> Any:
+           channels_first: bool = False, dh: int = 1, dw: int = 1) -> Any:
     """Sum patch gradients (kh, kw, C, N, Ho, Wo), or (C, kh, kw, N, Ho, Wo) with
-    ``channels_first``, back into an image of ``shape`` (N, C, H, W)."""
+    ``channels_first``, back into an image of ``shape`` (N, C, H, W) (``patches`` reversed)."""
     xp = backend.get_array_module(gp)
     kh, kw = gp.shape[1:3] if channels_first else gp.shape[:2]
     ho, wo = gp.shape[4:]
     gx = xp.zeros(shape, dtype=gp.dtype)
     for i in range(kh):
         for j in range(kw):
-            gx[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] += \
+            r, q = i * dh, j * dw
+            gx[:, :, r:r + sh * (ho - 1) + 1:sh, q:q + sw * (wo - 1) + 1:sw] += \
                 (gp[:, i, j] if channels_first else gp[i, j]).transpose(1, 0, 2, 3)
     return gx
 
@@ -128,9 +134,9 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
         g2 = g.transpose(1, 0, 2, 3).reshape(o, n * ho * wo)  # a free view when g is out-shaped
         gx = gw = gb = None
         if weight.requires_grad:
-            dest = autograd.claim_grad_destination(weight)  # W's reserved buffer (DDP's slot)
+            dest = claim_grad_destination(weight)  # W's reserved buffer (DDP's slot)
             if dest is None:
-                gw = mm(g2, cols.T).reshape(o, c, kh, kw)
+                gw = adopt_grad(weight, mm(g2, cols.T).reshape(o, c, kh, kw))
             else:  # the GEMM writes it there: no temporary, no copy
                 mm(g2, cols.T, out=dest.buffer.reshape(o, c * kh * kw), scale=dest.scale)
                 gw = dest.buffer
@@ -139,24 +145,63 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
             gx = col2im(gcols, xpad.shape, sh, sw, channels_first=True
                         )[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]]
         if bias is not None and bias.requires_grad:
-            dest = autograd.claim_grad_destination(bias)
-            gb = sum_rows(g2, axis=1) if dest is None else sum_rows(
+            dest = claim_grad_destination(bias)
+            gb = adopt_grad(bias, sum_rows(g2, axis=1)) if dest is None else sum_rows(
                 g2, axis=1, out=dest.buffer, scale=dest.scale)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     return Tensor._make(out, parents, backward, "conv2d")
 
 
-def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None) -> Tensor:
-    """Max over each kernel window (no padding; stride defaults to the kernel size).
+def pool_out_size(op: str, size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """torch's pooling output length: ``(size + 2p - d(k-1) - 1) / s + 1``, rounded down (or
+    up with ``ceil_mode``, where a last window that would start in the right padding is
+    dropped)."""
+    span = size + 2 * p - d * (k - 1) - 1
+    if span < 0:
+        raise ValueError(error(op, f"kernel {k} (dilation {d}) is larger than the padded input "
+                               f"length {size + 2 * p}. Use a smaller kernel or more padding."))
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
 
-    The gradient goes to one winner per window (the first maximum on ties).
+
+def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
+               dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False
+               ) -> Tensor:
+    """Max over each kernel window (torch's ``F.max_pool2d``; stride defaults to the kernel).
+
+    ``padding`` pads with -inf (at most half the kernel, as torch), so a padded pixel never
+    wins; ``dilation`` spaces the kernel's taps; ``ceil_mode`` rounds the output size up (the
+    extra windows hang over the bottom/right edge). The gradient goes to one winner per window
+    (the first maximum on ties).
     """
     kh, kw = pair(kernel_size, "kernel_size")
-    sh, sw = pair(stride if stride is not None else (kh, kw), "stride")
-    _out_size("max_pool2d", x, kh, kw, 0, 0)
+    sh, sw = pair(stride if stride is not None and stride != [] else (kh, kw), "stride")
+    (ph, pw), (dh, dw) = pair(padding, "padding"), pair(dilation, "dilation")
+    if return_indices:
+        raise ValueError(error("max_pool2d", "return_indices=True is not supported."))
+    if 2 * ph > kh or 2 * pw > kw:
+        raise ValueError(error("max_pool2d", f"padding {(ph, pw)} must be at most half the "
+                               f"kernel size {(kh, kw)}, as torch requires."))
+    if x.ndim != 4:
+        raise ValueError(error("max_pool2d", f"expects an NCHW input (4-D), got shape "
+                               f"{x.shape}. Add a batch dim with x[None]."))
     xp = backend.get_array_module(x.data)
-    p = patches(x.data, kh, kw, sh, sw)
+    h, w = x.shape[2:]
+    ho = pool_out_size("max_pool2d", h, kh, sh, ph, dh, ceil_mode)
+    wo = pool_out_size("max_pool2d", w, kw, sw, pw, dw, ceil_mode)
+    # the padded image the windows read: -inf around x, as far as the last window reaches
+    hp, wp = (ho - 1) * sh + dh * (kh - 1) + 1, (wo - 1) * sw + dw * (kw - 1) + 1
+    full = x.shape[:2] + (max(hp, h + ph), max(wp, w + pw))
+    padded = x.data
+    if (ph, pw) != (0, 0) or (hp, wp) != (h, w):
+        low = -xp.inf if xp.issubdtype(x.dtype, xp.floating) else xp.iinfo(x.dtype).min
+        padded = xp.full(full, low, dtype=x.dtype)
+        padded[:, :, ph:ph + h, pw:pw + w] = x.data
+        padded = padded[:, :, :hp, :wp]  # rows no window reaches are left out
+    p = patches(padded, kh, kw, sh, sw, dh=dh, dw=dw)
     flat = p.reshape((kh * kw,) + p.shape[2:])  # (kh*kw, C, N, Ho, Wo)
     idx = flat.argmax(axis=0)
     out = flat.max(axis=0).transpose(1, 0, 2, 3)
@@ -165,9 +210,22 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None) -> Tensor:
         gt = g.transpose(1, 0, 2, 3)
         onehot = xp.arange(kh * kw).reshape(-1, 1, 1, 1, 1) == idx
         gp = (onehot * gt).astype(g.dtype, copy=False).reshape(p.shape)
-        return (col2im(gp, x.data.shape, sh, sw),)
+        gx = xp.zeros(full, dtype=g.dtype)
+        gx[:, :, :hp, :wp] = col2im(gp, padded.shape, sh, sw, dh=dh, dw=dw)
+        return (gx[:, :, ph:ph + h, pw:pw + w],)
 
     return Tensor._make(out, (x,), backward, "max_pool2d")
+
+
+def window_counts(size: int, k: int, s: int, p: int, out: int, count_pad: bool) -> list[int]:
+    """Per output position, how many of a window's k taps count in torch's divisor: the taps
+    inside input + padding (``count_pad``), or inside the input only; a ``ceil_mode`` window
+    that hangs past the padding counts only what it covers."""
+    counts = []
+    for i in range(out):
+        lo, hi = i * s - p, min(i * s - p + k, size + p)
+        counts.append(hi - lo if count_pad else min(hi, size) - max(lo, 0))
+    return counts
 
 
 def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
@@ -176,36 +234,45 @@ def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     """Mean over each kernel window (torch's ``F.avg_pool2d``), NCHW.
 
     With ``count_include_pad=True`` (torch's default) the zero padding counts in each window's
-    divisor; with False only the real pixels do. ``divisor_override`` replaces the divisor. The
-    gradient spreads each output's gradient evenly over its window.
+    divisor; with False only the real pixels do. ``ceil_mode`` rounds the output size up, as in
+    ``max_pool2d``; a window hanging past the padding divides by what it covers (torch's rule).
+    ``divisor_override`` replaces the divisor. The gradient spreads each output's gradient
+    evenly over its window.
     """
     kh, kw = pair(kernel_size, "kernel_size")
     sh, sw = pair(stride if stride is not None else (kh, kw), "stride")
     ph, pw = pair(padding, "padding")
-    if ceil_mode:
-        raise ValueError(error("avg_pool2d", "ceil_mode=True is not supported; pad the input "
-                               "so the windows fit."))
     if 2 * ph > kh or 2 * pw > kw:
         raise ValueError(error("avg_pool2d", f"padding {(ph, pw)} must be at most half the "
                                f"kernel size {(kh, kw)}, as torch requires."))
     _out_size("avg_pool2d", x, kh, kw, ph, pw)
     xp = backend.get_array_module(x.data)
-    padded = pad2d(x.data, ph, pw)
+    h, w = x.shape[2:]
+    ho = pool_out_size("avg_pool2d", h, kh, sh, ph, 1, ceil_mode)
+    wo = pool_out_size("avg_pool2d", w, kw, sw, pw, 1, ceil_mode)
+    hp, wp = (ho - 1) * sh + kh, (wo - 1) * sw + kw  # what the windows read (zeros around x)
+    full = x.shape[:2] + (max(hp, h + ph), max(wp, w + pw))
+    if (ph, pw) == (0, 0) and hp <= h and wp <= w:
+        padded = x.data[:, :, :hp, :wp]  # no padding: a view
+    else:
+        padded = xp.zeros(full, dtype=x.dtype)
+        padded[:, :, ph:ph + h, pw:pw + w] = x.data
+        padded = padded[:, :, :hp, :wp]
     p = patches(padded, kh, kw, sh, sw)  # (kh, kw, C, N, Ho, Wo)
     if divisor_override:
         div: Any = float(divisor_override)
-    elif count_include_pad or not (ph or pw):
-        div = float(kh * kw)
-    else:  # the number of real pixels in each window, (Ho, Wo)
-        ones = pad2d(xp.ones((1, 1) + x.shape[2:], dtype=x.dtype), ph, pw)
-        div = patches(ones, kh, kw, sh, sw).sum(axis=(0, 1))[0, 0]
+    else:
+        rows = window_counts(h, kh, sh, ph, ho, count_include_pad)
+        cols = window_counts(w, kw, sw, pw, wo, count_include_pad)
+        div = xp.asarray(numpy.outer(rows, cols), dtype=x.dtype)  # (Ho, Wo)
     out = (p.sum(axis=(0, 1)) / div).astype(x.dtype, copy=False).transpose(1, 0, 2, 3)
 
     def backward(g: Any) -> tuple:
         share = (g.transpose(1, 0, 2, 3) / div).astype(g.dtype, copy=False)  # (C, N, Ho, Wo)
         gp = xp.broadcast_to(share, (kh, kw) + share.shape)
-        gx = col2im(gp, padded.shape, sh, sw)
-        return (gx[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]],)
+        gx = xp.zeros(full, dtype=g.dtype)
+        gx[:, :, :hp, :wp] = col2im(gp, padded.shape, sh, sw)
+        return (gx[:, :, ph:ph + h, pw:pw + w],)
 
     return Tensor._make(out, (x,), backward, "avg_pool2d")
 

@@ -22,7 +22,8 @@ from typing import Any, Callable, Sequence
 import numpy
 
 from minidist import xp as backend
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
+from minidist.tensor import dtypes
 from minidist.tensor.grad_mode import is_grad_enabled
 
 BackwardFn = Callable[[Any], Sequence[Any]]
@@ -34,8 +35,8 @@ def error(op: str, message: str) -> str:
 
 
 def is_floating(dtype: Any) -> bool:
-    """True for float16/32/64 (the dtypes that can carry gradients)."""
-    return bool(numpy.issubdtype(dtype, numpy.floating))
+    """True for float16/bfloat16/float32/float64 (the dtypes that can carry gradients)."""
+    return dtypes.is_floating(dtype)
 
 
 def parse_to_args(op: str, args: tuple, kwargs: dict) -> tuple[Any, Any]:
@@ -238,8 +239,9 @@ class Tensor:
         return tuple(self.data.shape)
 
     @property
-    def dtype(self) -> Any:
-        return self.data.dtype
+    def dtype(self) -> dtypes.dtype:
+        """The dtype, torch-style: ``minidist.float32`` (equal to ``numpy.float32``)."""
+        return dtypes.wrap(self.data.dtype)
 
     @property
     def ndim(self) -> int:
@@ -271,21 +273,29 @@ class Tensor:
         if self.data.size != 1:
             raise ValueError(error("item", f"needs a one-element tensor, got shape {self.shape}."
                                    " Reduce it first (.sum(), .mean()) or index one element."))
-        return self.data.reshape(()).item()
+        return backend.to_host(self.data, explicit="item").reshape(()).item()
 
     def numpy(self) -> numpy.ndarray:
         """The values as a NumPy array (shares memory on the CPU; copies from a GPU)."""
-        return backend.to_host(self.data)
+        return backend.to_host(self.data, explicit="numpy")
 
     def tolist(self) -> Any:
         """The values as (nested) Python lists of numbers (a number for a 0-d tensor)."""
-        return backend.to_host(self.data).tolist()
+        return backend.to_host(self.data, explicit="tolist").tolist()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> numpy.ndarray:
         """NumPy's conversion hook: ``numpy.asarray(t)`` is ``t.numpy()`` (a host copy from a
         GPU), so arrays, ``numpy.stack`` and ``numpy.testing`` take Tensors as torch's do."""
         host = self.numpy()
         return host if dtype is None else host.astype(dtype, copy=False)
+
+    def __index__(self) -> int:
+        """A one-element integer tensor as an index (``data[i:i + n]``, ``i`` from randint)."""
+        if self.data.size != 1 or self.data.dtype.kind not in "iu":
+            raise TypeError(error("__index__", "only integer tensors of a single element can "
+                                  f"be converted to an index (this one: dtype {self.dtype}, "
+                                  f"shape {self.shape})."))
+        return int(self.data.reshape(()).item())
 
     def __float__(self) -> float:
         return float(self.item())
@@ -296,7 +306,8 @@ class Tensor:
     def __repr__(self) -> str:
         """torch's layout, ``tensor([0.5000, 0.2500], requires_grad=True)`` (see printing)."""
         where = str(self.device) if self.is_cuda else None
-        return printing.tensor_repr(backend.to_host(self.data), where, self.requires_grad,
+        host = backend.to_host(self.data, explicit="print")
+        return printing.tensor_repr(host, where, self.requires_grad,
                                     None if self.is_leaf else self._op)
 
     def __format__(self, format_spec: str) -> str:
@@ -512,7 +523,7 @@ class Tensor:
             raise RuntimeError(error("bool", f"the truth value of a tensor with {self.data.size}"
                                      " elements is ambiguous. Use .any() / .all() on .data, or "
                                      "compare one element."))
-        return bool(self.data.reshape(()).item())
+        return bool(backend.to_host(self.data, explicit="bool").reshape(()).item())
 
     # ---- in-place fills, torch's initialisers (outside the tape, like nn.init) --------------
 
@@ -601,8 +612,142 @@ class Tensor:
         """Self: layouts are NumPy's business here (ops copy when they need to)."""
         return self
 
+    # ---- torch's in-place arithmetic (inplace.py: torch's autograd rules for in-place ops) ---
+
+    def add_(self, other: Any, *, alpha: Any = 1) -> Tensor:
+        return inplace.add_(self, other, alpha)
+
+    def sub_(self, other: Any, *, alpha: Any = 1) -> Tensor:
+        return inplace.sub_(self, other, alpha)
+
+    def mul_(self, other: Any) -> Tensor:
+        return inplace.mul_(self, other)
+
+    def div_(self, other: Any) -> Tensor:
+        return inplace.div_(self, other)
+
+    def pow_(self, exponent: Any) -> Tensor:
+        return inplace.pow_(self, exponent)
+
+    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+        return inplace.clamp_(self, min, max)
+
+    def addcmul_(self, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
+        return inplace.addcmul_(self, tensor1, tensor2, value)
+
+    def addcdiv_(self, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
+        return inplace.addcdiv_(self, tensor1, tensor2, value)
+
+    # ---- torch's method spellings of the ops (out-of-place, on the tape) -------------------
+
+    def add(self, other: Any, *, alpha: Any = 1) -> Tensor:
+        return elementwise.add(self, other if alpha == 1 else other * alpha)
+
+    def sub(self, other: Any, *, alpha: Any = 1) -> Tensor:
+        return elementwise.sub(self, other if alpha == 1 else other * alpha)
+
+    def mul(self, other: Any) -> Tensor:
+        return elementwise.mul(self, other)
+
+    def div(self, other: Any) -> Tensor:
+        return elementwise.div(self, other)
+
+    def pow(self, exponent: Any) -> Tensor:
+        return elementwise.pow(self, exponent)
+
+    def addcmul(self, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
+        return self + tensor1 * tensor2 * value
+
+    def addcdiv(self, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
+        return self + tensor1 / tensor2 * value
+
+    def clamp(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+        return mathops.clamp(self, min, max)
+
+    clip = clamp
+
+    def sqrt(self) -> Tensor:
+        return mathops.sqrt(self)
+
+    def abs(self) -> Tensor:
+        return mathops.abs(self)
+
+    def sin(self) -> Tensor:
+        return mathops.sin(self)
+
+    def cos(self) -> Tensor:
+        return mathops.cos(self)
+
+    def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False,
+             dtype: Any = None) -> Tensor:
+        return mathops.norm(self, p, dim, keepdim, dtype)
+
+    def where(self, condition: Any, other: Any) -> Tensor:
+        """torch's method form: ``self`` where ``condition``, ``other`` elsewhere."""
+        return mathops.where(condition, self, other)
+
+    def trace(self) -> Tensor:
+        return mathops.trace(self)
+
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+        return views.diagonal(self, offset, dim1, dim2)
+
+    def narrow(self, dim: int, start: int, length: int) -> Tensor:
+        return views.narrow(self, dim, start, length)
+
+    def expand(self, *sizes: Any) -> Tensor:
+        return views.expand(self, *sizes)
+
+    def expand_as(self, other: Any) -> Tensor:
+        return views.expand_as(self, other)
+
+    def t(self) -> Tensor:
+        return views.t(self)
+
+    # ---- new tensors like this one (torch's new_*: this dtype and device by default) ---------
+
+    def _defaults(self, dtype: Any, device: Any, requires_grad: bool) -> dict:
+        return {"dtype": self.data.dtype if dtype is None else dtype,
+                "device": self.device if device is None else device,
+                "requires_grad": requires_grad}
+
+    def new_zeros(self, *size: Any, dtype: Any = None, device: Any = None,
+                  requires_grad: bool = False) -> Tensor:
+        return creation.zeros(*size, **self._defaults(dtype, device, requires_grad))
+
+    def new_ones(self, *size: Any, dtype: Any = None, device: Any = None,
+                 requires_grad: bool = False) -> Tensor:
+        return creation.ones(*size, **self._defaults(dtype, device, requires_grad))
+
+    def new_empty(self, *size: Any, dtype: Any = None, device: Any = None,
+                  requires_grad: bool = False) -> Tensor:
+        return creation.empty(*size, **self._defaults(dtype, device, requires_grad))
+
+    def new_full(self, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
+                 requires_grad: bool = False) -> Tensor:
+        return creation.full(size, fill_value, **self._defaults(dtype, device, requires_grad))
+
+    def new_tensor(self, data: Any, *, dtype: Any = None, device: Any = None,
+                   requires_grad: bool = False) -> Tensor:
+        return creation.tensor(data, **self._defaults(dtype, device, requires_grad))
+
+    def type(self, dtype: Any = None, non_blocking: bool = False) -> Any:
+        """No argument: the legacy type name (``"minidist.FloatTensor"``); a dtype, a legacy
+        type (``minidist.LongTensor``) or its name: this tensor cast to it (torch's ``type``)."""
+        if dtype is None:
+            name = next((n for n, d in dtypes.LEGACY_TYPES.items() if d == self.data.dtype),
+                        None)
+            return f"minidist.{name}" if name else f"minidist.{self.data.dtype.name}"
+        if isinstance(dtype, str) and dtype.rsplit(".", 1)[-1] in dtypes.LEGACY_TYPES:
+            dtype = dtypes.LEGACY_TYPES[dtype.rsplit(".", 1)[-1]]
+        dtype = getattr(dtype, "legacy_dtype", dtype)
+        return elementwise.astype(self, dtype)
+
+    def bfloat16(self) -> Tensor:
+        return elementwise.astype(self, dtypes.bfloat16)
+
 
 # The op modules import Tensor from here, so they are imported after it is defined.
-from minidist.tensor import (autograd, creation, elementwise, functional, linalg,  # noqa: E402
-                             printing, random, reduce)
+from minidist.tensor import (autograd, creation, elementwise, functional, inplace,  # noqa: E402
+                             linalg, mathops, printing, random, reduce, views)
 from minidist.tensor import shape as shape_ops  # noqa: E402

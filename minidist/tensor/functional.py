@@ -19,7 +19,8 @@ from typing import Any
 import numpy
 
 from minidist import xp as backend
-from minidist.tensor import random
+from minidist.envvars import env
+from minidist.tensor import random, xent_cupy
 from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, as_array, error
 from minidist.tensor.reduce import normalize_axes
@@ -120,18 +121,26 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None,  # noqa: A002 
     if t.shape != (n,):
         raise ValueError(error("cross_entropy", f"target has shape {tuple(t.shape)} but input "
                                f"has shape {logits.shape}; target must be ({n},)."))
-    host = backend.to_host(t)
-    kept = host != ignore_index
-    if kept.any() and (int(host[kept].min()) < 0 or int(host[kept].max()) >= c):
-        bad = int(host[kept].min()) if int(host[kept].min()) < 0 else int(host[kept].max())
-        raise ValueError(error("cross_entropy", f"target holds class {bad}, outside [0, {c}) for "
-                               f"input with {c} classes (and not ignore_index={ignore_index}). "
-                               "Check the labels or the output size."))
+    xp = backend.get_array_module(logits.data)
+    if xp is not numpy:  # on a GPU: no host read unless asked for (MINIDIST_DEBUG=1)
+        t = xp.asarray(backend.move(t, logits.device))
+        if env("MINIDIST_DEBUG"):
+            _check_labels(backend.to_host(t, op="cross_entropy (label check, MINIDIST_DEBUG)"),
+                          c, ignore_index)
+        if weight is not None or label_smoothing:
+            return _cross_entropy_general(logits, t, t != ignore_index, weight, ignore_index,
+                                          reduction, label_smoothing)
+        if xent_cupy.available():
+            try:
+                return _cross_entropy_fused(logits, t, ignore_index, reduction)
+            except Exception as exc:  # compiling the kernels failed: the formulas, once warned
+                xent_cupy.give_up(exc)
+        return cross_entropy_on_device(logits, t, ignore_index, reduction)
+    host = numpy.asarray(t)
+    kept = _check_labels(host, c, ignore_index)
     if weight is not None or label_smoothing or not kept.all():
         return _cross_entropy_general(logits, host, kept, weight, ignore_index, reduction,
                                       label_smoothing)
-    xp = backend.get_array_module(logits.data)
-    t = xp.asarray(t)
     rows = xp.arange(n)
     shifted = logits.data - logits.data.max(axis=1, keepdims=True)
     e = xp.exp(shifted)
@@ -152,6 +161,80 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None,  # noqa: A002 
     return Tensor._make(out, (logits,), backward, "cross_entropy")
 
 
+def _check_labels(host: numpy.ndarray, c: int, ignore_index: int) -> numpy.ndarray:
+    """Raise unless every label is in [0, c) or ``ignore_index``; return the kept rows' mask."""
+    kept = host != ignore_index
+    if kept.any() and (int(host[kept].min()) < 0 or int(host[kept].max()) >= c):
+        bad = int(host[kept].min()) if int(host[kept].min()) < 0 else int(host[kept].max())
+        raise ValueError(error("cross_entropy", f"target holds class {bad}, outside [0, {c}) for "
+                               f"input with {c} classes (and not ignore_index={ignore_index}). "
+                               "Check the labels or the output size."))
+    return kept
+
+
+def cross_entropy_on_device(logits: Tensor, t: Any, ignore_index: int = -100,
+                            reduction: str = "mean") -> Tensor:
+    """Class-index cross-entropy that never reads a device value on the host: what
+    ``cross_entropy`` runs on a GPU (any array module: the tests run it on NumPy).
+
+    Nothing is decided on the host: rows with ``t == ignore_index`` are masked (they add 0,
+    and the mean divides by the kept rows' count, a device scalar), and a label outside
+    ``[0, C)`` makes that row's loss NaN instead of raising (checking it would need the labels
+    on the host; ``MINIDIST_DEBUG=1`` does that check and raises, as the CPU always does).
+
+        loss_i = (log(sum_c exp(x_ic - m_i)) - (x_i,t_i - m_i)) * kept_i     m_i = max_c x_ic
+        grad_ic = (softmax(x)_ic - [c == t_i]) * kept_i * g  (/ count for "mean")
+    """
+    xp = backend.get_array_module(logits.data)
+    n, c = logits.shape
+    kept = t != ignore_index
+    bad = kept & ((t < 0) | (t >= c))
+    safe = xp.where(kept & ~bad, t, 0)
+    rows = xp.arange(n)
+    shifted = logits.data - logits.data.max(axis=1, keepdims=True)
+    e = xp.exp(shifted)
+    sumexp = e.sum(axis=1, keepdims=True)
+    weight = kept.astype(logits.dtype)
+    weight = xp.where(bad, xp.asarray(numpy.nan, logits.dtype), weight)
+    losses = (xp.log(sumexp[:, 0]) - shifted[rows, safe]) * weight
+    count = weight.sum()  # kept rows (NaN when a label is bad: the mean is NaN too)
+    out = losses.sum() / count if reduction == "mean" else (losses.sum() if reduction == "sum"
+                                                             else losses)
+
+    def backward(g: Any) -> tuple:
+        grad = e / sumexp
+        grad[rows, safe] -= 1
+        scale = weight * g if reduction == "none" else weight * (g / count if reduction == "mean"
+                                                                 else g)
+        grad *= scale[:, None]
+        return (grad,)
+
+    return Tensor._make(out, (logits,), backward, "cross_entropy")
+
+
+def _cross_entropy_fused(logits: Tensor, t: Any, ignore_index: int,
+                         reduction: str) -> Tensor:  # pragma: no cover - needs a GPU
+    """``cross_entropy_on_device`` in two fused CuPy kernels (``xent_cupy``): one launch
+    forward (+ the reduction), one backward; nothing read on the host."""
+    xp = backend.get_array_module(logits.data)
+    n, c = logits.shape
+    x = xp.ascontiguousarray(logits.data)
+    t = t.astype(xp.int64, copy=False)
+    losses, m, s = xent_cupy.forward_kernel()(x, t, c, ignore_index, numpy.nan)
+    count = (t != ignore_index).sum(dtype=x.dtype) if reduction == "mean" else None
+    out = losses.sum() / count if reduction == "mean" else (losses.sum() if reduction == "sum"
+                                                             else losses)
+
+    def backward(g: Any) -> tuple:
+        scale = g if reduction == "none" else (g / count if reduction == "mean" else g)
+        scale = xp.ascontiguousarray(scale.astype(x.dtype, copy=False).reshape(-1))
+        grad = xent_cupy.backward_kernel()(x, m, s, t, scale, reduction == "none", c,
+                                           ignore_index, numpy.nan)
+        return (grad,)
+
+    return Tensor._make(out, (logits,), backward, "cross_entropy")
+
+
 def _class_weights(logits: Tensor, weight: Any) -> Any:
     """The (C,) weight array in the logits' dtype and device (ones when None)."""
     xp = backend.get_array_module(logits.data)
@@ -165,16 +248,19 @@ def _class_weights(logits: Tensor, weight: Any) -> Any:
     return w
 
 
-def _cross_entropy_general(logits: Tensor, t: numpy.ndarray, kept: numpy.ndarray, weight: Any,
+def _cross_entropy_general(logits: Tensor, t: Any, kept: Any, weight: Any,
                            ignore_index: int, reduction: str, eps: float) -> Tensor:
     """Class-index cross-entropy with class weights, ignore_index and label smoothing, built
-    from tape ops (torch's formula, its mean normalized by the kept rows' target weights)."""
+    from tape ops (torch's formula, its mean normalized by the kept rows' target weights).
+    ``t`` and ``kept`` are on the logits' device; on a GPU the labels are not checked (a bad
+    one makes its row's loss NaN, as in ``cross_entropy_on_device``)."""
     xp = backend.get_array_module(logits.data)
     n, c = logits.shape
     w = _class_weights(logits, weight)
     logp = log_softmax(logits, 1)
-    safe = xp.asarray(numpy.where(kept, t, 0))
-    keep = xp.asarray(kept).astype(logits.dtype)
+    bad = kept & ((t < 0) | (t >= c))
+    safe = xp.where(kept & ~bad, t, 0)
+    keep = xp.where(bad, xp.asarray(numpy.nan, logits.dtype), kept.astype(logits.dtype))
     wt = w[safe] * keep                                   # (N,) target weights, 0 if ignored
     nll = -(logp[xp.arange(n), safe] * Tensor(wt))        # (N,)
     smooth = -((logp * Tensor(w)).sum(axis=1) * Tensor(keep))
@@ -212,14 +298,19 @@ def nll_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # 
         raise ValueError(error("nll_loss", f"input must be (N, C) log-probabilities, got shape "
                                f"{input.shape}. Flatten extra dims into N first."))
     n, c = input.shape
-    t = backend.to_host(as_array(target))
-    if t.shape != (n,) or not numpy.issubdtype(t.dtype, numpy.integer):
+    t = as_array(target)
+    if tuple(t.shape) != (n,) or not numpy.issubdtype(t.dtype, numpy.integer):
         raise ValueError(error("nll_loss", f"target must be ({n},) integer class indices, got "
-                               f"shape {t.shape} dtype {t.dtype}."))
-    if n and (int(t.min()) < 0 or int(t.max()) >= c):
-        raise ValueError(error("nll_loss", f"target holds a class outside [0, {c}). Check the "
-                               "labels or the output size."))
-    losses = -input[numpy.arange(n), t]
+                               f"shape {tuple(t.shape)} dtype {t.dtype}."))
+    xp = backend.get_array_module(input.data)
+    if xp is numpy or env("MINIDIST_DEBUG"):  # on a GPU the check is a host read: debug only
+        host = backend.to_host(t, op="nll_loss (label check, MINIDIST_DEBUG)") \
+            if backend.is_device_array(t) else numpy.asarray(t)
+        if n and (int(host.min()) < 0 or int(host.max()) >= c):
+            raise ValueError(error("nll_loss", f"target holds a class outside [0, {c}). Check "
+                                   "the labels or the output size."))
+    idx = numpy.asarray(t) if xp is numpy else xp.asarray(backend.move(t, input.device))
+    losses = -input[xp.arange(n), idx]
     return losses.mean() if reduction == "mean" else (losses.sum() if reduction == "sum"
                                                       else losses)
 

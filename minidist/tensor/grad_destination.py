@@ -1,14 +1,35 @@
-"""GradDestination: a buffer reserved for a leaf's gradient (autograd.py writes into it).
+"""Where a leaf's gradient is written: a reserved buffer, and the ops that write it in place.
 
-DDP reserves each parameter's slot of a flat bucket this way, so backward writes every
-gradient where the all-reduce reads it, with no copy (autograd.py's module docstring).
+The backward walk (autograd.py) only accumulates: the first contribution of a backward is
+stored in ``leaf.grad``, the next ones are added into it. This module holds what lets that
+happen without extra copies; the walk asks it one thing (``store_first``), and the ops that
+can compute a leaf's whole gradient in one go ask it the other two::
+
+    leaf.grad_destination = GradDestination(buffer)   # DDP: the parameter's bucket slot
+
+    in an op's backward (linear, 2-D matmul, conv2d):
+        dest = claim_grad_destination(weight)         # None, or the reserved buffer
+        gw = mm(g.T, x) if dest is None else mm(g.T, x, out=dest.buffer, scale=dest.scale)
+        gw = adopt_grad(weight, gw)                   # no destination: the fresh array IS .grad
+
+    in the walk, for any other op's gradient:
+        leaf.grad = store_first(leaf, g)              # into the buffer (one pass), or a copy
+
+A claimed destination (or an adopted array) becomes ``leaf.grad`` at once, so the walk finds
+the op's result already in place (``g is leaf.grad``) and adds nothing; a second use of the
+same leaf in the same op gets no claim and is added onto it. Claims and adoption happen only
+while a backward that writes ``.grad`` runs (``writing.flags``): ``autograd.grad()`` returns
+gradients and never touches ``.grad`` or a destination.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-from minidist.tensor.core import error
+from minidist import xp as backend
+from minidist.tensor.core import Tensor, error
+
 
 
 class GradDestination:
@@ -24,8 +45,9 @@ class GradDestination:
         leaf.grad is an array ->  leaf.grad += scale * gradient    (in place, never rebound)
 
     So ``zero_grad(set_to_none=True)`` costs nothing and loses nothing: the next backward
-    fills the same buffer again. DDP reserves each parameter's slot of its bucket, with
-    ``scale = 1/n`` for a synced step (the average folded into the write: no separate pass).
+    fills the same buffer again. DDP reserves each parameter's slot of its bucket (scale 1);
+    its opt-in fast path ``hooks.prescaled_allreduce_hook`` sets ``scale = 1/n`` to fold the
+    average into this write.
 
     Args:
         buffer: a writable, C-contiguous float array of the leaf's shape (its dtype may differ
@@ -62,4 +84,66 @@ class GradDestination:
                 f"scale={self.scale})")
 
 
-__all__ = ["GradDestination"]
+class _Writing(threading.local):
+    """Per thread: one flag per backward running on it (innermost last): does it write
+    ``.grad`` (``run_backward``: True) or only return gradients (``grad()``: False)?"""
+
+    def __init__(self) -> None:
+        self.flags: list[bool] = []
+
+
+writing = _Writing()
+
+
+def claim_grad_destination(tensor: Tensor) -> GradDestination | None:
+    """For an op's backward: the buffer to write ``tensor``'s gradient into, or None.
+
+    Non-None only while a backward that writes ``.grad`` is running (not ``grad()``),
+    ``tensor`` is a leaf with a ``GradDestination`` and its ``.grad`` is None. The buffer
+    becomes ``tensor.grad`` at once (so a second claim in this backward gets None). The op
+    MUST write ``scale * gradient`` into ``dest.buffer`` and return ``dest.buffer`` itself
+    as that input's gradient; the walk then finds it in place::
+
+        dest = claim_grad_destination(weight)
+        gw = mm(g2.T, x2) if dest is None else mm(g2.T, x2, out=dest.buffer, scale=dest.scale)
+    """
+    dest = tensor._grad_dest
+    if dest is None or tensor._grad is not None or not writing.flags[-1]:
+        return None
+    tensor._grad = dest.buffer
+    return dest
+
+
+def adopt_grad(tensor: Tensor, g: Any) -> Any:
+    """For an op's backward: ``g``, a fresh array only this op made, becomes ``tensor.grad``
+    without a copy when it is the leaf's first gradient of a backward that writes ``.grad``
+    (and has the leaf's dtype). Returns ``g`` (the op returns it as usual)."""
+    if (tensor._grad is None and tensor._grad_dest is None and writing.flags[-1]
+            and g.dtype == tensor.data.dtype and g.shape == tensor.data.shape):
+        tensor._grad = g
+    return g
+
+
+def store_first(leaf: Tensor, g: Any) -> Any:
+    """The array that becomes ``leaf.grad`` for its first contribution ``g``: its reserved
+    buffer holding ``scale * g``, else a copy of ``g`` the leaf owns (an op may keep ``g``)."""
+    dest = leaf._grad_dest
+    if dest is None:
+        return g.astype(leaf.data.dtype, copy=True)
+    xp = backend.get_array_module(dest.buffer)
+    if dest.scale == 1.0:
+        xp.copyto(dest.buffer, g, casting="unsafe")
+    else:
+        xp.multiply(g, dest.scale, out=dest.buffer, casting="unsafe")
+    return dest.buffer
+
+
+def scale_of(leaf: Tensor) -> float:
+    """The factor every contribution to ``leaf``'s gradient is multiplied by (1.0 without a
+    destination)."""
+    dest = leaf._grad_dest
+    return 1.0 if dest is None else dest.scale
+
+
+__all__ = ["GradDestination", "adopt_grad", "claim_grad_destination", "scale_of",
+           "store_first", "writing"]

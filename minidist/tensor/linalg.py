@@ -8,8 +8,8 @@ For ``out = a @ b`` with ``a (..., n, k)`` and ``b (..., k, m)``::
 A 1-D left operand acts as a row ``(1, k)``, a 1-D right one as a column ``(k, 1)``; the added
 dim is dropped from the result and from the gradients. ``linear(x, W, b) = x @ W^T + b`` is one
 node, so its backward writes ``grad W = g^T @ x`` directly in W's (out, in) layout: into W's
-reserved gradient buffer when it has one (``autograd.claim_grad_destination``: a DDP bucket
-slot), as the GEMM's own output, with no copy; the bias gradient is summed into its slot too.
+reserved gradient buffer when it has one (``grad_destination.claim_grad_destination``: a DDP
+bucket slot), as the GEMM's own output, with no copy; the bias gradient is summed into its slot too.
 
 Under autocast (``autocast_mode``) all three run in float16. Every product goes through ``mm``,
 which emulates a float16 GEMM on the CPU (float32 BLAS, result rounded to float16): NumPy has no
@@ -25,9 +25,14 @@ import numpy
 
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
-from minidist.tensor import autograd
+from minidist.tensor import dtypes
 from minidist.tensor.core import Tensor, error, is_floating
 from minidist.tensor.elementwise import broadcast_message, unbroadcast
+from minidist.tensor.grad_destination import adopt_grad, claim_grad_destination
+
+
+LOW_PRECISION = (numpy.dtype(numpy.float16), dtypes.BFLOAT16_NUMPY)
+"""The 16-bit floats whose CPU products are emulated with float32 BLAS (see ``mm``)."""
 
 
 def mm(a: Any, b: Any, out: Any = None, scale: float = 1.0) -> Any:
@@ -46,67 +51,63 @@ def mm(a: Any, b: Any, out: Any = None, scale: float = 1.0) -> Any:
     output, with no temporary; another dtype than the product's is cast on the way.
     """
     xp = backend.get_array_module(a, b)
-    if a.dtype == numpy.float16 and b.dtype == numpy.float16 and xp is numpy:
+    if a.dtype in LOW_PRECISION and b.dtype == a.dtype and xp is numpy:  # bfloat16 alike
         with numpy.errstate(over="ignore", invalid="ignore"):  # inf, NaN: as on a device
             prod = numpy.matmul(a.astype(numpy.float32), b.astype(numpy.float32))
             if scale != 1.0:
                 prod *= numpy.float32(scale)
             if out is None:
-                return prod.astype(numpy.float16)
+                return prod.astype(a.dtype)
             numpy.copyto(out, prod, casting="unsafe")
             return out
-    scale_out = False
-    if scale != 1.0:
-        smallest = min(a.size, b.size, a.shape[0] * b.shape[-1])
-        if a.size == smallest:
-            a = a * a.dtype.type(scale)
-        elif b.size == smallest:
-            b = b * b.dtype.type(scale)
-        else:
-            scale_out = True
+    if scale != 1.0:  # the average folded into a weight gradient (DDP's prescaled hook)
+        return _scaled_mm(a, b, out, scale)
     if out is None:
-        res = xp.matmul(a, b)
-        if scale_out:
-            res *= res.dtype.type(scale)
-        return res
+        return xp.matmul(a, b)
     if out.dtype == xp.result_type(a, b):
         xp.matmul(a, b, out=out)
     else:
         xp.copyto(out, xp.matmul(a, b), casting="unsafe")
-    if scale_out:
-        out *= out.dtype.type(scale)
     return out
+
+
+def _scaled_mm(a: Any, b: Any, out: Any, scale: float) -> Any:
+    """``scale * (a @ b)`` with the scale on the smallest of the three arrays (no extra pass
+    over the product when an operand is smaller)."""
+    smallest = min(a.size, b.size, a.shape[0] * b.shape[-1])
+    if a.size == smallest:
+        return mm(a * a.dtype.type(scale), b, out)
+    if b.size == smallest:
+        return mm(a, b * b.dtype.type(scale), out)
+    res = mm(a, b, out)
+    res *= res.dtype.type(scale)
+    return res
 
 
 def sum_rows(g: Any, axis: int = 0, out: Any = None, scale: float = 1.0) -> Any:
     """``scale * g.sum(axis)``, into ``out`` if given; float16 is accumulated in float32 and
     rounded once (bias gradients)."""
-    xp = backend.get_array_module(g)
-    if g.dtype == numpy.float16:
+    if g.dtype in LOW_PRECISION:
         s = g.sum(axis=axis, dtype=numpy.float32)
         if scale != 1.0:
             s *= numpy.float32(scale)
         if out is None:
-            return s.astype(numpy.float16)
-        xp.copyto(out, s, casting="unsafe")
-    elif out is None:
-        s = g.sum(axis=axis)
-        if scale != 1.0:
-            s *= s.dtype.type(scale)
-        return s
-    else:
-        g.sum(axis=axis, out=out)
-        if scale != 1.0:
-            out *= out.dtype.type(scale)
+            return s.astype(g.dtype)
+        backend.get_array_module(g).copyto(out, s, casting="unsafe")
+        return out
+    out = g.sum(axis=axis, out=out)
+    if scale != 1.0:
+        out *= out.dtype.type(scale)
     return out
 
 
 def _mm_into(leaf: Tensor, a: Any, b: Any) -> Any:
     """``leaf``'s gradient ``a @ b``: into its reserved buffer if it has one (see
-    ``autograd.claim_grad_destination``), else a new array."""
-    dest = autograd.claim_grad_destination(leaf)
+    ``grad_destination.claim_grad_destination``), else a new array that becomes its
+    ``.grad`` when it is the first (``adopt_grad``)."""
+    dest = claim_grad_destination(leaf)
     if dest is None:
-        return mm(a, b)
+        return adopt_grad(leaf, mm(a, b))
     return mm(a, b, out=dest.buffer, scale=dest.scale)
 
 
@@ -127,11 +128,11 @@ def check_same_dtype(op: str, x: Tensor, weight: Tensor) -> None:
     must have the same dtype": NumPy would silently promote, and a float64 batch (NumPy's
     default) would run a float32 model in float64. Narrower inputs keep NumPy's promotion (a
     float32 batch into a float16 model with float32 masters, docs/amp.md)."""
-    if x.dtype == numpy.float64 and weight.dtype != numpy.float64 and \
-            is_floating(weight.dtype):
-        raise TypeError(error(op, f"input dtype {x.dtype} differs from weight dtype "
-                              f"{weight.dtype} (torch: mat1 and mat2 must have the same dtype). "
-                              f"Cast the input (x.float(), array.astype(numpy.{weight.dtype})) "
+    xd, wd = x.data.dtype, weight.data.dtype
+    if xd == numpy.float64 and wd != numpy.float64 and is_floating(wd):
+        raise TypeError(error(op, f"input dtype {xd} differs from weight dtype "
+                              f"{wd} (torch: mat1 and mat2 must have the same dtype). "
+                              f"Cast the input (x.float(), array.astype(numpy.{wd})) "
                               "or the model (.double()), or run under autocast."))
 
 
@@ -200,9 +201,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             return gx, gw
         gb = None
         if bias.requires_grad:
-            dest = autograd.claim_grad_destination(bias)
-            gb = sum_rows(g2) if dest is None else sum_rows(g2, out=dest.buffer,
-                                                            scale=dest.scale)
+            dest = claim_grad_destination(bias)
+            gb = adopt_grad(bias, sum_rows(g2)) if dest is None else \
+                sum_rows(g2, out=dest.buffer, scale=dest.scale)
         return gx, gw, gb
 
     return Tensor._make(out, parents, backward, "linear")

@@ -65,7 +65,7 @@ def max(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:  
     shape = x.data.shape
     if axis is None:
         flat = x.data.reshape(-1)
-        i = int(flat.argmax())
+        i = flat.argmax()  # stays on the device: int() here would synchronize
         out = flat[i].reshape((1,) * x.ndim if keepdims else ())
 
         def backward_all(g: Any) -> tuple:

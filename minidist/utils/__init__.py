@@ -6,11 +6,13 @@
     print(memory_report(model, optimizer, step=lambda: train_step(x, y)))
 
 Modules: ``checkpointing`` (torch.utils.checkpoint's two functions; the mechanism lives
-with the tape in ``minidist.tensor.checkpoint``), ``memory`` (the per-rank memory report).
+with the tape in ``minidist.tensor.checkpoint``), ``checkpoint`` (torch's module path for them,
+callable as the function), ``memory`` (the per-rank memory report).
 docs/memory.md explains both, with ZeRO-1 optimizer-state sharding (minidist.ddp.zero).
 """
 
-from minidist.utils.checkpointing import checkpoint, checkpoint_sequential
+from minidist.utils import checkpoint  # the module, callable as the function (torch's path)
+from minidist.utils.checkpointing import checkpoint_sequential
 from minidist.utils.memory import MemoryReport, memory_report
 
 __all__ = ["checkpoint", "checkpoint_sequential", "memory_report", "MemoryReport"]

@@ -43,6 +43,28 @@ def check(n, k, count, dtype, op, monkeypatch):
     return results
 
 
+def test_hier_float16_sum_within_the_summation_bound(monkeypatch):
+    """CPU twin of tests/cuda/test_cuda_ipc_gpu.py::test_hier_node_phases_over_cuda_ipc_four_
+    ranks: float16, 4 ranks in 2 nodes, the GPU script's inputs. hier sums within a node
+    first, so it may differ from the rank-order sum by roundings of partial sums: the check
+    is the summation error bound, which still catches a lost contribution."""
+    from tolerances import sum_error_bound
+
+    n, count = 4, (1 << 18) + 3
+    data = np.stack([(np.random.default_rng(r).standard_normal(count) * 8).astype(np.float16)
+                     for r in range(n)])
+    got = run_hier(data, ReduceOp.SUM, 2, monkeypatch)[0][0]
+    want = reference_reduce(list(data), ReduceOp.SUM)
+    bound = sum_error_bound(list(data), np.float16)
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    assert np.all(err <= bound), int(np.argmax(err - bound))
+    assert bound.max() < 0.25  # tight enough to matter: inputs are ~N(0, 64)
+    old = np.abs(want.astype(np.float64)) * 1e-2 + 1e-2  # the rtol = atol = 1e-2 check was
+    assert np.count_nonzero(err > old) > 0               # wrong: a few elements fail it
+    lost = reference_reduce(list(data[:3]), ReduceOp.SUM).astype(np.float64)  # rank 3 missing
+    assert np.mean(np.abs(lost - want) > bound) > 0.9
+
+
 @pytest.mark.parametrize("n", range(2, 9))
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_hier_float32_sum_every_shape(n, k, monkeypatch):

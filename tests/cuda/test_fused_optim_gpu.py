@@ -81,3 +81,46 @@ def test_flat_device_parameters_take_one_launch(cp, monkeypatch):
     opt.step()
     assert calls == [sum(sizes)] * 2
     assert float(cp.abs(flat_p).max()) > 0
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps, f: optim.AdamW(ps, lr=1e-2, fused=f),
+    lambda ps, f: optim.SGD(ps, lr=0.1, momentum=0.9, fused=f),
+])
+def test_unflattened_device_parameters_take_one_launch_per_step(cp, monkeypatch, make):
+    """18 separate device tensors: one multi-tensor launch per step through a cached plan
+    (CPU twin: tests/unit/test_fused_optim.py::test_unflattened_18_tensor_mlp_...)."""
+    from minidist.kernels import cuda as kcuda
+
+    rng = np.random.default_rng(0)
+    shapes = [(33, 17), (17,)] * 9
+    p0 = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    host = [Parameter(p.copy()) for p in p0]
+    dev = [Parameter(p.copy()) for p in p0]
+    for p in dev:
+        p.data = cp.asarray(p.data)
+    real = fused._CUDA.get()
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            def counted(*args):
+                calls.append(name)
+                return getattr(real, name)(*args)
+            return counted
+
+    opt_h, opt_d = make(host, False), make(dev, True)
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(6)]
+    for step, gs in enumerate(grads):
+        if step == 2:  # compiled and rehearsed by now: count from here
+            monkeypatch.setattr(fused._CUDA, "module", Counting())
+            plans = kcuda.PLAN_STATS.plans_built
+        for ph, pd, g in zip(host, dev, gs):
+            ph.grad = g
+            pd.grad = cp.asarray(g)
+        opt_h.step()
+        opt_d.step()
+    assert len(calls) == 4 and all(c.endswith("_multi_step") for c in calls), calls
+    assert kcuda.PLAN_STATS.plans_built - plans <= 4  # new grads, new addresses: a few plans
+    for ph, pd in zip(host, dev):
+        np.testing.assert_allclose(cp.asnumpy(pd.data), ph.data, rtol=1e-5, atol=1e-6)

@@ -57,8 +57,18 @@ def test_cpu_smoke_run_writes_json_and_tables(tmp_path):
     steps = result["train_step"]["rows"]
     assert [(r["model"], r["mode"]) for r in steps] == [("small", "fp32"), ("small", "amp"),
                                                         ("gemm", "fp32"), ("gemm", "amp")]
+    for r in steps:  # the counts are the device's: no host sync but the scaler's, ...
+        assert r["host_syncs"] == (1 if r["mode"] == "amp" else 0), r["host_sync_ops"]
+        assert r["weight_casts"] == (r["params"] if r["mode"] == "amp" else 0)
+        assert r["opt_launches"] == 1 and r["python_calls"] > 0
+    verdict = {t["target"]: t["pass"] for t in result["targets"]}
+    for target in ("no host sync in an fp32 step, one (the scaler's) in an AMP step",
+                   "an AMP step casts each weight at most once",
+                   "a fused optimizer step is one launch per (device, dtype)"):
+        assert verdict[target] is True, result["targets"]
     md = (tmp_path / "gpu_check.md").read_text()
     assert "| fp16_to_master | 4099 | fused |" in md and "minidist ms/step" in md
+    assert "host syncs | Python calls | weight casts | fused opt launches |" in md
     assert md == load().markdown(result)
 
 

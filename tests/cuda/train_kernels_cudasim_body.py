@@ -75,6 +75,63 @@ def test_adam_kernel_equals_default_path(decoupled):
         assert np.array_equal(v, opt.state[0]["exp_avg_sq"])
 
 
+MULTI_SHAPES = [(33, 7), (7,), (301,), (1,), (64, 2)]
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
+    lambda ps: optim.SGD(ps, lr=0.1),
+    lambda ps: optim.AdamW(ps, lr=1e-2),
+    lambda ps: optim.Adam(ps, lr=1e-2, weight_decay=0.05),
+])
+def test_multi_tensor_kernels_equal_default_path(make):
+    """The multi-tensor launch (one launch over separate allocations, through the table of
+    minidist.optim.multi_tensor) gives the default path's bits, tail runs included."""
+    from minidist.optim import multi_tensor
+
+    rng = np.random.default_rng(3)
+    p0 = [rng.standard_normal(s).astype(np.float32) for s in MULTI_SHAPES]
+    ref = [Parameter(p.copy()) for p in p0]
+    mine = [p.copy() for p in p0]
+    opt = make(ref)
+    sgd = isinstance(opt, optim.SGD)
+    momentum = sgd and opt.param_groups[0]["momentum"] != 0
+    state = [[np.zeros_like(p) for _ in range(1 if sgd else 2)] for p in mine]
+    for t in range(1, 4):
+        gs = [rng.standard_normal(p.shape).astype(np.float32) for p in mine]
+        for r, g in zip(ref, gs):
+            r.grad = g.copy()
+        opt.step()
+        group = opt.param_groups[0]
+        f = np.float32
+        if sgd:
+            items = [(p, g, s[0] if momentum else p) for p, g, s in zip(mine, gs, state)]
+            table = multi_tensor.table_of(items)
+            optim_cuda.sgd_multi_step(table.base, table.offsets, table.max_numel, f(group["lr"]),
+                                      f(group["momentum"]), f(1.0), f(group["weight_decay"]),
+                                      False, t == 1, launch=(2, 64))
+        else:
+            import math
+
+            lr, wd, (b1, b2), eps = group["lr"], group["weight_decay"], group["betas"], 1e-8
+            decoupled = isinstance(opt, optim.AdamW)
+            table = multi_tensor.table_of([(p, g, *s) for p, g, s in zip(mine, gs, state)])
+            optim_cuda.adam_multi_step(
+                table.base, table.offsets, table.max_numel, f(1 - lr * wd if decoupled else 1.0),
+                f(0.0 if decoupled else wd), f(b1), f(1 - b1), f(b2), f(1 - b2),
+                f(math.sqrt(1 - b2 ** t)), f(eps), f(lr / (1 - b1 ** t)), launch=(2, 64))
+        for p, r in zip(mine, ref):
+            assert np.array_equal(p, r.data), (t, np.abs(p - r.data).max())
+
+
+def test_multi_tensor_rehearsal_runs_on_a_private_table():
+    base = np.zeros(10, np.float32)
+    table = np.array([[0, 3, 6, 2]], np.int64)
+    optim_cuda.rehearse("sgd_multi_step", base, table, 2, np.float32(0.1), np.float32(0.9),
+                        np.float32(1.0), np.float32(0.0), False, True)
+    assert not base.any()  # the caller's arrays are not touched
+
+
 # ----------------------------------------------------------------------------- cuda_ipc reduce
 @pytest.mark.parametrize("n", [2, 3, 8])
 @pytest.mark.parametrize("dtype,op", [(np.float32, "sum"), (np.float16, "sum"),

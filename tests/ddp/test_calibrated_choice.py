@@ -6,7 +6,8 @@ import threading
 
 import numpy as np
 
-from minidist import comm, nn, trace
+from minidist import comm, nn
+from minidist import tracing as trace
 from minidist.comm.algorithms import calibrate, select
 from minidist.comm.transports.threads import run_threads
 from minidist.ddp import DistributedDataParallel

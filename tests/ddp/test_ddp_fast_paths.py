@@ -11,7 +11,8 @@ from minidist import comm, nn
 from minidist.comm.transports.threads import run_threads
 from minidist.ddp import DistributedDataParallel, auto_overlap
 from minidist.ddp.bucket import Bucket, ParamMeta, plan_buckets
-from minidist.ddp.reducer import Reducer, all_finite_fast
+from minidist.ddp.grad_checks import all_finite_fast
+from minidist.ddp.reducer import Reducer
 from minidist.tensor import Tensor
 
 
@@ -120,15 +121,24 @@ def test_ddp_backward_writes_grads_into_the_buckets_without_allocating_them(grou
     assert all(p.grad_destination is None for p in m.parameters())   # released with the hooks
 
 
+class RecordingGroup:
+    """A group whose "all-reduce" records the call and leaves the buffer as it is: what a SUM
+    gives when every peer contributed zeros."""
+
+    def __init__(self, size, calls):
+        self.size, self.calls = size, calls
+
+    def all_reduce(self, array, op="sum", algorithm=None, label=None):
+        self.calls.append(op)
+
+
 def reducer_for(params, world_size, reduce_calls):
-    """A Reducer over ``params`` whose "all-reduce" records the call and leaves the buffer as
-    it is: what a SUM gives when every peer contributed zeros."""
     names = [f"p{i}" for i in range(len(params))]
     specs = plan_buckets([ParamMeta(n, p.data.shape, str(p.data.dtype))
                           for n, p in zip(names, params)])
-    buckets = [Bucket(s, params, names, np.zeros(s.numel, np.float32)) for s in specs]
-    return Reducer(params, names, buckets, lambda buf, op: reduce_calls.append(op),
-                   world_size, overlap=False)
+    group = RecordingGroup(world_size, reduce_calls)
+    buckets = [Bucket(s, params, names, np.zeros(s.numel, np.float32), group) for s in specs]
+    return Reducer(params, names, buckets, overlap=False)
 
 
 def test_synced_step_writes_grad_over_n_into_the_slot_and_resets_after():
@@ -188,3 +198,83 @@ def test_conv_model_over_two_thread_ranks_matches_one_big_batch(group):
     for r in range(2):
         for g, p in zip(grads[r], ref.parameters()):
             np.testing.assert_allclose(g, p.grad, rtol=1e-5, atol=1e-6)
+
+
+# ---- the prescaled hook: the average folded into backward's write (a named fast path) ----
+
+def test_prescaled_hook_folds_the_average_into_the_write_and_resets_after():
+    from minidist.ddp.hooks import prescaled_allreduce_hook
+    m, ref = big_mlp(), big_mlp()
+    params = list(m.parameters())
+    calls = []
+    reducer = reducer_for(params, 2, calls)
+    reducer.comm_hook = prescaled_allreduce_hook
+    x = Tensor(np.random.default_rng(0).normal(size=(2, 256)).astype(np.float32))
+    (ref(x) ** 2).mean().backward()
+    for p in params:
+        p.grad = None
+    reducer.prepare_for_forward()
+    assert all(d.scale == 0.5 for d in (p.grad_destination for p in params))
+    loss = (m(x) ** 2).mean()
+    peak = backward_peak_bytes(loss.backward)
+    assert calls == ["sum"] * len(reducer.buckets)      # no divide pass: a SUM is the average
+    assert peak < m[0].weight.data.nbytes // 4, peak    # grad / n written, not copied in
+    for p, q in zip(params, ref.parameters()):
+        np.testing.assert_allclose(p.grad, q.grad / 2, rtol=1e-6, atol=1e-8)
+    assert all(p.grad_destination.scale == 1.0 for p in params)   # nothing averaged after
+    (m(x) ** 2).mean().backward()                        # no prepare: accumulates the full grad
+    for p, q in zip(params, ref.parameters()):
+        np.testing.assert_allclose(p.grad, 1.5 * q.grad, rtol=1e-5, atol=1e-8)
+    reducer.prepare_for_forward()                        # an accumulated slot keeps scale 1
+    assert all(p.grad_destination.scale == 1.0 for p in params)
+    (m(x) ** 2).mean().backward()                        # and is divided when it is ready
+    for p, q in zip(params, ref.parameters()):
+        np.testing.assert_allclose(p.grad, 2.5 * q.grad / 2, rtol=1e-5, atol=1e-8)
+    reducer.close()
+
+
+def test_observers_see_the_three_events_in_order():
+    from minidist.ddp.observers import ReducerObserver
+
+    class Recorder(ReducerObserver):
+        def __init__(self):
+            self.events = []
+
+        def bucket_ready(self, bucket):
+            self.events.append(("ready", bucket.index))
+
+        def bucket_reduced(self, bucket):
+            self.events.append(("reduced", bucket.index, bucket.state.name))
+
+        def step_end(self, reducer):
+            self.events.append(("end", reducer.num_syncs))
+
+    class OnlyEnd(ReducerObserver):
+        def step_end(self, reducer):
+            self.ends = getattr(self, "ends", 0) + 1
+
+    nn.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 300), nn.ReLU(), nn.Linear(300, 1000), nn.ReLU(),
+                      nn.Linear(1000, 2))
+    params = list(m.parameters())
+    calls = []
+    reducer = reducer_for(params, 2, calls)
+    nb = len(reducer.buckets)
+    assert nb >= 2
+    rec, end = Recorder(), OnlyEnd()
+    reducer.add_observer(rec)
+    reducer.add_observer(end)
+    assert reducer.observers() == [reducer._nonfinite, rec, end]
+    assert end.step_end in reducer._calls["step_end"] and not any(
+        getattr(c, "__self__", None) is end for c in reducer._calls["bucket_ready"])
+    x = Tensor(np.ones((2, 4), np.float32))
+    reducer.prepare_for_forward()
+    (m(x) ** 2).mean().backward()
+    assert rec.events == [("ready", b) for b in range(nb)] + [
+        ("reduced", b, "REDUCED") for b in range(nb)] + [("end", 1)]
+    assert end.ends == 1
+    reducer.remove_observer(rec)
+    reducer.prepare_for_forward()
+    (m(x) ** 2).mean().backward()
+    assert len(rec.events) == 2 * nb + 1 and end.ends == 2
+    reducer.close()

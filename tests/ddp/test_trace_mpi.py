@@ -1,4 +1,4 @@
-"""The step timeline (minidist/trace.py) of a real n=2 Trainer run: valid Chrome-trace JSON per
+"""The step timeline (minidist/tracing.py) of a real n=2 Trainer run: valid Chrome-trace JSON per
 rank and merged, one all-reduce event per bucket per step on the communication lane, and the
 compute spans of every step."""
 

@@ -11,7 +11,7 @@ import pytest
 
 import minidist as md
 from minidist.comm.env import LaunchInfo, apply_init_args, parse_init_method
-from procs import REPO, free_port, job_env, run_mpi, wait_job
+from procs import REPO, free_port, job_env, run_env_ranks, run_mpi, wait_job
 
 BODY = REPO / "tests" / "launch" / "spawn_body.py"
 
@@ -81,6 +81,28 @@ def test_apply_init_args():
     with pytest.raises(ValueError, match="the launcher \\(hydra\\) says rank=1, world_size=2"):
         apply_init_args(mpi, None, world_size=2, rank=0, env={})
     assert apply_init_args(mpi, None, world_size=2, rank=1, env={}).launcher == "hydra"
+    # the message names the launcher that set the variables, not a torchrun that is absent
+    ours = LaunchInfo("torchrun", 0, 2, 0, "127.0.0.1", 5, started_by="launch")
+    with pytest.raises(ValueError, match=re.escape("launcher (python -m minidist.launch) says")):
+        apply_init_args(ours, None, world_size=2, rank=1, env={})
+    by_hand = LaunchInfo("torchrun", 0, 2, 0, "127.0.0.1", 5)
+    with pytest.raises(ValueError, match="RANK/WORLD_SIZE in the environment"):
+        apply_init_args(by_hand, None, world_size=2, rank=1, env={})
+    # under minidist.multiprocessing.spawn the arguments win, as under torch's spawn
+    spawned = LaunchInfo("torchrun", 0, 1, 0, "127.0.0.1", 5, started_by="spawn")
+    info = apply_init_args(spawned, "tcp://10.0.0.1:7", world_size=2, rank=1, env={})
+    assert (info.launcher, info.rank, info.world_size, info.master_addr) == (
+        "explicit", 1, 2, "10.0.0.1")
+    assert apply_init_args(spawned, None, world_size=1, rank=0, env={}).launcher == "torchrun"
+
+
+def test_spawn_with_the_scripts_own_rank_and_world_size_across_two_nodes():
+    # imagenet's --multiprocessing-distributed on two "nodes": each spawns one worker, which
+    # passes rank=node, world_size=2 although its spawn set rank 0 of 1
+    job = run_env_ranks(2, [REPO / "tests" / "launch" / "spawn_multinode_script.py"],
+                        timeout_s=120)
+    assert job.returncode == 0, job.report()
+    assert "node 0 ok" in job.stdout and "node 1 ok" in job.stdout, job.report()
 
 
 @pytest.fixture

@@ -63,8 +63,10 @@ def test_autocast_nests_restores_and_is_per_device_type():
     def f(a):
         return a @ a
     assert f(x).dtype == F16 and (x @ x).dtype == F32
-    with pytest.raises(ValueError, match="dtype='bfloat16' is not supported"):
-        amp.autocast("cpu", dtype="bfloat16")
+    with pytest.raises(ValueError, match="dtype='float64' is not supported"):
+        amp.autocast("cpu", dtype="float64")
+    with pytest.raises(ValueError, match="CuPy has no bfloat16"):
+        amp.autocast("cuda", dtype="bfloat16")      # the CPU takes it (ml_dtypes)
     with pytest.raises(ValueError, match="device_type='gpu'"):
         amp.autocast("gpu")
 

@@ -71,5 +71,5 @@ def test_module_to_against_torch():
     torch = pytest.importorskip("torch")
     tm = torch.nn.Linear(3, 2).double()
     mm = nn.Linear(3, 2).double()
-    assert str(tm.weight.dtype).removeprefix("torch.") == str(mm.weight.dtype)
+    assert str(tm.weight.dtype).removeprefix("torch.") == str(mm.weight.dtype).removeprefix("minidist.")
     assert str(torch.device("cuda:1")) == str(minidist.device("cuda:1"))

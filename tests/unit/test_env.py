@@ -70,7 +70,7 @@ def test_cuda_aware_env_parsing():
 
 def test_log_prefix_comes_from_the_launcher_before_init(monkeypatch):
     """A process that builds its transport itself (no init_process_group) still logs its rank."""
-    from minidist import log
+    from minidist import logger as log
     monkeypatch.setattr(log, "_rank", None)
     for k in ("RANK", "WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK",
               "OMPI_COMM_WORLD_SIZE"):

@@ -26,6 +26,7 @@ BAD = {
     "MINIDIST_SHM_CHUNK_BYTES": "64MiB", "MINIDIST_SHM_SMALL_BYTES": "x",
     "MINIDIST_SHM_PIECE_BYTES": "1.5", "MINIDIST_STAGE_CHUNK_BYTES": "0",
     "MINIDIST_CUDA_JIT": "cupy", "MINIDIST_CUDA_LAUNCH": "fast", "MINIDIST_LAUNCH_FD": "x",
+    "MINIDIST_LAUNCHER": "torchrun",
 }
 
 
@@ -84,7 +85,7 @@ def test_bad_timeout_fails_at_import_with_the_one_line():
 
 
 def test_debug_true_means_on():
-    out = _python("from minidist.log import debug_level; print(debug_level())",
+    out = _python("from minidist.logger import debug_level; print(debug_level())",
                   MINIDIST_DEBUG="true")
     assert out.stdout.strip() == "1", out.stderr
 

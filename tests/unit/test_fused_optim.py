@@ -136,6 +136,14 @@ class CountingKernels:
         self.calls.append(p.size)
         self.real.adam_step(p, *args)
 
+    def sgd_multi_step(self, base, table, *args):  # one call for many tensors: their numel
+        self.calls.append(int(table[:, -1].sum()))
+        self.real.sgd_multi_step(base, table, *args)
+
+    def adam_multi_step(self, base, table, *args):
+        self.calls.append(int(table[:, -1].sum()))
+        self.real.adam_multi_step(base, table, *args)
+
 
 @needs_numba
 @pytest.mark.parametrize("reverse_grads", [False, True])
@@ -167,10 +175,9 @@ def test_flat_parameters_and_grads_take_one_call(monkeypatch, reverse_grads):
             p.grad = g
         opt.step()
         opt_ref.step()
-    if reverse_grads:  # params and grads run in opposite directions: one call per tensor
-        assert counter.calls == [sizes[k] for k in order] * 3
-    else:
-        assert counter.calls == [sum(sizes)] * 3
+    # params and grads in opposite directions are one run per tensor, and the runs one
+    # multi-tensor call: one call per step either way
+    assert counter.calls == [sum(sizes)] * 3
     assert_same_bits(params, ref)
     sd = opt.state_dict()  # per-parameter views of the flat state, torch's layout
     assert sorted(sd["state"]) == list(range(len(SHAPES)))
@@ -280,8 +287,8 @@ def test_flatten_parameters_one_call_per_step_same_bits(monkeypatch):
     train_steps(plain, optim.AdamW(plain.parameters(), lr=1e-2, fused=True))
     calls_plain = len(counter.calls)
     train_steps(flat, optim.AdamW(flat.parameters(), lr=1e-2, fused=True))
-    assert calls_plain == 4 * len(params)
-    assert counter.calls[calls_plain:] == [buffer.size] * 4  # one call per step
+    assert counter.calls[:calls_plain] == [buffer.size] * 4  # a multi-tensor call per step
+    assert counter.calls[calls_plain:] == [buffer.size] * 4  # one flat call per step
     assert_same_bits(list(plain.parameters()), params)
 
 
@@ -311,7 +318,8 @@ def test_flatten_parameters_under_ddp_one_call_per_bucket(group, monkeypatch):
     counter.calls.clear()
     flat = run_threads(2, lambda t: body(t, True), timeout_s=60)
     buckets = flat[0][1]
-    assert 1 < buckets < 6 and len(counter.calls) == 2 * 3 * buckets  # ranks x steps x buckets
+    # ranks x steps: the buckets' runs go to one multi-tensor call
+    assert 1 < buckets < 6 and len(counter.calls) == 2 * 3
     for (a, _), (b, _) in zip(plain, flat):
         for x, y in zip(a, b):
             assert np.array_equal(x, y)
@@ -364,6 +372,8 @@ def test_a_kernel_that_fails_to_compile_falls_back_with_the_same_bits(monkeypatc
         def adam_step(self, *args):
             raise AttributeError("module 'numpy' has no attribute 'row_stack'")
 
+        adam_multi_step = adam_step
+
     backend = CompiledBackend("numba-cpu", "unused", "fix it")
     backend.module, backend.state = Broken(), LoadState.READY
     monkeypatch.setattr(fused, "_CPU", backend)
@@ -371,3 +381,50 @@ def test_a_kernel_that_fails_to_compile_falls_back_with_the_same_bits(monkeypatc
         a, b, _, _ = run_pair(lambda ps, f: optim.AdamW(ps, fused=f), np.float32, steps=3)
     assert_same_bits(a, b)
     assert backend.get() is None
+
+
+def mlp18(seed=0):
+    """9 Linear layers: 18 parameter tensors, each its own allocation (not flattened)."""
+    from minidist import nn
+
+    nn.manual_seed(seed)
+    layers = []
+    for k in range(9):
+        layers += [nn.Linear(6 if k == 0 else 12, 3 if k == 8 else 12), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+@needs_numba
+@pytest.mark.parametrize("make", [
+    lambda ps, f: optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-3, fused=f),
+    lambda ps, f: optim.SGD(ps, lr=0.05, fused=f),
+    lambda ps, f: optim.AdamW(ps, lr=1e-2, fused=f),
+    lambda ps, f: optim.Adam(ps, lr=1e-2, weight_decay=0.01, fused=f),
+])
+def test_unflattened_18_tensor_mlp_is_one_compiled_call_per_step(monkeypatch, make):
+    """torch's multi-tensor apply: one call per (device, dtype) group per step over separate
+    allocations, through a multi-tensor table, with the default path's bits."""
+    plain, fast = mlp18(), mlp18()
+    assert len(list(fast.parameters())) == 18
+    counter = count_calls(monkeypatch)
+    train_steps(plain, make(plain.parameters(), False), steps=4)
+    assert counter.calls == []
+    train_steps(fast, make(fast.parameters(), True), steps=4)
+    numel = sum(p.data.size for p in fast.parameters())
+    assert counter.calls == [numel] * 4  # at most two per step asked; one here (one dtype)
+    assert_same_bits(list(plain.parameters()), list(fast.parameters()))
+
+
+@needs_numba
+def test_two_dtypes_are_two_calls_per_step(monkeypatch):
+    counter = count_calls(monkeypatch)
+    ps = make_params(np.float32) + make_params(np.float64, seed=1)
+    ref = make_params(np.float32) + make_params(np.float64, seed=1)
+    opt, opt_ref = optim.AdamW(ps, fused=True), optim.AdamW(ref)
+    for step in range(3):
+        for p, r, g in zip(ps, ref, grads_for(ps, step)):
+            p.grad, r.grad = g.copy(), g.copy()
+        opt.step()
+        opt_ref.step()
+    assert len(counter.calls) == 2 * 3
+    assert_same_bits(ps, ref)

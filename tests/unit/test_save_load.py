@@ -53,7 +53,46 @@ def test_missing_file_and_foreign_file_raise_clearly(tmp_path):
         minidist.save({"f": print}, tmp_path / "bad.npz")
     with pytest.raises(TypeError, match="map_location"):
         minidist.save({}, tmp_path / "ok.npz") or minidist.load(tmp_path / "ok.npz",
-                                                                map_location={"cuda:0": "cpu"})
+                                                                map_location=lambda s, loc: s)
+
+
+def test_map_location_dict_as_the_ddp_tutorial_passes_it(tmp_path):
+    minidist.save({"w": np.ones(2, np.float32)}, tmp_path / "w.pt")
+    state = minidist.load(tmp_path / "w.pt", map_location={"cuda:0": "cpu"})
+    np.testing.assert_array_equal(state["w"], np.ones(2))
+    with pytest.raises(ValueError, match="one target device"):
+        minidist.load(tmp_path / "w.pt", map_location={"cuda:0": "cpu", "cuda:1": "cuda:0"})
+
+
+def test_whole_module_pickles_and_loads_only_with_weights_only_false(tmp_path):
+    import pickle
+
+    from minidist import nn
+    minidist.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.LSTM(4, 2))
+    x = minidist.randn(5, 3)
+    model[0](x).sum().backward()                     # a gradient is saved with its parameter
+    minidist.save(model, tmp_path / "model.pt")
+    with pytest.raises(pickle.UnpicklingError, match="weights_only=False"):
+        minidist.load(tmp_path / "model.pt")
+    with pytest.raises(pickle.UnpicklingError, match="weights_only=False"):
+        minidist.load(tmp_path / "model.pt", weights_only=True)
+    loaded = minidist.load(tmp_path / "model.pt", weights_only=False)
+    assert type(loaded) is nn.Sequential and isinstance(loaded[1], nn.LSTM)
+    for (n, a), (m, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert n == m
+        np.testing.assert_array_equal(a.data if hasattr(a, "data") else a,
+                                      b.data if hasattr(b, "data") else b)
+    np.testing.assert_array_equal(loaded[0].weight.grad, model[0].weight.grad)
+    assert isinstance(loaded[0].weight, nn.Parameter) and loaded[0].weight.requires_grad
+    bundle = minidist.load(_save(tmp_path / "b.pt", {"model": model, "epoch": 3}),
+                           weights_only=False)
+    assert bundle["epoch"] == 3 and isinstance(bundle["model"], nn.Sequential)
+
+
+def _save(path, obj):
+    minidist.save(obj, path)
+    return path
 
 
 @pytest.mark.mpi

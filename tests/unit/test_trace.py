@@ -1,4 +1,4 @@
-"""The step-timeline collector (minidist/trace.py) in one process: API, files, merge, and a
+"""The step-timeline collector (minidist/tracing.py) in one process: API, files, merge, and a
 one-rank Trainer run with TrainerConfig(trace_dir=...)."""
 
 import json
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import minidist
-from minidist import nn, optim, trace
+from minidist import nn, optim
+from minidist import tracing as trace
 from minidist.data import ArrayDataset
 from minidist.tensor import Tensor
 from minidist.trainer import Trainer, TrainerConfig

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from minidist.comm.algorithms import select
-from minidist.log import get_logger
+from minidist.logger import get_logger
 from minidist.version import __version__
 from minidist.envvars import env
 
@@ -327,11 +327,10 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
     while s <= max_bytes:
         sizes.append(s)
         s *= 4
-    native, has_shm = group.planner.native, group.planner.shm is not None
-    names = [c for c in select.CANDIDATES if (c != "mpi" or native) and (c != "shm" or has_shm)]
     count = max_bytes // 4
     kinds = {"plain": np.zeros(count, np.float32)}
-    if has_shm:
+    names = group.planner.candidates(kinds["plain"])  # the registry's usable candidates
+    if "shm" in names:
         kinds["shared"] = shm_alloc_buffer(group.transport, count, np.float32)
     base = np.random.default_rng(7 + group.rank).standard_normal(count).astype(np.float32)
     out: dict = {k: {} for k in kinds}

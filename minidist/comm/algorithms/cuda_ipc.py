@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from minidist import xp as backend
+from minidist.comm.algorithms.registry import Algorithm
 from minidist.comm.algorithms.ring import ring_all_gather
 from minidist.comm.algorithms.shm import line_aligned_bounds
 from minidist.comm.errors import CollectiveMismatch
@@ -303,9 +304,12 @@ def cuda_ipc_available(transport: Transport, buf: Any, tag: int = 0) -> bool:
     return True
 
 
-# The staging pipeline (minidist.comm.staging) must hand this algorithm the device buffer.
-cuda_ipc_all_reduce.takes_device_buffers = True  # type: ignore[attr-defined]
+# Device buffers on one node: "auto" takes it before weighing the host algorithms, and the
+# planner hands it the device buffer itself (no staging through host memory).
+CUDA_IPC = Algorithm("cuda_ipc", cuda_ipc_all_reduce, usable=cuda_ipc_available,
+                     candidate=False, takes_device_buffers=True,
+                     preferred="device buffer, ranks on one node: CUDA IPC windows")
 
-__all__ = ["cuda_ipc_all_reduce", "cuda_ipc_all_gather", "cuda_ipc_available",
+__all__ = ["CUDA_IPC", "cuda_ipc_all_reduce", "cuda_ipc_all_gather", "cuda_ipc_available",
            "check_cuda_ipc", "run_cuda_ipc", "run_ipc_all_gather", "CudaIpcWindows", "Windows",
            "MAX_RANKS"]

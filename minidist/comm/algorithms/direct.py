@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from minidist.comm.algorithms.registry import Algorithm, model
 from minidist.comm.algorithms.scratch import scratch
 from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.transports.base import Transport
@@ -37,3 +38,13 @@ def direct_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0
             transport.send(buf, 0, tag)
             transport.recv(buf, 0, tag)
     finalize(buf, op, n)
+
+
+def direct_cost(n: int, k: float, a: float, b: float, g: float) -> float:
+    """Modelled time: 2(n-1) messages of K bytes through rank 0, (n-1) reductions of K."""
+    return 2 * (n - 1) * (a + k * b) + (n - 1) * k * g
+
+
+# The oracle every test compares with, not a contender of "auto".
+DIRECT = Algorithm("direct", direct_all_reduce, cost=direct_cost, constants=model(5.0, 2.5e-4),
+                   candidate=False)

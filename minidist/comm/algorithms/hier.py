@@ -53,6 +53,7 @@ from minidist import xp as backend
 from minidist.comm.algorithms.cuda_ipc import MAX_RANKS, cuda_ipc_all_gather, \
     cuda_ipc_all_reduce, cuda_ipc_available
 from minidist.comm.algorithms.recursive_doubling import rd_all_reduce
+from minidist.comm.algorithms.registry import Algorithm
 from minidist.comm.algorithms.ring import chunk_bounds, ring_all_reduce
 from minidist.comm.algorithms.scratch import scratch
 from minidist.comm.algorithms.shm import shm_all_gather, shm_all_reduce, shm_available
@@ -271,7 +272,14 @@ def hier_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) 
     finalize(buf, op, n)
 
 
-# It stages what it must itself (phase (2) only, when the nodes have CUDA IPC).
-hier_all_reduce.takes_device_buffers = True  # type: ignore[attr-defined]
+def hier_usable(transport: Transport, buf: Any, stream: int) -> bool:
+    """True when the ranks span several nodes (one node: nothing to save)."""
+    return detect_topology(transport).num_nodes > 1
 
-__all__ = ["hier_all_reduce", "Members", "members", "RD_MAX_BYTES"]
+
+# "auto" reaches it by the several-nodes rule (select.choose_for_nodes), not by the model. It
+# stages what it must itself (phase (2) only, when the nodes have CUDA IPC).
+HIER = Algorithm("hier", hier_all_reduce, usable=hier_usable, candidate=False,
+                 takes_device_buffers=True)
+
+__all__ = ["HIER", "hier_all_reduce", "Members", "members", "RD_MAX_BYTES"]

@@ -22,11 +22,13 @@ dtypes and even counts silently).
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
 import numpy as np
 
+from minidist.comm.algorithms.registry import Algorithm, model
 from minidist.comm.errors import CollectiveMismatch, CommError, CommTimeout
 from minidist.comm.ops import ReduceOp, finalize
 from minidist.comm.transports.base import Transport, has_fingerprint, wait_until
@@ -171,4 +173,17 @@ def mpi_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
     native_all_reduce(transport).all_reduce(buf, op, tag)
 
 
-__all__ = ["mpi_all_reduce", "native_all_reduce", "supports_native", "NativeAllReduce"]
+def mpi_usable(transport: Transport, buf: Any, stream: int) -> bool:
+    """"auto" may pick "mpi" on the MPI transport (any buffer it can read, any stream)."""
+    return transport.mpi is not None
+
+
+def mpi_cost(n: int, k: float, a: float, b: float, g: float) -> float:
+    """Modelled time: 2 ceil(log2 n) latencies, 2K(n-1)/n bytes sent, K(n-1)/n reduced."""
+    return 2 * math.ceil(math.log2(n)) * a + 2 * k * (n - 1) / n * b + k * (n - 1) / n * g
+
+
+MPI = Algorithm("mpi", mpi_all_reduce, usable=mpi_usable, cost=mpi_cost,
+                constants=model(3.0, 3.0e-4))
+
+__all__ = ["mpi_all_reduce", "native_all_reduce", "supports_native", "NativeAllReduce", "MPI"]

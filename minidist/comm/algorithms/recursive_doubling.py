@@ -28,8 +28,10 @@ Rabenseifner each element is reduced by one rank and then copied.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from minidist.comm.algorithms.registry import Algorithm, model
 from minidist.comm.algorithms.scratch import scratch
 from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.transports.base import Transport
@@ -104,3 +106,17 @@ def rd_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) ->
         if r < 2 * rem:
             transport.send(buf, r - 1, tag)
     finalize(buf, op, n)
+
+
+def rd_cost(n: int, k: float, a: float, b: float, g: float) -> float:
+    """Modelled time: doubling log2(p)(a + Kb + Kg), Rabenseifner 2 log2(p) a + 2K(p-1)/p b +
+    K(p-1)/p g (p = 2^floor(log2 n)), plus a fold 2a + 2Kb + Kg when n is not a power of two."""
+    p = 1 << (n.bit_length() - 1)
+    lg = math.log2(p)
+    fold = 0.0 if p == n else 2 * a + 2 * k * b + k * g
+    if uses_halving(int(k), int(k), n):  # numel >= p holds for any K worth halving
+        return fold + 2 * lg * a + 2 * k * (p - 1) / p * b + k * (p - 1) / p * g
+    return fold + lg * (a + k * b + k * g)
+
+
+RD = Algorithm("rd", rd_all_reduce, cost=rd_cost, constants=model(5.0, 2.5e-4))

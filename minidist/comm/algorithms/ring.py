@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from minidist.comm.algorithms.registry import Algorithm, model
 from minidist.comm.algorithms.scratch import scratch
 from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.transports.base import Transport
@@ -77,3 +78,11 @@ def ring_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) 
         ring_reduce_scatter(transport, buf, op, tag)
         ring_all_gather(transport, buf, tag)
     finalize(buf, op, transport.size)
+
+
+def ring_cost(n: int, k: float, a: float, b: float, g: float) -> float:
+    """Modelled time: 2(n-1) messages, 2K(n-1)/n bytes sent, K(n-1)/n reduced per rank."""
+    return 2 * (n - 1) * a + 2 * k * (n - 1) / n * b + k * (n - 1) / n * g
+
+
+RING = Algorithm("ring", ring_all_reduce, cost=ring_cost, constants=model(6.0, 2.5e-4))

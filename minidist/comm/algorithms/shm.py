@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from minidist.comm.algorithms.registry import Algorithm, model
 from minidist.comm.errors import CollectiveMismatch, CommError
 from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.topology import detect_topology
@@ -388,6 +389,22 @@ def shm_is_shared(transport: Transport, buf: Any) -> bool:
 _AVAILABLE: "weakref.WeakKeyDictionary[Transport, bool]" = weakref.WeakKeyDictionary()
 
 
-__all__ = ["shm_all_reduce", "shm_all_gather", "shm_alloc_buffer", "shm_close", "shm_available", "shm_is_shared",
+def shm_usable(transport: Transport, buf: Any, stream: int) -> bool:
+    """"auto" may pick "shm": the process group set up this transport's shared-memory node
+    (``shm_available``), ``buf`` is a NumPy array and the call is on stream 0."""
+    return type(buf) is np.ndarray and not stream and _AVAILABLE.get(transport, False)
+
+
+def shm_cost(n: int, k: float, a: float, b: float, g: float) -> float:
+    """Modelled time: 2 barriers (a), K bytes copied in and out (b), K(n-1)/n reduced."""
+    return 2 * a + k * b + k * (n - 1) / n * g
+
+
+# "shm_zc": the same formula with its own constants, for a buffer already in a shared window.
+SHM = Algorithm("shm", shm_all_reduce, usable=shm_usable, cost=shm_cost,
+                constants=model(8.0, 2.5e-4), variants={"shm_zc": model(8.0, 1.0e-4)})
+
+
+__all__ = ["SHM", "shm_usable", "shm_all_reduce", "shm_all_gather", "shm_alloc_buffer", "shm_close", "shm_available", "shm_is_shared",
            "shm_owns", "line_aligned_bounds",
            "CHUNK_BYTES"]

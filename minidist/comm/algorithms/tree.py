@@ -17,8 +17,10 @@ with identical bits. ``tree_reduce`` and ``tree_broadcast`` are reused by ``redu
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from minidist.comm.algorithms.registry import Algorithm, model
 from minidist.comm.algorithms.scratch import scratch
 from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.transports.base import Transport
@@ -66,3 +68,12 @@ def tree_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) 
         tree_reduce(transport, buf, op, 0, tag)
         tree_broadcast(transport, buf, 0, tag)
     finalize(buf, op, transport.size)
+
+
+def tree_cost(n: int, k: float, a: float, b: float, g: float) -> float:
+    """Modelled time: 2 ceil(log2 n) messages of K bytes, ceil(log2 n) reductions of K."""
+    lg = math.ceil(math.log2(n))
+    return 2 * lg * (a + k * b) + lg * k * g
+
+
+TREE = Algorithm("tree", tree_all_reduce, cost=tree_cost, constants=model(5.0, 2.5e-4))

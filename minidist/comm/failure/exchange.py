@@ -43,7 +43,7 @@ from minidist.comm.diagnosis.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, du
 from minidist.comm.failure.leaving import bye_payload, parse_bye, peer_exited, peer_left
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_DONE, SIDE_FAIL,
                                            Transport, has_fingerprint)
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger("minidist.comm.failure")  # the name users filter on (docs/troubleshooting.md)
 

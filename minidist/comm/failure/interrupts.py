@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from minidist import log as mdlog
+from minidist import logger as mdlog
 from minidist.comm.failure import report
 from minidist.comm.failure.advice import failure_peers
 from minidist.comm.failure import notice

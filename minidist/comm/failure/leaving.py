@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from minidist.comm.errors import PeerExited
 from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_FAIL
-from minidist.log import rank_prefix
+from minidist.logger import rank_prefix
 
 UNKNOWN_EXIT = -1  # the BYE's exit code of a rank whose script returned or raised SystemExit:
                    # Python does not show that code inside the process (only its parent sees it)

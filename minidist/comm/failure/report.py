@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from minidist.comm.errors import CommError
-from minidist.log import debug_level
+from minidist.logger import debug_level
 
 _PACKAGE = str(Path(__file__).resolve().parents[1])  # .../minidist
 

@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-from minidist import log as mdlog
+from minidist import logger as mdlog
 from minidist.comm.failure import interrupts
 from minidist.comm.errors import CommError
 from minidist.comm.failure import notice

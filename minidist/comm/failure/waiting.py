@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger("minidist.comm.failure")
 

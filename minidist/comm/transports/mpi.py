@@ -41,7 +41,7 @@ from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, Request, SideChann
                                            stream_of, wait_until)
 from minidist.comm.transports.mpi_library import (load_mpi, mpi_cuda_aware,  # noqa: F401
                                                   parse_cuda_aware_env)  # (re-exported)
-from minidist.log import get_logger
+from minidist.logger import get_logger
 from minidist.envvars import env, raw
 
 log = get_logger(__name__)

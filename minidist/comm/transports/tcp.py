@@ -58,7 +58,7 @@ from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, POLL_S, Request, S
                                            Transport, stream_of)
 from minidist.comm.transports.tcp_rendezvous import Mesh
 from minidist.envvars import env
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger(__name__)
 

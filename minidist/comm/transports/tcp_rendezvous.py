@@ -43,7 +43,7 @@ from minidist.comm.errors import CommError, CommTimeout
 from minidist.comm.failure.policy import FailurePolicy
 from minidist.comm.failure.waiting import notice_text
 from minidist.envvars import env
-from minidist.log import get_logger
+from minidist.logger import get_logger
 
 log = get_logger("minidist.comm.transports.tcp")  # one logger name for the TCP transport
 WAIT_NOTICE_S = FailurePolicy.wait_notice_s  # a long rendezvous says whom it waits for

@@ -1,6 +1,6 @@
 """Rank-prefixed logging for every layer: ``[rank r/N] message`` on the "minidist" logger.
 
-    from minidist.log import get_logger
+    from minidist.logger import get_logger
     log = get_logger(__name__)          # a child of the "minidist" logger
     log.info("bucket plan: %d buckets", n)
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from minidist.envvars import env
 
@@ -78,3 +79,8 @@ def get_logger(name: str = "minidist") -> logging.Logger:
     if not name.startswith("minidist"):
         name = "minidist." + name
     return logging.getLogger(name)
+
+
+# This module was minidist/log.py; ``minidist.log`` is now torch's function, and the old
+# import path (``from minidist.log import ...``) still finds this module.
+sys.modules.setdefault("minidist.log", sys.modules[__name__])
