@@ -38,7 +38,7 @@ on with the others: ``shm`` and the ``*_zc`` rows when the ranks span several no
 memory is one node's), ``mpi``/``mpi_raw``/``*_zc`` under ``--backend tcp``. Across real nodes
 (e.g. ``python -m minidist.testing.cluster``, docs/launching.md) ``hier`` is the row to watch.
 
-``X-off`` runs X with the collective ledger and fingerprints turned off for that call (what
+``X-off`` runs X with no observer of the call (no ledger entry: what
 ``MINIDIST_LEDGER=0`` does for a whole job); ``--ledger-compare`` adds ``X-off`` beside every
 X and prints the on/off ratio of the medians per size (both measured interleaved, one run).
 """
@@ -99,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
     p.add_argument("--quick", action="store_true", help="x4 steps, <= 20 iters, 1 warm-up")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--ledger-compare", action="store_true",
-                   help="add X-off (ledger and fingerprints off) beside every algorithm X")
+                   help="add X-off (no ledger entry) beside every algorithm X")
     p.add_argument("--burst", type=int, default=1,
                    help="calls per timed sample, back to back (no barrier or input restore "
                         "between them: warm caches, as in a training loop); time is per call")
@@ -148,7 +148,7 @@ def base_algorithm(name: str) -> str:
 
 def make_runner(group: Any, name: str) -> Callable:
     """run(buf, op) for an algorithm name; ``X_zc`` runs X (``shm_zc``: shm) on a shared buffer,
-    ``X-off`` runs X with the ledger and fingerprints off for that call (MINIDIST_LEDGER=0)."""
+    ``X-off`` runs X unobserved (no ledger entry, as with MINIDIST_LEDGER=0)."""
     if name == RAW_MPI:  # mpi4py's Allreduce straight on the communicator: no minidist at all
         comm, mpi = group.transport.comm, group.transport.MPI
         ops = {"sum": mpi.SUM, "max": mpi.MAX, "min": mpi.MIN, "prod": mpi.PROD}
@@ -158,14 +158,9 @@ def make_runner(group: Any, name: str) -> Callable:
         return run_raw
     algo = base_algorithm(name)
     if name.endswith("-off"):
-        ledger = group.ledger
-
         def run_off(buf: Any, op: str) -> None:
-            ledger.enabled = False  # every rank toggles alike: same interleaving everywhere
-            try:
+            with group.calls.unobserved():  # every rank alike: same interleaving everywhere
                 group.all_reduce(buf, op=op, algorithm=algo)
-            finally:
-                ledger.enabled = True
         return run_off
 
     def run(buf: Any, op: str) -> None:

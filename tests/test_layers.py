@@ -1,7 +1,8 @@
 """The layer contract of the design brief: each layer imports only from layers below it.
 
-    envvars  <-  xp, logger, version, tracing  <-  tensor, cuda  <-  nn, optim, comm, utils  <-  data, kernels, viz  <-  amp
-        <-  ddp  <-  checkpoint  <-  trainer  <-  launch, multiprocessing, testing
+``LAYERS`` below is the one statement of the order (a number per top-level module, lowest at
+the bottom); the docstring of minidist/__init__.py states it in words (every layer, checked
+here) and the diagram of docs/layout.md draws it top down (its order is checked here),
 
 plus: comm never imports tensor (collectives move plain xp arrays in place). A new top-level
 module must be placed in LAYERS, so the contract cannot be skipped by accident, and LAYERS names
@@ -128,6 +129,23 @@ def test_the_package_docstring_states_the_same_order():
                 assert LAYERS[a] < LAYERS[b], f"__init__ says {a} -> {b}, LAYERS says otherwise"
     for g in groups:
         assert len({LAYERS[n] for n in g}) == 1, f"__init__ groups {g}; LAYERS splits them"
+    listed = [n for g in groups for n in g]
+    assert sorted(listed) == sorted(LAYERS), \
+        f"__init__ must name every layer once; LAYERS: {sorted(LAYERS)}, __init__: {listed}"
+
+
+def test_the_layout_diagram_draws_the_same_order():
+    """docs/layout.md's diagram lists layers top down: never a lower layer above a higher one."""
+    text = (PKG.parent / "docs" / "layout.md").read_text()
+    block = text.split("```", 2)[1]  # the first code block: the diagram
+    rows = []
+    for line in block.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):  # a layer's first line
+            names = [n.strip() for n in line.strip().split("  ")[0].split(",")]
+            rows.append((line.strip().split("  ")[0], [LAYERS[n] for n in names]))
+    assert len(rows) >= 8, f"no diagram found in docs/layout.md: {rows}"
+    for (upper, up), (lower, low) in zip(rows, rows[1:]):
+        assert min(up) >= max(low), f"docs/layout.md draws {upper} above {lower}; LAYERS disagrees"
 
 
 def test_imports_go_downward():

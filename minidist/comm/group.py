@@ -1,4 +1,4 @@
-"""ProcessGroup: a Transport plus the collectives, validated, recorded and dispatched.
+"""ProcessGroup: a Transport plus the collectives, validated, planned, observed and run.
 
     group = ProcessGroup(transport)                 # any Transport: mpi, tcp, threads, local
     group.all_reduce(grad, op="sum")                # in place; algorithm="auto" by default
@@ -7,70 +7,77 @@
 
 The module-level functions in ``minidist.comm.api`` (``all_reduce``, ``get_rank``, ...) call the
 default group that ``init_process_group`` creates; tests build groups over the threads transport.
-The other collectives (broadcast, all_gather, reduce_scatter, ``*_object``, ``new_group``) live
-in collectives.py; this module is the spine: ``all_reduce`` reads as validate, plan, run::
+The other collectives (broadcast, all_gather, reduce_scatter, ``*_object``, ``new_group``) are
+functions of a group in collectives.py; this module is the spine: ``all_reduce`` reads::
 
     validate on this rank (ValueError before any message: bad array, op, algorithm, tag)
     -> plan: planner.py, memoized per (algorithm, bytes, dtype, op, buffer kind): the algorithm
-       that runs ("auto": select.py's rules with the calibration), why, its function
-    -> run under the ledger: ``claim`` the call number and message tag (the call's fingerprint)
-       before the first message, ``record`` the row (on MPI's own Allreduce: while the data is
-       in flight), run; a CommError (timeout, peer failure, fingerprint mismatch) goes to
-       failure/exchange.py: the ranks exchange ledgers and every rank raises the same finding
+       that runs ("auto": the registry's usable algorithms, select.py's rules, the calibration),
+       why, and how to run it
+    -> begin the call (calls.py): its number on its stream and its message tag (the call's
+       fingerprint); the observers start watching
+    -> run it; end the call. A CommError (timeout, peer failure, fingerprint mismatch) goes to
+       the failure diagnosis (failure/exchange.py): every rank raises the same finding
+
+Observers (``group.calls.add``; calls.py): the ledger (diagnosis/ledger.py, on unless
+``MINIDIST_LEDGER=0``), and with ``check_consistency`` / ``MINIDIST_DEBUG >= 1`` the
+consistency check (diagnosis/consistency.py) and the debug log (diagnosis/debug_log.py).
 
 Streams: ``tag`` (0 <= tag < MAX_STREAMS = 1024) names an independent stream with its own call
 numbers, for collectives that run concurrently from different threads; one stream must be used
 by one thread at a time. Async collectives (``run_async``; comm/work.py): one worker thread
 per group runs them in issue order; every synchronous collective of the group first waits for
-the queued ones (drain), so all ranks still make the group's collectives in program order.
-Debug mode (``check_consistency``): diagnosis/consistency.py.
+the queued ones (``drain``), so all ranks still make the group's collectives in program order.
 """
 
 from __future__ import annotations
 
-from time import perf_counter
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from minidist.comm import collectives
 from minidist.comm.algorithms import select as _select
 from minidist.comm.algorithms.calibrate import agreed as agreed_calibration
 from minidist.comm.algorithms.scratch import clear as clear_scratch
 from minidist.comm.algorithms.select import Explainer
 from minidist.comm.algorithms.shm import shm_available, shm_node
-from minidist.comm.collectives import Collectives
-from minidist.comm.diagnosis.consistency import check_agreement
+from minidist.comm.calls import Call, Calls, CallSpec
+from minidist.comm.diagnosis.consistency import ConsistencyCheck
+from minidist.comm.diagnosis.debug_log import DebugLog
 from minidist.comm.failure import FailurePolicy
 from minidist.comm.failure.exchange import farewell, on_failure, poll
-from minidist.comm.diagnosis.ledger import (T0, T1, TAG, Ledger, dump_dir, ledger_capacity,
-                                            ledger_enabled)
+from minidist.comm.diagnosis.ledger import Ledger, dump_dir, ledger_capacity, ledger_enabled
 from minidist.comm.errors import CommError
-from minidist.comm.ops import SUPPORTED, SUPPORTED_DTYPES, ReduceOp, parse_op
+from minidist.comm.ops import SUPPORTED, ReduceOp
 from minidist.comm.planner import Plan, Planner
 from minidist.comm.topology import Topology, detect_topology
-from minidist.comm.transports.base import MAX_STREAMS, Transport
+from minidist.comm.transports.base import Transport
+from minidist.comm.validate import FAST_OPS, flat_view, reduce_op, stream_tag
 from minidist.comm.work import AsyncWorker, Work, completed
 from minidist.logger import debug_level, get_logger
 
 log = get_logger(__name__)
 
-_OPS = list(ReduceOp)
-_FAST_OPS: dict = {**{o.value: o for o in ReduceOp}, **{o: o for o in ReduceOp}}
 
-
-class ProcessGroup(Collectives):
+class ProcessGroup:
     """The ranks of one transport and the collectives over them.
 
     Args:
         transport: moves the bytes (``rank`` and ``size`` come from it).
-        algorithm: default all-reduce algorithm ("auto", "ring", "tree", "rd", "direct", "mpi",
-            "shm", "hier").
+        algorithm: default all-reduce algorithm: "auto" or a name of the registry
+            ``minidist.comm.algorithms.ALGORITHMS`` ("ring", "tree", "rd", "direct", "mpi",
+            "shm", "hier", "cuda_ipc").
         check_consistency: all-gather shapes/dtypes before each collective (debug mode);
             default ``MINIDIST_DEBUG >= 1``.
         backend: name for logs ("mpi", "tcp", "threads", "local").
 
     Attributes:
         topology: which ranks share a node (:class:`~minidist.comm.topology.Topology`).
+        calls: call numbers, message tags and the observers of every collective (calls.py).
+        ledger: the record of this rank's collectives (diagnosis/ledger.py).
+        planner: which algorithm each all-reduce runs (planner.py).
 
     Construction is collective on MPI and TCP: the ranks find their nodes (``topology``, a
     :class:`~minidist.comm.topology.Topology`); on the MPI transport with every rank on one
@@ -86,10 +93,9 @@ class ProcessGroup(Collectives):
         self.backend = backend or transport.name
         self.check_consistency = (debug_level() >= 1 if check_consistency is None
                                   else check_consistency)
-        self._debug = debug_level()
-        self._max_tag = int(transport.max_tag)
+        self.calls = Calls(transport.max_tag, self._diagnose)  # call numbers, tags, observers
         self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled(),
-                             self._max_tag)
+                             self.calls)
         self.topology: Topology = detect_topology(transport)  # collective (MPI, TCP)
         self._shm = (shm_node(transport) if self.topology.is_single_node()
                      and shm_available(transport) else None)  # collective
@@ -97,8 +103,6 @@ class ProcessGroup(Collectives):
         # peer -> its final collective counts per stream, from its farewell (SIDE_BYE)
         self.farewells: dict[int, dict[int, int]] = {}
         self.exit_codes: dict[int, int] = {}  # peer -> its exit code, if it left (failure/leaving.py)
-        self._token = np.zeros(1, np.uint8)
-        self._token_in = np.zeros(1, np.uint8)
         self._worker: AsyncWorker | None = None  # started by the first run_async
         # what this rank does when it or a peer fails (comm/failure/policy.py)
         self.failure_policy = FailurePolicy()
@@ -106,7 +110,12 @@ class ProcessGroup(Collectives):
         # auto's table: a calibration every rank holds alike (collective), else the shipped one
         self.planner = Planner(transport, self.topology.num_nodes, self._shm, None)
         self.use_calibration(agreed_calibration(self))
-        if self._debug >= 1:
+        if self.ledger.enabled:  # the observers of every call (calls.py), in this order
+            self.calls.add(self.ledger)
+        if self.check_consistency:
+            self.calls.add(ConsistencyCheck(self))
+        if debug_level() >= 1:
+            self.calls.add(DebugLog(self, self._explainer))
             log.debug("auto uses the %s (n=%d, transport %s)", self.auto_source(), self.size,
                       transport.name)
 
@@ -120,73 +129,29 @@ class ProcessGroup(Collectives):
         (ranks on one node, MPI transport: the shared guard lines; elsewhere always 0)."""
         return self._shm.native_ahead(peer) if self._shm is not None else 0
 
-    def _flat(self, array: Any, call: str, writable: bool = True, algorithm: str | None = None
-              ) -> Any:
-        """Validate ``array`` and return a flat view of it (never a copy).
+    def _diagnose(self, call: Call, error: BaseException) -> BaseException:
+        """``calls.failed``'s last step: the failure diagnosis (failure.on_failure)."""
+        return on_failure(self, call, error, call.spec.text)
 
-        ``algorithm``: for all_reduce, whose call is spelled out only in an error message.
-        """
-        if algorithm is not None:
-            call = f'{call}(algorithm="{algorithm}")'
-        if not hasattr(array, "dtype") or not hasattr(array, "flags"):
-            raise ValueError(f"{self.where(call)}: expected a numpy or cupy array, got "
-                             f"{type(array).__name__}. Wrap the data with np.asarray(...) first.")
-        if array.dtype not in SUPPORTED:
-            raise ValueError(f"{self.where(call)}: dtype {array.dtype.name} is not supported; "
-                             f"use one of {', '.join(SUPPORTED_DTYPES)} "
-                             "(e.g. .astype(np.float32)).")
-        if not array.flags.c_contiguous:
-            raise ValueError(f"{self.where(call)}: the array (shape {tuple(array.shape)}, strides "
-                             f"{tuple(array.strides)}) is not C-contiguous, so it cannot be "
-                             "reduced in place. Pass np.ascontiguousarray(x) and copy the result back.")
-        if writable and not getattr(array.flags, "writeable", True):
-            raise ValueError(f"{self.where(call)}: the array is read-only (flags.writeable is "
-                             "False) but the result is written into it. Pass a writable copy "
-                             "(x.copy()).")
-        return array.reshape(-1)
+    @contextlib.contextmanager
+    def observed(self, spec: CallSpec, stream: int = 0, shape: Any = None) -> Iterator[Call]:
+        """Run one collective (not all_reduce: it does the same inline) as a call: queued
+        async collectives first (so the order on the wire is the program's), then the call
+        numbered, tagged and shown to the observers; the block sends with ``call.tag``::
 
-    def _root(self, root: int, name: str, call: str) -> int:
-        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or \
-                not 0 <= root < self.size:
-            raise ValueError(f"{self.where(call)}: {name}={root!r} is out of range; it must be "
-                             f"a rank in [0, {self.size}).")
-        return int(root)
+            with group.observed(call_spec("barrier", "barrier"), 0) as call:
+                ...  # messages tagged call.tag
 
-    def _op(self, op: Any, call: str) -> ReduceOp:
-        try:
-            return _FAST_OPS[op]
-        except (KeyError, TypeError):
-            pass
-        try:
-            return parse_op(op)
-        except ValueError as e:
-            raise ValueError(f"{self.where(call)}: {e}.") from None
-
-    def _stream(self, tag: Any, call: str) -> int:
-        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or \
-                not 0 <= tag < MAX_STREAMS:
-            raise ValueError(f"{self.where(call)}: tag={tag!r} is out of range; a stream tag "
-                             f"must be an integer in [0, {MAX_STREAMS}).")
-        return int(tag)
-
-    def _begin(self, collective: str, stream: int, flat: Any, shape: Any, op: ReduceOp | None,
-               root: int, algorithm: str, reason: str | None) -> tuple:
-        """``(row, message tag)`` of a call that is not all_reduce (the ledger's slower path).
-
-        Every such call comes here before its first message: queued async collectives of the
-        group run first (drain), so the order on the wire is the program's order.
+        A CommError in the block becomes the diagnosed error (every rank raises alike).
         """
         if self._worker is not None:
-            self._drain()
-        if not self.ledger.enabled:
-            return None, stream
-        count, dtype = (0, None) if flat is None else (flat.size, flat.dtype)
-        row = self.ledger.begin(collective, stream, count, dtype, shape, op, root, algorithm,
-                                reason)
-        return row, row[TAG]
-
-    def _failed(self, row: list | None, error: CommError, call: str) -> CommError:
-        return on_failure(self, row, error, call)
+            self.drain()
+        call = self.calls.begin(spec, stream, shape)
+        try:
+            yield call
+        except CommError as e:
+            raise self.calls.failed(call, e) from e
+        self.calls.end(call)
 
     def _poll(self, src: int | None, tag: int) -> CommError | None:
         """The transport's poll hook: why a slow wait cannot succeed (failure.poll)."""
@@ -200,9 +165,10 @@ class ProcessGroup(Collectives):
         Args:
             array: C-contiguous, writable numpy/cupy array (float16/32/64, int32/64).
             op: "sum", "avg", "max", "min", "prod" or a ReduceOp. Integer AVG floors.
-            algorithm: "auto" (cost model; "hier" on several nodes; "cuda_ipc" for device
-                buffers on one node), "ring", "tree", "rd", "direct", "mpi", "shm", "hier" or
-                "cuda_ipc"; default the group's.
+            algorithm: "auto" (the registry's usable algorithms by rule and cost model; "hier"
+                on several nodes; "cuda_ipc" for device buffers on one node), or a name of
+                ``minidist.comm.algorithms.ALGORITHMS``: "ring", "tree", "rd", "direct",
+                "mpi", "shm", "hier", "cuda_ipc"; default the group's.
             tag: stream, ``0 <= tag < 1024``; concurrent collectives (threads) need distinct
                 tags.
             label: a caller's note kept in this call's ledger entry (e.g. "bucket=3");
@@ -219,74 +185,33 @@ class ProcessGroup(Collectives):
                 CommError: a peer failed.
         """
         algorithm = self.algorithm if algorithm is None else algorithm
-        flat, rop, tag = self._check_all_reduce(array, op, algorithm, tag)  # 1. validate
-        if self._worker is not None:  # queued async collectives first (see _begin)
-            self._drain()
-        plan = self.planner.plan(algorithm, flat, rop, tag)  # 2. plan (memoized per shape)
-        self._run_all_reduce(plan, flat, rop, tag, array.shape, label, algorithm)  # 3. run
+        flat, rop, stream = self._check_all_reduce(array, op, algorithm, tag)  # 1. validate
+        if self._worker is not None:  # queued async collectives first (see observed)
+            self.drain()
+        plan = self.planner.plan(algorithm, flat, rop, stream)  # 2. plan (memoized per shape)
+        call = self.calls.begin(plan.spec, stream, array.shape, label)  # 3. number, tag, watch
+        try:
+            plan.run(flat, rop, call.tag)  # 4. run
+        except CommError as e:
+            raise self.calls.failed(call, e) from e  # diagnosed: every rank raises alike
+        self.calls.end(call)
         return array
 
     def _check_all_reduce(self, array: Any, op: Any, algorithm: str, tag: Any) -> tuple:
         """``(flat view, ReduceOp, stream)`` of an all_reduce call, or ValueError."""
         try:
-            rop: ReduceOp = _FAST_OPS[op]
+            rop: ReduceOp = FAST_OPS[op]
         except (KeyError, TypeError):
-            rop = self._op(op, f'all_reduce(algorithm="{algorithm}")')
+            rop = reduce_op(self, op, f'all_reduce(algorithm="{algorithm}")')
         flags = array.flags if type(array) is np.ndarray else None  # the hot path: a bucket
         if (flags is not None and array.ndim == 1 and array.dtype in SUPPORTED
                 and flags.c_contiguous and flags.writeable):
             flat = array
         else:  # any other array, checked (no formatting unless bad)
-            flat = self._flat(array, "all_reduce", algorithm=algorithm)
+            flat = flat_view(self, array, f'all_reduce(algorithm="{algorithm}")')
         if tag:
-            tag = self._stream(tag, f'all_reduce(algorithm="{algorithm}")')
+            tag = stream_tag(self, tag, f'all_reduce(algorithm="{algorithm}")')
         return flat, rop, tag
-
-    def _run_all_reduce(self, plan: Plan, flat: Any, op: ReduceOp, tag: int, shape: Any,
-                        label: str | None, algorithm: str) -> None:
-        """Run ``plan`` on ``flat`` under the ledger (module docstring: claim, record, run).
-
-        A CommError goes to the diagnosis (``on_failure``): every rank raises the same finding.
-        The ledger row names the caller of ``all_reduce``: 3 frames up from ``record``.
-        """
-        ledger = self.ledger
-        row = None
-        if ledger.enabled:
-            seq, wire = ledger.claim(tag, plan.call[0])
-        else:
-            wire = tag
-        if self._debug >= 1:
-            log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", algorithm,
-                      plan.algorithm, flat.size, flat.dtype.name, flat.nbytes, op.value,
-                      self.size)
-        t0 = perf_counter()
-        try:
-            if plan.native is not None and not self.check_consistency:
-                # MPI's Allreduce: post it, write the ledger row while the data moves, wait.
-                req = plan.native.post(flat, op, wire)
-                if ledger.enabled:
-                    row = ledger.record(seq, wire, t0, tag, shape, label, plan.call, 3)
-                plan.native.wait(req, flat, op, wire)
-            else:
-                if ledger.enabled:
-                    row = ledger.record(seq, wire, t0, tag, shape, label, plan.call, 3)
-                if self.check_consistency:
-                    check_agreement(self, f'all_reduce(algorithm="{algorithm}")', flat, op,
-                                    algorithm, 0, row, tag)
-                if plan.stager is not None:  # chunks copied down, reduced on the host, up
-                    plan.stager.all_reduce(flat, lambda chunk: plan.run(self.transport, chunk,
-                                                                        op, wire))
-                else:
-                    plan.run(self.transport, flat, op, wire)
-        except CommError as e:
-            if row is None and ledger.enabled:  # posting failed before the row was written
-                row = ledger.record(seq, wire, t0, tag, shape, label, plan.call, 3)
-            raise self._failed(row, e, f'all_reduce(algorithm="{algorithm}")') from e
-        if row is not None:
-            row[T1] = perf_counter()
-            if self._debug and algorithm == "auto":
-                self._explainer.add(plan.algorithm, plan.reason, flat.nbytes,
-                                    self.planner.is_shared(flat, tag), row[T1] - row[T0])
 
     def plan_all_reduce(self, array: Any, algorithm: str | None = None,
                         op: str | ReduceOp = "sum", tag: int = 0) -> Plan:
@@ -326,7 +251,7 @@ class ProcessGroup(Collectives):
     def auto_choice(self, array: Any) -> tuple[str, str]:
         """``(algorithm, reason)``: what ``all_reduce(array)`` with "auto" runs, and why; not
         collective, sends nothing."""
-        flat = self._flat(array, "auto_choice", writable=False)
+        flat = flat_view(self, array, "auto_choice", writable=False)
         plan = self.planner.plan("auto", flat, ReduceOp.SUM)
         return plan.algorithm, plan.reason
 
@@ -339,7 +264,7 @@ class ProcessGroup(Collectives):
         """
         self._explainer.flush()
         if self._worker is not None:
-            self._drain()
+            self.drain()
         farewell(self)
 
     def close(self) -> None:
@@ -375,11 +300,24 @@ class ProcessGroup(Collectives):
         work = Work(name, where, result, self.transport.timeout_s)
         return self._worker.submit(work, fn)
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """Wait until the group's queued async collectives have finished (not on the worker)."""
         worker = self._worker
         if worker is not None and worker.pending:
             worker.drain()
+
+    # -- the other collectives: functions of a group (collectives.py) -----------------------
+    broadcast = collectives.broadcast
+    reduce = collectives.reduce
+    all_gather_into = collectives.all_gather_into
+    all_gather = collectives.all_gather
+    reduce_scatter = collectives.reduce_scatter
+    barrier = collectives.barrier
+    broadcast_object = collectives.broadcast_object
+    all_gather_object = collectives.all_gather_object
+    alloc_buffer = collectives.alloc_buffer
+    free_buffer = collectives.free_buffer
+    new_group = collectives.new_group
 
     def __repr__(self) -> str:
         return (f"ProcessGroup(backend={self.backend!r}, rank={self.rank}, size={self.size}, "

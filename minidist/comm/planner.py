@@ -3,7 +3,7 @@
     planner = Planner(transport, num_nodes, shm, calibration)   # ProcessGroup makes one
     plan = planner.plan("auto", flat, ReduceOp.SUM)              # a Plan (memoized)
     plan.algorithm, plan.reason                                  # "ring", "bandwidth: ..."
-    plan.run(transport, flat, ReduceOp.SUM, wire_tag)            # the algorithm's function
+    plan.run(flat, ReduceOp.SUM, call.tag)                       # runs it (transport bound)
 
 One answer for everyone who asks: ``ProcessGroup.all_reduce`` runs the plan, and DDP's trace
 labels and run manifest name ``plan.algorithm`` of the same planner, so after ``python -m
@@ -19,6 +19,7 @@ bytes, dtype, op, shared window?, stream 0?, array type) and expire when the rul
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -26,13 +27,13 @@ import numpy as np
 
 from minidist.comm.algorithms import ALGORITHMS
 from minidist.comm.algorithms import select
-from minidist.comm.algorithms.mpi_native import (NativeAllReduce, mpi_all_reduce,
-                                                 native_all_reduce, supports_native)
-from minidist.comm.algorithms.shm import shm_owns
-from minidist.comm.diagnosis.ledger import call_plan
+from minidist.comm.algorithms.mpi_native import mpi_all_reduce, native_all_reduce, \
+    supports_native
+from minidist.comm.calls import CallSpec, call_spec
 from minidist.comm.ops import ReduceOp
 from minidist.comm.staging import Stager, stager_for
 from minidist.comm.transports.base import Transport
+from minidist.comm.transports.shm_window import shm_owns
 
 MAX_PLANS = 256  # a model has a few bucket shapes; more means shapes change every call
 
@@ -44,19 +45,18 @@ class Plan:
     Attributes:
         algorithm: the algorithm that runs ("ring", "mpi", ...), never "auto".
         reason: why ("explicit", or select.py's words for "auto").
-        run: its function, ``run(transport, flat, op, tag)``.
-        call: the ledger's fixed part of this call (``ledger.call_plan``).
-        native: MPI's own Allreduce (algorithms/mpi_native.py) when the plan is "mpi" on an
-            MPI transport of 2+ ranks: posted and waited around the ledger row; else None.
-        stager: a device buffer the transport cannot read runs through pinned host memory in
-            chunks (comm/staging.py); None for host buffers and device-aware algorithms.
+        run: ``run(flat, op, tag)``: the algorithm on the group's transport. "mpi" on an MPI
+            transport calls MPI's Allreduce straight (mpi_native.py); a device buffer the
+            transport cannot read runs through pinned host memory in chunks (``stager``).
+        spec: what the call is (comm/calls.py ``CallSpec``: its fingerprint's signature, and
+            what the ledger and the checks record), the same for every call of this shape.
+        stager: comm/staging.py's Stager for such a device buffer, else None.
     """
 
     algorithm: str
     reason: str
-    run: Callable[..., None]
-    call: tuple
-    native: NativeAllReduce | None
+    run: Callable[[Any, ReduceOp, int], None]
+    spec: CallSpec
     stager: Stager | None
 
 
@@ -135,10 +135,20 @@ class Planner:
                 mpi_all_reduce(self.transport, flat, op, 0)  # the clear "no MPI here" error
         algo = ALGORITHMS[name]
         stager = stager_for(self.transport, flat, algo)  # device buffer, MPI not CUDA-aware
-        return Plan(name, reason, algo.run,
-                    call_plan("all_reduce", flat.size, flat.dtype, op, -1, name, reason),
-                    self.mpi if name == "mpi" and self.size > 1 and stager is None else None,
-                    stager)
+        spec = call_spec("all_reduce", f'all_reduce(algorithm="{algorithm}")', flat.size,
+                         flat.dtype, op, -1, name, reason, algorithm, shared)
+        return Plan(name, reason, self._runner(algo, stager), spec, stager)
+
+    def _runner(self, algo: Any, stager: Stager | None) -> Callable[[Any, ReduceOp, int], None]:
+        """``run(flat, op, tag)`` of ``algo`` on this transport (see ``Plan.run``)."""
+        transport = self.transport
+        if stager is not None:
+            def staged(flat: Any, op: ReduceOp, tag: int) -> None:
+                stager.all_reduce(flat, lambda chunk: algo.run(transport, chunk, op, tag))
+            return staged
+        if algo.name == "mpi" and self.mpi is not None and self.size > 1:
+            return self.mpi.all_reduce  # MPI's Iallreduce, its guard and deadline
+        return functools.partial(algo.run, transport)
 
     def candidates(self, flat: Any, tag: int = 0) -> tuple:
         """The registry's algorithms "auto" may weigh for ``flat`` on stream ``tag``: those

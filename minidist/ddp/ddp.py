@@ -103,7 +103,7 @@ class DistributedDataParallel(ModulePassThrough):
         static_graph: accepted and recorded; minidist does not specialise on it.
         broadcast_parameters: minidist's older name for ``init_sync`` (both must be True to
             broadcast).
-        algorithm: all-reduce algorithm: "auto", "ring", "tree", "rd", "direct", "mpi".
+        algorithm: all-reduce algorithm: "auto" or a name of the registry (``ALGORITHMS``).
         comm_hook: ``hook(state, bucket)`` replacing the plain averaging (see hooks.py).
         overlap: reduce buckets on a comm thread while backward runs (True), all at the end
             of backward on the main thread (False), or ``"auto"`` (default): off only when

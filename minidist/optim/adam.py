@@ -41,7 +41,7 @@ class Adam(Optimizer):
         eps: added to the denominator for numerical stability.
         weight_decay: L2 penalty added to the gradient (Adam) or decoupled decay (AdamW).
         amsgrad: divide by the running maximum of the second moment (Reddi et al., 2018).
-        foreach: accepted for torch scripts (the default path already works tensor-wide).
+        foreach: torch's multi-tensor step; here the same compiled kernels as ``fused``.
         fused: one compiled pass per flat buffer (``minidist.optim.fused``; same results on
             the CPU; amsgrad groups take the default path). None/False: the NumPy/CuPy path.
 
@@ -73,7 +73,7 @@ class Adam(Optimizer):
     def step(self, closure: Any = None) -> Any:
         """One update of every parameter with a gradient (fused groups: compiled kernels);
         ``closure`` as in torch (re-evaluates the model, its loss is returned)."""
-        if not any(g.get("fused") for g in self.param_groups):
+        if not any(g.get("fused") or g.get("foreach") for g in self.param_groups):
             return super().step(closure)
         loss = run_closure(closure)
         fused_step.adam_step(self, self._update, self.decoupled)

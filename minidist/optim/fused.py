@@ -7,8 +7,8 @@ With ``fused=True`` the step of every float32/float64 parameter runs in the Numb
 ``minidist.kernels.optim_cpu`` (NumPy arrays, ``@njit``) or ``optim_cuda`` (CuPy arrays,
 ``numba.cuda``). The CPU kernel computes exactly the bits of the default path (the same
 operations in the same order, one rounding each); on the GPU a multiply-add may be fused into
-one rounding (last-bit differences). ``foreach`` is accepted for scripts ported from torch; it
-selects nothing here (the default path already updates each tensor with whole-array ops).
+one rounding (last-bit differences). ``foreach=True`` (torch's multi-tensor path) takes the
+same kernels: torch's foreach and fused steps are both "many tensors per launch".
 
 Flat buffers. A kernel call costs a few microseconds on the CPU and tens on a GPU, so the step
 is not one call per tensor when it can be fewer: parameters are sorted by address and cut into
@@ -260,7 +260,8 @@ def _fused_params(opt: Any, fallback: Update) -> Iterable[tuple[int, Any, dict[s
     for i, p, group in opt.indexed_params():
         if p.grad is None:
             continue
-        fusable = group.get("fused") and not any(group.get(k) for k in UNFUSED_OPTIONS)
+        multi = group.get("fused") or group.get("foreach")  # foreach shares the kernels
+        fusable = multi and not any(group.get(k) for k in UNFUSED_OPTIONS)
         kernels = _kernels_for(p.data) if fusable else None
         if kernels is None or kernels.get() is None or not _kernel_ready((p.data, p.grad)):
             fallback(i, p, group)

@@ -37,7 +37,7 @@ class SGD(Optimizer):
         dampening: scales the new gradient in the momentum buffer (not on the first step).
         weight_decay: L2 penalty, added to the gradient.
         nesterov: use Nesterov momentum (needs momentum > 0 and dampening == 0).
-        foreach: accepted for torch scripts (the default path already works tensor-wide).
+        foreach: torch's multi-tensor step; here the same compiled kernels as ``fused``.
         fused: one compiled pass per flat buffer (``minidist.optim.fused``; same results on
             the CPU). None/False: the NumPy/CuPy path.
 
@@ -65,7 +65,7 @@ class SGD(Optimizer):
     def step(self, closure: Any = None) -> Any:
         """One update of every parameter with a gradient (fused groups: compiled kernels);
         ``closure`` as in torch (re-evaluates the model, its loss is returned)."""
-        if not any(g.get("fused") for g in self.param_groups):
+        if not any(g.get("fused") or g.get("foreach") for g in self.param_groups):
             return super().step(closure)
         loss = run_closure(closure)
         fused_step.sgd_step(self, self._update)

@@ -13,7 +13,8 @@ import minidist as md
 from minidist.comm import (CollectiveMismatch, CommError, ProcessGroup, ledger_label,
                            new_group_from_transport)
 from minidist.comm.diagnosis.diagnose import diagnose
-from minidist.comm.diagnosis.ledger import Ledger, fingerprint
+from minidist.comm.calls import Calls, call_spec, fingerprint
+from minidist.comm.diagnosis.ledger import Ledger
 from minidist.comm.ops import ReduceOp
 from minidist.comm.transports.base import has_fingerprint, stream_of, wire_tag
 from minidist.comm.transports.local import LocalTransport
@@ -85,17 +86,30 @@ def test_get_ledger_and_auto_table_on_the_default_group(group):
     assert set(table["sizes"][0]["plain"]) == {"algorithm", "reason", "predicted_us"}
 
 
-def test_ledger_off_records_nothing_and_tags_stay_plain(monkeypatch):
-    monkeypatch.setenv("MINIDIST_LEDGER", "0")
-    world = ThreadWorld(2, timeout_s=20)
+def test_ledger_off_records_nothing_and_the_wire_is_the_same(monkeypatch):
+    # The message tags (stream and call fingerprint) do not depend on who watches the calls:
+    # the same program sends the same tags with the ledger on and off.
+    def tags(ledger):
+        monkeypatch.setenv("MINIDIST_LEDGER", ledger)
+        world = ThreadWorld(2, timeout_s=20)
 
-    def body(t):
-        g = new_group_from_transport(t)
-        g.all_reduce(np.ones(4, np.float32), algorithm="ring", tag=5)
-        return g.ledger.entries()
+        def body(t):
+            g = new_group_from_transport(t)
+            g.all_reduce(np.ones(4, np.float32), algorithm="ring", tag=5)
+            g.all_reduce(np.ones(3, np.float64), op="max", algorithm="tree")
+            g.broadcast(np.ones(2, np.int32), src=1)
+            g.barrier()
+            return g.ledger.entries()
 
-    assert run_threads(2, body, world=world) == [[], []]
-    assert {tag for *_, tag, _ in world.log} == {5}
+        entries = run_threads(2, body, world=world)
+        return entries, [(src, dst, tag) for src, dst, tag, _ in world.log]
+
+    on_entries, on = tags("1")
+    off_entries, off = tags("0")
+    assert off_entries == [[], []] and all(len(e) == 4 for e in on_entries)
+    assert sorted(on) == sorted(off) and len(on) > 0
+    assert all(has_fingerprint(tag) for *_, tag in off)  # fingerprinted with the ledger off
+    assert {stream_of(tag) for *_, tag in off} == {0, 5}
 
 
 def test_bad_stream_tag_is_a_value_error():
@@ -328,11 +342,14 @@ def test_diagnose_compares_only_what_every_rank_still_holds():
 
 def test_ledger_status_lifecycle():
     led = Ledger(0, 1)
-    row = led.begin("barrier", 0, 0, None, None, None, -1, "dissemination", None)
+    calls = Calls(1 << 40)
+    calls.add(led)
+    row = calls.begin(call_spec("barrier", "barrier", algorithm="dissemination"), 0)
     assert led.entries()[0].status == "running"
-    Ledger.end(row)
+    calls.end(row)
     assert led.entries()[0].status == "ok"
-    led.fail(led.begin("barrier", 0, 0, None, None, None, -1, "x", None), md.CommTimeout("t"))
+    calls.failed(calls.begin(call_spec("barrier", "barrier", algorithm="x"), 0),
+                 md.CommTimeout("t"))
     assert [e.status for e in led.entries()] == ["ok", "timeout"]
 
 

@@ -416,6 +416,16 @@ def test_unflattened_18_tensor_mlp_is_one_compiled_call_per_step(monkeypatch, ma
 
 
 @needs_numba
+def test_foreach_shares_the_multi_tensor_kernels(monkeypatch):
+    plain, fast = mlp18(), mlp18()
+    counter = count_calls(monkeypatch)
+    train_steps(plain, optim.AdamW(plain.parameters(), lr=1e-2), steps=3)
+    train_steps(fast, optim.AdamW(fast.parameters(), lr=1e-2, foreach=True), steps=3)
+    assert counter.calls == [sum(p.data.size for p in fast.parameters())] * 3
+    assert_same_bits(list(plain.parameters()), list(fast.parameters()))
+
+
+@needs_numba
 def test_two_dtypes_are_two_calls_per_step(monkeypatch):
     counter = count_calls(monkeypatch)
     ps = make_params(np.float32) + make_params(np.float64, seed=1)

@@ -316,8 +316,9 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
     """Median time (us, slowest rank) of every candidate algorithm at each size, per buffer kind.
 
     COLLECTIVE. Returns ``{"plain": {nbytes: {algorithm: us}}, "shared": {...}}`` ("shared":
-    a buffer in a shared window, measured where the group has one). The ledger is off during
-    the measurement (every rank alike), so the user's call numbers are untouched.
+    a buffer in a shared window, measured where the group has one). The measurement runs
+    unobserved (``calls.unobserved``, every rank alike): no ledger entries, and the user's call
+    numbers are untouched.
     """
     from minidist.comm.algorithms.shm import shm_alloc_buffer
     from minidist.comm.transports.shm_window import shm_free_buffer
@@ -334,29 +335,27 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
         kinds["shared"] = shm_alloc_buffer(group.transport, count, np.float32)
     base = np.random.default_rng(7 + group.rank).standard_normal(count).astype(np.float32)
     out: dict = {k: {} for k in kinds}
-    ledger, was = group.ledger, group.ledger.enabled
-    ledger.enabled = False
     buf = None
     try:
-        for nbytes in sizes:
-            c, iters = nbytes // 4, _iters(nbytes, quick)
-            runs = [(kind, name) for kind in kinds for name in names]
-            local = np.zeros((len(runs), iters))
-            for i in range(-1, iters):  # i = -1: one untimed warm-up round
-                for j in np.random.default_rng(i + 1).permutation(len(runs)):
-                    kind, name = runs[j]
-                    buf = kinds[kind][:c]
-                    buf[...] = base[:c]
-                    group.barrier()
-                    t0 = time.perf_counter()
-                    group.all_reduce(buf, algorithm=name)
-                    if i >= 0:
-                        local[j, i] = time.perf_counter() - t0
-            slowest = group.all_gather(local.reshape(-1)).max(axis=0).reshape(local.shape)
-            for (kind, name), row in zip(runs, slowest):
-                out[kind].setdefault(nbytes, {})[name] = float(np.median(row)) * 1e6
+        with group.calls.unobserved():
+            for nbytes in sizes:
+                c, iters = nbytes // 4, _iters(nbytes, quick)
+                runs = [(kind, name) for kind in kinds for name in names]
+                local = np.zeros((len(runs), iters))
+                for i in range(-1, iters):  # i = -1: one untimed warm-up round
+                    for j in np.random.default_rng(i + 1).permutation(len(runs)):
+                        kind, name = runs[j]
+                        buf = kinds[kind][:c]
+                        buf[...] = base[:c]
+                        group.barrier()
+                        t0 = time.perf_counter()
+                        group.all_reduce(buf, algorithm=name)
+                        if i >= 0:
+                            local[j, i] = time.perf_counter() - t0
+                slowest = group.all_gather(local.reshape(-1)).max(axis=0).reshape(local.shape)
+                for (kind, name), row in zip(runs, slowest):
+                    out[kind].setdefault(nbytes, {})[name] = float(np.median(row)) * 1e6
     finally:
-        ledger.enabled = was
         if "shared" in kinds:
             buf = None  # no view of the window may outlive it
             shm_free_buffer(group.transport, kinds.pop("shared"))
@@ -406,12 +405,8 @@ def calibrate(group: Any, quick: bool = True, max_bytes: int | None = None,
                 "elapsed_s": round(time.perf_counter() - t0, 3),
                 "times_us": {k: {str(s): row for s, row in v.items()} for k, v in times.items()},
                 "fit_error": {name: err for name, _, _, err in report}}
-    ledger, was = group.ledger, group.ledger.enabled
-    ledger.enabled = False
-    try:
+    with group.calls.unobserved():
         data = group.broadcast_object(data, src=0)
-    finally:
-        ledger.enabled = was
     path = cache_path(transport, n)
     if write and group.rank == 0:
         try:
@@ -420,11 +415,8 @@ def calibrate(group: Any, quick: bool = True, max_bytes: int | None = None,
             log.warning("auto: could not write the calibration to %s (%s); it is used by this "
                         "job only. Set MINIDIST_CACHE_DIR to a writable directory.", path, e)
     if write:  # the file exists before any rank goes on (a group made next reads it)
-        ledger.enabled = False
-        try:
+        with group.calls.unobserved():
             group.barrier()
-        finally:
-            ledger.enabled = was
     data["key"] = cache_key(transport, n)  # this rank's own host (the file holds rank 0's)
     return Calibration(data["key"], data["model"], data["rules"], path if write else None,
                        digest(data["model"], data["rules"]), data.get("measured_bytes"))

@@ -31,9 +31,9 @@ step (5) of this one: 2 barriers per call. Three special cases:
 - ranks disagree on numel/dtype/op, or on the call's fingerprint (``tag``: another collective,
   another call number): CollectiveMismatch on every rank (all read the same headers).
 
-Measured here (docs/benchmarks.md, n=2, 64 MiB): zero-copy ~6 ms (busbw ~9-11 GB/s; the
-earlier pull design - reduce, barrier, copy the peer's slice back - took ~10 ms), MPI ~40 ms;
-the copy path moves one more copy than the ring over MPI (which uses single-copy CMA).
+How fast against MPI and the earlier pull design (reduce, barrier, copy the peer's slice back):
+the tables of docs/benchmarks.md with their commands. The copy path moves one more copy than
+the ring over MPI (which uses single-copy CMA).
 Memory traffic per rank, zero-copy: read K, write K (reduce + push fused per cache-sized
 piece); copy path: + copy-in K(N-1)/N and copy-out K(N-1)/N. Invariant: each slice is reduced
 once, in rank order (x0 + x1 + ... like ``direct``), so every rank ends with identical bits.
@@ -62,6 +62,7 @@ from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.topology import detect_topology
 from minidist.comm.transports.base import Transport, stream_of
 from minidist.comm.transports.shm_window import (SharedWindow, ShmNode, shm_alloc_buffer,
+                                                  shm_owns, window_of,
                                                   shm_close, shm_node)
 from minidist.envvars import env
 
@@ -101,37 +102,9 @@ def _reduce_mine(node: ShmNode, srcs: list, out: np.ndarray, op: ReduceOp) -> No
     out[...] = t
 
 
-def _owners(node: ShmNode) -> frozenset:
-    """ids of the arrays that own this rank's shared-window memory (what ``arr.base`` is for
-    any view of a ``shm_alloc_buffer`` array: NumPy collapses view chains)."""
-    wins = node.user_windows  # windows may be freed (shm_free_buffer) and new ones allocated
-    cached = node.extra.get("owners")
-    if cached is None or len(cached[0]) != len(wins) or any(
-            a is not b for a, b in zip(cached[0], wins)):
-        ids = frozenset(id(w.slots[node.rank].base) for w in wins)
-        cached = node.extra["owners"] = (list(wins), ids)  # holds the windows: ids stay unique
-    return cached[1]
-
-
-def shm_owns(node: ShmNode, flat: Any) -> bool:
-    """True when ``flat`` (a NumPy array) views one of this rank's shared windows."""
-    return bool(node.user_windows) and id(flat.base) in _owners(node)
-
-
-def _where(node: ShmNode, flat: np.ndarray) -> tuple[int, int]:
-    """(window index, byte offset) of ``flat`` in this rank's shared buffers, or (-1, -1)."""
-    if not node.user_windows or id(flat.base) not in _owners(node):
-        return -1, -1  # private memory: no address lookup (``ctypes.data``: ~3-7 us) needed
-    for i, w in enumerate(node.user_windows):
-        off = w.find(node.rank, flat)
-        if off is not None:
-            return i, off
-    return -1, -1
-
-
 def _dtype_code(dt: np.dtype) -> int:
     """A small code equal for equal dtypes (``dtype.num`` differs for int64 'l' vs 'q')."""
-    code = _DTYPE_CODES.get(dt)  # a dict hit: ``dtype.name`` costs ~7 us in NumPy 2.x
+    code = _DTYPE_CODES.get(dt)  # a dict hit: ``dtype.name`` is slow in NumPy 2.x
     if code is None:
         code = _DTYPE_CODES[dt] = (_DTYPES.index(dt.name) if dt.name in _DTYPES
                                    else 100 + dt.num)
@@ -145,7 +118,7 @@ def _check_headers(node: ShmNode, op: ReduceOp) -> tuple[bool, bool]:
         (all buffers are shared at the same place, every rank did step (1) of chunk 0 early).
     """
     row = node.calls & 1
-    h = [hd[row, :7].tolist() for hd in node.headers]  # Python ints: numpy .any() costs ~4 us
+    h = [hd[row, :7].tolist() for hd in node.headers]  # Python ints: cheaper than numpy .any()
     mine = h[node.rank]
     for j, other in enumerate(h):
         if other[:3] != mine[:3]:
@@ -312,7 +285,7 @@ def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
                         "algorithm='hier' or 'auto'.")
     node = shm_node(transport)
     flat = buf.reshape(-1)
-    where = _where(node, flat)
+    where = window_of(node, flat)
     small = flat.nbytes <= min(SMALL_BYTES, CHUNK_BYTES)
     sc = node.extra.get("scratch")
     first = flat[: max(CHUNK_BYTES // flat.itemsize, 1)]
@@ -406,5 +379,5 @@ SHM = Algorithm("shm", shm_all_reduce, usable=shm_usable, cost=shm_cost,
 
 
 __all__ = ["SHM", "shm_usable", "shm_all_reduce", "shm_all_gather", "shm_alloc_buffer", "shm_close", "shm_available", "shm_is_shared",
-           "shm_owns", "line_aligned_bounds",
+           "line_aligned_bounds",
            "CHUNK_BYTES"]

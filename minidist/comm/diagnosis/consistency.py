@@ -1,11 +1,12 @@
 """Debug mode's check that every rank passes the same collective, before any data moves.
 
-    check_agreement(group, "all_reduce", flat, op, "ring", 0, row, stream)   # COLLECTIVE
+    group.calls.add(ConsistencyCheck(group))    # ProcessGroup does it with check_consistency
 
-With ``check_consistency=True`` (default: ``MINIDIST_DEBUG>=1``) each collective first
-all-gathers (numel, dtype, op, algorithm, root) from every rank and raises CollectiveMismatch
-naming the first rank that differs from rank 0. Without it, the fingerprints in the message
-tags catch the same mistakes (a different count, dtype, op, root or collective never matches).
+With ``check_consistency=True`` (default: ``MINIDIST_DEBUG>=1``) the process group registers
+this observer of its calls (comm/calls.py): before each collective on arrays it all-gathers
+(numel, dtype, op, algorithm, root) from every rank and raises CollectiveMismatch naming the
+first rank that differs from rank 0. Without it, the fingerprints in the message tags catch the
+same mistakes (a different count, dtype, op, root or collective never matches).
 """
 
 from __future__ import annotations
@@ -16,28 +17,46 @@ import numpy as np
 
 from minidist.comm.algorithms import ALGORITHMS
 from minidist.comm.algorithms.ring import ring_all_gather
-from minidist.comm.diagnosis.ledger import SEQ, fingerprint
+from minidist.comm.calls import Call, fingerprint
 from minidist.comm.errors import CollectiveMismatch
 from minidist.comm.ops import SUPPORTED_DTYPES, ReduceOp
 from minidist.comm.transports.base import wire_tag
 
 _OPS = list(ReduceOp)
+CHECKED = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")  # on arrays
+FIELDS = ("numel", "dtype", "op", "algorithm", "root")
 
 
-def check_agreement(group: Any, call: str, flat: Any, op: ReduceOp | None, algo: str,
-                    root: int, row: list | None, stream: int) -> None:
-    """Debug mode: all-gather (numel, dtype, op, algorithm, root) and compare with rank 0."""
-    if not group.check_consistency or group.size == 1:
-        return
-    fields = ("numel", "dtype", "op", "algorithm", "root")
+class ConsistencyCheck:
+    """The observer: ``start`` runs the check (COLLECTIVE), ``end`` and ``failed`` do nothing."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def start(self, call: Call) -> None:
+        """Compare this call's arguments across ranks (a collective on arrays, 2+ ranks)."""
+        spec = call.spec
+        if spec.collective in CHECKED and self.group.size > 1:
+            check_agreement(self.group, spec.text, spec.numel, spec.dtype, spec.op,
+                            spec.requested, spec.root, call.seq, call.stream)
+
+    def end(self, call: Call) -> None:
+        """Nothing to do."""
+
+    def failed(self, call: Call, error: BaseException) -> None:
+        """Nothing to do."""
+
+
+def check_agreement(group: Any, call: str, count: int, dtype: Any, op: ReduceOp | None,
+                    algo: str | None, root: int, seq: int, stream: int) -> None:
+    """All-gather (numel, dtype, op, algorithm, root) and compare with rank 0 (COLLECTIVE)."""
     algos = tuple(dict.fromkeys(("auto", *ALGORITHMS, "dissemination")))
-    mine = [flat.size, SUPPORTED_DTYPES.index(flat.dtype.name),
+    mine = [count, SUPPORTED_DTYPES.index(np.dtype(dtype).name),
             -1 if op is None else _OPS.index(op),
-            algos.index(algo) if algo in algos else len(algos), root]
+            algos.index(algo) if algo in algos else len(algos), max(root, 0)]
     table = np.zeros(group.size * len(mine), np.int64)
     table[group.rank * len(mine):(group.rank + 1) * len(mine)] = mine
-    check = (fingerprint(row[SEQ], "consistency_check", None, None, 0, -1, None)
-             if row is not None else 1)
+    check = fingerprint(seq, "consistency_check", None, None, 0, -1, None)
     ring_all_gather(group.transport, table, wire_tag(stream, check, group.transport.max_tag))
     rows = table.reshape(group.size, len(mine))
     for r in range(1, group.size):
@@ -50,12 +69,12 @@ def check_agreement(group: Any, call: str, flat: Any, op: ReduceOp | None, algo:
                 3: lambda v: algos[v] if v < len(algos) else "?", 4: str}
             show = shows[i]
             err = CollectiveMismatch(
-                f"{group.where(call)}: rank {r} passed {fields[i]}={show(int(rows[r, i]))} "
-                f"but rank 0 passed {fields[i]}={show(int(rows[0, i]))}. Every rank must pass "
+                f"{group.where(call)}: rank {r} passed {FIELDS[i]}={show(int(rows[r, i]))} "
+                f"but rank 0 passed {FIELDS[i]}={show(int(rows[0, i]))}. Every rank must pass "
                 "the same shape, dtype, op and algorithm; check that all ranks build the same "
                 "model and call the same collectives in the same order.")
-            err.diagnosis = {"kind": "mismatch", "rank": r, "field": fields[i]}
+            err.diagnosis = {"kind": "mismatch", "rank": r, "field": FIELDS[i]}
             raise err
 
 
-__all__ = ["check_agreement"]
+__all__ = ["ConsistencyCheck", "check_agreement", "CHECKED"]

@@ -7,19 +7,21 @@
     for e in md.comm.get_ledger()[-3:]:              # LedgerEntry objects, oldest first
         print(e.seq, e.describe(), e.status, e.where)
 
-Each process group keeps one ``Ledger``, always on: a ring buffer of the last ``capacity``
+Each process group keeps one ``Ledger``, on by default, an observer of its collectives
+(comm/calls.py: the group calls ``start``/``end``/``failed`` around each one): a ring buffer of the last ``capacity``
 calls (``MINIDIST_LEDGER_SIZE``, default 512). An entry holds the call number on its stream
 (``seq``, from 1), the collective, the reduce op, the algorithm and why it was chosen (auto's
 rule), count, dtype, shape, root (src/dst), a caller's label, the caller's file:line (the first
 frame outside minidist, found by walking ``sys._getframe``; for DDP's communication thread,
 whose stack never leaves minidist, the outermost minidist frame), start/end times, and the
-status (``CallStatus``).
+status (``CallStatus``). An entry is the ``Call`` itself (comm/calls.py), which carries the
+call number and the message tag.
 
-Fingerprints: each call has a 64-bit ``fingerprint(seq, collective, op, dtype, count, root,
-algorithm)``. The process group folds it into the message tags of the call (transports/base.py
-``wire_tag``), so calls that differ across ranks never consume each other's messages; MPI's own
-Allreduce and the shared-memory algorithm compare it explicitly (transports/mpi.py, shm.py).
-What it catches and what it cannot::
+Fingerprints: each call has a 64-bit fingerprint of (seq, collective, op, dtype, count, root,
+algorithm), folded into its message tags (comm/calls.py), so calls that differ across ranks
+never consume each other's messages; MPI's own Allreduce and the shared-memory algorithm compare
+it explicitly (mpi_native.py, shm.py). The tags do not depend on the ledger. What the
+fingerprints catch, and what they cannot (the ledger's diff then names the calls)::
 
     rank 0                       rank 1                       result
     all_reduce(1024 x f32, sum)  all_reduce(1024 x i32, sum)  CollectiveMismatch (MPI, shm: at
@@ -32,17 +34,14 @@ What it catches and what it cannot::
                                                               apart); #2 times out, and the
                                                               diff points at the line numbers
 
-On a failure the ranks exchange their recent entries (``comm/failure.py``) and the error names
-the first call where they differ. ``MINIDIST_LEDGER=0`` turns ledger and fingerprints off (the
-cost comparison in docs/benchmarks.md); ``MINIDIST_LEDGER_DUMP=dir`` writes each rank's ledger
-as JSON on a failure and at ``destroy_process_group``.
+On a failure the ranks exchange their recent entries (failure/exchange.py) and the error names
+the first call where they differ. ``MINIDIST_LEDGER=0`` turns the ledger off (no entries, no
+exchange: a failure raises as it was found; the fingerprints stay in the tags);
+``MINIDIST_LEDGER_DUMP=dir`` writes each rank's ledger as JSON on a failure and at
+``destroy_process_group``.
 
-Cost (the hot path of every collective, 8-byte all-reduces included): a few attribute stores
-into a preallocated list, two ``perf_counter`` calls and a short frame walk; see
-docs/benchmarks.md for the measured overhead. ``all_reduce`` calls ``claim`` (call number and
-message tag, from a memoized signature) before its first message and ``record`` (the row,
-its site recognised by the identity of the caller's memoized plan) after posting it, so on
-MPI's non-blocking Allreduce the row is written while the data moves.
+Cost (every collective, 8-byte all-reduces included): a short frame walk to the caller, two
+``perf_counter`` calls and a slot in a preallocated ring; see docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -56,14 +55,14 @@ import os
 import sys
 import threading
 import time
-import zlib
 from pathlib import Path
+from time import perf_counter
 from typing import Any, Iterator
 
 import numpy as np
 
-from minidist.comm.ops import SUPPORTED_DTYPES, ReduceOp
-from minidist.comm.transports.base import STREAM_BITS, fingerprint_mask
+from minidist.comm.calls import Call
+from minidist.comm.errors import CommTimeout
 from minidist.envvars import env
 
 DEFAULT_CAPACITY = 512
@@ -71,7 +70,8 @@ _M64 = (1 << 64) - 1
 
 
 def ledger_enabled() -> bool:
-    """``MINIDIST_LEDGER`` (default on): ``0`` turns the ledger and the fingerprints off."""
+    """``MINIDIST_LEDGER`` (default on): ``0`` turns the ledger off (the fingerprints in the
+    message tags stay: comm/calls.py)."""
     return bool(env("MINIDIST_LEDGER"))
 
 
@@ -90,56 +90,6 @@ class CallStatus(enum.Enum):
 
 
 _RUNNING = CallStatus.RUNNING
-
-
-# -- fingerprints ----------------------------------------------------------------------------
-# Small stable codes (the same in every process: Python's str hash is salted per process, int
-# and tuple-of-int hashes are not).
-COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier",
-               "broadcast_object", "all_gather_object", "consistency_check", "alloc_buffer")
-_COLLECTIVE_CODE = {name: i + 1 for i, name in enumerate(COLLECTIVES)}
-_DTYPE_CODE: dict = {None: 0, **{np.dtype(d): i + 1 for i, d in enumerate(SUPPORTED_DTYPES)}}
-_ALGO_CODE: dict = {None: 0}
-
-
-def _algo_code(name: str | None) -> int:
-    code = _ALGO_CODE.get(name)
-    if code is None:
-        code = _ALGO_CODE[name] = zlib.crc32(str(name).encode()) & 0xFFFFFF or 1
-    return code
-
-
-def fingerprint(seq: int, collective: str, op: ReduceOp | None, dtype: Any, count: int,
-                root: int, algorithm: str | None) -> int:
-    """A 64-bit digest of one call; equal on every rank exactly when the calls agree.
-
-    Mixes the call number ``seq`` (so the n-th call of one rank only matches the n-th of
-    another), the collective, reduce op, dtype, element count, root (-1 for none) and the
-    resolved algorithm: Python's hash of tuples of small integers, which is the same in every
-    process of one Python version (ranks run the same interpreter). ``Ledger.begin`` computes
-    the same value (the signature part once per call site).
-    """
-    return hash((seq, signature(collective, op, dtype, count, root, algorithm)))
-
-
-def signature(collective: str, op: ReduceOp | None, dtype: Any, count: int, root: int,
-              algorithm: str | None) -> int:
-    """The part of a call's fingerprint that does not change from call to call (no ``seq``).
-
-    ``fingerprint(seq, ...) == hash((seq, signature(...)))``; a caller that makes the same call
-    again and again (a training loop's all-reduce) computes it once and passes it to
-    ``Ledger.claim``.
-    """
-    return hash((count, root, _COLLECTIVE_CODE[collective], 0 if op is None else op.code,
-                 _DTYPE_CODE.get(dtype, 15), _ALGO_CODE.get(algorithm) or _algo_code(algorithm)))
-
-
-def call_plan(collective: str, count: int, dtype: Any, op: ReduceOp | None, root: int,
-              algorithm: str | None, reason: str | None) -> tuple:
-    """What ``Ledger.claim`` and ``Ledger.record`` need of a call that repeats: ``(signature,
-    collective, count, dtype, op, root, algorithm, reason)``; make it once, pass it each time."""
-    return (signature(collective, op, dtype, count, root, algorithm), collective, count, dtype,
-            op, root, algorithm, reason)
 
 
 # -- labels and call sites -------------------------------------------------------------------
@@ -166,36 +116,14 @@ def ledger_label(text: str) -> Iterator[None]:
 
 
 _PACKAGE_DIR = str(Path(os.path.abspath(__file__)).parents[2]) + os.sep  # minidist/
+# Frames that are not the caller: minidist's own, and contextlib's (``group.observed``).
+_INSIDE = (_PACKAGE_DIR, contextlib.__file__)
 _THREADING_FILE = threading.__file__
-_internal: dict[str, bool] = {}
-
-
-def _inside(filename: str) -> bool:
-    inside = _internal.get(filename)
-    if inside is None:
-        inside = _internal[filename] = filename.startswith(_PACKAGE_DIR)
-    return inside
-
-
-def _walk_out(f: Any) -> tuple[Any, int]:
-    """``(code, lasti)`` of the first frame at or above ``f`` outside minidist (see caller_site)."""
-    last, known = f, _internal
-    while f is not None:
-        code = f.f_code
-        inside = known.get(code.co_filename)  # a dict hit for every frame after the first call
-        if inside is None:
-            inside = _inside(code.co_filename)
-        if not inside:
-            if code.co_filename == _THREADING_FILE:
-                break
-            return code, f.f_lasti
-        last, f = f, f.f_back
-    return last.f_code, last.f_lasti
 
 
 def line_of(code: Any, lasti: int) -> int:
     """The source line of byte offset ``lasti`` in ``code`` (what ``frame.f_lineno`` computes,
-    done only when an entry is read: ``f_lineno`` costs ~0.6 us per call in the hot path)."""
+    done only when an entry is read: it costs more than the whole frame walk)."""
     line = code.co_firstlineno
     for start, end, ln in code.co_lines():
         if ln is not None:
@@ -205,29 +133,7 @@ def line_of(code: Any, lasti: int) -> int:
     return line
 
 
-def caller_site(depth: int = 2) -> tuple[str, int]:
-    """``(filename, line)`` of the first frame outside the minidist package.
-
-    ``depth`` skips the frames of this function and its caller. When the whole stack is
-    minidist's (DDP's communication thread starts in ``threading``), the outermost minidist
-    frame is returned instead.
-    """
-    code, lasti = _walk_out(sys._getframe(depth))
-    return code.co_filename, line_of(code, lasti)
-
-
 # -- entries ---------------------------------------------------------------------------------
-# A row of the ring buffer (a plain list: the cheapest thing to build in the hot path). What
-# repeats from call to call lives in a shared "site" tuple: one per caller location (code
-# object and byte offset of the first frame outside minidist) and call signature, cached, so
-# a training loop's repeated call only builds the small row and hashes (seq, site signature).
-SEQ, TAG, T0, T1, SITE, LABEL, STATUS, ERROR = range(8)  # TAG: the call's message tag
-# site tuple: the call's static part
-(S_STREAM, S_COLLECTIVE, S_OP, S_ALGORITHM, S_REASON, S_COUNT, S_DTYPE, S_SHAPE, S_ROOT, S_CODE,
- S_LASTI, S_SIG, S_PLAN) = range(13)  # S_PLAN: see Ledger.record
-_SITES_MAX = 4096  # cached sites (a new signature at a known location replaces the old one)
-
-
 @dataclasses.dataclass(frozen=True)
 class LedgerEntry:
     """One recorded collective (a read-only view of a ledger row).
@@ -299,176 +205,102 @@ def describe(e: dict) -> str:
 
 
 class Ledger:
-    """The ring buffer of one process group's collectives (see the module docstring).
+    """The ring buffer of one process group's collectives (see the module docstring); an
+    observer of the group's calls (``Calls.add``).
 
     Args:
         rank, size: of the group (for dumps).
         capacity: entries kept (oldest dropped first).
-        enabled: False records nothing and fingerprints nothing (``MINIDIST_LEDGER=0``).
-        max_tag: the transport's largest message tag (the fingerprint is folded below it).
+        enabled: False: the group does not register it (``MINIDIST_LEDGER=0``), so it records
+            nothing and the failure diagnosis does not run.
+        calls: the group's ``Calls`` (comm/calls.py), whose call numbers ``counts`` reports.
     """
 
     def __init__(self, rank: int, size: int, capacity: int = DEFAULT_CAPACITY,
-                 enabled: bool = True, max_tag: int = (1 << 62) - 1) -> None:
+                 enabled: bool = True, calls: Any = None) -> None:
         self.rank, self.size, self.capacity, self.enabled = rank, size, int(capacity), enabled
-        self._fp_mask = fingerprint_mask(int(max_tag))  # see transports.base.wire_tag
-        self._rows: list = [None] * self.capacity
-        self._n = 0  # rows written (two threads on two streams may rarely overwrite one row)
-        self._seq: dict[int, int] = {}   # stream -> calls so far
-        self._sites: dict[tuple, tuple] = {}  # (id(code), lasti, stream, collective) -> site
-        self._plan_sites: dict[tuple, tuple] = {}  # record's: (id(code), lasti, stream) -> site
+        self._rows: list = [None] * self.capacity  # Call objects, oldest overwritten first
+        self._n = 0  # entries written (two threads on two streams may rarely overwrite one)
+        self._calls = calls  # the group's Calls: the call numbers per stream
         # perf_counter for cheap, precise times; wall clock = _wall0 + (t - _perf0)
-        self._perf0, self._wall0 = time.perf_counter(), time.time()
+        self._perf0, self._wall0 = perf_counter(), time.time()
         self.failures = 0
 
-    def begin(self, collective: str, stream: int, count: int, dtype: Any, shape: Any,
-              op: ReduceOp | None, root: int, algorithm: str | None, reason: str | None,
-              label: str | None = None) -> list:
-        """Record the start of a call; return its row (a list). ``row[TAG]`` is the call's
-        message tag: ``wire_tag(stream, fingerprint(...), max_tag)``, computed inline.
+    # -- the observer ----------------------------------------------------------------------
+    def start(self, call: Call) -> None:
+        """Keep ``call`` as the newest entry: its caller's site, label and start time.
 
-        The hot path (every collective): find the caller (a short frame walk), look its site up
-        (same location and signature as last time: reuse it), build an 8-slot row. No
-        formatting, no line-number lookup (``records`` does that when an entry is read).
+        The site is the first frame outside minidist from the collective's caller on (the
+        outermost minidist frame when the whole stack is minidist's: DDP's communication
+        thread starts in ``threading``); its line is worked out only when the entry is read
+        (``line_of``).
         """
-        seqs = self._seq
-        seq = seqs.get(stream, 0) + 1
-        seqs[stream] = seq
-        try:
-            f = sys._getframe(2)  # the collective's caller (frame 1 is the collective itself)
-        except ValueError:  # called from the top of a stack
+        try:  # frame 1 is Calls.begin, 2 the collective; sys._getframe(3) skips them without
+            f: Any = sys._getframe(3)  # building their frame objects (f_back would, per frame)
+        except ValueError:  # a shorter stack (begin called at a module's top level)
             f = sys._getframe(1)
-        code = f.f_code
-        if _internal.get(code.co_filename, True):  # minidist's own, or not classified yet
-            code, lasti = _walk_out(f)
-        else:
-            lasti = f.f_lasti
-        key = (id(code), lasti, stream, collective)
-        site = self._sites.get(key)
-        if (site is None or site[S_COUNT] != count or site[S_DTYPE] is not dtype
-                or site[S_OP] is not op or site[S_ALGORITHM] != algorithm
-                or site[S_REASON] is not reason or site[S_SHAPE] != shape
-                or site[S_ROOT] != root):
-            site = self._new_site(key, collective, stream, count, dtype, shape, op, root,
-                                  algorithm, reason, code, lasti)
-        i = self._n
-        self._n = i + 1
-        self._rows[i % self.capacity] = row = [
-            seq, stream | ((hash((seq, site[S_SIG])) & self._fp_mask) or 1) << STREAM_BITS,
-            time.perf_counter(), None, site, label or _LABEL.get(), None, None]
-        return row
+        last = f
+        while f is not None and f.f_code.co_filename.startswith(_INSIDE):
+            last, f = f, f.f_back
+        if f is None or f.f_code.co_filename == _THREADING_FILE:
+            f = last
+        call.site = (f.f_code, f.f_lasti)
+        call.label = call.label or _LABEL.get()
+        call.t0 = perf_counter()
+        self._rows[self._n % self.capacity] = call
+        self._n += 1
 
-    def claim(self, stream: int, sig: int) -> tuple[int, int]:
-        """``(seq, message tag)`` of the next call on ``stream``, whose ``signature`` is ``sig``.
+    def end(self, call: Call) -> None:
+        """Mark a call finished (an end time and no status: OK)."""
+        call.t1 = perf_counter()
 
-        The first half of ``begin``, split off for the all-reduce fast path: the tag (call
-        number and fingerprint) must exist before the first message is posted, while the row
-        (``record``) can be written while the message is in flight. Every ``claim`` must be
-        followed by a ``record`` of the same call (even when posting it fails), or the call
-        numbers and the recorded rows no longer pair up.
-        """
-        seqs = self._seq
-        seq = seqs.get(stream, 0) + 1
-        seqs[stream] = seq
-        return seq, stream | ((hash((seq, sig)) & self._fp_mask) or 1) << STREAM_BITS
-
-    def record(self, seq: int, tag: int, t0: float, stream: int, shape: Any,
-               label: str | None, plan: tuple, depth: int = 2) -> list:
-        """The second half of ``begin``: write the row of a ``claim``ed call started at ``t0``
-        (``time.perf_counter()``); return it. The caller's site is ``depth`` frames up (2:
-        called directly by the collective, as ``begin`` is).
-
-        ``plan``: ``call_plan(...)`` of the call, the same tuple object each time the caller
-        makes the same call (the process group memoizes it): a repeated call at a known site
-        is then recognised by identity, not field by field.
-        """
-        try:
-            f = sys._getframe(depth)
-        except ValueError:  # called from the top of a stack
-            f = sys._getframe(1)
-        code = f.f_code
-        if _internal.get(code.co_filename, True):
-            code, lasti = _walk_out(f)
-        else:
-            lasti = f.f_lasti
-        key = (id(code), lasti, stream)
-        site = self._plan_sites.get(key)
-        if site is None or site[S_PLAN] is not plan or site[S_SHAPE] != shape:
-            site = self._plan_site(key, stream, shape, plan, code, lasti)
-        i = self._n
-        self._n = i + 1
-        self._rows[i % self.capacity] = row = [seq, tag, t0, None, site, label or _LABEL.get(),
-                                               None, None]
-        return row
-
-    def _plan_site(self, key: tuple, stream: int, shape: Any, plan: tuple, code: Any,
-                   lasti: int) -> tuple:
-        sig, collective, count, dtype, op, root, algorithm, reason = plan
-        site = (stream, collective, op, algorithm, reason, count, dtype, shape, root, code, lasti,
-                sig, plan)
-        if len(self._plan_sites) >= _SITES_MAX:
-            self._plan_sites.clear()
-        self._plan_sites[key] = site
-        return site
-
-    def _new_site(self, key: tuple, collective: str, stream: int, count: int, dtype: Any,
-                  shape: Any, op: ReduceOp | None, root: int, algorithm: str | None,
-                  reason: str | None, code: Any, lasti: int) -> tuple:
-        sig = signature(collective, op, dtype, count, root, algorithm)
-        site = (stream, collective, op, algorithm, reason, count, dtype, shape, root, code, lasti,
-                sig, None)
-        if len(self._sites) >= _SITES_MAX:
-            self._sites.clear()
-        self._sites[key] = site
-        return site
-
-    @staticmethod
-    def end(row: list) -> None:
-        """Mark a call finished (STATUS stays None: a row with an end time and no status is OK)."""
-        row[T1] = time.perf_counter()
-
-    def fail(self, row: list, error: BaseException) -> None:
+    def failed(self, call: Call, error: BaseException) -> None:
         """Mark a call failed (TIMEOUT for a deadline) and keep the first line of the error."""
-        from minidist.comm.errors import CommTimeout  # errors imports nothing from here
-
-        row[T1] = time.perf_counter()
-        row[STATUS] = CallStatus.TIMEOUT if isinstance(error, CommTimeout) else CallStatus.FAILED
-        row[ERROR] = str(error).split("\n", 1)[0]
+        call.t1 = perf_counter()
+        call.status = CallStatus.TIMEOUT if isinstance(error, CommTimeout) else CallStatus.FAILED
+        call.error = str(error).split("\n", 1)[0]
         self.failures += 1
 
     def counts(self) -> dict[int, int]:
-        """``{stream: calls so far}``."""
-        return dict(self._seq)
+        """``{stream: calls so far}`` on the group (``calls``), or of the entries kept."""
+        if self._calls is not None:
+            return self._calls.counts()
+        out: dict[int, int] = {}
+        for r in self._rows:
+            if r is not None:
+                out[r.stream] = max(out.get(r.stream, 0), r.seq)
+        return out
 
     # -- reading -----------------------------------------------------------------------------
     def _ordered_rows(self) -> list:
         rows = [r for r in self._rows if r is not None]
-        rows.sort(key=lambda r: r[T0])
+        rows.sort(key=lambda r: r.t0)
         return rows
 
     @staticmethod
-    def status(row: list) -> CallStatus:
-        """A row's status: set on failure; otherwise RUNNING until it has an end time."""
-        st = row[STATUS]
-        return st if st is not None else (_RUNNING if row[T1] is None else CallStatus.OK)
+    def status(call: Call) -> CallStatus:
+        """An entry's status: set on failure; otherwise RUNNING until it has an end time."""
+        st = call.status
+        return st if st is not None else (_RUNNING if call.t1 is None else CallStatus.OK)
 
-    def _as_dict(self, r: list) -> dict:
+    def _as_dict(self, r: Call) -> dict:
         wall = self._wall0 - self._perf0
-        site = r[SITE]
-        op, dt, root = site[S_OP], site[S_DTYPE], site[S_ROOT]
-        return {"seq": r[SEQ], "stream": site[S_STREAM], "collective": site[S_COLLECTIVE],
-                "op": op.value if op is not None else None, "algorithm": site[S_ALGORITHM],
-                "reason": site[S_REASON], "count": int(site[S_COUNT]),
+        spec, (code, lasti) = r.spec, r.site
+        op, dt, root = spec.op, spec.dtype, spec.root
+        failed = r.status is not None
+        return {"seq": r.seq, "stream": r.stream, "collective": spec.collective,
+                "op": op.value if op is not None else None, "algorithm": spec.algorithm,
+                "reason": spec.reason, "count": int(spec.numel),
                 "dtype": None if dt is None else np.dtype(dt).name,
-                "shape": None if site[S_SHAPE] is None else [int(x) for x in site[S_SHAPE]],
-                "root": None if root < 0 else int(root), "label": r[LABEL],
-                "file": site[S_CODE].co_filename, "line": line_of(site[S_CODE], site[S_LASTI]),
-                "start_s": wall + r[T0], "end_s": None if r[T1] is None else wall + r[T1],
-                "status": self.status(r).value, "error": r[ERROR]}
+                "shape": None if r.shape is None else [int(x) for x in r.shape],
+                "root": None if root < 0 else int(root), "label": r.label,
+                "file": code.co_filename, "line": line_of(code, lasti),
+                "start_s": wall + r.t0, "end_s": None if r.t1 is None else wall + r.t1,
+                "status": self.status(r).value, "error": r.error if failed else None}
 
     def records(self, stream: int | None = None, last: int | None = None) -> list[dict]:
         """Entries as JSON-able dicts, oldest first (optionally one stream, the last N)."""
-        rows = [r for r in self._ordered_rows() if stream is None or r[SITE][S_STREAM] == stream]
+        rows = [r for r in self._ordered_rows() if stream is None or r.stream == stream]
         if last is not None:
             rows = rows[-last:]
         return [self._as_dict(r) for r in rows]

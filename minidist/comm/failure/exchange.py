@@ -1,7 +1,7 @@
 """What the ranks do when a collective fails: exchange ledgers, diagnose, raise the same finding.
 
-    except CommError as e:                        # inside every ProcessGroup collective
-        raise on_failure(group, row, e, call) from e
+    except CommError as e:                        # every ProcessGroup collective, through
+        raise group.calls.failed(call, e) from e  # calls.py, which ends here
 
 The exchange runs on the transport's side channel (transports/base.py), which does not depend
 on the stuck call::
@@ -39,7 +39,7 @@ from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout,
 from minidist.comm.failure.advice import failure_peers
 from minidist.comm.failure import waiting
 from minidist.comm.failure import notice
-from minidist.comm.diagnosis.ledger import S_COLLECTIVE, S_STREAM, SEQ, SITE, dump_dir
+from minidist.comm.diagnosis.ledger import dump_dir
 from minidist.comm.failure.leaving import bye_payload, parse_bye, peer_exited, peer_left
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_DONE, SIDE_FAIL,
                                            Transport, has_fingerprint)
@@ -151,14 +151,14 @@ def _done(t: Transport, answered: list[int], limit_s: float) -> None:
     _collect(t, SIDE_DONE, answered, exchange_timeout_s(t, limit_s) + 1.0)
 
 
-def on_failure(group: Any, row: list | None, error: CommError, call: str) -> CommError:
+def on_failure(group: Any, row: Any, error: BaseException, call: str) -> BaseException:
     """Turn ``error`` (a collective's failure on this rank) into the diagnosed error to raise.
 
-    Marks the ledger row failed; with the ledger off or one rank, returns ``error`` unchanged.
+    ``row``: the failed ``Call`` (comm/calls.py; its observers, the ledger among them, have
+    marked it), or None outside a call. With the ledger off or one rank, returns ``error``
+    unchanged.
     """
     ledger = group.ledger
-    if row is not None:
-        ledger.fail(row, error)
     if (not ledger.enabled or group.size == 1 or not group.failure_policy.diagnose_on_failure
             or getattr(error, "diagnosis", None) is not None):
         return error
@@ -166,9 +166,9 @@ def on_failure(group: Any, row: list | None, error: CommError, call: str) -> Com
     if left is not None:
         return left
     if row is not None:
-        stream, seq = row[SITE][S_STREAM], row[SEQ]
+        stream, seq = row.stream, row.seq
         status = "timed out" if isinstance(error, CommTimeout) else "failed"
-        state = f"{status} in {row[SITE][S_COLLECTIVE]} #{seq}"
+        state = f"{status} in {row.spec.collective} #{seq}"
         where = f"{call} #{seq}"
     else:
         stream, seq = 0, None

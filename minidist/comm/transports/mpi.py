@@ -9,8 +9,8 @@ Design notes:
   checks the byte count it got, so a shape mismatch between ranks is a CommError, not garbage.
 - Every wait is bounded: it spins on ``Test()`` a few hundred times (the fast path, a few
   microseconds; only twice when ranks outnumber cores), then keeps testing with
-  ``os.sched_yield()`` between tests (releases the GIL and the core; ``time.sleep(0)`` costs
-  ~55 us here) until ``timeout_s``, then raises CommTimeout naming rank, op, peer. MPI's own
+  ``os.sched_yield()`` between tests (releases the GIL and the core; ``time.sleep(0)`` would
+  sleep a whole scheduler tick) until ``timeout_s``, then raises CommTimeout naming rank, op, peer. MPI's own
   collectives are waited the same way (``Iallreduce``, ``Ibarrier``, ``Idup``): no call blocks
   without a deadline. In the slow phase a wait runs the ``poll_hook`` every ``POLL_S``
   (base.py), which reads the side channel: a second duplicate of the communicator (``side``)
@@ -47,9 +47,9 @@ from minidist.envvars import env, raw
 log = get_logger(__name__)
 
 SPIN_TESTS = 200  # Test() calls before the first yield: keeps small messages fast
-# More ranks than cores (e.g. 4 ranks on this 2-core VM): a spinning rank holds the core its peer
-# needs, so spin only briefly and give the core away with sched_yield (~1 us; time.sleep(0)
-# costs ~55 us here). Ring at n=4, 8 B: 963 us -> 377 us (docs/benchmarks.md).
+# More ranks than cores: a spinning rank holds the core its peer needs, so spin only briefly and
+# give the core away with sched_yield (a system call; time.sleep(0) sleeps a scheduler tick).
+# What it saves on small messages: docs/benchmarks.md, with the command that measures it.
 OVERSUBSCRIBED_SPIN_TESTS = 2
 
 

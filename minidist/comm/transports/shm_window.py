@@ -12,9 +12,9 @@ A window gives every rank a slot of its own and maps every peer's slot into this
 
 Synchronization is a *flag barrier* in a small control window instead of ``MPI_Barrier``: rank
 r writes an increasing counter to its own cache line and waits until every peer's counter
-caught up. On this 2-core machine it takes ~1.3 us at n=2 (MPI_Barrier: ~5.5 us) and ~10 us at
-n=4 oversubscribed (MPI_Barrier: ~40 us), because a waiting rank gives its core away with
-``sched_yield`` (``time.sleep(0)`` costs ~55 us). Each rank writes only its own flag, so no
+caught up. It is several times faster than ``MPI_Barrier`` (docs/benchmarks.md), also with
+more ranks than cores, because a waiting rank gives its core away with ``sched_yield`` (not
+``time.sleep(0)``, which sleeps a scheduler tick). Each rank writes only its own flag, so no
 atomics are needed; ``MPI_Win_sync`` before the flag store and after the wait orders the data
 stores and loads around it (a no-op on x86, a fence elsewhere). The wait has a deadline and
 names the ranks that did not arrive.
@@ -249,6 +249,35 @@ class ShmNode:
 
 
 _NODES: "weakref.WeakKeyDictionary[Transport, ShmNode]" = weakref.WeakKeyDictionary()
+
+
+def _owners(node: ShmNode) -> frozenset:
+    """ids of the arrays that own this rank's shared-window memory (what ``arr.base`` is for
+    any view of a ``shm_alloc_buffer`` array: NumPy collapses view chains)."""
+    wins = node.user_windows  # windows may be freed (shm_free_buffer) and new ones allocated
+    cached = node.extra.get("owners")
+    if cached is None or len(cached[0]) != len(wins) or any(
+            a is not b for a, b in zip(cached[0], wins)):
+        ids = frozenset(id(w.slots[node.rank].base) for w in wins)
+        cached = node.extra["owners"] = (list(wins), ids)  # holds the windows: ids stay unique
+    return cached[1]
+
+
+def shm_owns(node: ShmNode, flat: Any) -> bool:
+    """True when ``flat`` (a NumPy array) views one of this rank's shared windows."""
+    return bool(node.user_windows) and id(flat.base) in _owners(node)
+
+
+def window_of(node: ShmNode, flat: np.ndarray) -> tuple[int, int]:
+    """(window index, byte offset) of ``flat`` in this rank's shared buffers, or (-1, -1)
+    (the shared-memory all-reduce's zero-copy path needs the same place on every rank)."""
+    if not node.user_windows or id(flat.base) not in _owners(node):
+        return -1, -1  # private memory: no address lookup (``ctypes.data`` is slow) needed
+    for i, w in enumerate(node.user_windows):
+        off = w.find(node.rank, flat)
+        if off is not None:
+            return i, off
+    return -1, -1
 
 
 def shm_node(transport: Transport) -> ShmNode:

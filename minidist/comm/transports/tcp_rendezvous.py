@@ -507,8 +507,8 @@ class Mesh:
             finally:
                 arrivals.close()
         self._listener.close()
-        # Kernel buffer sizes stay at their (auto-tuned) defaults: 4 MiB SO_SNDBUF/RCVBUF made
-        # loopback slower here (1.2 vs 1.75 GB/s one way).
+        # Kernel buffer sizes stay at their (auto-tuned) defaults: fixed 4 MiB SO_SNDBUF/RCVBUF
+        # made loopback slower, not faster (benchmarks/allreduce.py --backend tcp shows it).
 
 
 __all__ = ["Mesh", "HANDSHAKE_S", "MAGIC", "NONCE_BYTES", "MAC_BYTES", "MAX_JSON_BYTES"]

@@ -1,0 +1,222 @@
+"""One collective call: its number on its stream, its message tag, and who watches it.
+
+    calls = Calls(transport.max_tag)                   # one per ProcessGroup
+    call = calls.begin(spec, stream, shape, label)     # numbered, tagged; observers start
+    ring_all_reduce(transport, flat, op, call.tag)     # every message of the call carries the tag
+    calls.end(call)                          # on a CommError e: raise calls.failed(call, e)
+
+Call numbers: every collective of a group takes the next number on its stream (``seq``, from
+1), so the n-th call of one rank pairs with the n-th call of every other.
+
+Message tags: ``begin`` folds the call's fingerprint, a hash of ``(seq, signature)``, into the
+tag above the stream bits (``transports.base.wire_tag``, the one function that builds a
+collective's tag). The signature hashes what the call is (collective, op, dtype, count, root,
+algorithm), so calls that differ across ranks never consume each other's messages, and MPI's
+Allreduce and the shared-memory algorithm compare the fingerprint beside the data. The tag
+depends on the call alone: it is the same whoever watches (the ledger on or off).
+
+Observers watch the calls without being part of them. An observer has three methods, which
+``begin``, ``end`` and ``failed`` call in registration order::
+
+    start(call)           before the call's first message; may raise a CommError (a check)
+    end(call)             after the call returned
+    failed(call, error)   the call raised ``error`` (before the failure diagnosis runs)
+
+The process group registers the ledger (diagnosis/ledger.py: on by default), and in debug mode
+the consistency check (diagnosis/consistency.py) and the debug log (diagnosis/debug_log.py).
+With no observer, a call costs its number and its tag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from typing import Any, Callable, Iterator, NamedTuple, Protocol
+
+import numpy as np
+
+from minidist.comm.errors import CommError
+from minidist.comm.ops import SUPPORTED_DTYPES, ReduceOp
+from minidist.comm.transports.base import wire_tag
+
+# Small stable codes (the same in every process: Python's str hash is salted per process, int
+# and tuple-of-int hashes are not).
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier",
+               "broadcast_object", "all_gather_object", "consistency_check", "alloc_buffer")
+_COLLECTIVE_CODE = {name: i + 1 for i, name in enumerate(COLLECTIVES)}
+_DTYPE_CODE: dict = {None: 0, **{np.dtype(d): i + 1 for i, d in enumerate(SUPPORTED_DTYPES)}}
+_ALGO_CODE: dict = {None: 0}
+
+
+def _algo_code(name: str | None) -> int:
+    code = _ALGO_CODE.get(name)
+    if code is None:
+        code = _ALGO_CODE[name] = zlib.crc32(str(name).encode()) & 0xFFFFFF or 1
+    return code
+
+
+def signature(collective: str, op: ReduceOp | None, dtype: Any, count: int, root: int,
+              algorithm: str | None) -> int:
+    """The part of a call's fingerprint that does not change from call to call (no ``seq``):
+    Python's hash of a tuple of small integers, the same in every process of one Python
+    version (ranks run the same interpreter)."""
+    return hash((count, root, _COLLECTIVE_CODE[collective], 0 if op is None else op.code,
+                 _DTYPE_CODE.get(dtype, 15), _algo_code(algorithm)))
+
+
+def fingerprint(seq: int, collective: str, op: ReduceOp | None, dtype: Any, count: int,
+                root: int, algorithm: str | None) -> int:
+    """A 64-bit digest of one call; equal on every rank exactly when the calls agree.
+
+    Mixes the call number ``seq`` (so the n-th call of one rank only matches the n-th of
+    another) with the call's ``signature``: ``hash((seq, signature(...)))``.
+    """
+    return hash((seq, signature(collective, op, dtype, count, root, algorithm)))
+
+
+class CallSpec(NamedTuple):
+    """What a call is, apart from its number: the same for every repetition of one call."""
+
+    collective: str         # "all_reduce", "broadcast", ...
+    text: str               # how messages name it: 'all_reduce(algorithm="auto")'
+    numel: int              # elements (0 for barrier and the *_object collectives)
+    dtype: Any              # a NumPy dtype, or None
+    op: ReduceOp | None
+    root: int               # src of broadcast*, dst of reduce; -1: none
+    algorithm: str | None   # what runs ("auto" resolved)
+    reason: str | None      # why: "explicit", or auto's rule
+    requested: str | None   # what the caller asked for ("auto", "ring", ...)
+    signature: int          # ``signature(...)`` of the fields above
+    shared: bool = False    # the buffer lies in a shared-memory window (auto chose for that)
+
+
+def call_spec(collective: str, text: str, count: int = 0, dtype: Any = None,
+              op: ReduceOp | None = None, root: int = -1, algorithm: str | None = None,
+              reason: str | None = None, requested: str | None = None, shared: bool = False
+              ) -> CallSpec:
+    """A ``CallSpec`` with its signature (the planner makes all_reduce's once per shape)."""
+    return CallSpec(collective, text, count, dtype, op, root, algorithm, reason,
+                    algorithm if requested is None else requested,
+                    signature(collective, op, dtype, count, root, algorithm), shared)
+
+
+class Call:
+    """One collective call as its observers see it (the ledger keeps it as an entry).
+
+    Attributes:
+        spec: its ``CallSpec``. stream: the caller's ``tag``. seq: its number on the stream.
+        tag: its message tag. shape: the caller's array shape (None without one).
+        label: the caller's label (``label=``), or None.
+        t0, t1: ``perf_counter`` at start and end (set by the ledger; t1 None while running).
+        status: None while running or done; a failure status once it failed (the ledger's).
+    """
+
+    __slots__ = ("spec", "stream", "seq", "tag", "shape", "label", "t1", "status", "t0",
+                 "error", "site")
+    t0: float           # set by the observers that time it (the ledger)
+    error: str | None   # the first line of the error, once it failed (status is set)
+    site: tuple         # the caller's (code, byte offset), set by the ledger
+
+    def __init__(self, spec: CallSpec, stream: int, seq: int, tag: int, shape: Any,
+                 label: str | None) -> None:
+        self.spec = spec
+        self.stream = stream
+        self.seq = seq
+        self.tag = tag
+        self.shape = shape
+        self.label = label
+        self.t1: float | None = None
+        self.status: Any = None
+
+
+class CollectiveObserver(Protocol):
+    """What watches a group's collectives (see the module docstring)."""
+
+    def start(self, call: Call) -> None:
+        """Before the call's first message; a CommError raised here fails the call."""
+
+    def end(self, call: Call) -> None:
+        """After the call returned."""
+
+    def failed(self, call: Call, error: BaseException) -> None:
+        """The call raised ``error``."""
+
+
+class Calls:
+    """The call numbers and observers of one process group (see the module docstring).
+
+    Args:
+        max_tag: the transport's largest message tag (the fingerprint is folded below it).
+        diagnose: ``diagnose(call, error)`` -> the error to raise for a failed call (the
+            process group's failure diagnosis, failure/exchange.py); None: ``error`` itself.
+    """
+
+    def __init__(self, max_tag: int,
+                 diagnose: Callable[[Call, BaseException], BaseException] | None = None) -> None:
+        self.max_tag = int(max_tag)
+        self.diagnose = diagnose  # the group's failure policy: the error to raise instead
+        self.observers: tuple = ()
+        self._ends: tuple = ()  # the observers' ``end`` methods, bound once
+        self._seq: dict[int, int] = {}  # stream -> calls so far
+
+    def add(self, observer: CollectiveObserver) -> None:
+        """Register ``observer``: it sees every call from the next one on."""
+        self.observers = (*self.observers, observer)
+        self._ends = tuple(o.end for o in self.observers)
+
+    def remove(self, observer: CollectiveObserver) -> None:
+        """Stop showing calls to ``observer``."""
+        self.observers = tuple(o for o in self.observers if o is not observer)
+        self._ends = tuple(o.end for o in self.observers)
+
+    def counts(self) -> dict[int, int]:
+        """``{stream: calls so far}``."""
+        return dict(self._seq)
+
+    def begin(self, spec: CallSpec, stream: int, shape: Any = None,
+              label: str | None = None) -> Call:
+        """Number and tag the next call on ``stream``; every observer starts watching it.
+
+        Raises:
+            CommError: an observer's check failed (as ``failed`` turns it).
+        """
+        seq = self._seq.get(stream, 0) + 1
+        self._seq[stream] = seq
+        call = Call(spec, stream, seq, wire_tag(stream, hash((seq, spec.signature)),
+                                                self.max_tag), shape, label)
+        for observer in self.observers:
+            try:
+                observer.start(call)
+            except CommError as e:
+                raise self.failed(call, e) from e
+        return call
+
+    def end(self, call: Call) -> None:
+        """The call returned: tell every observer."""
+        for end in self._ends:  # (bound once: the one hot loop of an observed call)
+            end(call)
+
+    def failed(self, call: Call, error: BaseException) -> BaseException:
+        """The call raised ``error``: tell every observer; return the error to raise (what
+        ``diagnose`` makes of it)."""
+        for observer in self.observers:
+            observer.failed(call, error)
+        return error if self.diagnose is None else self.diagnose(call, error)
+
+    @contextlib.contextmanager
+    def unobserved(self) -> Iterator[None]:
+        """Calls in the block are seen by no observer and leave the call numbers as they
+        were (a calibration's measurements: every rank makes the same calls, so the tags
+        still agree). Every rank must use it alike."""
+        observers, ends, counts = self.observers, self._ends, dict(self._seq)
+        self.observers, self._ends = (), ()
+        try:
+            yield
+        finally:
+            self.observers, self._ends = observers, ends
+            self._seq.clear()
+            self._seq.update(counts)
+
+
+__all__ = ["Call", "CallSpec", "Calls", "CollectiveObserver", "call_spec", "fingerprint",
+           "signature", "COLLECTIVES"]
