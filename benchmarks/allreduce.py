@@ -80,6 +80,7 @@ class Args:
     ledger_compare: bool = False
     burst: int = 1
     gloo: bool = False
+    note: str = ""
 
 
 def parse_args(argv: list[str] | None = None) -> Args | tuple:
@@ -91,10 +92,14 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
                    help="timed calls per point (default: 200 for small, down to 10 at 64 MiB)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 3)")
     p.add_argument("--algorithms", default=DEFAULT_ALGOS, help=f"default {DEFAULT_ALGOS}")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--op", default="sum")
+    p.add_argument("--dtype", default="float32", help="element type (default float32)")
+    p.add_argument("--op", default="sum", help="reduction: sum, avg, max, min, prod (default sum)")
     p.add_argument("--out", default=str(LOCAL_RESULTS), help="directory for JSON/PNG")
-    p.add_argument("--name", default=None, help="file stem (default allreduce_n{N})")
+    p.add_argument("--name", default=None,
+                   help="file stem (default allreduce_n{N} over MPI on one node, else "
+                        "allreduce_{backend}_{nodes}x{ranks per node}, e.g. allreduce_tcp_2x2)")
+    p.add_argument("--note", default="",
+                   help="a few words for the plot's title and the JSON, e.g. '1 Gbit links'")
     p.add_argument("--backend", default="mpi", help="mpi (under mpiexec) or tcp (torchrun env)")
     p.add_argument("--quick", action="store_true", help="x4 steps, <= 20 iters, 1 warm-up")
     p.add_argument("--no-plot", action="store_true")
@@ -129,7 +134,7 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
         raise SystemExit(f"--burst must be >= 1, got {a.burst}")
     return Args(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes), step, iters, warmup, algos,
                 a.dtype, a.op, Path(a.out), a.name, a.backend, not a.no_plot, a.ledger_compare,
-                a.burst, a.backend == "tcp" and not a.no_gloo)
+                a.burst, a.backend == "tcp" and not a.no_gloo, a.note)
 
 
 # ---------------------------------------------------------------- running one point
@@ -250,11 +255,12 @@ def time_interleaved(group: Any, runs: list[tuple[Callable, np.ndarray]], base: 
     return group.all_gather(local.reshape(-1)).max(axis=0).reshape(k, iters).tolist()
 
 
-OURS = ("ring", "tree", "rd", "direct", "shm")  # "our own algorithms" of the auto target
+OURS = ("ring", "tree", "rd", "direct", "shm", "hier")  # "our own algorithms": auto's targets
 
 
 def best_of_ours(point: list[dict], zc: bool) -> dict | None:
-    """The fastest of ring/tree/rd/direct/shm at one size, on plain (or shared: zc) buffers."""
+    """The fastest of ring/tree/rd/direct/shm/hier (those in the run) at one size, on plain
+    (or shared: zc) buffers."""
     mine = [r for r in point if r["algorithm"] in
             ([a + "_zc" for a in OURS] if zc else OURS)]
     return min(mine, key=lambda r: r["median_us"]) if mine else None
@@ -301,21 +307,30 @@ def sweep(args: Args, group: Any, gloo: Callable | None = None) -> dict:
     rng = np.random.default_rng(1234 + rank)
     full = (rng.integers(-100, 100, max_count) if dtype.kind in "iu"
             else rng.standard_normal(max_count)).astype(dtype)
+    # the ratio columns of the rows this run has: (title, row key, what it is)
+    ratios = [(title, key, what) for title, key, what, row in (
+        ("vs mpi", "ratio_to_mpi", "/ mpi (MPI's Allreduce through minidist)", "mpi"),
+        ("vs raw", "ratio_to_mpi_raw", f"/ {RAW_MPI} (mpi4py's comm.Allreduce called directly)",
+         RAW_MPI),
+        ("vs gloo", "ratio_to_gloo", "/ torch's gloo", "gloo"),
+        ("vs best", "ratio_to_best_ours", f"auto / the fastest of {'/'.join(OURS)} in this run "
+         "(same buffer kind) at that size", "auto")) if any(
+            base_algorithm(a) == row for a in args.algorithms)]
     table = Table([("size(B)", 10, "d"), ("count", 9, "d"), ("algorithm", 9, "s"),
                    ("median(us)", 11, ".1f"), ("min(us)", 10, ".1f"), ("max(us)", 10, ".1f"),
                    ("algbw(GB/s)", 11, ".3f"), ("busbw(GB/s)", 11, ".3f"),
-                   ("vs mpi", 7, ".2f"), ("vs raw", 7, ".2f"), ("vs gloo", 7, ".2f"),
-                   ("vs best", 7, ".2f"),
-                   ("#wrong", 6, "d")])
+                   *[(title, 7, ".2f") for title, _, _ in ratios], ("#wrong", 6, "d")])
     if rank == 0:
         print(f"# minidist all_reduce benchmark: n={n}, dtype={dtype.name}, op={args.op}, "
-              f"backend={group.backend}; timings interleaved; 'vs best' = auto / fastest of "
-              f"{'/'.join(OURS)} (same buffer kind) at that size; 'vs raw' = / {RAW_MPI} "
-              "(mpi4py's comm.Allreduce called directly)")
+              f"backend={group.backend}; timings interleaved; "
+              + "; ".join(f"'{title}' = {what}" for title, _, what in ratios), flush=True)
         print(table.header(), flush=True)
     rows = []
     plain = np.empty(max_count, dtype)
-    for nbytes in points:
+    # progress on stderr (the table stays clean): the work of a size ~ bytes x iterations
+    work = [nb * (args.iters or default_iters(nb)) * len(args.algorithms) for nb in points]
+    t_start, done = time.perf_counter(), 0
+    for i, nbytes in enumerate(points):
         count = nbytes // dtype.itemsize
         base = full[:count]
         ref = base.copy()
@@ -356,11 +371,17 @@ def sweep(args: Args, group: Any, gloo: Callable | None = None) -> dict:
             if rank == 0:
                 print(table.row(nbytes, count, r["algorithm"], r["median_us"], r["min_us"],
                                 r["max_us"], r["algbw_GBps"], r["busbw_GBps"],
-                                r["ratio_to_mpi"], r["ratio_to_mpi_raw"], r["ratio_to_gloo"],
-                                r["ratio_to_best_ours"], r["wrong"]),
+                                *[r[key] for _, key, _ in ratios], r["wrong"]),
                       flush=True)
         rows += point
-    out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend,
+        done += work[i]
+        if rank == 0 and i + 1 < len(points):
+            spent = time.perf_counter() - t_start
+            left = spent / done * (sum(work) - done)
+            print(f"# progress: {i + 1}/{len(points)} sizes in {spent:.0f} s; about "
+                  f"{left:.0f} s left (from the bytes moved so far)", file=sys.stderr,
+                  flush=True)
+    out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend, "note": args.note,
            "nodes": group.topology.num_nodes, "skipped": skipped, "burst": args.burst,
            "rows": rows,
            "crossover_ring_tree": crossover(rows, "ring", "tree")}
@@ -463,29 +484,50 @@ def crossover(rows: list[dict], fast_big: str, fast_small: str) -> int | None:
     return cross
 
 
+def plot_title(result: dict) -> str:
+    """What the run was: ranks, nodes, transport, dtype, op (and ``--note``, e.g. the link)."""
+    nodes = result.get("nodes", 1)
+    where = f"{result['n']} ranks" + (f" on {nodes} nodes" if nodes > 1 else "")
+    note = f", {result['note']}" if result.get("note") else ""
+    return (f"all_reduce, {where}, {result.get('backend', 'mpi').upper()} transport{note}, "
+            f"{result['dtype']} {result['op']}")
+
+
 def plot(result: dict, path: Path) -> Path | None:
-    """busbw and latency vs size per algorithm (None without matplotlib)."""
+    """busbw and latency vs size per algorithm (None without matplotlib): one colour per
+    algorithm, dashed for its ``_zc`` (shared-buffer) twin, the legend beside the plots."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name in dict.fromkeys(r["algorithm"] for r in result["rows"]):
+    names = list(dict.fromkeys(r["algorithm"] for r in result["rows"]))
+    bases = list(dict.fromkeys(base_algorithm(a) if a != RAW_MPI else a for a in names))
+    colours = plt.get_cmap("tab10" if len(bases) <= 10 else "tab20").colors
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.2))
+    markers = "osD^v<>ph*"
+    for name in names:
         pts = [r for r in result["rows"] if r["algorithm"] == name]
         x = [r["nbytes"] for r in pts]
-        style = dict(marker=".", label=name, lw=2.5 if name == "mpi" else 1.2)
+        k = bases.index(base_algorithm(name) if name != RAW_MPI else name)
+        style = dict(marker=markers[k % len(markers)], markersize=4, label=name,
+                     color=colours[k % len(colours)],
+                     ls="--" if "_zc" in name else ":" if name.endswith("-off") else "-",
+                     lw=2.6 if name in ("mpi", "auto") else 1.4)
         ax1.plot(x, [r["busbw_GBps"] for r in pts], **style)
         ax2.plot(x, [r["median_us"] for r in pts], **style)
-    for ax, title in ((ax1, "bus bandwidth (GB/s)"), (ax2, "median time (us)")):
+    for ax, title in ((ax1, "bus bandwidth (GB/s, higher is better)"),
+                      (ax2, "median time per call (us, lower is better)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("message size (bytes)")
-        ax.set_title(f"all_reduce n={result['n']} {result['dtype']} {result['op']}: {title}")
+        ax.set_title(title, fontsize=11)
         ax.grid(alpha=0.3)
     ax2.set_yscale("log")
-    ax1.legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = ax1.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=10, frameon=False)
+    fig.suptitle(plot_title(result), fontsize=12)
+    fig.tight_layout(rect=(0, 0, 0.88, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -658,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
             result = {"machine": machine_info(extra),
                       "command": " ".join(sys.argv), "elapsed_s": time.perf_counter() - t0,
                       **result}
-            stem = args.name or f"allreduce_n{group.size}"
+            stem = args.name or default_stem(group)
             path = write_json(args.out / f"{stem}.json", result)
             png = plot(result, args.out / f"{stem}.png") if args.plot else None
             measured = {r["algorithm"] for r in result["rows"]}
@@ -676,6 +718,15 @@ def main(argv: list[str] | None = None) -> int:
             td.destroy_process_group()
         destroy_process_group()
     return 0
+
+
+def default_stem(group: Any) -> str:
+    """``allreduce_n{N}`` for MPI on one node (the published results' names); otherwise the
+    transport and the node layout are in the name, so such a run never overwrites those."""
+    nodes = group.topology.num_nodes
+    if group.backend == "mpi" and nodes == 1:
+        return f"allreduce_n{group.size}"
+    return f"allreduce_{group.backend}_{nodes}x{group.size // nodes}"
 
 
 def known_algorithms() -> list[str]:

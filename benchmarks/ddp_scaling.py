@@ -12,9 +12,9 @@
     .venv/bin/python benchmarks/ddp_scaling.py --models large --quick --paired 200
         # the reference workload only, + DDP's overhead step by step (plain and DDP steps
         # alternate: the ratio holds up on a machine shared with other jobs)
-    .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --models large --quick --paired 200 --fold
-        # + a third side, DDP with the prescaled hook: what folding the average into
-        # backward saves over the default hook's divide
+    .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --models large --quick --paired 100 --fold
+        # + a third side, DDP with the textbook hook (divide by n, all-reduce the sum): what
+        # the default (the average folded into backward) saves over it
 
 Models (float32, SGD lr 0.01, synthetic data, batch 64 PER RANK):
     small   MLP 64-256-10          (19k parameters: latency-bound all-reduce)
@@ -50,7 +50,7 @@ Output: tables on stdout (rank 0); the driver writes ddp_scaling.json and ddp_sc
 table) into ``--out`` (default runs/bench/, git-ignored; the published results in
 benchmarks/results/ come from ``--out benchmarks/results``), a single launch under mpirun.sh
 ddp_scaling_nN.json (with --amp: ddp_scaling_amp.json, ddp_scaling_amp.txt,
-ddp_scaling_amp_nN.json).
+ddp_scaling_amp_nN.json; with --trace: ddp_scaling_trace.json, ...).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ from minidist import amp, comm, kernels, nn, optim  # noqa: E402
 from minidist import tracing as trace  # noqa: E402
 from minidist.comm.algorithms.shm import shm_is_shared  # noqa: E402
 from minidist.ddp import DistributedDataParallel, auto_overlap  # noqa: E402
-from minidist.ddp.hooks import prescaled_allreduce_hook  # noqa: E402
+from minidist.ddp.hooks import allreduce_hook  # noqa: E402
 from minidist.ddp.grad_checks import all_finite_fast  # noqa: E402
 from minidist.tensor import Tensor  # noqa: E402
 
@@ -181,10 +181,11 @@ def paired_steps(model_name: str, pairs: int, warmup: int, fold: bool = False) -
     of the same n processes take turns, one step each, ``pairs`` times (the order rotates).
     A burst of load from other jobs then hits every side of a round alike, so the median of
     the per-round ratios resolves a few percent where whole-configuration medians on a
-    shared machine cannot. With ``fold`` a third side runs DDP with the prescaled hook (the
-    average folded into backward, ``hooks.prescaled_allreduce_hook``): its saving over the
-    default hook is the median of the per-round (DDP - fold) / plain. Returns medians (max
-    over ranks) and the median ratios."""
+    shared machine cannot. With ``fold`` a third side runs DDP with the textbook hook
+    (``hooks.allreduce_hook``: divide the bucket by n, all-reduce the sum) beside the default
+    (``hooks.prescaled_allreduce_hook``: the average folded into backward): what the fold
+    saves is the median of the per-round (textbook - DDP) / plain. Returns medians (max over
+    ranks) and the median ratios."""
     rank = comm.get_rank()
     d_in, _, d_out = MODELS[model_name]
     rng = np.random.default_rng(rank)
@@ -192,10 +193,10 @@ def paired_steps(model_name: str, pairs: int, warmup: int, fold: bool = False) -
     y = rng.integers(0, d_out, BATCH)
     loss_fn = nn.CrossEntropyLoss()
     sides = []
-    for kind in ("plain", "ddp") + (("fold",) if fold else ()):
+    for kind in ("plain", "ddp") + (("textbook",) if fold else ()):
         model = build(model_name)
         net = model if kind == "plain" else DistributedDataParallel(
-            model, comm_hook=prescaled_allreduce_hook if kind == "fold" else None)
+            model, comm_hook=allreduce_hook if kind == "textbook" else None)
         sides.append((net, optim.SGD(model.parameters(), lr=0.01)))
 
     def step(side: int) -> tuple[float, float]:
@@ -227,7 +228,7 @@ def paired_steps(model_name: str, pairs: int, warmup: int, fold: bool = False) -
     if fold:
         meds += [statistics.median(wall[2]),
                  statistics.median([f / p for p, f in zip(wall[0], wall[2])]),
-                 statistics.median([(d - f) / p for p, d, f in zip(*wall)])]
+                 statistics.median([(t - d) / p for p, d, t in zip(*wall)])]
     med = np.array(meds)
     comm.all_reduce(med, op="max")
     out = {"model": model_name, "n": comm.get_world_size(), "pairs": pairs,
@@ -235,7 +236,7 @@ def paired_steps(model_name: str, pairs: int, warmup: int, fold: bool = False) -
            "ratio": float(med[2]), "cpu_ratio": float(med[3]),
            "overlap": auto_overlap(comm.get_world_size())}
     if fold:
-        out.update(fold_ms=float(med[4]) * 1e3, fold_ratio=float(med[5]),
+        out.update(textbook_ms=float(med[4]) * 1e3, textbook_ratio=float(med[5]),
                    fold_saving=float(med[6]))
     return out
 
@@ -359,11 +360,11 @@ def overhead_lines(results: list[dict]) -> list[str]:
             lines.append(f"# n={r['n']} {r['model']} paired ({r['pairs']} alternating steps): "
                          f"plain {r['plain_ms']:.2f} ms, DDP {r['ddp_ms']:.2f} ms; median of "
                          f"per-pair DDP/plain {r['ratio']:.3f}x, CPU time {r['cpu_ratio']:.3f}x")
-            if "fold_ratio" in r:
-                lines.append(f"#   prescaled hook (average folded into backward): "
-                             f"{r['fold_ms']:.2f} ms, fold/plain {r['fold_ratio']:.3f}x; it "
-                             f"saves {100 * r['fold_saving']:.1f}% of a plain step over the "
-                             "default hook")
+            if "textbook_ratio" in r:
+                lines.append(f"#   textbook hook (divide by n, all-reduce the sum): "
+                             f"{r['textbook_ms']:.2f} ms, /plain {r['textbook_ratio']:.3f}x; "
+                             f"the default (average folded into backward) saves "
+                             f"{100 * r['fold_saving']:.1f}% of a plain step over it")
     return lines
 
 
@@ -420,8 +421,9 @@ def driver(args: argparse.Namespace) -> None:
 
 
 def result_stem(args: argparse.Namespace) -> str:
-    """``ddp_scaling``, or ``ddp_scaling_amp`` for --amp runs (they keep the plain table)."""
-    return "ddp_scaling_amp" if args.amp else "ddp_scaling"
+    """``ddp_scaling``, ``ddp_scaling_amp`` for --amp runs, ``..._trace`` for --trace runs
+    (each keeps the others' tables: a traced step is slower, not for the table)."""
+    return ("ddp_scaling_amp" if args.amp else "ddp_scaling") + ("_trace" if args.trace else "")
 
 
 def main() -> None:
@@ -435,8 +437,8 @@ def main() -> None:
                    help="also time PAIRS alternating plain/DDP steps per model (see "
                    "paired_steps): DDP's overhead, robust to load from other jobs")
     p.add_argument("--fold", action="store_true",
-                   help="with --paired: also time DDP with hooks.prescaled_allreduce_hook (the "
-                   "average folded into backward) beside the default hook")
+                   help="with --paired: also time DDP with the textbook hooks.allreduce_hook "
+                   "(divide, then sum) beside the default (the average folded into backward)")
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["small", "large"],
                    help="which models to run (large: the reference workload of the targets)")
     p.add_argument("--amp", action="store_true",

@@ -57,6 +57,9 @@ def pick_steps(events: list, model: str, overlap: bool) -> dict:
 def draw(ax, events: list, steps: dict, title: str) -> None:
     t0 = min(s["ts"] for s in steps.values())
     t1 = max(s["ts"] + s["dur"] for s in steps.values())
+    for pid, s in steps.items():  # every bar drawn ends inside the axes (optimizer.step too)
+        t1 = max([t1] + [e["ts"] + e["dur"] for n in COLORS for e in spans(events, pid, n)
+                         if s["ts"] - 1 <= e["ts"] <= s["ts"] + s["dur"] + 1])
     rows = []
     for pid in sorted(steps):
         lo, hi = steps[pid]["ts"], steps[pid]["ts"] + steps[pid]["dur"]
@@ -77,9 +80,13 @@ def draw(ax, events: list, steps: dict, title: str) -> None:
             a = e["args"]
             label = (f"b{a.get('bucket', '?')} {a['algorithm']} {a['bytes'] / 2**20:.1f} MiB\n"
                      f"{a['busbw_GBps']:.1f} GB/s")
+            x_mid = (e["ts"] - t0 + e["dur"] / 2) / 1e3
             if e["dur"] / (t1 - t0) > 0.08:
-                ax.text((e["ts"] - t0 + e["dur"] / 2) / 1e3, y_comm, label, ha="center",
-                        va="center", fontsize=7, color="white")
+                ax.text(x_mid, y_comm, label, ha="center", va="center", fontsize=7,
+                        color="white")
+            else:  # too narrow for the label inside: its bucket number just below the bar
+                ax.text(x_mid, y_comm + 0.36, f"b{a.get('bucket', '?')}", ha="center",
+                        va="top", fontsize=7, color="#3b3366")
         for e in events:
             if (e.get("ph") == "i" and e["pid"] == pid and e["name"].endswith(" ready")
                     and inside(e)):
@@ -90,7 +97,7 @@ def draw(ax, events: list, steps: dict, title: str) -> None:
         print(f"# {title}: rank {pid}: " + ", ".join(f"{n} {v:.2f} ms" for n, v in got.items()))
     ax.set_yticks(range(len(rows)), rows)
     ax.invert_yaxis()
-    ax.set_xlim(0, (t1 - t0) / 1e3)
+    ax.set_xlim(0, (t1 - t0) / 1e3 * 1.02)
     ax.set_xlabel("ms from the start of the step")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)

@@ -1,4 +1,4 @@
-"""Scale model: all-reduce and DDP step time from 2 to 4096 ranks, fitted on this machine.
+"""Scale model: all-reduce and DDP step time from 2 to 4096 ranks, fitted to measured results.
 
     .venv/bin/python benchmarks/scale_model.py --quick        # fit + validate + a small grid
     .venv/bin/python benchmarks/scale_model.py                # the full grid, tables + JSON
@@ -7,8 +7,10 @@
         --model 25M:100 --overlap 0.8                         # one cluster, one model
 
 No processes are started: the script reads the all-reduce benchmark's JSON results
-(``benchmarks/allreduce.py``, one file per run) and fits, per LEVEL of the machine, the
-alpha-beta-gamma constants that every algorithm shares:
+(``benchmarks/allreduce.py``, one file per run; by default the ones shipped in
+``benchmarks/results/``, measured on the machine docs/benchmarks.md describes: pass
+``--inputs`` with your own runs' JSON to fit YOUR machine) and fits, per LEVEL of the machine,
+the alpha-beta-gamma constants that every algorithm shares:
 
   alpha  microseconds per message (latency + the per-message software cost)
   beta   microseconds per byte sent
@@ -60,6 +62,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import sys
@@ -668,7 +671,8 @@ def print_checks(held: list[dict], ddp: list[dict]) -> None:
         d = Table([("model", 6, "s"), ("n", 3, "d"), ("compute", 8, ".2f"),
                    ("measured", 9, ".2f"), ("predicted", 9, ".2f"), ("error", 7, "s"),
                    ("exposed meas/pred", 18, "s")])
-        print("# DDP step on this machine (ms): compute = the same n processes without DDP")
+        print("# DDP step of the measured machine (ms): compute = the same n processes without "
+              "DDP")
         print(d.header())
         for r in ddp:
             exposed = f"{r['measured_exposed_ms'] or 0:.2f}/{r['predicted_exposed_ms']:.2f}"
@@ -767,23 +771,35 @@ def plots(result: dict, folder: Path, show_p: list[int]) -> list[Path]:
     fig.tight_layout()
     written.append(_save(fig, folder / "scaling_crossover.png"))
 
-    fig, axes = plt.subplots(1, len(links), figsize=(4.2 * len(links), 4), squeeze=False)
-    algos = list(ALGORITHMS)
+    cols = 2 if len(links) > 2 else len(links)  # a 2 x 2 grid: each panel big enough to read
+    grid_rows = math.ceil(len(links) / cols)
+    fig, axes = plt.subplots(grid_rows, cols, figsize=(6.2 * cols, 4.8 * grid_rows + 0.6),
+                             squeeze=False)
+    # the legend lists only the algorithms that win somewhere
+    algos = [a for a in ALGORITHMS if any(r["best"] == a for link in links.values()
+                                          for r in link["times"])]
     cmap = matplotlib.colors.ListedColormap([colors[a] for a in algos])
-    for ax, (name, link) in zip(axes[0], links.items()):
+    for ax in axes.flat[len(links):]:
+        ax.set_axis_off()
+    for ax, (name, link) in zip(axes.flat, links.items()):
         ps_ = sorted({r["p"] for r in link["times"]})
         ss = sorted({r["nbytes"] for r in link["times"]})
         cell = {(r["p"], r["nbytes"]): algos.index(r["best"]) for r in link["times"]}
         img = np.array([[cell[(p, s)] for s in ss] for p in ps_])
         ax.imshow(img, cmap=cmap, vmin=-0.5, vmax=len(algos) - 0.5, aspect="auto",
                   origin="lower")
-        ax.set_xticks(range(0, len(ss), 3), [human(s).replace(" ", "") for s in ss[::3]],
-                      rotation=60, fontsize=7)
-        ax.set_yticks(range(len(ps_)), [str(p) for p in ps_], fontsize=7)
-        ax.set(xlabel="message size", ylabel="ranks p", title=f"fastest, link {name}")
+        every = max(1, math.ceil(len(ss) / 9))  # about 9 size ticks
+        ax.set_xticks(range(0, len(ss), every), [human(s).replace(" ", "")
+                                                 for s in ss[::every]],
+                      rotation=45, fontsize=10)
+        ax.set_yticks(range(len(ps_)), [str(p) for p in ps_], fontsize=10)
+        ax.set_xlabel("message size", fontsize=11)
+        ax.set_ylabel("ranks p", fontsize=11)
+        ax.set_title(f"fastest algorithm, link {name}", fontsize=12)
     handles = [matplotlib.patches.Patch(color=colors[a], label=a) for a in algos]
-    fig.legend(handles=handles, loc="upper right", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 0.93, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=len(algos), fontsize=11,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     written.append(_save(fig, folder / "scaling_winners.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -898,6 +914,11 @@ def main(argv: list[str] | None = None) -> int:
     held = [h for b, pts in points.items() for n in sorted({q[0] for q in pts})
             if (h := holdout(b, pts, gamma, n)) is not None]
     ddp = validate_ddp(REPO / args.ddp_results, levels["mpi"], args.overlap)
+    files = expand(args.inputs)
+    print(f"# fitted to {len(files)} result file(s) of --inputs"
+          + (" (the shipped benchmarks/results/, measured on the machine of docs/benchmarks.md;"
+             " pass --inputs with your own allreduce.py JSON to fit this machine)"
+             if args.inputs == DEFAULT_INPUTS else f": {', '.join(map(str, files))}"))
     print_fit(fits, note)
     print_validation(fits, hier, [8, 64 << 10, 1 << 20, 8 << 20])
     print_checks(held, ddp)

@@ -8,6 +8,7 @@ Run (from the repository root):
     .venv/bin/python examples/train.py                          # one process, no mpiexec
     ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/a --save-model runs/a/model.npz
     ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/a --resume   # after a crash
+    ./mpirun.sh -n 2 python examples/train.py --checkpoint-dir runs/b --checkpoint-every 1 --keep-last 2
     .venv/bin/python examples/train.py --dataset mnist --data-root ~/data/mnist --epochs 3
     ./mpirun.sh -n 4 python examples/train.py --amp              # mixed precision (docs/amp.md)
     ./mpirun.sh -n 4 python examples/train.py --amp --master-weights   # float16 weights too
@@ -16,7 +17,8 @@ Run (from the repository root):
 
 Rank 0 prints one line per epoch (loss and accuracy averaged over all ranks, validation on the
 test split, samples/s) and a final ``final test_acc`` line. The same ``--seed`` gives the same
-numbers bit for bit. What one step does on every rank:
+numbers bit for bit for the same launch (under ``--algorithm auto`` another transport may sum the
+gradients in another order: README.md says why). What one step does on every rank:
 
     DistributedSampler (seed + epoch, one shard per rank) -> model(x) -> CrossEntropyLoss
     -> backward (gradient buckets all-reduced while backward runs, docs/how_ddp_works.md)
@@ -82,6 +84,8 @@ class Config:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 5
     resume: bool = False
+    resume_if_present: bool = False
+    keep_last: int = 0
     stop_after_epochs: int = 0
     save_model: str | None = None
     progress_bar: bool = False
@@ -108,9 +112,12 @@ HELP = {
     "dropout": "MLP only: dropout probability after each hidden layer",
     "optimizer": "adamw, or sgd with momentum 0.9 (then use --lr 0.05 --weight-decay 5e-4)",
     "weight_decay": "weight decay of the optimizer",
-    "warmup_epochs": "epochs of linear warm-up, then cosine decay over the rest",
+    "warmup_epochs": "epochs of linear warm-up, then cosine decay over the rest; at most "
+                     "--epochs (the default shrinks to --epochs on a shorter run)",
     "grad_accum_steps": "micro-batches per optimizer step (all but the last under no_sync)",
-    "seed": "seed of the weights, dropout and shuffling: the same seed gives the same numbers",
+    "seed": "seed of the weights, dropout and shuffling: the same seed gives the same numbers "
+            "for the same launch (another transport may pick another all-reduce algorithm "
+            "under --algorithm auto, whose sums round differently: see README.md)",
     "dataset": "digits (bundled), mnist / fashion-mnist (IDX files in --data-root) or synthetic",
     "data_root": "folder holding the MNIST / Fashion-MNIST IDX files (docs/data.md says where "
                  "to get them)",
@@ -118,9 +125,14 @@ HELP = {
     "bucket_cap_mb": "gradient bucket size in MiB (as torch's bucket_cap_mb)",
     "checkpoint_dir": "folder for checkpoints and history.json (none: no checkpoints)",
     "checkpoint_every": "epochs between checkpoints (one is also written after the last epoch)",
-    "resume": "continue from the newest checkpoint in --checkpoint-dir, at the same world size",
-    "stop_after_epochs": "end after this many epochs (a time-limited job; 0: run all "
-                         "--epochs); the schedule still spans --epochs",
+    "resume": "continue from the newest checkpoint in --checkpoint-dir, at the same world size "
+              "(an error if the folder holds none)",
+    "resume_if_present": "like --resume, but start fresh when --checkpoint-dir holds no "
+                         "checkpoint yet (a job resubmitted with the same command)",
+    "keep_last": "keep only the newest N checkpoints in --checkpoint-dir (0: keep all)",
+    "stop_after_epochs": "end after this many epochs of this run, counted from where it "
+                         "started or resumed (a time-limited job; 0: run all --epochs); the "
+                         "schedule still spans --epochs",
     "save_model": "write the final weights to this .npz (torch's state_dict keys)",
     "progress_bar": "rank 0 draws a progress bar per epoch",
     "amp": "float16 autocast + dynamic loss scaling (real on a GPU, emulated on the CPU)",
@@ -134,7 +146,7 @@ HELP = {
 CHOICES = {"model": ["mlp", "cnn"], "optimizer": ["sgd", "adamw"],
            "lr_scaling": ["none", "linear", "sqrt"],
            "dataset": ["digits", "mnist", "fashion-mnist", "synthetic"],
-           "algorithm": ["auto", "ring", "tree", "rd", "direct", "mpi"],
+           "algorithm": ["auto", "ring", "tree", "rd", "shm", "hier", "direct", "mpi"],
            "device": ["cpu", "cuda"]}
 
 
@@ -165,6 +177,7 @@ LIMITS = {"epochs": (lambda v: v >= 1, ">= 1"), "batch_size": (lambda v: v >= 1,
           "grad_accum_steps": (lambda v: v >= 1, ">= 1"),
           "bucket_cap_mb": (lambda v: v > 0, "> 0"),
           "checkpoint_every": (lambda v: v >= 1, ">= 1"),
+          "keep_last": (lambda v: v >= 0, ">= 0 (0: keep all)"),
           "stop_after_epochs": (lambda v: v >= 0, ">= 0 (0: run all --epochs)")}
 
 
@@ -198,8 +211,16 @@ def parse_args(argv: list[str] | None = None) -> Config:
             find_idx_files(cfg.dataset, cfg.data_root)
         except FileNotFoundError as e:
             raise UsageError(f"--data-root {cfg.data_root}: {str(e).split(': ', 1)[1]}") from None
-    if cfg.resume and not cfg.checkpoint_dir:
-        parser.error("--resume needs --checkpoint-dir DIR")
+    if (cfg.resume or cfg.resume_if_present or cfg.keep_last) and not cfg.checkpoint_dir:
+        flag = ("--resume" if cfg.resume else "--resume-if-present" if cfg.resume_if_present
+                else "--keep-last")
+        parser.error(f"{flag} needs --checkpoint-dir DIR")
+    if cfg.warmup_epochs > cfg.epochs:
+        if any(a.startswith("--warmup-epochs") for a in (sys.argv[1:] if argv is None else argv)):
+            parser.error(f"--warmup-epochs {cfg.warmup_epochs:g} is longer than --epochs "
+                         f"{cfg.epochs}: the learning rate would never reach --lr; use at most "
+                         f"--warmup-epochs {cfg.epochs}")
+        cfg.warmup_epochs = float(cfg.epochs)  # the default 2 on a shorter run: warm up over it
     if cfg.dataset == "synthetic" and cfg.model == "cnn":
         parser.error("--model cnn needs image data; use --model mlp with --dataset synthetic")
     if cfg.bn and cfg.model != "cnn":
@@ -221,7 +242,7 @@ def use_device(device: str | None) -> None:
         backend.default_array_module()  # checks MINIDIST_DEVICE
         return
     if device == "cuda":
-        cupy = backend.require_cuda()
+        cupy = backend.require_cuda(cpu_hint="--device cpu")  # the flag wins over the variable
         n_gpus = cupy.cuda.runtime.getDeviceCount()
         # Before init_process_group: a CUDA-aware MPI must see the device chosen first.
         cupy.cuda.Device(comm.get_local_rank() % n_gpus).use()
@@ -309,6 +330,11 @@ def main(argv: list[str] | None = None) -> float:
         raise UsageError(str(e)) from None
     comm.init_process_group()
     rank, world = comm.get_rank(), comm.get_world_size()
+    backend_name = comm.get_default_group().backend
+    if cfg.algorithm in ("shm", "mpi") and world > 1 and backend_name != "mpi":
+        raise UsageError(f"--algorithm {cfg.algorithm} needs the MPI transport (./mpirun.sh -n "
+                         f"{world} python examples/train.py); this job runs {backend_name}: use "
+                         "--algorithm auto, ring, tree, rd, hier or direct")
     nn.manual_seed(cfg.seed)                   # the same initial weights on every rank
     kwargs = {} if cfg.dataset == "synthetic" else {"flatten": cfg.model == "mlp"}
     train_set = load_dataset(cfg.dataset, root=cfg.data_root, split="train", **kwargs)
@@ -328,7 +354,8 @@ def main(argv: list[str] | None = None) -> float:
         epochs=cfg.epochs, batch_size=cfg.batch_size, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, lr_scaling=cfg.lr_scaling,
         warmup_epochs=cfg.warmup_epochs, schedule="cosine",
-        checkpoint_dir=cfg.checkpoint_dir, resume=cfg.resume,
+        checkpoint_dir=cfg.checkpoint_dir, checkpoint_keep_last=cfg.keep_last or None,
+        resume="if_present" if cfg.resume_if_present and not cfg.resume else cfg.resume,
         stop_after_epochs=cfg.stop_after_epochs or None,
         checkpoint_every_n_epochs=cfg.checkpoint_every if cfg.checkpoint_dir else 0,
         progress_bar=cfg.progress_bar or None, amp=cfg.amp,

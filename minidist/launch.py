@@ -25,7 +25,7 @@ spellings (``--nproc_per_node``) are accepted too. What the launcher guarantees:
 ``--max-restarts N`` (torchrun's elastic restarts): when a rank fails, the launcher stops the
 group as above, says which restart it starts and why, and starts every rank again, up to N
 times; each rank sees ``TORCHELASTIC_RESTART_COUNT`` (0 on the first attempt) and
-``TORCHELASTIC_MAX_RESTARTS``. A script that checkpoints (the Trainer with ``resume=True``)
+``TORCHELASTIC_MAX_RESTARTS``. A script that checkpoints (the Trainer with ``resume="if_present"``)
 continues from its last checkpoint. Only this node's ranks restart (one node per launcher).
 
 Exit code: 0 when every rank exits 0; the first failed rank's code (128 + signal if a signal
@@ -64,13 +64,31 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
+def nproc_value(text: str) -> int:
+    """``--nproc-per-node``: a whole number, or torchrun's ``auto`` / ``cpu`` / ``gpu``."""
+    if text.strip().lstrip("-").isdigit():
+        return int(text)
+    if text not in ("auto", "cpu", "gpu"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ranks, auto, cpu or gpu")
+    gpus = 0
+    if text != "cpu":
+        from minidist.xp import gpu_count  # lazy: only these values need to look for GPUs
+        gpus = gpu_count()
+    if text == "gpu" and gpus == 0:
+        raise argparse.ArgumentTypeError("gpu: no usable GPU here (CuPy missing or no CUDA "
+                                         "device); use a number, cpu or auto")
+    return gpus if gpus else (os.cpu_count() or 1)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m minidist.launch",
         description="Start --nproc-per-node ranks of SCRIPT on this node with torchrun's "
                     "environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).")
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
-                   help="ranks to start on this node (default 1)")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=nproc_value, default=1,
+                   help="ranks to start on this node: a number, or torchrun's auto (one per "
+                        "GPU, else one per CPU core), cpu (one per core), gpu (one per GPU) "
+                        "(default 1)")
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
     p.add_argument("--node-rank", "--node_rank", type=int, default=0,
                    help="this node's index in [0, nnodes) (default 0)")
@@ -159,6 +177,11 @@ class Notice:
                       tuple(int(b) for b in d.get("blames") or ()), float(d["t"]))
 
 
+# Which (rank, stream) left a line open on the terminal (a progress bar), if any.
+_SCREEN: dict[str, tuple | None] = {"open": None}
+_SCREEN_LOCK = threading.Lock()
+
+
 class Rank:
     """One child process, its global rank, and the last line it printed."""
 
@@ -168,18 +191,50 @@ class Rank:
         self.notice: Notice | None = None  # what the rank said when it began to end, if it did
 
     def relay(self, src: IO[bytes], dst: IO[bytes]) -> None:
+        """Copy the rank's output to ``dst``, each line prefixed with ``[rank r]``.
+
+        Whole lines go out in one write each, so ranks' lines never run together. A progress
+        bar redraws its line after ``\r`` without ending it: that part goes out at once (each
+        redraw prefixed), so the bar moves instead of arriving whole at the end of the epoch.
+        A line that already starts with the rank's own prefix (minidist's logging writes
+        ``[rank r/N] ...``) is left as is.
+        """
         prefix = f"[rank {self.rank}] ".encode()
-        for line in iter(src.readline, b""):
-            if line.strip():
-                self.last_line = line.decode(errors="replace").rstrip()
-            if not line.endswith(b"\n"):
-                line += b"\n"
+        own = (f"[rank {self.rank}/".encode(), prefix)
+        pending, mid_line = b"", False  # mid_line: part of the current line is already out
+        while True:
+            chunk = src.read1(65536) if hasattr(src, "read1") else src.readline()
+            if not chunk:
+                break
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                self._write(dst, _prefixed(line + b"\n", prefix, own, mid_line), False)
+                mid_line = False
+            if b"\r" in pending:  # a bar's redraw: show it now
+                self._write(dst, _prefixed(pending, prefix, own, mid_line), True)
+                pending, mid_line = b"", True
+        if pending:
+            self._write(dst, _prefixed(pending + b"\n", prefix, own, mid_line), False)
+        src.close()
+
+    def _write(self, dst: IO[bytes], data: bytes, partial: bool) -> None:
+        """Write ``data``; ``partial``: it leaves its line open (a progress bar). Another
+        stream's line first ends an open one, so the two never share a line."""
+        text = [t for t in data.decode(errors="replace").replace("\r", "\n").splitlines()
+                if t.strip()]
+        if text:
+            self.last_line = text[-1].strip()
+        with _SCREEN_LOCK:
             try:
-                dst.write(prefix + line)
+                if _SCREEN["open"] not in (None, (self.rank, dst)) and _same_screen(
+                        _SCREEN["open"][1], dst):
+                    dst.write(b"\n")
+                dst.write(data)
                 dst.flush()
             except (OSError, ValueError):  # our own stdout closed: keep draining the pipe
                 pass
-        src.close()
+            _SCREEN["open"] = (self.rank, dst) if partial else None
 
     def signal_group(self, sig: int) -> None:
         if self.proc.poll() is None or sig == signal.SIGKILL:
@@ -187,6 +242,28 @@ class Rank:
                 os.killpg(self.proc.pid, sig)  # the rank and anything it started
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _same_screen(a: IO[bytes], b: IO[bytes]) -> bool:
+    """Whether text written to ``a`` and ``b`` lands on one screen (one stream, or two
+    terminals): only then does an open line on ``a`` need ending before ``b`` writes."""
+    if a is b:
+        return True
+    try:
+        return os.isatty(a.fileno()) and os.isatty(b.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _prefixed(data: bytes, prefix: bytes, own: tuple, mid_line: bool) -> bytes:
+    """``data`` with ``prefix`` at the start of its line and after each ``\r`` (a redraw),
+    except where the line already starts with ``own`` or continues text already written."""
+    parts = data.split(b"\r")
+    out = []
+    for k, seg in enumerate(parts):
+        bare = (k == 0 and mid_line) or not seg or seg.startswith(own) or (k > 0 and seg == b"\n")
+        out.append(seg if bare else prefix + seg)
+    return b"\r".join(out)
 
 
 def _exit_code(returncode: int) -> int:
@@ -391,7 +468,7 @@ def run_with_restarts(args: argparse.Namespace) -> int:
 
     Every attempt starts all ranks afresh with ``TORCHELASTIC_RESTART_COUNT`` = the attempt
     number (0 first) and the same rendezvous port; a script that saves checkpoints resumes
-    from its last one (``TrainerConfig(resume=True)``). Returns the last attempt's code.
+    from its last one (``TrainerConfig(resume="if_present")``). Returns the last attempt's code.
     """
     try:
         for attempt in range(args.max_restarts + 1):

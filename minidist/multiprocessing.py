@@ -12,15 +12,20 @@ around ``torch.multiprocessing.spawn``.
     if __name__ == "__main__":
         mp.spawn(worker, args=(100,), nprocs=4)
 
+Under a launcher that already started ``nprocs`` ranks (``./mpirun.sh -n 2``, ``python -m
+minidist.launch --nproc-per-node 2``) no process is started: each rank runs ``fn(rank, *args)``
+itself, and rank 0 logs that once.
+
 Each process starts with the "spawn" start method (a fresh interpreter, as torch does) and the
 torchrun-style environment of its rank: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` (default 127.0.0.1) and ``MASTER_PORT`` (default: a free
-port), and one BLAS thread, so ``init_process_group()`` builds a TCP group inside. torch's
-``spawn`` sets none of these, so a script that passes ``init_process_group(rank=...,
-world_size=...)`` itself (a multi-node job: several spawns, one per machine) gets the values it
-passes; ``MINIDIST_LAUNCHER=spawn`` tells ``init_process_group`` where its defaults came from.
-The first process that fails ends the others; ``spawn`` then raises ``ProcessRaisedException`` (with
-that rank's traceback) or ``ProcessExitedException`` (with its exit code).
+port, held reserved until the job ends), and one BLAS thread, so ``init_process_group()``
+builds a TCP group inside. torch's ``spawn`` sets none of these, so a script that passes
+``init_process_group(rank=..., world_size=...)`` itself (a multi-node job: several spawns, one
+per machine) gets the values it passes; ``MINIDIST_LAUNCHER=spawn`` tells
+``init_process_group`` where its defaults came from. The first process that fails ends the
+others; ``spawn`` then raises ``ProcessRaisedException`` (with that rank's traceback) or
+``ProcessExitedException`` (with its exit code).
 """
 
 from __future__ import annotations
@@ -72,8 +77,10 @@ def _wrap(fn: Callable[..., Any], rank: int, args: tuple, error_pipe: Any) -> No
 class ProcessContext:
     """The running processes of one ``spawn``; ``join()`` waits for them (torch's API)."""
 
-    def __init__(self, processes: list, error_pipes: list) -> None:
+    def __init__(self, processes: list, error_pipes: list,
+                 reservation: socket.socket | None = None) -> None:
         self.processes, self.error_pipes = processes, error_pipes
+        self.reservation = reservation  # holds MASTER_PORT until the job ends
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]
@@ -96,7 +103,13 @@ class ProcessContext:
                 if self.processes[i].exitcode != 0:
                     self._stop_others()
                     raise self._failure(i)
+        self._release()
         return True
+
+    def _release(self) -> None:
+        if self.reservation is not None:
+            self.reservation.close()
+            self.reservation = None
 
     def _stop_others(self) -> None:
         for p in self.processes:
@@ -107,6 +120,7 @@ class ProcessContext:
             if p.exitcode is None:
                 p.kill()
                 p.join()
+        self._release()
 
     def _failure(self, i: int) -> ProcessException:
         p = self.processes[i]
@@ -124,10 +138,46 @@ class ProcessContext:
             "processes were stopped.", i, p.pid, code)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _reserve_port() -> socket.socket:
+    """A socket holding a free port until the job ends (``SO_REUSEADDR``, never listening):
+    rank 0's rendezvous listener can still bind it, other programs cannot take it meanwhile
+    (as ``python -m minidist.launch --standalone`` does)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
+
+
+def _launched_rank(nprocs: int) -> int | None:
+    """This process's rank when a launcher already started ``nprocs`` ranks, else None.
+
+    Under ``./mpirun.sh -n N`` or ``python -m minidist.launch --nproc-per-node N`` every rank
+    runs the script, so each one calls ``spawn``: starting ``nprocs`` more processes per rank
+    would start N x nprocs ranks that meet on one port. Instead each rank runs ``fn(rank)``
+    itself (rank 0 says so once).
+
+    Raises:
+        ValueError: the launcher started a different number of ranks than ``nprocs``.
+    """
+    from minidist.comm.env import MPI_LAUNCHERS, detect_launch  # lazily: spawn is a leaf
+    from minidist.logger import get_logger
+    info = detect_launch()
+    launcher = (info.launcher in MPI_LAUNCHERS or info.started_by == "launch"
+                or bool(os.environ.get("TORCHELASTIC_RUN_ID")))  # a launcher, not RANK by hand
+    if not launcher or info.world_size in (None, 1):
+        return None  # e.g. imagenet's multi-node mode: one spawn per node, as torch does
+    if info.world_size != nprocs:
+        raise ValueError(
+            f"[rank {info.rank}/{info.world_size}] spawn(nprocs={nprocs}): the launcher "
+            f"({info.launcher}) already started {info.world_size} ranks, each running this "
+            f"script. Start it with {nprocs} ranks (./mpirun.sh -n {nprocs} python ...), or "
+            "run it as a plain `python script.py` and let spawn start the ranks.")
+    if info.rank == 0:
+        get_logger(__name__).warning(
+            "spawn(nprocs=%d) under %s: the launcher already started the %d ranks, so each "
+            "runs fn(rank) itself instead of starting new processes", nprocs, info.launcher,
+            nprocs)
+    return info.rank
 
 
 def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool = True,
@@ -152,8 +202,13 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
     """
     if nprocs < 1:
         raise ValueError(f"spawn: nprocs={nprocs} must be >= 1.")
+    launched = _launched_rank(nprocs)
+    if launched is not None:  # mpiexec or minidist.launch already started the ranks
+        fn(launched, *args)
+        return None if join else ProcessContext([], [])  # nothing left to wait for
     ctx = multiprocessing.get_context(start_method)
-    port = os.environ.get("MASTER_PORT") or str(_free_port())
+    reservation = None if os.environ.get("MASTER_PORT") else _reserve_port()
+    port = os.environ.get("MASTER_PORT") or str(reservation.getsockname()[1])
     # The children inherit os.environ as it is when each starts: set their variables there
     # for the start only (before the child imports NumPy, so the BLAS pin takes effect).
     saved = dict(os.environ)
@@ -177,11 +232,13 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
     except BaseException:
         for p in processes:
             p.kill()
+        if reservation is not None:
+            reservation.close()
         raise
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    context = ProcessContext(processes, pipes)
+    context = ProcessContext(processes, pipes, reservation)
     if not join:
         return context
     try:

@@ -48,7 +48,8 @@ from minidist import amp, comm
 from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.checkpoint import checkpoint_path, save_checkpoint
-from minidist.checkpoint.resume import agree_on_checkpoint, restore
+from minidist.checkpoint.resume import (agree_on_checkpoint, no_checkpoint_error,
+                                        refuse_used_folder, restore)
 from minidist.data import DataLoader, DistributedSampler, random_split
 from minidist.ddp import DistributedDataParallel, check_manifest
 from minidist.logger import get_logger, rank_prefix
@@ -107,11 +108,15 @@ class TrainerConfig:
             step 12), not by epoch.
         checkpoint_dir: where checkpoints and history.json go.
         checkpoint_keep_last: keep only this many newest checkpoints (None: keep all).
-        resume: start from the newest checkpoint in checkpoint_dir that loads (damaged newer
-            ones are skipped, one warning line each), if there is one.
-        stop_after_epochs: end this run after this many epochs (counted from 0) although the
-            schedule spans ``epochs``: for time-limited jobs that resume later (None: run all).
-        stop_after_steps: end this run after this many optimizer steps (counted from 0),
+        resume: True: start from the newest checkpoint in checkpoint_dir that loads (damaged
+            newer ones are skipped, one warning line each); a folder without one is an error
+            (a mistyped name). "if_present": the same, but start fresh when there is none
+            (a job resubmitted with the same command). False: a new run, which refuses a
+            checkpoint_dir that already holds checkpoints (one folder per run).
+        stop_after_epochs: end this run after this many epochs of THIS run (counted from
+            where it started or resumed) although the schedule spans ``epochs``: for
+            time-limited jobs that resume later (None: run all).
+        stop_after_steps: end this run after this many optimizer steps of this run,
             mid-epoch if need be, after writing a checkpoint when ``checkpoint_dir`` is set
             (None: run all).
         validation_split: fraction of the training set held out when no val set is given.
@@ -143,7 +148,7 @@ class TrainerConfig:
     checkpoint_every_n_steps: int = 0
     checkpoint_dir: str | None = None
     checkpoint_keep_last: int | None = None
-    resume: bool = False
+    resume: bool | str = False
     stop_after_epochs: int | None = None
     stop_after_steps: int | None = None
     validation_split: float = 0.0
@@ -164,6 +169,12 @@ class TrainerConfig:
             (self.schedule in SCHEDULES, "schedule", self.schedule, f"one of {SCHEDULES}"),
             (self.warmup_steps >= 0 and self.warmup_epochs >= 0, "warmup_steps/warmup_epochs",
              (self.warmup_steps, self.warmup_epochs), ">= 0"),
+            (self.warmup_epochs <= self.epochs, "warmup_epochs", self.warmup_epochs,
+             f"<= epochs ({self.epochs}): the warm-up would never end"),
+            (self.resume in (False, True, "if_present"), "resume", self.resume,
+             "False, True or 'if_present'"),
+            (self.stop_after_epochs is None or self.stop_after_epochs >= 1,
+             "stop_after_epochs", self.stop_after_epochs, "None or >= 1"),
             (0.0 <= self.validation_split < 1.0, "validation_split", self.validation_split,
              "in [0, 1)"),
             (self.checkpoint_every_n_epochs >= 0, "checkpoint_every_n_epochs",
@@ -263,6 +274,7 @@ class Trainer:
         self.start_epoch = 0
         self._loader_state: dict | None = None  # a mid-epoch position from a resumed checkpoint
         self._stopped = False  # stop_after_steps reached
+        self._first_step = 0  # the global step this fit started (or resumed) at
         self.history = History(world_size=self.world_size)
         # Extra run-manifest fields that every rank must agree on, checked before step 0 of
         # fit (preflight.py), e.g. {"amp": {"enabled": True, "init_scale": 65536.0}}.
@@ -305,6 +317,9 @@ class Trainer:
         self._build_schedule(steps_per_epoch * cfg.epochs, steps_per_epoch)
         if cfg.resume:
             self._resume()
+        elif cfg.checkpoint_dir:  # a new run: its folder must not hold another run's files
+            refuse_used_folder(cfg.checkpoint_dir, self.rank, self.world_size)
+        first_epoch, self._first_step = self.start_epoch, self.global_step
         if self._loader_state is not None:  # a mid-epoch checkpoint: continue at its batch
             loader.load_state_dict(self._loader_state)
         if self.start_epoch >= cfg.epochs:  # resumed a finished run: say so, train nothing
@@ -318,8 +333,8 @@ class Trainer:
                   f"{steps_per_epoch} steps/epoch, effective batch "
                   f"{self.history.effective_batch_size}, epochs {self.start_epoch + 1}.."
                   f"{cfg.epochs}")
-        last = cfg.epochs if cfg.stop_after_epochs is None else min(cfg.epochs,
-                                                                      cfg.stop_after_epochs)
+        last = cfg.epochs if cfg.stop_after_epochs is None else min(
+            cfg.epochs, first_epoch + cfg.stop_after_epochs)  # counted from this run's start
         for epoch in range(self.start_epoch, last):
             t0 = time.perf_counter()
             loader.set_epoch(epoch)
@@ -466,8 +481,8 @@ class Trainer:
                     self._log(f"epoch {epoch + 1} step {self.global_step} loss "
                               f"{float(loss.item()):.4f} (rank 0's batch)")
                 every = cfg.checkpoint_every_n_steps
-                stop = cfg.stop_after_steps is not None and self.global_step >= \
-                    cfg.stop_after_steps
+                stop = cfg.stop_after_steps is not None and \
+                    self.global_step - self._first_step >= cfg.stop_after_steps
                 if (every and self.global_step % every == 0) or (stop and cfg.checkpoint_dir):
                     self.save_checkpoint(epoch, loader)
                 if stop:
@@ -502,6 +517,8 @@ class Trainer:
     def _resume(self) -> None:
         chosen = agree_on_checkpoint(self.config.checkpoint_dir, self.rank, self.world_size)
         if chosen is None:
+            if self.config.resume != "if_present":
+                raise no_checkpoint_error(self.config.checkpoint_dir)
             self._log(f"resume: no checkpoint in {self.config.checkpoint_dir}; starting fresh")
             return
         path, ckpt = chosen

@@ -52,19 +52,32 @@ def gpu_available() -> bool:
         return False
 
 
-def require_cuda() -> Any:
-    """Return the cupy module, or raise a clear error that says how to get a working GPU path."""
+def gpu_count() -> int:
+    """How many CUDA devices CuPy can use here (0 without CuPy or without a GPU)."""
+    if not gpu_available():
+        return 0
+    try:
+        return int(_cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # as gpu_available: a broken driver answers with an exception
+        return 0
+
+
+def require_cuda(cpu_hint: str = "MINIDIST_DEVICE=cpu") -> Any:
+    """Return the cupy module, or raise a clear error that says how to get a working GPU path.
+
+    ``cpu_hint`` is how the caller's user picks the CPU instead (a script whose ``--device
+    cuda`` flag wins over the variable passes ``"--device cpu"``)."""
     if _cupy is None:
         raise DeviceUnavailableError(
             "the GPU path needs CuPy, which is not installed. Install the extra that matches your "
             "CUDA version, e.g. `pip install 'minidist[gpu]'` (cupy-cuda12x), or run on the CPU "
-            "with MINIDIST_DEVICE=cpu."
+            f"with {cpu_hint}."
         )
     if not gpu_available():
         raise DeviceUnavailableError(
             "CuPy is installed but no usable CUDA device was found (cupy.cuda.is_available() is "
             "False: no GPU, or the driver is older than CuPy's CUDA runtime). Run on the CPU with "
-            "MINIDIST_DEVICE=cpu, or check `nvidia-smi`."
+            f"{cpu_hint}, or check `nvidia-smi`."
         )
     return _cupy
 

@@ -26,6 +26,16 @@ def group():
         comm.destroy_process_group()
 
 
+@pytest.fixture
+def port():
+    """A free port on 127.0.0.1, reserved for the whole test (procs.reserved_ports): no other
+    program can take it between the pick and the job's bind."""
+    from procs import reserved_ports
+
+    with reserved_ports() as p:
+        yield p
+
+
 # "auto" reads a calibration from the user's cache (python -m minidist.tune); the suite must
 # see the shipped table only, whatever this machine's cache holds (jobs inherit os.environ).
 if "MINIDIST_CACHE_DIR" not in os.environ:

@@ -12,6 +12,7 @@ the tail of what every rank printed, so a hang names itself instead of stalling 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -190,16 +192,62 @@ def run_python(python_args: list, timeout_s: float = 90, env: dict | None = None
     return _run_group([p], argv, timeout_s)
 
 
+def run_mpirun(args: list, timeout_s: float = 90, env: dict | None = None,
+               cwd: str | Path | None = None) -> JobResult:
+    """Run ``./mpirun.sh <args>`` as a user types it (e.g. ``["-n", "2", "python", script]``),
+    bounded in time; on a timeout its whole process group is killed, ranks included."""
+    argv = [str(REPO / "mpirun.sh"), *map(str, args)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=job_env(env), cwd=str(cwd or REPO), start_new_session=True)
+    return _run_group([p], argv, timeout_s)
+
+
 def free_port() -> int:
+    """A port free now, NOT reserved: another program may take it before the job binds it.
+    Tests that start a job on a port use ``reserved_ports`` instead."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def reserved_ports(count: int = 1, host: str = "127.0.0.1") -> Iterator[int]:
+    """Yield p, the first of ``count`` consecutive ports p, p + 1, ... kept reserved until the
+    block ends (as ``python -m minidist.launch --standalone`` does; see its ``reserve_port``).
+
+    Each port is held by a socket bound with ``SO_REUSEADDR`` that never listens: rank 0's
+    rendezvous listener (which sets ``SO_REUSEADDR`` too) can still bind it, while ordinary
+    binds and the kernel's choice of ephemeral ports skip it. So a test's port cannot be taken
+    between the pick and the job's bind. Under torchrun the ranks meet at MASTER_PORT + 1:
+    such a test reserves two.
+    """
+    for _ in range(100):
+        held: list[socket.socket] = []
+        try:
+            for i in range(count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                held.append(s)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((host, held[0].getsockname()[1] + i if i else 0))
+        except OSError:
+            for s in held:
+                s.close()
+            continue
+        try:
+            yield held[0].getsockname()[1]
+        finally:
+            for s in held:
+                s.close()
+        return
+    raise RuntimeError(f"reserved_ports: found no {count} consecutive free ports on {host}")
+
+
 def run_env_ranks(n: int, python_args: list, timeout_s: float = 90, env: dict | None = None,
                   cwd: str | Path | None = None, port: int | None = None) -> JobResult:
     """Start n plain processes torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)."""
-    port = port or free_port()
+    if port is None:  # reserve one for the job's whole life
+        with reserved_ports() as port:
+            return run_env_ranks(n, python_args, timeout_s, env, cwd, port)
     argv = [sys.executable, *map(str, python_args)]
     procs = []
     try:

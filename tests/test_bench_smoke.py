@@ -61,7 +61,7 @@ def test_allreduce_benchmark_over_tcp_beside_gloo(tmp_path):
     res = subprocess.run(argv, env=job_env({"MINIDIST_TIMEOUT_S": "20"}), cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rows = json.loads((tmp_path / "allreduce_n2.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "allreduce_tcp_1x2.json").read_text())["rows"]
     assert all(r["wrong"] == 0 and r["identical"] for r in rows), res.stdout
     gloo = [r for r in rows if r["algorithm"] == "gloo"]
     if importlib.util.find_spec("torch") is None:

@@ -75,6 +75,13 @@ def test_train_ddp_default_run_reaches_97_percent():
     assert result.returncode == 0, result.report()
     assert final_accuracy(result.stdout) >= 0.97, result.report()
     assert "world_size 4" in result.stdout
+    # README.md quotes the end of this run: its losses and accuracies are exact (the times not)
+    quoted = re.search(r"```\n(epoch 50/50 .*?)\n(final test_acc .*?)\n```",
+                       (REPO / "README.md").read_text())
+    assert quoted, "README.md no longer quotes the end of the main job"
+    for line in quoted.groups():
+        exact = re.sub(r"\s+[\d,.]+ samples/s.*|\s+elapsed .*", "", line)
+        assert exact in result.stdout, (exact, result.stdout[-600:])
 
 
 @pytest.mark.mpi

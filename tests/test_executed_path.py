@@ -11,7 +11,7 @@ SCRIPT = REPO / "benchmarks" / "executed_path.py"
 # The budget of one default step, tightened as the path shrinks; the script's TARGETS (280
 # lines, 14 files, 5 %) are the goal. A rank that waits in a barrier may also run the failure
 # checks of its wait loop (a few lines of the diagnosis), hence some slack.
-BUDGET = {"lines": 420, "files": 27, "instrumentation_pct": 14.0}
+BUDGET = {"lines": 430, "files": 30, "instrumentation_pct": 14.0}
 
 
 @pytest.mark.mpi

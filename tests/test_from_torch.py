@@ -1,7 +1,12 @@
 """examples/from_torch: each port differs from its PyTorch original in import lines only, and
 runs as the original does: the torchrun-shaped ones under ``python -m minidist.launch``, the
-mp.spawn-shaped one as a plain script that starts its own ranks. Where torch is installed the
-originals run too (under torchrun) and end as their ports do."""
+mp.spawn-shaped one as a plain script that starts its own ranks. Every port also runs unchanged
+under ``./mpirun.sh -n 2`` (``backend="gloo"`` runs on MPI there unless MASTER_PORT is set,
+``spawn`` lets each launched rank run its function) and under the launcher. Where torch is installed the originals run too
+(under torchrun) and end as their ports do.
+
+The spawn pair sets ``MASTER_PORT=12355`` as torch's tutorial does; the tests point the
+rendezvous at a free port with ``MINIDIST_RENDEZVOUS_PORT`` so a busy 12355 cannot fail them."""
 
 import difflib
 import json
@@ -10,7 +15,7 @@ import re
 import numpy as np
 import pytest
 
-from procs import REPO, run_python
+from procs import REPO, run_mpirun, run_python
 
 HERE = REPO / "examples" / "from_torch"
 PAIRS = [("ddp_torchrun.py", "ddp_torchrun_minidist.py"), ("ddp_spawn.py", "ddp_spawn_minidist.py"),
@@ -47,7 +52,7 @@ def test_port_changes_imports_and_documented_lines_only(original, port):
         assert f"`{pair[0]}`" in readme and f"`{pair[1]}`" in readme, pair
 
 
-def test_ports_run_like_their_originals(tmp_path):
+def test_ports_run_like_their_originals(tmp_path, port):
     job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
                       HERE / "ddp_torchrun_minidist.py"], timeout_s=180,
                      env={"SAVE_TO": str(tmp_path / "model.npz")})
@@ -56,9 +61,50 @@ def test_ports_run_like_their_originals(tmp_path):
     assert acc >= 0.9, job.report()
     with np.load(tmp_path / "model.npz") as saved:
         assert "bn.running_mean" in saved.files
-    job = run_python([HERE / "ddp_spawn_minidist.py"], timeout_s=180, cwd=tmp_path)
+    job = run_python([HERE / "ddp_spawn_minidist.py"], timeout_s=180, cwd=tmp_path,
+                     env={"MINIDIST_RENDEZVOUS_PORT": str(port)})
     assert job.returncode == 0, job.report()
     assert "weights equal on all ranks: True" in job.stdout, job.report()
+
+
+def check_port_output(script, stdout, report):
+    """What each port prints at the end of a good run."""
+    if script == "ddp_torchrun_minidist.py":
+        assert float(re.findall(r"accuracy ([0-9.]+)", stdout)[-1]) >= 0.9, report
+    elif script == "ddp_spawn_minidist.py":
+        assert "weights equal on all ranks: True" in stdout, report
+    elif script == "gpt_ddp_minidist.py":
+        assert re.findall(r"sample: first ", stdout), report
+    elif script == "word_lm_minidist.py":
+        check_word_lm_run(stdout, report)
+    elif script == "resnet_cnn_minidist.py":
+        check_resnet_run(stdout, report)
+    else:
+        check_zero_run(stdout, report)
+
+
+@pytest.mark.parametrize("script", [p for _, p in PAIRS])
+def test_port_runs_unchanged_under_mpirun(script, tmp_path, port):
+    job = run_mpirun(["-n", "2", "python", HERE / script], timeout_s=240, cwd=tmp_path,
+                     env={**({"STEPS": "10"} if script == "gpt_ddp_minidist.py" else {}),
+                          "SAVE_TO": str(tmp_path / "model.npz"),
+                          "MINIDIST_RENDEZVOUS_PORT": str(port)})
+    assert job.returncode == 0, job.report()
+    check_port_output(script, job.stdout, job.report())
+    if script == "ddp_spawn_minidist.py":  # each launched rank ran fn(rank): no extra processes
+        assert "the launcher already started the 2 ranks" in job.stderr, job.report()
+    else:  # "gloo" without MASTER_PORT says once, visibly at the default level, that it runs MPI
+        assert job.stderr.count("backend='gloo' under hydra: running minidist's MPI "
+                                "transport") == 1, job.report()
+
+
+def test_spawn_port_runs_unchanged_under_the_launcher(tmp_path, port):
+    # the other ports run under the launcher in the tests above
+    job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
+                      HERE / "ddp_spawn_minidist.py"], timeout_s=180, cwd=tmp_path,
+                     env={"MINIDIST_RENDEZVOUS_PORT": str(port)})
+    assert job.returncode == 0, job.report()
+    check_port_output("ddp_spawn_minidist.py", job.stdout, job.report())
 
 
 def test_gpt_port_trains_under_ddp_and_its_loss_falls():

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from procs import REPO, free_port, job_env, mpiexec_path, readline_within, run_mpi
+from procs import REPO, job_env, mpiexec_path, readline_within, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -95,11 +95,10 @@ def test_ctrl_c_ends_the_job_with_one_line_and_exit_code_130(mode):
 
 
 @pytest.mark.parametrize("mode", ["train", "stuck"])
-def test_ctrl_c_over_tcp_ends_every_rank_with_exit_code_130(mode):
+def test_ctrl_c_over_tcp_ends_every_rank_with_exit_code_130(mode, port):
     """torchrun-style ranks: the terminal signals each process; each exits with 130. "stuck":
     each rank takes the KeyboardInterrupt and hangs in its handler; the SIGINT watcher ends it
     INTERRUPT_UNWIND_S later."""
-    port = free_port()
     procs = []
     try:
         for r in range(N):

@@ -22,7 +22,8 @@ import sys
 
 import pytest
 
-from procs import REPO, _run_group, free_port, job_env, mpiexec_path, run_env_ranks, run_mpi
+from procs import (REPO, _run_group, job_env, mpiexec_path, reserved_ports, run_env_ranks,
+                   run_mpi)
 
 DOC = REPO / "docs" / "troubleshooting.md"
 CASES = REPO / "tests" / "mpi" / "mismatch_cases.py"
@@ -59,18 +60,19 @@ def run(cmd: str) -> str:
                              env=job_env(env), cwd=str(REPO), start_new_session=True)
         job = _run_group([p], argv, timeout_s=90)
     elif kind == "tcp-missing":
-        missing, port = int(args[0]), free_port()
+        missing = int(args[0])
         argv = [sys.executable, "-c", "import minidist as md; md.init_process_group()"]
         procs = []
-        for r in range(n):
-            if r != missing:
-                e = job_env(env)
-                e.update(RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=str(port))
-                procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, text=True, env=e,
-                                              cwd=str(REPO), start_new_session=True))
-        job = _run_group(procs, argv, timeout_s=90)
+        with reserved_ports() as port:
+            for r in range(n):
+                if r != missing:
+                    e = job_env(env)
+                    e.update(RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                             MASTER_PORT=str(port))
+                    procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                                  stderr=subprocess.PIPE, text=True, env=e,
+                                                  cwd=str(REPO), start_new_session=True))
+            job = _run_group(procs, argv, timeout_s=90)
     else:
         raise AssertionError(f"unknown kind in marker: {cmd}")
     return job.stdout + job.stderr

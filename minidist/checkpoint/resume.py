@@ -102,6 +102,40 @@ def agree_on_checkpoint(directory: str | Path, rank: int, world_size: int
     return path, ckpt
 
 
+def no_checkpoint_error(directory: str | Path) -> CheckpointError:
+    """``resume=True`` found nothing to resume: most often a mistyped folder name."""
+    where = ("does not exist" if not Path(directory).is_dir() else
+             "holds no checkpoint-NNNNNN.npz")
+    return CheckpointError(
+        f"{rank_prefix()} resume: {directory} {where}, so there is nothing to resume. Check "
+        "the folder name; to start fresh when there is no checkpoint yet (a job that is "
+        "resubmitted with the same command), use resume='if_present' (examples/train.py: "
+        "--resume-if-present).")
+
+
+def refuse_used_folder(directory: str | Path, rank: int, world_size: int) -> None:
+    """A new run (not a resume) must not write into a folder that holds another run's
+    checkpoints: the two would mix, and a later resume takes the newest file whichever run
+    wrote it. COLLECTIVE when ``world_size > 1`` (rank 0 looks, every rank raises alike).
+
+    Raises:
+        CheckpointError: ``directory`` holds ``checkpoint-NNNNNN.npz`` files.
+    """
+    found: list | None = None
+    if rank == 0:
+        names = [p.name for p in list_checkpoints(directory)]
+        found = [len(names), names[0]] if names else None
+    if world_size > 1:
+        found = comm.broadcast_object(found, src=0)
+    if found:
+        raise CheckpointError(
+            f"{rank_prefix()} checkpoint_dir {directory} already holds {found[0]} "
+            f"checkpoint(s) of an earlier run (newest {found[1]}), maybe of another model. "
+            "A new run there would mix the two runs. Choose a folder per run (examples/"
+            "train.py: --checkpoint-dir runs/<name>), continue that run with resume=True "
+            "(--resume), or delete its checkpoints to start over.")
+
+
 def restore(ckpt: dict, path: Path, world_size: int, model: Any, optimizer: Any,
             scheduler: Any, scaler: Any, note: Callable[[str], None]) -> None:
     """Load a Trainer checkpoint into model, optimizer, scheduler, scaler and the generator.
@@ -139,4 +173,5 @@ def restore(ckpt: dict, path: Path, world_size: int, model: Any, optimizer: Any,
     tensor_random.default_generator().bit_generator.state = ckpt["rng"]
 
 
-__all__ = ["RESUME_KEYS", "agree_on_checkpoint", "pick_checkpoint", "restore"]
+__all__ = ["RESUME_KEYS", "agree_on_checkpoint", "no_checkpoint_error", "pick_checkpoint",
+           "refuse_used_folder", "restore"]

@@ -37,6 +37,7 @@ from minidist.comm.api import (
     new_group,
     reduce,
     reduce_scatter,
+    require_group_if_launched,
 )
 from minidist.comm.env import LaunchInfo, detect_launch
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
@@ -51,7 +52,7 @@ __all__ = [
     "all_gather", "all_gather_into", "all_gather_object", "all_reduce", "barrier", "broadcast",
     "broadcast_object", "destroy_process_group", "get_default_group", "get_local_rank",
     "get_rank", "get_world_size", "init_process_group", "is_initialized", "is_main_process",
-    "new_group", "reduce", "reduce_scatter", "Work", "LaunchInfo", "detect_launch", "CommError", "CommTimeout",
+    "new_group", "reduce", "reduce_scatter", "require_group_if_launched", "Work", "LaunchInfo", "detect_launch", "CommError", "CommTimeout",
     "CollectiveMismatch", "CollectiveMismatchTimeout", "PeerFailed", "ProcessGroup",
     "new_group_from_transport", "ReduceOp", "auto_table", "get_ledger", "ledger_label",
     "CallStatus", "Ledger", "LedgerEntry", "Topology",

@@ -7,8 +7,10 @@
     md.barrier()
     md.destroy_process_group()
 
-Run with ``./mpirun.sh -n 4 python script.py``. Before ``init_process_group`` the rank queries
-answer for a single process (rank 0 of 1) so logging code works anywhere; collectives raise.
+Run with ``./mpirun.sh -n 4 python script.py``. Before ``init_process_group``, in a process a
+launcher started as one of several ranks, the rank queries raise as torch's do (an answer of
+"rank 0 of 1" there would run every ``if get_rank() == 0:`` block on every rank); in a plain
+single process they answer rank 0 of 1. Collectives always raise without a group.
 
 Every collective is recorded in the group's ledger (``get_ledger()``, ``ledger_label``; see
 ``minidist.comm.diagnosis.ledger``), and ``auto_table()`` shows what ``algorithm="auto"`` will pick.
@@ -28,24 +30,20 @@ from typing import Any
 
 from minidist import logger as mdlog
 from minidist.comm.failure import interrupts
-from minidist.envvars import env as env_var
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
                                detect_launch, warn_if_single)
 from minidist.comm.failure import leaving, report
 from minidist.comm.failure import startup
+from minidist.comm.backends import BACKENDS, TORCH_BACKENDS, make_transport, torch_backend_note
 from minidist.comm.group import ProcessGroup
 from minidist.comm.diagnosis.ledger import LedgerEntry
 from minidist.comm.ops import ReduceOp
-from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Transport
+from minidist.comm.transports.base import DEFAULT_TIMEOUT_S
 
 log = mdlog.get_logger(__name__)
 
 _group: ProcessGroup | None = None
 _info: LaunchInfo | None = None
-BACKENDS = ("auto", "mpi", "tcp", "local", "gloo", "nccl")
-# torch's backend names, as minidist runs them: gloo is TCP; nccl is the GPU path (CuPy arrays)
-# over whatever transport the launcher implies, since minidist has no NCCL of its own.
-TORCH_BACKENDS = {"gloo": "tcp", "nccl": "auto"}
 
 
 def _timeout_s(timeout: float | datetime.timedelta | None) -> float:
@@ -57,73 +55,6 @@ def _timeout_s(timeout: float | datetime.timedelta | None) -> float:
         raise ValueError(f"init_process_group: timeout={timeout!r} must be a positive number of "
                          "seconds or a datetime.timedelta.")
     return float(timeout)
-
-
-def _make_transport(backend: str, info: LaunchInfo, timeout_s: float) -> Transport:
-    if backend == "local":
-        from minidist.comm.transports.local import LocalTransport
-        return LocalTransport(timeout_s)
-    if backend == "mpi":
-        from minidist.comm.transports.mpi import MPITransport
-        t = MPITransport(timeout_s=timeout_s)
-        if info.world_size is not None and info.launcher != "slurm" and t.size != info.world_size:
-            raise ValueError(f"init_process_group: the launcher says {info.world_size} ranks but "
-                             f"MPI has {t.size}. mpi4py is linked to a different MPI than the "
-                             "mpiexec you ran; use the mpiexec beside mpi4py (./mpirun.sh).")
-        return t
-    # tcp
-    try:
-        from minidist.comm.transports.tcp import TCPTransport
-    except ImportError as e:
-        raise RuntimeError(f"init_process_group(backend='tcp'): the TCP transport is not "
-                           f"available ({e}). Use backend='mpi' under mpiexec.") from e
-    if info.world_size is None or info.master_port is None:
-        raise ValueError("init_process_group(backend='tcp'): needs RANK, WORLD_SIZE, MASTER_ADDR "
-                         "and MASTER_PORT in the environment (as torchrun and python -m "
-                         "minidist.launch set them), or rank=, world_size= and "
-                         "init_method='tcp://host:port'; "
-                         f"detected launcher={info.launcher!r}, MASTER_PORT={info.master_port}.")
-    return TCPTransport(info.rank, info.world_size, info.master_addr or "127.0.0.1",
-                        rendezvous_port(info), timeout_s)
-
-
-def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
-    """The port of the TCP rendezvous: MASTER_PORT, or beside it under a real torchrun.
-
-    torchrun's agent already serves its own store on MASTER_PORT (``TORCHELASTIC_RUN_ID`` is set
-    in its ranks), so there minidist meets at MASTER_PORT + 1 on the same host instead;
-    ``MINIDIST_RENDEZVOUS_PORT`` chooses the port explicitly (every rank must set the same).
-    """
-    env = os.environ if env is None else env
-    explicit = env_var("MINIDIST_RENDEZVOUS_PORT", env)
-    if explicit is not None:
-        return int(explicit)
-    if env.get("TORCHELASTIC_RUN_ID") and info.master_port is not None:
-        port = info.master_port + 1
-        if info.rank == 0:
-            log.info("torchrun detected: its agent serves MASTER_PORT=%d, so the minidist "
-                     "rendezvous uses port %d (set MINIDIST_RENDEZVOUS_PORT to choose another)",
-                     info.master_port, port)
-        return port
-    if info.master_port is None:
-        raise ValueError("init_process_group(backend='tcp'): MASTER_PORT is not set; set it to "
-                         "the same free port on every rank (or pass init_method='tcp://host:port').")
-    return int(info.master_port)
-
-
-def _torch_backend(backend: str, chosen: str) -> None:
-    """Say in one line what a torch backend name runs as (see TORCH_BACKENDS)."""
-    if backend == "gloo":
-        log.info("backend='gloo': running minidist's TCP transport")
-        return
-    from minidist.xp import gpu_available
-    if gpu_available():
-        log.info("backend='nccl': minidist has no NCCL; GPU (CuPy) arrays are reduced over "
-                 "the %s transport", chosen)
-    else:
-        log.warning("backend='nccl' on a machine without a usable GPU (no CuPy/CUDA): running "
-                    "on the CPU over the %s transport; pass backend='gloo' or None to silence "
-                    "this", chosen)
 
 
 def _export_rank_env(group: ProcessGroup, info: LaunchInfo) -> None:
@@ -147,8 +78,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     Args:
         backend: None or "auto" (mpi under mpiexec/srun, tcp under torchrun-style env or an
             explicit rank/world_size, else local), "mpi", "tcp", "local"; torch's "gloo" runs
-            the TCP transport, "nccl" the default transport with GPU arrays (one log line says
-            what was chosen; without a GPU it runs on the CPU, with a warning).
+            the TCP transport (under mpiexec/srun with no MASTER_PORT: the MPI transport, with
+            a warning), "nccl" the default transport with GPU arrays (one log line says what
+            was chosen; without a GPU it runs on the CPU, with a warning).
         init_method: "env://" (the default: ``MASTER_ADDR``/``MASTER_PORT``) or
             "tcp://host:port", the rendezvous address of the TCP transport.
         timeout: deadline of every blocking wait, in seconds or a timedelta
@@ -188,9 +120,11 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         startup.check_environment()
         info = apply_init_args(detect_launch(), init_method, world_size, rank)
         requested = TORCH_BACKENDS.get(backend, backend)
+        if backend == "gloo" and info.launcher in MPI_LAUNCHERS and info.master_port is None:
+            requested = "mpi"  # mpiexec gave rank and size but no MASTER_PORT: meet over MPI
         chosen = default_backend(info) if requested == "auto" else requested
         if backend in TORCH_BACKENDS:
-            _torch_backend(backend, chosen)
+            torch_backend_note(backend, chosen, info)
         if chosen == "local":
             if requested == "auto":  # backend="local" asked for one process: nothing to warn of
                 warn_if_single(info)
@@ -199,7 +133,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
                                  f"({info.launcher}) started {info.world_size} ranks but 'local' "
                                  "runs one. Use backend='auto'.")
         interrupts.prepare(info.rank, info.world_size or 1)  # Ctrl-C in the rendezvous: 1 line
-        transport = _make_transport(chosen, info, timeout_s)
+        transport = make_transport(chosen, info, timeout_s)
     except BaseException as e:
         startup.failed(e, info.rank if info is not None else None)
         raise
@@ -248,14 +182,52 @@ def get_default_group() -> ProcessGroup:
     return _group
 
 
+def require_group_if_launched(what: str) -> None:
+    """Raise torch's "not initialized" error when a launcher started several ranks but this
+    process has no group yet: an answer of rank 0 of 1 would be silently wrong on every rank.
+
+    Raises:
+        RuntimeError: no default group, and the launcher's variables say world size > 1.
+    """
+    if _group is not None:
+        return
+    try:
+        info = detect_launch()
+    except ValueError:  # malformed variables: init_process_group names them
+        return
+    if info.launcher in ("single", "explicit") or info.world_size == 1:
+        return
+    size = "?" if info.world_size is None else info.world_size
+    raise RuntimeError(
+        f"[rank {info.rank}/{size}] {what}: Default process group has not been initialized, "
+        f"please make sure to call init_process_group. This process is rank {info.rank} of "
+        f"{size} ({info.launcher}); without a group every rank would answer rank 0 of 1. Call "
+        "minidist.init_process_group() first (before any get_rank/get_world_size, "
+        "DistributedSampler or DistributedDataParallel).")
+
+
 def get_rank() -> int:
-    """This process's rank (0 before ``init_process_group``)."""
-    return 0 if _group is None else _group.rank
+    """This process's rank; 0 in a single process without a group.
+
+    Raises:
+        RuntimeError: called before ``init_process_group`` in one of several launched ranks.
+    """
+    if _group is None:
+        require_group_if_launched("get_rank()")
+        return 0
+    return _group.rank
 
 
 def get_world_size() -> int:
-    """Number of ranks (1 before ``init_process_group``)."""
-    return 1 if _group is None else _group.size
+    """Number of ranks; 1 in a single process without a group.
+
+    Raises:
+        RuntimeError: called before ``init_process_group`` in one of several launched ranks.
+    """
+    if _group is None:
+        require_group_if_launched("get_world_size()")
+        return 1
+    return _group.size
 
 
 def get_local_rank() -> int:

@@ -136,8 +136,9 @@ class DistributedDataParallel(ModulePassThrough):
         broadcast_parameters = broadcast_parameters and init_sync
         if bucket_cap_mb is None:  # torch's None: the default cap
             bucket_cap_mb = 25
-        if not comm.is_initialized():
-            comm.init_process_group()
+        if not comm.is_initialized():  # one of several launched ranks: raise as torch does
+            comm.require_group_if_launched("DistributedDataParallel(model)")
+            comm.init_process_group()  # a single process: a one-rank group
         self.module = module
         self.process_group = process_group
         self.algorithm = algorithm

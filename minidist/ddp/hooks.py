@@ -13,9 +13,11 @@ group with its algorithm. torch hooks return a Future; ours run synchronously, o
 communication thread when overlap is on, which gives the same overlap without futures.
 
 Hooks here:
-- ``allreduce_hook``: the default. The textbook average: divide by n, all-reduce the sum.
-- ``prescaled_allreduce_hook``: the same average with the division folded into backward (a
-  named fast path, see its docstring; benchmarks/ddp_scaling.py --fold measures it).
+- ``allreduce_hook``: the textbook average (torch's default hook): divide by n, all-reduce
+  the sum. ``DistributedDataParallel(model, comm_hook=allreduce_hook)``.
+- ``prescaled_allreduce_hook``: DDP's default, the same average with the division folded
+  into backward (a named fast path, see its docstring): it saved 4-11% of a step at n=2
+  (``benchmarks/ddp_scaling.py --paired 100 --fold``; docs/how_ddp_works.md), so it stays on.
 - ``fp16_compress_hook``: divide by the world size, cast to float16, all-reduce the sum, cast
   back. Dividing first (as torch's ``fp16_compress_hook``) keeps the float16 sum from
   overflowing (max 65504) at large world sizes.
@@ -52,7 +54,7 @@ GradBucket = Bucket  # torch's name for what a hook receives: the one bucket cla
 
 
 def allreduce_hook(state: Any, bucket: Bucket) -> None:
-    """The default hook: the average of the bucket over the ranks.
+    """The textbook hook: the average of the bucket over the ranks.
 
     Each rank divides its gradients by n, then one all-reduce SUM adds them up: the sum of
     grad / n is the average (torch's ``allreduce_hook`` divides first too). n is
@@ -65,16 +67,16 @@ def allreduce_hook(state: Any, bucket: Bucket) -> None:
 
 
 def prescaled_allreduce_hook(state: Any, bucket: Bucket) -> None:
-    """The default average, with the division by n folded into backward (a fast path).
+    """DDP's default hook: the average, with the division by n folded into backward.
 
-    Registered (``DistributedDataParallel(model, comm_hook=prescaled_allreduce_hook)``), it
-    makes DDP reserve each gradient's bucket slot with ``scale = 1/n``
-    (``minidist.tensor.GradDestination``): backward writes ``grad / n`` where it writes the
-    gradient anyway (linear's weight gradient: the GEMM's 64-row operand is scaled), so the
-    all-reduce SUM is the average and no pass over the bucket divides it. A slot that held a
+    A named fast path beside ``allreduce_hook``: it makes DDP reserve each gradient's
+    bucket slot with ``scale = 1/n`` (``minidist.tensor.GradDestination``): backward writes
+    ``grad / n`` where it writes the gradient anyway (linear's weight gradient: the GEMM's
+    64-row operand is scaled), so the all-reduce SUM is the average and no pass over the
+    bucket divides it. A slot that held a
     gradient before the backward (``no_sync`` accumulation) is divided when it is ready
     (prescale.py). The saving is one pass over the gradients per step; measure it with
-    ``benchmarks/ddp_scaling.py --fold``.
+    ``benchmarks/ddp_scaling.py --paired 100 --fold``.
     """
     if bucket.world_size > 1:
         bucket.all_reduce(bucket.buffer, "sum")

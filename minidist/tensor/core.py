@@ -138,7 +138,13 @@ class Tensor:
 
     @staticmethod
     def _make(data: Any, parents: tuple[Tensor, ...], backward: BackwardFn, op: str) -> Tensor:
-        """The result of an op: records ``(parents, backward)`` when the tape is on."""
+        """The result of an op: records ``(parents, backward)`` when the tape is on.
+
+        NumPy answers arithmetic on 0-d arrays with a read-only scalar (``numpy.float32``);
+        it is wrapped back into a writable 0-d array, so a 0-d accumulator (``correct +=
+        ...``) can still be all-reduced in place."""
+        if isinstance(data, numpy.generic):
+            data = numpy.asarray(data)
         out = Tensor.__new__(Tensor)
         out.data, out._grad, out._op, out._hooks, out._grad_dest = data, None, op, None, None
         if is_grad_enabled() and any(p.requires_grad for p in parents):

@@ -69,37 +69,45 @@ def draw_steps(rec: Recorder, title: str, path: str | Path) -> Path:
     n, steps = rec.size, rec.steps()
     cols = min(steps, 6)
     rows = math.ceil(steps / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.3 * cols, 2.5 * rows + 0.4), squeeze=False)
+    size = 2.3 if n <= 4 else 2.9  # more ranks: bigger panels, smaller nodes
+    fig, axes = plt.subplots(rows, cols, figsize=(max(size * cols, 7.5),  # room for the title
+                                                  (size + 0.2) * rows + 0.4), squeeze=False)
     pos = [(math.sin(2 * math.pi * r / n), math.cos(2 * math.pi * r / n)) for r in range(n)]
+    node = 0.22 if n <= 4 else 0.15
     for s, ax in enumerate(axes.flat):
         ax.set_axis_off()
         if s >= steps:
             continue
-        ax.set_xlim(-1.5, 1.5)
-        ax.set_ylim(-1.5, 1.5)
+        ax.set_xlim(-1.45, 1.45)
+        ax.set_ylim(-1.45, 1.45)
         ax.set_aspect("equal")
-        ax.set_title(f"step {s}", fontsize=9)
+        ax.set_title(f"step {s}", fontsize=10)
         for r, (x, y) in enumerate(pos):
-            ax.add_patch(plt.Circle((x, y), 0.22, color="#dde6f5", ec="#345", zorder=2))
+            ax.add_patch(plt.Circle((x, y), node, color="#dde6f5", ec="#345", zorder=2))
             ax.text(x, y, str(r), ha="center", va="center", fontsize=10, zorder=3)
         for m in (m for m in rec.messages if m.step == s):
             (x0, y0), (x1, y1) = pos[m.src], pos[m.dst]
             both = any(o.step == s and o.src == m.dst and o.dst == m.src for o in rec.messages)
-            ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=1, arrowprops=dict(
-                arrowstyle="-|>", color="#c33", lw=1.3, shrinkA=14, shrinkB=14,
-                connectionstyle="arc3,rad=0.25" if both else "arc3,rad=0.1"))
-            # label at the arrow's middle, pushed off the line so two-way labels do not overlap
+            # arc3 bends an arrow by rad/2 of its length towards (dy, -dx); a one-way arrow
+            # bends (and is labelled) towards the middle of the circle, away from the other
+            # nodes; a two-way pair bends to opposite sides
             mx, my = (x0 + x1) / 2, (y0 + y1) / 2
             dx, dy = y1 - y0, x0 - x1
-            k = 0.18 / max(math.hypot(dx, dy), 1e-9)
-            ax.text(mx + dx * k, my + dy * k, _label(m, rec.numel), fontsize=7, ha="center",
-                    va="center", color="#822", zorder=4)
+            length = max(math.hypot(dx, dy), 1e-9)
+            rad = 0.25 if both else (0.1 if dx * mx + dy * my <= 0 else -0.1)
+            ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=1, arrowprops=dict(
+                arrowstyle="-|>", color="#c33", lw=1.3, shrinkA=node * 60, shrinkB=node * 60,
+                connectionstyle=f"arc3,rad={rad}"))
+            k = (rad / 2 * length + math.copysign(0.13, rad)) / length  # on a white ground
+            ax.text(mx + dx * k, my + dy * k, _label(m, rec.numel), fontsize=8, ha="center",
+                    va="center", color="#822", zorder=4,
+                    bbox=dict(boxstyle="round,pad=0.12", fc="white", ec="none", alpha=0.9))
     per_rank = max(len(rec.sent_by(r)) for r in range(n))
     fig.suptitle(f"{title}: {len(rec.messages)} messages, {steps} steps, at most {per_rank} "
                  f"sent per rank (buffer of {rec.numel} elements)", fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
@@ -132,6 +140,6 @@ def plot_cost_model(results_json: str | Path, path: str | Path) -> Path:
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

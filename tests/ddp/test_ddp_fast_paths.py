@@ -278,3 +278,32 @@ def test_observers_see_the_three_events_in_order():
     (m(x) ** 2).mean().backward()
     assert len(rec.events) == 2 * nb + 1 and end.ends == 2
     reducer.close()
+
+
+def test_textbook_hook_divides_the_bucket_then_sums():
+    from minidist.ddp.hooks import allreduce_hook
+    m, ref = big_mlp(), big_mlp()
+    params = list(m.parameters())
+    calls = []
+    reducer = reducer_for(params, 2, calls)
+    reducer.comm_hook = allreduce_hook
+    x = Tensor(np.random.default_rng(0).normal(size=(2, 256)).astype(np.float32))
+    (ref(x) ** 2).mean().backward()
+    for p in params:
+        p.grad = None
+    reducer.prepare_for_forward()
+    assert all(p.grad_destination.scale == 1.0 for p in params)   # nothing folded
+    loss = (m(x) ** 2).mean()
+    peak = backward_peak_bytes(loss.backward)
+    assert calls == ["sum"] * len(reducer.buckets)
+    assert peak < m[0].weight.data.nbytes // 4, peak    # still written into the slots
+    for p, q in zip(params, ref.parameters()):          # the hook divided each bucket by 2
+        np.testing.assert_allclose(p.grad, q.grad / 2, rtol=1e-6, atol=1e-8)
+    reducer.close()
+
+
+def test_the_default_hook_is_the_prescaled_fast_path(group):
+    from minidist.ddp.hooks import prescaled_allreduce_hook
+    ddp = DistributedDataParallel(nn.Linear(3, 2))
+    assert ddp.reducer.comm_hook is prescaled_allreduce_hook
+    ddp.close()

@@ -30,7 +30,7 @@ def main(ckdir, mode):
     x = rng.normal(size=(96, 8)).astype(np.float32)
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 1).astype(np.int64)
     cfg = TrainerConfig(epochs=4, batch_size=8, seed=3, checkpoint_dir=ckdir,
-                        checkpoint_every_n_epochs=1, resume=True,
+                        checkpoint_every_n_epochs=1, resume="if_present",
                         stop_after_epochs=2 if fail else None, verbose=False)
     trainer = Trainer(model, nn.CrossEntropyLoss(), optim.AdamW(model.parameters(), lr=0.01),
                       cfg)

@@ -44,10 +44,13 @@ def worker_explicit(rank: int, world: int, port: int) -> None:
     md.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def reserved_port() -> socket.socket:
+    """A socket holding a free port (SO_REUSEADDR, never listening) until it is closed: rank
+    0's rendezvous can still bind it, other programs cannot take it meanwhile."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 if __name__ == "__main__":
@@ -56,7 +59,8 @@ if __name__ == "__main__":
         mp.spawn(worker_env, args=(2,), nprocs=2)
         print("SPAWN OK")
     elif mode == "explicit":
-        mp.spawn(worker_explicit, args=(2, free_port()), nprocs=2)
+        with reserved_port() as held:
+            mp.spawn(worker_explicit, args=(2, held.getsockname()[1]), nprocs=2)
         print("SPAWN OK")
     elif mode == "raise":
         try:

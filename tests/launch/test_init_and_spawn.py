@@ -40,8 +40,8 @@ def test_spawn_raises_the_first_failure_with_rank_and_traceback():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["auto", "gloo"])
-def test_mpiexec_exports_rank_env_and_gloo_runs_tcp(backend):
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+def test_mpiexec_exports_rank_env_and_gloo_runs_tcp(backend, port):
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     r = run_mpi(2, [BODY, "mpi_env", backend], timeout_s=90, env=env)
     assert r.returncode == 0, r.report()
     want = "mpi" if backend == "auto" else "tcp"

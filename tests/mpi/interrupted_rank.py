@@ -76,13 +76,14 @@ def restore() -> None:
 
     assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
     assert len(watchers()) == 1, watchers()
+    rank = comm.get_rank()  # after destroy a launched rank has no group to ask (torch raises)
     comm.destroy_process_group()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.set_wakeup_fd(-1) == -1
     for t in watchers():
         t.join(10)
     assert not watchers()
-    print(f"restored on rank {comm.get_rank()}", flush=True)
+    print(f"restored on rank {rank}", flush=True)
     sys.exit(0)
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from procs import REPO, free_port, job_env, run_env_ranks
+from procs import REPO, free_port, job_env, reserved_ports, run_env_ranks
 
 BODY = REPO / "tests" / "multiproc" / "tcp_body.py"
 ENV = {"MINIDIST_TIMEOUT_S": "10"}
@@ -65,15 +65,13 @@ def test_busy_master_port():
     assert "address already in use" in res.stderr and "MASTER_PORT=" in res.stderr, res.stderr
 
 
-def test_rank0_never_shows_up_times_out():
-    port = free_port()
+def test_rank0_never_shows_up_times_out(port):
     res = _spawn(1, 2, port, timeout_s="1.5")
     assert res.returncode != 0
     assert "CommTimeout" in res.stderr and f"127.0.0.1:{port}" in res.stderr, res.stderr
 
 
-def test_world_size_mismatch_names_both_values():
-    port = free_port()
+def test_world_size_mismatch_names_both_values(port):
     procs = []
     try:
         for rank, ws in ((0, 2), (1, 3)):
@@ -101,11 +99,29 @@ def test_bad_rank_is_a_value_error():
 def test_rendezvous_beside_torchruns_store():
     """Under a real torchrun (TORCHELASTIC_RUN_ID set) the agent's own store holds MASTER_PORT:
     the ranks must meet beside it instead of failing with "address already in use"."""
-    port = free_port()
-    with socket.socket() as agent_store:  # stands in for torchrun's TCPStore on MASTER_PORT
+    with reserved_ports(2) as port, socket.socket() as agent_store:  # the ranks meet at + 1
+        # agent_store stands in for torchrun's TCPStore on MASTER_PORT
+        agent_store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         agent_store.bind(("127.0.0.1", port))
         agent_store.listen()
         res = run_env_ranks(2, [REPO / "tests" / "multiproc" / "torchrun_body.py"], timeout_s=60,
                             env={**ENV, "TORCHELASTIC_RUN_ID": "test-run"}, port=port)
     assert res.returncode == 0, res.report()
     assert res.stdout.count("sum 3") == 2, res.report()
+
+
+def test_torchrun_case_names_the_port_it_needs_when_the_next_one_is_taken():
+    with reserved_ports(2) as port, socket.socket() as agent_store, \
+            socket.socket() as other_job:
+        for s, p in ((agent_store, port), (other_job, port + 1)):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", p))
+        agent_store.listen()  # MASTER_PORT + 1 is taken by someone else below
+        other_job.listen()
+        res = run_env_ranks(2, [REPO / "tests" / "multiproc" / "torchrun_body.py"], timeout_s=60,
+                            env={**ENV, "TORCHELASTIC_RUN_ID": "test-run",
+                                 "MINIDIST_TIMEOUT_S": "3"}, port=port)
+    assert res.returncode != 0, res.report()
+    assert (f"the TCP rendezvous needs port {port + 1} (MASTER_PORT + 1, since torchrun's agent "
+            f"holds MASTER_PORT={port})") in res.stderr, res.report()
+    assert "MINIDIST_RENDEZVOUS_PORT" in res.stderr, res.report()

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from minidist.comm.transports import tcp_rendezvous as tcp
-from procs import REPO, free_port, job_env, kill_group, run_env_ranks
+from procs import REPO, job_env, kill_group, run_env_ranks
 
 BODY = REPO / "tests" / "multiproc" / "tcp_body.py"
 
@@ -113,8 +113,7 @@ def _huge_after_handshake(s: socket.socket) -> None:
 
 
 @pytest.mark.parametrize("target", ["master", "data"])
-def test_strangers_are_dropped_and_the_job_completes(target):
-    port = free_port()
+def test_strangers_are_dropped_and_the_job_completes(target, port):
     rank0 = _rank(0, port)
     socks = []
     try:
@@ -145,8 +144,7 @@ def test_strangers_are_dropped_and_the_job_completes(target):
         assert claims >= 1 or silent >= 2, err0
 
 
-def test_ranks_with_different_tokens_both_fail_fast():
-    port = free_port()
+def test_ranks_with_different_tokens_both_fail_fast(port):
     procs = [_rank(0, port, {"MINIDIST_AUTH_TOKEN": "alpha"}),
              _rank(1, port, {"MINIDIST_AUTH_TOKEN": "beta"})]
     (code0, _, err0), (code1, _, err1) = _finish(procs, timeout_s=25)
@@ -155,19 +153,17 @@ def test_ranks_with_different_tokens_both_fail_fast():
     assert "MINIDIST_AUTH_TOKEN differs" in err1, err1
 
 
-def test_same_token_joins_and_the_port_is_reusable_at_once():
-    port = free_port()
+def test_same_token_joins_and_the_port_is_reusable_at_once(port):
     for _ in range(2):  # the second run binds MASTER_PORT right after the first one ended
         result = run_env_ranks(2, [BODY, "p2p"], timeout_s=60, port=port,
                                env={"MINIDIST_AUTH_TOKEN": "s3cret"})
         assert result.returncode == 0, result.report()
 
 
-def test_a_silent_client_does_not_delay_the_rendezvous():
+def test_a_silent_client_does_not_delay_the_rendezvous(port):
     """A client that connects to MASTER_PORT and says nothing is given MINIDIST_TCP_HANDSHAKE_S
     (here far beyond the test's bound) to speak; the real ranks register beside it and the job
     ends while the silent client is still connected (rank 0 never closed it on its own)."""
-    port = free_port()
     patient = {"MINIDIST_TCP_HANDSHAKE_S": "600"}
     rank0 = _rank(0, port, patient)
     silent = None

@@ -22,6 +22,7 @@ Any other ``CommError`` gets the same short traceback with its message; any othe
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import traceback
@@ -74,18 +75,43 @@ def write_block(text: str, fd: int = 2) -> None:
         data = data[n:]
 
 
+class WholeLineWriter(io.TextIOWrapper):
+    """A text stream that hands the OS whole lines: it writes (flushes) once the text it was
+    given ends a line, so ``print("a\\nb")`` is one write of ``"a\\nb\\n"``, not ``"a\\nb"`` then
+    ``"\\n"`` as a line-buffered stream does (another rank's line could land between them).
+    An explicit ``flush()`` (``print(..., flush=True)``, a progress bar) still writes at once."""
+
+    def write(self, s: str) -> int:
+        n = super().write(s)
+        if s.endswith("\n"):
+            self.flush()
+        return n
+
+
+_replaced: list = []  # the streams WholeLineWriter replaced: kept, so their buffer stays open
+
+
 def whole_lines() -> None:
     """Make ``print`` and logging reach the launcher one whole line per write.
 
     A launcher merges the ranks' output as it reads it. When Python writes unbuffered
-    (``PYTHONUNBUFFERED``, ``-u``), ``print("BACKEND", rank)`` is several writes, and another
-    rank's line can land between them: ``BACKENDBACKEND 0 ...``. Line buffering gathers a line
-    and writes it at its newline, in one piece (``init_process_group`` calls this).
+    (``PYTHONUNBUFFERED``, ``-u``) or line-buffered, ``print("BACKEND", rank)`` or a
+    multi-line ``print`` is several writes, and another rank's line can land between them:
+    ``BACKENDBACKEND 0 ...``, ``-> [3.0, 3.0][rank 1/3] ...``. ``sys.stdout`` and ``sys.stderr``
+    become a ``WholeLineWriter`` over the same file, which writes at the end of each line, in
+    one piece (``init_process_group`` calls this; a terminal is left alone).
     """
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None and getattr(stream, "write_through", False):
-            try:
-                reconfigure(line_buffering=True, write_through=False)
-            except (OSError, ValueError):
-                pass
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if (isinstance(stream, WholeLineWriter) or not isinstance(stream, io.TextIOWrapper)
+                or not (stream.write_through or stream.line_buffering) or stream.isatty()):
+            continue
+        try:
+            stream.flush()
+            writer = WholeLineWriter(stream.buffer, encoding=stream.encoding,
+                                     errors=stream.errors, line_buffering=False,
+                                     write_through=False)
+        except (OSError, ValueError, AttributeError):
+            continue
+        _replaced.append(stream)
+        setattr(sys, name, writer)
