@@ -28,6 +28,9 @@ crash (a CUDA error, a segfault) is recorded and the next section still runs. To
     gpu_training benchmarks/gpu_training.py under mpiexec -n 2 (two ranks on the GPU): the
                  device all-reduce staged / cuda_ipc / host with the staging bound, and the
                  step phases (fp32, fused optimizer, AMP) of three MLPs vs torch
+    gpu_allreduce  gpu_training.py --sections ipc,ddp under mpiexec -n 2: cuda_ipc,
+                 host_copy and auto at 4 B .. 64 MiB beside one device copy, the wide MLP's DDP
+                 step (cuda_ipc / staged / one rank), each target pass/fail
 
 Outputs: ``gpu_check.json`` (everything) and ``gpu_check.md`` (the tables, and the targets:
 host <= 15 us per call, >= 90% of copy bandwidth from 16M, faster than torch at 64M, faster
@@ -524,8 +527,9 @@ def section_gpu_training(args: argparse.Namespace) -> dict:
         cmd += ["--cpu-dry-run", "--models", "small", "--repeats", "1"]
     else:
         launcher = mpiexec()
-        if launcher is not None:
-            cmd = [launcher, "-n", "2", *cmd, "--sizes", "1M,16M,64M"]
+        if launcher is not None:  # (ipc, ddp: the gpu_allreduce section)
+            cmd = [launcher, "-n", "2", *cmd, "--sizes", "1M,16M,64M", "--sections",
+                   "allreduce,step"]
         else:
             cmd += ["--sections", "step"]
     cmd += ["--no-torch"] if args.no_torch else []
@@ -545,6 +549,65 @@ def section_gpu_training(args: argparse.Namespace) -> dict:
             "errors": {k: sections[k]["error"] for k in failed}}
 
 
+def section_gpu_allreduce(args: argparse.Namespace) -> dict:
+    """gpu_training.py --sections ipc,ddp under mpiexec -n 2: the device all-reduce at the
+    copy bound (4 B .. 64 MiB) and the wide MLP's DDP step, with their targets; ``--cpu``:
+    benchmarks/gpu_allreduce.py --cpu (the protocol on host windows; no target judged)."""
+    launcher = mpiexec()
+    if launcher is None:
+        return {"status": "skipped: no mpiexec (pip install mpich mpi4py, or source "
+                          ".gpu/env.sh on the GPU image)"}
+    out = Path(args.out) / "gpu_allreduce"
+    if args.cpu:
+        script, name = str(REPO / "benchmarks" / "gpu_allreduce.py"), "gpu_allreduce.json"
+        cmd = [launcher, "-n", "2", sys.executable, script, "--cpu", "--repeats", "3"]
+    else:
+        script, name = str(REPO / "benchmarks" / "gpu_training.py"), "gpu_training.json"
+        cmd = [launcher, "-n", "2", sys.executable, script, "--sections", "ipc,ddp",
+               "--repeats", "10"]
+    cmd += ["--out", str(out)]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                         timeout=max(args.timeout - 5, 5))
+    path = out / name
+    if res.returncode != 0 or not path.exists():
+        return {"status": f"exit {res.returncode}", "tail": res.stdout[-1500:] + res.stderr[-1500:]}
+    data = json.loads(path.read_text())
+    part = data if args.cpu else data.get("sections", {}).get("ipc", {})
+    if "error" in part:
+        return {"status": f"failed: {part['error']}"}
+    return {"status": "ok", "command": " ".join(Path(c).name if c in (sys.executable, script)
+                                                else c for c in cmd),
+            "rows": part.get("rows", []), "ddp_rows": part.get("ddp_rows", []),
+            "targets": part.get("targets", [])}
+
+
+def allreduce_markdown(result: dict) -> list[str]:
+    """The gpu_allreduce section's tables (markdown lines)."""
+    part = result.get("gpu_allreduce", {})
+    lines: list[str] = []
+    if part.get("rows"):
+        lines += ["| bytes | cuda_ipc us | host_copy us | auto us (algorithm) | host us | "
+                  "d2h + h2d us | device copy us | cuda_ipc / copy | auto / bound |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in part["rows"]:
+            lines.append(f"| {r['bytes']} | {r['cuda_ipc_us']:.1f} | "
+                         f"{_fmt(r.get('host_copy_us'))} | {r['auto_us']:.1f} "
+                         f"({r['auto_algorithm']}) | {r['host_us']:.1f} | "
+                         f"{r['d2h_us'] + r['h2d_us']:.1f} | {r['copy_us']:.1f} | "
+                         f"{r['cuda_ipc_vs_copy']:.2f} | {r['auto_vs_bound']:.2f} |")
+        lines.append("")
+    for r in part.get("ddp_rows", []):
+        lines += [f"DDP step, {r['model']} MLP, {r['ranks']} ranks: cuda_ipc "
+                  f"{r['cuda_ipc_ms']:.2f} ms, staged {r['staged_ms']:.2f} ms, one rank "
+                  f"{_fmt(r.get('one_rank_ms'), '.2f')} ms", ""]
+    return lines
+
+
+def allreduce_targets(result: dict) -> list[dict]:
+    """The device all-reduce's done-when checks, as gpu_allreduce judged them."""
+    return list(result.get("gpu_allreduce", {}).get("targets", []))
+
+
 SECTIONS = [
     Section("env", section_env, 30),
     Section("gpu_tests", section_gpu_tests, 75, gpu_only=True),
@@ -553,6 +616,7 @@ SECTIONS = [
     Section("examples", section_examples, 40, gpu_only=True),
     Section("mpi", section_mpi, 35, gpu_only=True),
     Section("gpu_training", section_gpu_training, 60),
+    Section("gpu_allreduce", section_gpu_allreduce, 120),
 ]
 
 
@@ -636,6 +700,7 @@ def targets(result: dict) -> list[dict]:
                 f"{r['amp_step_vs_torch']:.2f}")
         add(f"{r['model']} MLP optimizer step <= 1.2 x torch", r["opt_vs_torch"] <= 1.2,
             f"{r['opt_vs_torch']:.2f}")
+    out += allreduce_targets(result)
     tests = result.get("gpu_tests", {})
     if "counts" in tests:
         add("every gpu-marked test passes", tests["status"] == "ok", str(tests["counts"]))
@@ -715,6 +780,7 @@ def markdown(result: dict) -> str:
                          f"{_fmt(r.get('step_vs_torch'), '.2f')} | "
                          f"{_fmt(r.get('amp_step_vs_torch'), '.2f')} |")
         lines.append("")
+    lines += allreduce_markdown(result)
     runs = [r for s in ("examples", "mpi") for r in result.get(s, {}).get("rows", [])]
     if runs:
         lines += ["| command | status | test_acc | elapsed s |", "|---|---|---|---|"]

@@ -15,6 +15,11 @@ Sections (``--sections``, comma-separated; default all that the launch allows):
              the bytes; pinned device->host and host->device copies; and the staging target
              ``1.3 x host + d2h + h2d`` with the staged time's ratio to it. Medians on rank 0,
              each repeat started after a barrier.
+  ipc        (needs >= 2 ranks) the device all-reduce at the copy bound, 4 B to 64 MiB:
+             cuda_ipc, host_copy and auto beside one device copy and host + d2h + h2d, with a
+             pass/fail per target (benchmarks/gpu_allreduce.py, where they are described)
+  ddp        (needs >= 2 ranks) the wide MLP's DDP step on the ranks: cuda_ipc, staged, and
+             one rank alone (gpu_allreduce.py)
   step       (rank 0) one training step of three MLPs (SGD momentum 0.9) on the GPU, phase
              by phase, minidist beside torch (when torch sees the GPU): forward, forward +
              backward, optimizer step (default and ``fused=True``) in fp32, and a whole AMP
@@ -266,11 +271,37 @@ def print_steps(rows: list[dict]) -> None:
                     r.get("amp_step_vs_torch")))
 
 
+# ----------------------------------------------------------------------------- ipc, ddp
+
+def ipc_section(data: dict, sections: list[str], repeats: int, rank: int) -> None:
+    """The "ipc" and "ddp" sections (benchmarks/gpu_allreduce.py), recorded in ``data``."""
+    import gpu_allreduce
+    from minidist import comm
+
+    group = comm.get_default_group()
+    cp = backend.require_cuda()
+    sync = cp.cuda.get_current_stream().synchronize
+    try:
+        rows = (gpu_allreduce.allreduce_rows(group, cp, sync, gpu_allreduce.SIZES, repeats,
+                                             False) if "ipc" in sections else [])
+        ddp = (gpu_allreduce.ddp_rows(group, "cuda", sync, "wide", repeats, False)
+               if "ddp" in sections else [])
+        judged = gpu_allreduce.targets(rows, ddp)
+        data["sections"]["ipc"] = {"rows": rows, "ddp_rows": ddp, "targets": judged}
+        if rank == 0:
+            gpu_allreduce.print_rows(rows, ddp, judged)
+    except Exception as exc:  # record and go on
+        data["sections"]["ipc"] = {"error": f"{type(exc).__name__}: {exc}",
+                                   "traceback": traceback.format_exc()}
+        print(f"# ipc/ddp failed on rank {rank}: {type(exc).__name__}: {exc}")
+
+
 # ----------------------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sections", default="allreduce,step", help="allreduce, step")
+    ap.add_argument("--sections", default="allreduce,ipc,ddp,step",
+                    help="allreduce, ipc, ddp, step")
     ap.add_argument("--sizes", default="1M,16M,64M", help="all-reduce sizes (bytes)")
     ap.add_argument("--repeats", type=int, default=20, help="timed repeats (median)")
     ap.add_argument("--models", default="small,wide,deep", help="step rows: small, wide, deep")
@@ -320,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                 data["sections"]["allreduce"] = {"error": f"{type(exc).__name__}: {exc}",
                                                  "traceback": traceback.format_exc()}
                 print(f"# allreduce failed on rank {rank}: {type(exc).__name__}: {exc}")
+    if world >= 2 and ("ipc" in sections or "ddp" in sections):
+        ipc_section(data, sections, a.repeats, rank)
     if "step" in sections and rank == 0:
         try:
             rows = step_rows("cuda", cp.cuda.Device().synchronize, models, a.repeats,

@@ -167,6 +167,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
              "direct or dispatcher"),
     Variable("MINIDIST_LAUNCH_FD", _whole(0), None,
              "a file descriptor (set by python -m minidist.launch for its ranks, not by hand)"),
+    Variable("MINIDIST_IPC_ORDER", _choice("auto", "stream", "host"), "auto",
+             "auto, stream or host"),
     Variable("MINIDIST_LAUNCHER", _choice("launch", "spawn"), None,
              "launch or spawn (set by minidist's launchers)"),
 ]}

@@ -40,6 +40,7 @@ import numpy as np
 from minidist.comm import collectives
 from minidist.comm.algorithms import select as _select
 from minidist.comm.algorithms.calibrate import agreed as agreed_calibration
+from minidist.comm.algorithms.cuda_ipc import close_ipc
 from minidist.comm.algorithms.scratch import clear as clear_scratch
 from minidist.comm.algorithms.select import Explainer
 from minidist.comm.algorithms.shm import shm_available, shm_node
@@ -280,6 +281,7 @@ class ProcessGroup:
             except OSError as e:
                 log.warning("could not write the ledger to %s: %s", d, e)
         clear_scratch(self.transport)
+        close_ipc(self.transport)  # collective: IPC windows go before the transport does
         self.transport.close()
 
     # -- async collectives and sub-groups ----------------------------------------------------

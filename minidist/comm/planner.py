@@ -10,7 +10,8 @@ labels and run manifest name ``plan.algorithm`` of the same planner, so after ``
 minidist.tune`` both name the calibrated choice that ran.
 
 How "auto" decides (select.py): ranks on several nodes -> "hier" (or "rd" for small
-messages); a device buffer on one node with CUDA IPC -> "cuda_ipc"; otherwise the size rules
+messages); a device buffer on one node with CUDA IPC -> "cuda_ipc" ("host_copy" below the
+cut-over a calibration measured on a GPU: host_copy.choose_device); otherwise the size rules
 and the alpha-beta model, from the calibration every rank holds alike (``calibrate.agreed``) or
 the shipped table. A training loop repeats a few shapes, so plans are memoized per (algorithm,
 bytes, dtype, op, shared window?, stream 0?, array type) and expire when the rules change
@@ -164,6 +165,8 @@ class Planner:
             return by_nodes
         for algo in ALGORITHMS.values():  # e.g. cuda_ipc for device buffers on one node
             if algo.preferred and algo.usable(self.transport, flat, tag):
+                if algo.refine is not None:  # a measured rule may hand it on (host_copy)
+                    return algo.refine(self.size, flat.nbytes, self.calibration)
                 return algo.name, algo.preferred
         return select.choose_with_reason(self.size, flat.nbytes, self.native, False, shared,
                                          self.calibration, self.candidates(flat, tag))

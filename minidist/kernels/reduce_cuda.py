@@ -2,6 +2,8 @@
 
     from minidist.kernels import reduce_cuda
     reduce_cuda.reduce_slices(out, [win0[lo:hi], win1[lo:hi], ...], "sum")   # rank order
+    launch = reduce_cuda.reduce_plan(out, [win0[lo:hi], ...], "sum")  # built once ...
+    launch()                                                          # ... launched per call
 
 Each rank of a node reduces ITS slice of the buffer by reading that slice in every rank's
 window (peers' windows are mapped into this process with CUDA IPC), in one launch::
@@ -15,18 +17,24 @@ allocations that no single array can span. Ops: sum (avg sums, the caller divide
 max, min (max/min propagate NaN, as NumPy's ``maximum``/``minimum``).
 
 Grid-stride loop on CuPy's current stream; ``@cuda.jit`` without a signature (compiles on first
-use). Tested under the simulator (tests/cuda/train_kernels_cudasim_body.py).
+use). ``reduce_plan`` goes through the launch plans of ``minidist.kernels.cuda``: the Numba
+views and the configured launch are built once, and a later launch skips the dispatcher (the
+all-reduce keeps one plan per window slice, so a call builds nothing). Tested under the
+simulator (tests/cuda/train_kernels_cudasim_body.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, no_type_check
+from typing import Any, Callable, no_type_check
 
-from numba import cuda
+import numpy as np
 
-from minidist.kernels import optim_cuda
+from minidist.kernels import cuda as kcuda
+from minidist.kernels.cuda import cuda
+from minidist.kernels.fallback import private_copies
 
-__all__ = ["reduce_slices", "MAX_SOURCES", "OP_CODES", "check_usable", "signature"]
+__all__ = ["reduce_slices", "reduce_plan", "MAX_SOURCES", "OP_CODES", "check_usable",
+           "signature", "rehearse"]
 
 MAX_SOURCES = 8
 OP_CODES = {"sum": 0, "avg": 0, "prod": 1, "max": 2, "min": 3}
@@ -70,8 +78,8 @@ def _reduce_kernel(out, n, op, s0, s1, s2, s3, s4, s5, s6, s7):
 
 
 def check_usable() -> None:
-    """Raise unless kernels can run on CuPy arrays here (``optim_cuda.check_usable``)."""
-    optim_cuda.check_usable()
+    """Raise unless kernels can run on CuPy arrays here (``kernels.cuda.check_usable``)."""
+    kcuda.check_usable()
 
 
 def signature(op: str, out: Any, sources: list[Any], *rest: Any) -> tuple:
@@ -79,16 +87,47 @@ def signature(op: str, out: Any, sources: list[Any], *rest: Any) -> tuple:
     return op, type(out), out.dtype.char
 
 
-def reduce_slices(out: Any, sources: list[Any], op: str, *,
-                  launch: tuple[int, int] | None = None) -> None:
-    """``out = sources[0] (op) sources[1] (op) ...`` elementwise, one launch (2..8 sources)."""
+def reduce_plan(out: Any, sources: list[Any], op: str, *,
+                launch: tuple[int, int] | None = None) -> Callable[[], None]:
+    """A callable that launches ``out = sources[0] (op) sources[1] (op) ...`` (2..8 sources)
+    on the stream current now; the views and the configured launch are built here, once."""
     n = len(sources)
     if not 2 <= n <= MAX_SOURCES:
         raise ValueError(f"reduce_slices: {n} sources; the kernel takes 2 to {MAX_SOURCES}.")
     if out.size == 0:
-        return
-    views = [optim_cuda.device_view(s) for s in sources]
-    views += [views[0]] * (MAX_SOURCES - n)
-    blocks, threads = optim_cuda.launch_config(int(out.size), launch)
-    optim_cuda.configured(_reduce_kernel, blocks, threads)(optim_cuda.device_view(out), n,
-                                                          OP_CODES[op], *views)
+        return lambda: None
+    arrays = (out, *sources, *[sources[0]] * (MAX_SOURCES - n))
+    plan = kcuda.launch_plan(_reduce_kernel, arrays, int(out.size), launch)
+    views = _in_place(plan.views)
+    args = (views[0], np.int64(n), np.int64(OP_CODES[op]), *views[1:])
+    return lambda: plan.launch(*args)
+
+
+def _in_place(views: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The simulator copies each NumPy argument in and back out around a launch, so an output
+    that is also a source would be overwritten by that source's copy-back: there, wrap the
+    arrays in the simulator's device-array type (no copies), as a GPU's views are."""
+    if not kcuda.SIMULATOR:
+        return views
+    fake = type(cuda.to_device(np.zeros(1, np.uint8)))
+    return tuple(fake(v) if isinstance(v, np.ndarray) else v for v in views)
+
+
+def reduce_slices(out: Any, sources: list[Any], op: str, *,
+                  launch: tuple[int, int] | None = None) -> None:
+    """``out = sources[0] (op) sources[1] (op) ...`` elementwise, one launch (2..8 sources)."""
+    reduce_plan(out, sources, op, launch=launch)()
+
+
+def rehearse(op: str, *args: Any) -> None:
+    """Compile and launch ``op`` on small private copies and wait (``kernels.fallback``)."""
+    copies = private_copies(args)
+    for _ in range(2):
+        if op == "reduce_plan":
+            reduce_plan(*copies)()
+        else:
+            globals()[op](*copies)
+    if not kcuda.SIMULATOR:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()

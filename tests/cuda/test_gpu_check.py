@@ -52,6 +52,8 @@ def test_cpu_smoke_run_writes_json_and_tables(tmp_path):
         assert r["host_us"] > 0 and r["gpu_us"] > 0 and r["GBps"] > 0
         assert r["exact"] in (None, True), r
         assert ("copy_share" in r) == (r["case"] != "copy")
+    ipc = result["gpu_allreduce"]  # gpu_allreduce.py --cpu: cuda_ipc's protocol, host windows
+    assert ipc["status"] == "ok" and len(ipc["rows"]) == 4 and ipc["targets"] == [], ipc
     training = result["gpu_training"]  # the step section of gpu_training.py, on the CPU
     assert training["status"] == "ok" and [r["model"] for r in training["step_rows"]] == ["small"]
     steps = result["train_step"]["rows"]

@@ -163,3 +163,45 @@ def test_reduce_kernel_refuses_bad_source_counts():
     a = np.zeros(4, np.float32)
     with pytest.raises(ValueError, match="2 to 8"):
         reduce_cuda.reduce_slices(a, [a], "sum")
+
+
+def test_cuda_ipc_call_through_launch_plans_builds_nothing_the_second_time():
+    """The all-reduce's protocol on host windows with the reduce KERNEL (simulator): after one
+    call per window half, further calls build no plan and no Numba view (PLAN_STATS)."""
+    import threading
+
+    from minidist.comm.algorithms.cuda_ipc import ipc_state, run_cuda_ipc
+    from minidist.comm.ops import ReduceOp
+    from minidist.comm.transports.threads import run_threads
+    from minidist.kernels import cuda as kcuda
+    from minidist.kernels import reduce_cuda
+
+    lock = threading.Lock()  # one simulated launch at a time (thread ranks share the simulator)
+
+    def planner(out, sources, op):
+        launch = reduce_cuda.reduce_plan(out, sources, op, launch=(1, 32))
+
+        def locked():
+            with lock:
+                launch()
+        return locked
+
+    stats = []
+
+    def body(t):
+        state = ipc_state(t, "host", reduce_planner=planner)
+        x = np.arange(301, dtype=np.float32) * (t.rank + 1)
+        for call in range(5):
+            if call == 2:  # both ranks' plans exist: a peer finishes a call only after
+                with lock:  # every rank reduced, i.e. built its plan
+                    stats.append(dict(kcuda.PLAN_STATS.as_dict()))
+            y = x.copy()
+            run_cuda_ipc(state, t, y, ReduceOp.SUM, 0)
+            assert np.array_equal(y, np.arange(301, dtype=np.float32) * 3), call
+        return state.plans_built
+
+    assert run_threads(2, body, timeout_s=120) == [2, 2]
+    after = kcuda.PLAN_STATS.as_dict()
+    assert stats and all(s["plans_built"] == after["plans_built"] for s in stats), (stats, after)
+    assert all(s["views_built"] == after["views_built"] for s in stats)
+    assert after["launches"] >= 10

@@ -14,9 +14,11 @@ planner's answer: ``minidist.comm.planner``.
 
 from __future__ import annotations
 
-from minidist.comm.algorithms.cuda_ipc import CUDA_IPC, cuda_ipc_all_reduce, cuda_ipc_available
+from minidist.comm.algorithms.cuda_ipc import (CUDA_IPC, IPC_HOST, cuda_ipc_all_reduce,
+                                               cuda_ipc_available, ipc_host_all_reduce)
 from minidist.comm.algorithms.direct import DIRECT, direct_all_reduce
 from minidist.comm.algorithms.hier import HIER, hier_all_reduce
+from minidist.comm.algorithms.host_copy import HOST_COPY, host_copy_all_reduce
 from minidist.comm.algorithms.mpi_native import MPI, mpi_all_reduce
 from minidist.comm.algorithms.recursive_doubling import RD, rd_all_reduce
 from minidist.comm.algorithms.registry import Algorithm
@@ -27,12 +29,13 @@ from minidist.comm.algorithms.tree import TREE, tree_all_reduce, tree_broadcast,
 
 # Registry order is "auto"'s order for preferred entries and its tie order for the model.
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
-    DIRECT, RING, TREE, RD, MPI, SHM, HIER, CUDA_IPC,
+    DIRECT, RING, TREE, RD, MPI, SHM, HIER, CUDA_IPC, HOST_COPY, IPC_HOST,
 )}
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "direct_all_reduce", "ring_all_reduce", "tree_all_reduce",
            "rd_all_reduce", "mpi_all_reduce", "shm_all_reduce", "hier_all_reduce",
-           "cuda_ipc_all_reduce", "cuda_ipc_available",
+           "cuda_ipc_all_reduce", "cuda_ipc_available", "ipc_host_all_reduce",
+           "host_copy_all_reduce",
            "ring_reduce_scatter", "ring_all_gather",
            "tree_reduce", "tree_broadcast"]

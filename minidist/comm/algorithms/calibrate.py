@@ -9,7 +9,8 @@ every candidate algorithm of this machine, transport and world size at a sweep o
 sizes (interleaved, each call after a barrier; a call's time is the slowest rank's), then fits
 the same two things the shipped table holds:
 
-    rules  per world size and buffer kind ("2": plain, "2s": a buffer in a shared window):
+    rules  per world size and buffer kind ("2": plain, "2s": a buffer in a shared window,
+           "2d": a device buffer, on a GPU "cuda_ipc" serves: "host_copy" vs "cuda_ipc"):
            [[upper_bytes, algorithm], ..., [None, algorithm]]   (``size_rules``)
     model  alpha (us per message), beta (us per byte), gamma (us per byte reduced) for each
            algorithm, least squares over the measured points  (``fit_model``)
@@ -49,7 +50,10 @@ from typing import Any
 
 import numpy as np
 
+from minidist import xp as backend
 from minidist.comm.algorithms import select
+from minidist.comm.algorithms.cuda_ipc import cuda_ipc_available
+from minidist.comm.algorithms.host_copy import DEVICE_CANDIDATES
 from minidist.logger import get_logger
 from minidist.version import __version__
 from minidist.envvars import env
@@ -315,10 +319,12 @@ FULL_MAX_BYTES = 32 << 20   # --full: at 32 MiB
 def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dict:
     """Median time (us, slowest rank) of every candidate algorithm at each size, per buffer kind.
 
-    COLLECTIVE. Returns ``{"plain": {nbytes: {algorithm: us}}, "shared": {...}}`` ("shared":
-    a buffer in a shared window, measured where the group has one). The measurement runs
-    unobserved (``calls.unobserved``, every rank alike): no ledger entries, and the user's call
-    numbers are untouched.
+    COLLECTIVE. Returns ``{"plain": {nbytes: {algorithm: us}}, "shared": {...}, "device":
+    {...}}`` ("shared": a buffer in a shared window, measured where the group has one;
+    "device": a CuPy buffer, "cuda_ipc" against "host_copy", where a GPU and CUDA IPC serve the
+    group, each call timed until its stream is done). The measurement runs unobserved
+    (``calls.unobserved``, every rank alike): no ledger entries, and the user's call numbers
+    are untouched.
     """
     from minidist.comm.algorithms.shm import shm_alloc_buffer
     from minidist.comm.transports.shm_window import shm_free_buffer
@@ -329,27 +335,38 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
         sizes.append(s)
         s *= 4
     count = max_bytes // 4
-    kinds = {"plain": np.zeros(count, np.float32)}
+    kinds: dict[str, Any] = {"plain": np.zeros(count, np.float32)}
     names = group.planner.candidates(kinds["plain"])  # the registry's usable candidates
     if "shm" in names:
         kinds["shared"] = shm_alloc_buffer(group.transport, count, np.float32)
     base = np.random.default_rng(7 + group.rank).standard_normal(count).astype(np.float32)
+    device = _device_kind(group, base)  # (buffer, source, sync) on a GPU "cuda_ipc" serves
+    dev_source, dev_sync = (device[1], device[2]) if device is not None else (None, None)
+    if device is not None:
+        kinds["device"] = device[0]
     out: dict = {k: {} for k in kinds}
     buf = None
     try:
         with group.calls.unobserved():
             for nbytes in sizes:
                 c, iters = nbytes // 4, _iters(nbytes, quick)
-                runs = [(kind, name) for kind in kinds for name in names]
+                runs = [(kind, name) for kind in kinds
+                        for name in (DEVICE_CANDIDATES if kind == "device" else names)]
                 local = np.zeros((len(runs), iters))
                 for i in range(-1, iters):  # i = -1: one untimed warm-up round
                     for j in np.random.default_rng(i + 1).permutation(len(runs)):
                         kind, name = runs[j]
                         buf = kinds[kind][:c]
-                        buf[...] = base[:c]
+                        if dev_sync is not None and kind == "device":
+                            buf[...] = dev_source[:c]  # type: ignore[index]
+                            dev_sync()  # the copy in is done before the clock starts
+                        else:
+                            buf[...] = base[:c]
                         group.barrier()
                         t0 = time.perf_counter()
                         group.all_reduce(buf, algorithm=name)
+                        if dev_sync is not None and kind == "device":
+                            dev_sync()  # stream-ordered results: the call ends when they are in
                         if i >= 0:
                             local[j, i] = time.perf_counter() - t0
                 slowest = group.all_gather(local.reshape(-1)).max(axis=0).reshape(local.shape)
@@ -360,6 +377,20 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
             buf = None  # no view of the window may outlive it
             shm_free_buffer(group.transport, kinds.pop("shared"))
     return out
+
+
+def _device_kind(group: Any, base: np.ndarray) -> tuple[Any, Any, Any] | None:
+    """``(device buffer, its source, stream sync)`` when the group can run "cuda_ipc" on a
+    device buffer here (a GPU, ranks on one node), else None. Collective (same answer on
+    every rank: each asks the same question of the same transport)."""
+    if not backend.gpu_available():
+        return None
+    cupy = backend.require_cuda()
+    probe = cupy.zeros(1, np.float32)
+    if not cuda_ipc_available(group.transport, probe):
+        return None
+    sync = cupy.cuda.get_current_stream().synchronize
+    return cupy.zeros(base.size, np.float32), cupy.asarray(base), sync
 
 
 def fit(times: dict, world_size: int) -> tuple[dict, dict, list]:
@@ -375,9 +406,12 @@ def fit(times: dict, world_size: int) -> tuple[dict, dict, list]:
     for nbytes, row in times.get("shared", {}).items():  # shm on a shared buffer: shm_zc
         if "shm" in row:
             points.setdefault("shm_zc", []).append((world_size, int(nbytes), row["shm"]))
+    for nbytes, row in times.get("device", {}).items():  # cuda_ipc and host_copy, on a GPU
+        for name, us in row.items():
+            points.setdefault(name, []).append((world_size, int(nbytes), us))
     model, report = fit_model(points, gamma_us_per_byte())
     rules = {}
-    for kind, suffix in (("plain", ""), ("shared", "s")):
+    for kind, suffix in (("plain", ""), ("shared", "s"), ("device", "d")):
         if not times.get(kind):
             continue
         rules[f"{world_size}{suffix}"] = size_rules(times[kind])

@@ -1,208 +1,236 @@
 """CUDA-IPC all-reduce (algorithm "cuda_ipc"): the shared-memory all-reduce's twin for GPU memory.
 
     group.all_reduce(grads_on_gpu, algorithm="cuda_ipc")   # ranks of one node, CuPy buffers
+    group.all_reduce(host_array, algorithm="ipc_host")     # the same protocol on host windows
 
-The ranks of a node map each other's device memory with CUDA IPC and add straight from it: no
-message carries data, and nothing goes through host memory. Set-up, once per transport (and
-again when a larger buffer comes, collectively): every rank allocates a device WINDOW with its
-own ``cudaMalloc`` (not CuPy's pool: IPC maps whole allocations), gets its IPC handle, the
-ranks all-gather the handles, and each opens its peers' windows. Each window has two halves
-(double buffering: a call's copy-in may start while a slow peer still copies out of the last
-call's half). Per call, N=3, slices cut at 64-byte multiples::
+The ranks of a node map each other's device memory with CUDA IPC (ipc_device.py) and add
+straight from it: no message carries data, nothing goes through host memory, and the host
+only queues work. Per call c (half h = (c - 1) % 2 of every window), N=3, slices cut at 64-byte
+multiples::
 
-    windows:  rank 0 [ a0 | a1 | a2 ]      (1) copy my buffer into my window (device copy)
-              rank 1 [ b0 | b1 | b2 ]      (2) my stream is done -> barrier (a tiny host
-              rank 2 [ c0 | c1 | c2 ]          all-gather of headers: numel, dtype, op, call)
-                        |    |    |        (3) ONE kernel: rank r reduces slice r reading it
-              rank 1 reads a1, b1, c1          in every window, in rank order, into its own
-              over IPC, writes b1 = sum        window (a1 + b1 + c1 -> b1)
-                                           (4) my stream is done -> barrier
-                                           (5) copy slice j out of rank j's window, for every j
+    windows:  rank 0 [ a0 | a1 | a2 ]      (0) host: the call's header agrees with the peers'
+              rank 1 [ b0 | b1 | b2 ]          (ipc_sync.RowAgreement: a few microseconds)
+              rank 2 [ c0 | c1 | c2 ]      (1) wait OUT[j] >= c-2: nobody still reads half h
+                        |    |    |            copy my buffer into my window;  signal IN = c
+              rank 1 reads a1, b1, c1      (2) wait IN[j] >= c; ONE kernel: rank r reduces
+              over IPC, writes b1 = sum        slice r from every window, in rank order, into
+                                               its own window;                signal RED = c
+                                           (3) wait RED[j] >= c; copy slice j out of rank j's
+                                               window, for every j;           signal OUT = c
 
-Every slice is reduced once, in rank order, then copied: every rank ends with identical bits.
-Between phases the ranks synchronize their stream, then meet at a host barrier over the
-transport (so a peer never reads a window before the copy into it has finished).
+(1)-(3) are queued on the caller's stream: the flags are stored and awaited by the GPU
+(``MINIDIST_IPC_ORDER=stream``), or by the host after a stream sync (``host``); see
+ipc_sync.py for why the counters make the double buffering safe. Every slice is reduced once,
+in rank order, then copied: every rank ends with identical bits.
 
-Only for device (CuPy) buffers, ranks in separate processes on one node, at most 8 ranks
-(the kernel's argument list), stream 0. Anything else raises a ValueError that says what to use
-instead; ``cuda_ipc_available`` tells ``auto``. The structure runs on the CPU in the tests with
-host "windows" (``run_cuda_ipc`` takes any ``Windows``), and the kernel under the simulator.
+**Launch plans.** Everything a call needs besides the buffer's address is built once per
+(window half, numel, dtype, op, stream) and cached on the transport's ``IpcState``: the window
+addresses of the copies, the reduce's views of the slices and its configured kernel launch
+(``reduce_cuda.reduce_plan``: Numba views, the compiled kernel, pre-packed arguments). A call
+is a dictionary lookup, N + 1 ``cudaMemcpyAsync``, one launch and 3(N-1) + 3 flag operations.
+
+Windows are allocated on the first call and grown (collectively, after the header check: every
+rank grows at the same call) when a larger buffer comes; the old ones are freed only after
+every rank synced its stream. ``destroy_process_group`` frees them (``close_ipc``: sync, unmap
+the peers, a barrier, free mine); at exit the peers' mappings are closed.
+
+Only for device (CuPy) buffers, ranks in separate processes on one node, at most 8 ranks,
+stream 0; anything else raises a ValueError saying what to use instead. "ipc_host" runs the
+same protocol, plans and flags on host windows (MPI shared memory, thread ranks): the CPU twin.
 """
 
 from __future__ import annotations
 
+import atexit
 import weakref
-from typing import Any, Protocol
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from minidist import xp as backend
-from minidist.comm.algorithms.registry import Algorithm
-from minidist.comm.algorithms.ring import ring_all_gather
+from minidist.comm.algorithms.host_copy import choose_device, device_cost
+from minidist.comm.algorithms.ipc_sync import (IN, OUT, RED, HostControl, MessageAgreement,
+                                               RowAgreement, host_control, meet)
+from minidist.comm.algorithms.ipc_windows import Windows, host_windows
+from minidist.comm.algorithms.registry import Algorithm, model
 from minidist.comm.algorithms.shm import line_aligned_bounds
-from minidist.comm.errors import CollectiveMismatch
-from minidist.comm.ops import ReduceOp, combine, finalize
+from minidist.comm.errors import CommError
+from minidist.comm.ops import ReduceOp, finalize
 from minidist.comm.topology import detect_topology
 from minidist.comm.transports.base import Transport, stream_of
-from minidist.kernels.fallback import CompiledBackend
+from minidist.logger import get_logger
+
+log = get_logger(__name__)
 
 MAX_RANKS = 8
 MIN_HALF_BYTES = 1 << 20
+MAX_PLANS = 64
+CALL_LIMIT = 1 << 31  # flags are uint32 call numbers: new windows (flags at 0) before they wrap
 _OPS = list(ReduceOp)
 
 
-class Windows(Protocol):
-    """One rank's view of the node's windows: its own and the peers' (device memory)."""
+class IpcPlan(NamedTuple):
+    """One (half, numel, dtype, op, stream): what a call queues, as addresses and a launch."""
 
-    half_bytes: int
-    half: int
-
-    def slots(self, half: int, dtype: Any, numel: int) -> list[Any]:
-        """Every rank's window half ``half`` as ``numel`` elements of ``dtype`` (rank order)."""
-
-    def copy(self, dst: Any, src: Any) -> None:
-        """``dst[...] = src`` on this rank's stream (device to device)."""
-
-    def reduce(self, out: Any, sources: list[Any], op: ReduceOp) -> None:
-        """``out = sources[0] (op) sources[1] ...`` in one kernel on this rank's stream."""
-
-    def sync(self) -> None:
-        """Block until this rank's stream has finished everything queued so far."""
-
-    def close(self) -> None:
-        """Unmap the peers' windows and free mine."""
+    nbytes: int
+    mine: int                              # my window half: where my buffer is copied in
+    outs: list[tuple[int, int, int]]       # (offset in the buffer, window address, bytes)
+    reduce: Callable[[], None] | None      # my slice's reduce launch (None: empty slice)
 
 
-class CudaIpcWindows:
-    """``Windows`` over CUDA IPC: a ``cudaMalloc`` per rank, peers opened by IPC handle."""
+class IpcState:
+    """One transport's CUDA-IPC state: control lines, windows, plans and the call counter.
 
-    def __init__(self, transport: Transport, half_bytes: int, tag: int) -> None:
-        cupy = backend.require_cuda()
-        rt = cupy.cuda.runtime
-        self._cupy, self._rt = cupy, rt
-        self.half_bytes, self.half = half_bytes, 0
-        nbytes = 2 * half_bytes
-        me, n = transport.rank, transport.size
-        self._own = rt.malloc(nbytes)
-        handle = np.frombuffer(bytes(rt.ipcGetMemHandle(self._own)), np.uint8)
-        size = handle.size
-        handles = np.zeros(n * size, np.uint8)
-        handles[me * size:(me + 1) * size] = handle
-        ring_all_gather(transport, handles, tag)
-        self._peers: list[int] = []
-        ptrs = []
-        for j in range(n):
-            if j == me:
-                ptrs.append(self._own)
-            else:
-                ptr = rt.ipcOpenMemHandle(bytes(handles[j * size:(j + 1) * size]))
-                self._peers.append(ptr)
-                ptrs.append(ptr)
-        self._windows = [
-            cupy.ndarray((nbytes,), cupy.uint8,
-                         memptr=cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(p, nbytes, self),
-                                                        0))
-            for p in ptrs]
+    Args:
+        control: the ranks' host control lines, or None (no shared host memory).
+        agreement: the per-call header check.
+        make: ``make(half_bytes) -> Windows`` (collective).
+    """
 
-    def slots(self, half: int, dtype: Any, numel: int) -> list[Any]:
-        lo = half * self.half_bytes
-        nbytes = numel * np.dtype(dtype).itemsize
-        return [w[lo:lo + nbytes].view(dtype) for w in self._windows]
+    def __init__(self, control: HostControl | None, agreement: Any,
+                 make: Callable[[int], Windows]) -> None:
+        self.control, self.agreement, self.make = control, agreement, make
+        self.windows: Windows | None = None
+        self.plans: dict = {}
+        self.calls = 0  # collectives so far (the same on every rank)
+        self.base = 0   # calls made before the current windows (their flags count from here)
+        self.plans_built = 0
 
-    def copy(self, dst: Any, src: Any) -> None:
-        dst[...] = src
+    @property
+    def half(self) -> int:
+        """The half the next call uses (call c of the windows uses half (c - 1) % 2)."""
+        return (self.calls - self.base) & 1
 
-    def reduce(self, out: Any, sources: list[Any], op: ReduceOp) -> None:
-        _REDUCE.call("reduce_slices", _reduce_reference, out, sources, op.value)
+    def fit(self, transport: Transport, nbytes: int, tag: int) -> Windows:
+        """Windows whose halves hold ``nbytes``: grown together (every rank agreed on the
+        header first, so every rank grows at the same call)."""
+        w = self.windows
+        if w is not None and w.half_bytes >= nbytes and self.calls - self.base < CALL_LIMIT:
+            return w
+        if w is not None:
+            w.sync()  # my stream touches no window any more; after the barrier, nobody's does
+            w.close(lambda: meet(transport, tag))
+        half = max(MIN_HALF_BYTES, 1 << max(nbytes - 1, 1).bit_length())
+        self.windows = self.make(half)
+        self.base = self.calls - 1  # the current call is call 1 of these windows
+        self.plans.clear()
+        return self.windows
 
-    def sync(self) -> None:
-        self._cupy.cuda.get_current_stream().synchronize()
+    def plan(self, w: Windows, half: int, flat: Any, op: ReduceOp, stream: Any, n: int,
+             me: int) -> IpcPlan:
+        key = (half, flat.size, flat.dtype.char, op, stream)
+        plan = self.plans.get(key)
+        if plan is None:
+            if len(self.plans) >= MAX_PLANS:
+                self.plans.clear()
+            plan = self.plans[key] = _build_plan(w, half, flat, op, n, me)
+            self.plans_built += 1
+        return plan
 
-    def close(self) -> None:
-        for ptr in self._peers:
-            self._rt.ipcCloseMemHandle(ptr)
-        self._peers = []
-        if self._own:
-            self._rt.free(self._own)
-            self._own = 0
-
-
-# The reduce kernel, loaded and rehearsed by minidist.kernels.fallback: if it cannot compile
-# or launch here, one warning, then CuPy's ufuncs in the same rank order (the same bits).
-_REDUCE = CompiledBackend("numba-cuda", "minidist.kernels.reduce_cuda",
-                          "Install numba-cuda for your CUDA version (`pip install "
-                          "'numba-cuda[cu12]'`) for the one-launch slice reduction.")
-
-
-def _reduce_reference(out: Any, sources: list[Any], op: str) -> None:
-    acc = sources[0].copy()
-    for s in sources[1:]:
-        combine(acc, s, ReduceOp(op))
-    out[...] = acc
+    def close(self, transport: Transport, tag: int = 0) -> None:
+        """Free the windows and control lines (collective: ``destroy_process_group``)."""
+        if self.windows is not None:
+            self.windows.close(lambda: meet(transport, tag))
+            self.windows = None
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+        self.plans.clear()
 
 
-def _barrier(transport: Transport, header: list[int], tag: int) -> list[list[int]]:
-    """A host barrier that also all-gathers every rank's header (a few int64s)."""
-    k = len(header)
-    rows = np.zeros(transport.size * k, np.int64)
-    rows[transport.rank * k:(transport.rank + 1) * k] = header
-    ring_all_gather(transport, rows, tag)
-    return rows.reshape(transport.size, k).tolist()
+def _build_plan(w: Windows, half: int, flat: Any, op: ReduceOp, n: int, me: int) -> IpcPlan:
+    inner = ReduceOp.SUM if op is ReduceOp.AVG else op
+    b = line_aligned_bounds(flat.size, n, flat.itemsize)
+    isz = flat.itemsize
+    lo, hi = b[me], b[me + 1]
+    reduce = None
+    if hi > lo:
+        slices = [w.view(j, half, flat.dtype, flat.size)[lo:hi] for j in range(n)]
+        reduce = w.reduce_launch(slices[me], slices, inner)
+    outs = [(b[j] * isz, w.base(j, half) + b[j] * isz, (b[j + 1] - b[j]) * isz)
+            for j in range(n) if b[j + 1] > b[j]]
+    return IpcPlan(flat.nbytes, w.base(me, half), outs, reduce)
 
 
-def _check_headers(transport: Transport, rows: list[list[int]]) -> None:
-    mine = rows[transport.rank]
-    for j, other in enumerate(rows):
-        if other != mine:
-            raise CollectiveMismatch(
-                f"[rank {transport.rank}/{transport.size}] all_reduce(algorithm=\"cuda_ipc\"): "
-                f"rank {j} passed (numel, dtype, op, call) = {other} but rank {transport.rank} "
-                f"passed {mine}. Every rank must pass the same shape, dtype and op.")
+def _header(flat: Any, op_index: int, tag: int) -> list[int]:
+    return [flat.size, flat.dtype.num, op_index, tag]
 
 
-def _grow(windows: Windows | None, nbytes: int, make: Any) -> Windows:
-    """Windows whose halves hold ``nbytes`` (collective: every rank asks for the same size)."""
-    if windows is not None and windows.half_bytes >= nbytes:
-        return windows
-    if windows is not None:
-        windows.close()
-    half = max(MIN_HALF_BYTES, 1 << max(nbytes - 1, 1).bit_length())
-    return make(half)
-
-
-def _header(flat: Any, op: ReduceOp, tag: int, fits: bool) -> list[int]:
-    return [flat.size, flat.dtype.num, _OPS.index(op), tag, int(fits)]
-
-
-def run_cuda_ipc(windows: Windows, transport: Transport, flat: Any, op: ReduceOp,
+def run_cuda_ipc(state: IpcState, transport: Transport, flat: Any, op: ReduceOp,
                  tag: int = 0) -> None:
-    """Steps (1)-(5) of the module docstring over ``windows`` (big enough: see ``_grow``).
+    """Steps (0)-(3) of the module docstring: all-reduce ``flat`` (1-D) in place.
 
-    Barrier (2) all-gathers each rank's header (numel, dtype, op, call, "my window was big
-    enough"): a mismatch raises CollectiveMismatch on every rank, after the copy-in.
+    Raises:
+        CollectiveMismatch: ranks passed different numel/dtype/op (on every rank, step 0).
     """
     n, me = transport.size, transport.rank
-    inner = ReduceOp.SUM if op is ReduceOp.AVG else op
-    slots = windows.slots(windows.half, flat.dtype, flat.size)
-    b = line_aligned_bounds(flat.size, n, flat.itemsize)
-    windows.copy(slots[me], flat)  # (1)
-    windows.sync()
-    _check_headers(transport, _barrier(transport, _header(flat, op, tag, True), tag))  # (2)
-    lo, hi = b[me], b[me + 1]
-    if hi > lo:  # (3) my slice, from every window, rank order
-        windows.reduce(slots[me][lo:hi], [s[lo:hi] for s in slots], inner)
-    windows.sync()
-    _barrier(transport, [1], tag)  # (4)
-    for j in range(n):  # (5)
-        if b[j + 1] > b[j]:
-            windows.copy(flat[b[j]:b[j + 1]], slots[j][b[j]:b[j + 1]])
-    windows.half ^= 1
+    call = state.calls + 1
+    state.agreement.check(_header(flat, _OPS.index(op), tag), call)  # (0)
+    state.calls = call
+    if flat.size == 0:
+        return
+    w = state.fit(transport, flat.nbytes, tag)
+    c = call - state.base
+    half = (c - 1) & 1
+    stream = w.begin()
+    plan = state.plan(w, half, flat, op, stream, n, me)
+    sig = w.signals
+    peers = [j for j in range(n) if j != me]
+    if c > 2:
+        for j in peers:  # (1) every peer is done with this half (call c - 2)
+            sig.wait(j, OUT, c - 2)
+    p = w.address(flat)
+    w.memcpy(plan.mine, p, plan.nbytes)
+    sig.signal(IN, c)
+    for j in peers:  # (2)
+        sig.wait(j, IN, c)
+    if plan.reduce is not None:
+        plan.reduce()
+    sig.signal(RED, c)
+    for j in peers:  # (3)
+        sig.wait(j, RED, c)
+    for off, src, nbytes in plan.outs:
+        w.memcpy(p + off, src, nbytes)
+    sig.signal(OUT, c)
     finalize(flat, op, n)
 
 
-def _refuse(transport: Transport, what: str, fix: str) -> ValueError:
+def run_ipc_all_gather(state: IpcState, transport: Transport, flat: Any, bounds: list[int],
+                       tag: int = 0) -> None:
+    """Rank r's ``flat[bounds[r]:bounds[r + 1]]`` into every rank's ``flat``, through the
+    windows: copy my part in, signal IN, wait for the peers', copy their parts out."""
+    me, n = transport.rank, transport.size
+    call = state.calls + 1
+    state.agreement.check(_header(flat, -1, tag), call)
+    state.calls = call
+    if flat.size == 0:
+        return
+    w = state.fit(transport, flat.nbytes, tag)
+    c = call - state.base
+    half = (c - 1) & 1
+    w.begin()
+    sig, isz = w.signals, flat.itemsize
+    peers = [j for j in range(n) if j != me]
+    if c > 2:
+        for j in peers:
+            sig.wait(j, OUT, c - 2)
+    p = w.address(flat)
+    lo, hi = bounds[me], bounds[me + 1]
+    if hi > lo:
+        w.memcpy(w.base(me, half) + lo * isz, p + lo * isz, (hi - lo) * isz)
+    sig.signal(IN, c)
+    for j in peers:
+        sig.wait(j, IN, c)
+        if bounds[j + 1] > bounds[j]:
+            off = bounds[j] * isz
+            w.memcpy(p + off, w.base(j, half) + off, (bounds[j + 1] - bounds[j]) * isz)
+    sig.signal(RED, c)  # (nothing reduced: keeps every flag at the call number)
+    sig.signal(OUT, c)
+
+
+def _refuse(transport: Transport, what: str, fix: str, name: str = "cuda_ipc") -> ValueError:
     return ValueError(f"[rank {transport.rank}/{transport.size}] all_reduce(algorithm="
-                      f"\"cuda_ipc\"): {what}. {fix}")
+                      f"\"{name}\"): {what}. {fix}")
 
 
 def check_cuda_ipc(transport: Transport, buf: Any, tag: int = 0) -> None:
@@ -217,67 +245,89 @@ def check_cuda_ipc(transport: Transport, buf: Any, tag: int = 0) -> None:
         raise _refuse(transport, f"the {transport.name!r} transport runs every rank in one "
                       "process, and CUDA IPC maps memory between processes",
                       "Run the ranks as processes (mpiexec, or the TCP transport)")
+    _check_common(transport, tag, "cuda_ipc")
+
+
+def _check_common(transport: Transport, tag: int, name: str) -> None:
     if transport.size > MAX_RANKS:
         raise _refuse(transport, f"{transport.size} ranks; the reduce kernel reads at most "
-                      f"{MAX_RANKS} windows", "Use algorithm='hier' or 'auto'")
+                      f"{MAX_RANKS} windows", "Use algorithm='hier' or 'auto'", name)
     if stream_of(tag):
         raise _refuse(transport, f"stream {stream_of(tag)}; the windows serve stream 0 only",
-                      "Use tag=0, another group (new_group), or algorithm='auto'")
-    if not detect_topology(transport).is_single_node():
-        raise _refuse(transport, "the ranks span several nodes; CUDA IPC maps memory within "
-                      "one node", "Use algorithm='hier' or 'auto'")
+                      "Use tag=0, another group (new_group), or algorithm='auto'", name)
+    if not transport.one_process and not detect_topology(transport).is_single_node():
+        raise _refuse(transport, "the ranks span several nodes; IPC maps memory within "
+                      "one node", "Use algorithm='hier' or 'auto'", name)
 
 
-_WINDOWS: "weakref.WeakKeyDictionary[Transport, Windows]" = weakref.WeakKeyDictionary()
+def check_ipc_host(transport: Transport, buf: Any, tag: int = 0) -> None:
+    """Raise the ValueError that says why "ipc_host" cannot run here (nothing sent yet)."""
+    if type(buf) is not np.ndarray:
+        raise _refuse(transport, f"needs a host (NumPy) array, got {type(buf).__name__}",
+                      "Use algorithm='cuda_ipc' for device arrays", "ipc_host")
+    if not transport.one_process and transport.mpi is None:
+        raise _refuse(transport, f"the {transport.name!r} transport's ranks share no host "
+                      "memory", "Use the MPI transport (mpiexec) or thread ranks", "ipc_host")
+    _check_common(transport, tag, "ipc_host")
 
 
-def _windows_for(transport: Transport, flat: Any, op_index: int, tag: int) -> Windows:
-    """The transport's windows, grown (collectively, after the ranks agreed on the header)
-    when ``flat`` does not fit."""
-    windows = _WINDOWS.get(transport)
-    if windows is None or windows.half_bytes < flat.nbytes:  # agree first, then grow together
-        header = [flat.size, flat.dtype.num, op_index, tag, 0]
-        _check_headers(transport, _barrier(transport, header, tag))
-        windows = _WINDOWS[transport] = _grow(windows, flat.nbytes,
-                                              lambda half: CudaIpcWindows(transport, half, tag))
-    return windows
+_STATES: "weakref.WeakKeyDictionary[Transport, dict[str, IpcState]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def ipc_state(transport: Transport, kind: str, tag: int = 0, reduce_planner: Any = None
+              ) -> IpcState:
+    """The transport's ``IpcState`` for ``kind`` ("device" or "host"), made on first use
+    (collective: the control lines). ``reduce_planner``: see ``HostWindows``."""
+    states = _STATES.setdefault(transport, {})
+    state = states.get(kind)
+    if state is None:
+        control = host_control(transport, tag)
+        agreement = RowAgreement(control, transport) if control is not None else \
+            MessageAgreement(transport, tag)
+        if kind == "device":
+            from minidist.comm.algorithms.ipc_device import CudaIpcWindows
+
+            def make(half: int) -> Windows:
+                return CudaIpcWindows(transport, half, control, tag)
+        else:
+            if control is None:
+                raise _refuse(transport, "no shared host memory", "Use the MPI transport",
+                              "ipc_host")
+
+            def make(half: int) -> Windows:
+                assert control is not None
+                return host_windows(transport, half, control, tag, reduce_planner)
+        state = states[kind] = IpcState(control, agreement, make)
+    return state
 
 
 def cuda_ipc_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -> None:
     """All-reduce the device array ``buf`` (1-D contiguous CuPy) in place over CUDA IPC.
+
+    Returns once the work is queued on CuPy's current stream (stream order, module docstring).
 
     Raises:
         ValueError: a host array, no GPU, ranks in one process, more than 8 ranks, a stream
             other than 0, or ranks on several nodes (before anything is sent).
         CollectiveMismatch: ranks passed different numel/dtype/op (on every rank).
     """
-    n = transport.size
-    if n == 1:
-        finalize(buf, op, n)
+    if transport.size == 1:
+        finalize(buf, op, 1)
         return
     check_cuda_ipc(transport, buf, tag)
-    flat = buf.reshape(-1)
-    windows = _windows_for(transport, flat, _OPS.index(op), tag)
-    if flat.size:
-        run_cuda_ipc(windows, transport, flat, op, tag)
+    run_cuda_ipc(ipc_state(transport, "device", tag), transport, buf.reshape(-1), op, tag)
 
 
-def run_ipc_all_gather(windows: Windows, transport: Transport, flat: Any, bounds: list[int],
-                       tag: int = 0) -> None:
-    """Rank r's ``flat[bounds[r]:bounds[r + 1]]`` into every rank's ``flat``, through the
-    windows: copy my part in, sync, barrier (headers compared), copy the others' parts out."""
-    me = transport.rank
-    slots = windows.slots(windows.half, flat.dtype, flat.size)
-    lo, hi = bounds[me], bounds[me + 1]
-    if hi > lo:
-        windows.copy(slots[me][lo:hi], flat[lo:hi])
-    windows.sync()
-    header = [flat.size, flat.dtype.num, -1, tag, 1]
-    _check_headers(transport, _barrier(transport, header, tag))
-    for j in range(transport.size):
-        if j != me and bounds[j + 1] > bounds[j]:
-            windows.copy(flat[bounds[j]:bounds[j + 1]], slots[j][bounds[j]:bounds[j + 1]])
-    windows.half ^= 1
+def ipc_host_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -> None:
+    """"cuda_ipc"'s protocol, plans and flags on host windows (a NumPy ``buf``): its CPU twin,
+    for ranks that share host memory (MPI on one node, thread ranks). ``auto`` never picks it:
+    "shm" is the fast host algorithm."""
+    if transport.size == 1:
+        finalize(buf, op, 1)
+        return
+    check_ipc_host(transport, buf, tag)
+    run_cuda_ipc(ipc_state(transport, "host", tag), transport, buf.reshape(-1), op, tag)
 
 
 def cuda_ipc_all_gather(transport: Transport, buf: Any, bounds: list[int], tag: int = 0) -> None:
@@ -286,10 +336,8 @@ def cuda_ipc_all_gather(transport: Transport, buf: Any, bounds: list[int], tag: 
     if transport.size == 1:
         return
     check_cuda_ipc(transport, buf, tag)
-    flat = buf.reshape(-1)
-    windows = _windows_for(transport, flat, -1, tag)
-    if flat.size:
-        run_ipc_all_gather(windows, transport, flat, bounds, tag)
+    run_ipc_all_gather(ipc_state(transport, "device", tag), transport, buf.reshape(-1), bounds,
+                       tag)
 
 
 def cuda_ipc_available(transport: Transport, buf: Any, tag: int = 0) -> bool:
@@ -304,12 +352,48 @@ def cuda_ipc_available(transport: Transport, buf: Any, tag: int = 0) -> bool:
     return True
 
 
-# Device buffers on one node: "auto" takes it before weighing the host algorithms, and the
-# planner hands it the device buffer itself (no staging through host memory).
-CUDA_IPC = Algorithm("cuda_ipc", cuda_ipc_all_reduce, usable=cuda_ipc_available,
-                     candidate=False, takes_device_buffers=True,
-                     preferred="device buffer, ranks on one node: CUDA IPC windows")
+def close_ipc(transport: Transport) -> None:
+    """Free ``transport``'s IPC windows and control lines (collective; the process group's
+    ``close`` calls it before the transport closes). A peer that is gone: logged, not raised."""
+    for state in _STATES.pop(transport, {}).values():
+        try:
+            state.close(transport)
+        except CommError as e:
+            log.warning("cuda_ipc: could not release the IPC windows cleanly: %s", e)
 
-__all__ = ["CUDA_IPC", "cuda_ipc_all_reduce", "cuda_ipc_all_gather", "cuda_ipc_available",
-           "check_cuda_ipc", "run_cuda_ipc", "run_ipc_all_gather", "CudaIpcWindows", "Windows",
-           "MAX_RANKS"]
+
+@atexit.register
+def _detach_at_exit() -> None:
+    """At exit, close the peers' mappings still open (the driver frees my own windows)."""
+    for state in [st for states in list(_STATES.values()) for st in states.values()]:
+        try:
+            getattr(state.windows, "detach", lambda: None)()
+        except Exception:  # the driver may be shutting down already
+            pass
+
+
+def ipc_host_usable(transport: Transport, buf: Any, tag: int = 0) -> bool:
+    """True when "ipc_host" can run ``buf`` here (never asked by "auto": not a candidate)."""
+    try:
+        check_ipc_host(transport, buf, tag)
+    except ValueError:
+        return False
+    return transport.size > 1
+
+
+# Device buffers on one node: "auto" takes it before weighing the host algorithms (below the
+# cut-over a calibration measured on a GPU, "host_copy" instead: ``refine``), and the planner
+# hands it the device buffer itself (no staging through host memory). Its cost row is for the
+# record (a calibration fits it from the device timings); "auto" never weighs it.
+CUDA_IPC = Algorithm("cuda_ipc", cuda_ipc_all_reduce, usable=cuda_ipc_available,
+                     cost=device_cost, constants=model(alpha_us=60.0, beta_us_per_byte=2e-7),
+                     candidate=False, takes_device_buffers=True,
+                     preferred="device buffer, ranks on one node: CUDA IPC windows",
+                     refine=choose_device)
+# The same protocol on host windows: cuda_ipc's CPU twin (tests, benchmarks --cpu).
+IPC_HOST = Algorithm("ipc_host", ipc_host_all_reduce, usable=ipc_host_usable, candidate=False)
+
+__all__ = ["CUDA_IPC", "IPC_HOST", "cuda_ipc_all_reduce", "cuda_ipc_all_gather",
+           "cuda_ipc_available", "ipc_host_all_reduce", "ipc_host_usable", "check_cuda_ipc",
+           "check_ipc_host", "run_cuda_ipc", "run_ipc_all_gather", "ipc_state", "close_ipc",
+           "IpcState", "IpcPlan", "Windows", "MAX_RANKS"]

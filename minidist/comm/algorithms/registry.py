@@ -28,6 +28,9 @@ An entry's fields:
     candidate    "auto" may choose it by the model (False: "direct", the oracle)
     preferred    a reason: when ``usable``, "auto" takes it before weighing the others
                  ("cuda_ipc": device buffers on one node), in registry order
+    refine       refine(world_size, nbytes, calibration) -> (name, reason), or None: a
+                 preferred entry's measured exception ("cuda_ipc" hands small device buffers
+                 to "host_copy" below the cut-over a calibration measured on a GPU)
     takes_device_buffers   it reads device (CuPy) memory itself, so the planner never stages
                  the buffer through host memory for it (comm/staging.py)
 """
@@ -64,6 +67,7 @@ class Algorithm:
     variants: dict = field(default_factory=dict)
     candidate: bool = True
     preferred: str | None = None
+    refine: Callable[[int, int, Any], tuple[str, str]] | None = None
     takes_device_buffers: bool = False
 
     def __call__(self, transport: Any, buf: Any, op: Any, tag: int = 0) -> None:
