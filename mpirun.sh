@@ -60,6 +60,55 @@ if [ -n "${MINIDIST_JOB_TIMEOUT_S:-}" ]; then
         echo "mpirun.sh: MINIDIST_JOB_TIMEOUT_S='$MINIDIST_JOB_TIMEOUT_S' is not valid: it accepts a positive number of seconds (default: no limit). Set such a value, or unset it." >&2
         exit 2
     fi
-    exec timeout --kill-after=10 "$MINIDIST_JOB_TIMEOUT_S" "${cmd[@]}"
+    cmd=(timeout --kill-after=10 "$MINIDIST_JOB_TIMEOUT_S" "${cmd[@]}")
 fi
-exec "${cmd[@]}"
+
+# MPICH's shared-memory files (/dev/shm/mpich_shm_*) are removed by MPI_Finalize, and by the
+# ranks themselves before an MPI_Abort; a rank killed from outside (SIGTERM, SIGKILL, the job
+# timeout) leaves its node's file behind. Those of this job that no live process maps any more
+# are removed at the end, with one line saying so.
+shm_files() { (cd /dev/shm 2>/dev/null && ls -1 2>/dev/null | grep '^mpich_shm_' | sort) || true; }
+shm_before=$(shm_files)
+remove_leftovers() {
+    local f n=0 young=0 now
+    now=$(date +%s)
+    for f in $(comm -13 <(printf '%s\n' "$shm_before") <(shm_files)); do
+        grep -qsF "/dev/shm/$f" /proc/[0-9]*/maps && continue  # another job's, still in use
+        # a file younger than 5 s may be another job's that its ranks are about to map
+        if [ $((now - $(stat -c %Y "/dev/shm/$f" 2>/dev/null || echo "$now"))) -lt 5 ]; then
+            young=$((young + 1))
+            continue
+        fi
+        rm -f "/dev/shm/$f" && n=$((n + 1))
+    done
+    if [ "$n" -gt 0 ]; then
+        echo "mpirun.sh: removed $n MPICH shared-memory file(s) (/dev/shm/mpich_shm_*) that the job's killed ranks left behind." >&2
+    fi
+    if [ "$young" -gt 0 ]; then
+        echo "mpirun.sh: $young new MPICH shared-memory file(s) (/dev/shm/mpich_shm_*) may be left by killed ranks; remove them with rm /dev/shm/mpich_shm_* when no MPI job runs." >&2
+    fi
+}
+
+# The job runs in the background so that a SIGTERM to this script reaches it at once; a
+# terminal's Ctrl-C reaches mpiexec directly (same process group), which forwards it to the ranks.
+got=""
+trap 'got=TERM; kill -TERM "$job" 2>/dev/null' TERM
+trap 'got=INT' INT
+"${cmd[@]}" &
+job=$!
+while :; do
+    wait "$job" && rc=0 || rc=$?
+    kill -0 "$job" 2>/dev/null || break  # wait returned for a trapped signal: the job runs on
+done
+trap - TERM INT
+if [ "$rc" -ne 0 ]; then
+    remove_leftovers
+fi
+if [ "$got" = TERM ]; then
+    echo "mpirun.sh: received SIGTERM: stopped every rank of the job (exit code 143)." >&2
+    exit 143
+fi
+if [ "$rc" -eq 124 ] && [ -n "${MINIDIST_JOB_TIMEOUT_S:-}" ]; then
+    echo "mpirun.sh: the job ran longer than MINIDIST_JOB_TIMEOUT_S=$MINIDIST_JOB_TIMEOUT_S s: stopped every rank (exit code 124). Raise MINIDIST_JOB_TIMEOUT_S, or unset it for no limit." >&2
+fi
+exit "$rc"

@@ -58,7 +58,7 @@ from minidist.data import find_idx_files, load_dataset
 from minidist.data.datasets import DOWNLOAD_FROM
 from minidist.ddp import DistributedDataParallel, ZeroRedundancyOptimizer
 from minidist.tensor import Tensor, no_grad
-from minidist.trainer import Trainer, TrainerConfig
+from minidist.trainer import Trainer, TrainerConfig, TrainingDiverged
 
 
 @dataclass
@@ -93,6 +93,7 @@ class Config:
     master_weights: bool = False
     device: str | None = None
     zero: bool = False
+    allow_nonfinite: bool = False
 
 
 # One help line per Config field (`--help` appends the default); test_examples checks that
@@ -138,6 +139,8 @@ HELP = {
     "master_weights": "float16 model weights with float32 master copies (implies --amp)",
     "device": "cpu (NumPy) or cuda (CuPy, GPU LOCAL_RANK); none: MINIDIST_DEVICE, else cpu",
     "zero": "ZeRO-1: each rank keeps 1/world-size of the optimizer state (docs/memory.md)",
+    "allow_nonfinite": "train on when a step's gradient goes NaN/inf (default: stop the run "
+                       "there, in one line naming the step and the parameters)",
 }
 
 CHOICES = {"model": ["mlp", "cnn"], "optimizer": ["sgd", "adamw"],
@@ -355,7 +358,8 @@ def main(argv: list[str] | None = None) -> float:
         resume="if_present" if cfg.resume_if_present and not cfg.resume else cfg.resume,
         stop_after_epochs=cfg.stop_after_epochs or None,
         checkpoint_every_n_epochs=cfg.checkpoint_every if cfg.checkpoint_dir else 0,
-        progress_bar=cfg.progress_bar or None, amp=cfg.amp))
+        progress_bar=cfg.progress_bar or None, amp=cfg.amp,
+        allow_nonfinite=cfg.allow_nonfinite))
     if rank == 0:
         n_params = sum(p.data.size for p in model.parameters())
         print(f"{cfg.dataset}: {len(train_set)} train / {len(test_set)} test, model {cfg.model} "
@@ -378,8 +382,10 @@ def main(argv: list[str] | None = None) -> float:
     start = time.perf_counter()
     history = trainer.fit(train_set, test_set)
     if history.train_losses and not math.isfinite(history.train_losses[-1]):
-        raise SystemExit(f"train.py: the training loss is {history.train_losses[-1]}; the run "
-                         f"diverged. Lower --lr (now {cfg.lr}).")
+        if rank == 0:  # --allow-nonfinite trained on: say it once for the job
+            print(f"train.py: the training loss is {history.train_losses[-1]}; the run "
+                  f"diverged. Lower --lr (now {cfg.lr}).", file=sys.stderr, flush=True)
+        raise SystemExit(1)
     acc = history.val_accuracies[-1] if history.val_accuracies else float("nan")
     if rank == 0:
         print(f"final test_acc {acc:.4f}  elapsed {time.perf_counter() - start:.2f}s  "
@@ -399,7 +405,11 @@ if __name__ == "__main__":
     # checkpoint errors after rank 0 decided for all.
     try:
         main()
-    except (UsageError, CheckpointError) as e:
+    except (UsageError, CheckpointError, TrainingDiverged) as e:
         if job_rank() == 0:
-            print(f"train.py: {e}", file=sys.stderr, flush=True)
+            text = str(e)
+            if isinstance(e, TrainingDiverged):  # said alike on every rank: rank 0's, once
+                text = text.split("] ", 1)[-1].replace("TrainerConfig(allow_nonfinite=True)",
+                                                       "--allow-nonfinite")
+            print(f"train.py: {text}", file=sys.stderr, flush=True)
         raise SystemExit(2 if isinstance(e, UsageError) else 1) from None

@@ -18,9 +18,11 @@ value counts as unset. Variables that hold a folder, an address or a secret take
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import sys
+import time
 from typing import Any, Callable, Mapping
 
 TRUE = ("1", "true", "yes", "on")
@@ -40,6 +42,7 @@ class Variable:
     parse: Callable[[str], Any]
     default: Any
     accepts: str
+    default_text: str | None = None  # how the default is written, where not str(default)
 
 
 def _seconds(text: str) -> float:
@@ -103,22 +106,42 @@ def _text(text: str) -> str:
     return text
 
 
+def _writable_folder(text: str) -> str:
+    """A folder that exists and is writable, or that this process could create."""
+    path = os.path.abspath(os.path.expanduser(text))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(text)
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    probe = os.path.join(parent, f".minidist-probe-{os.getpid()}")
+    try:  # os.access says yes to root even where mkdir fails (/proc): try it
+        os.mkdir(probe)
+        os.rmdir(probe)
+    except OSError:
+        raise ValueError(text) from None
+    return text
+
+
 SWITCH = "1/true/yes/on or 0/false/no/off"
 VARIABLES: dict[str, Variable] = {v.name: v for v in [
     Variable("MINIDIST_TIMEOUT_S", _seconds, 300.0, "a positive number of seconds"),
     Variable("MINIDIST_DEBUG", _debug, 0, f"0, 1 or 2 ({SWITCH} mean 1 or 0)"),
     Variable("MINIDIST_LEDGER", _switch, True, SWITCH),
     Variable("MINIDIST_LEDGER_SIZE", _whole(16), 512, "a whole number of entries, at least 16"),
-    Variable("MINIDIST_LEDGER_DUMP", _text, None, "a folder"),
+    Variable("MINIDIST_LEDGER_DUMP", _writable_folder, None,
+             "a folder this process can write to or create (not a file)"),
     Variable("MINIDIST_CACHE_DIR", _text, None, "a folder"),
     Variable("MINIDIST_TUNE", _tune, "use",
              "1 (calibrate when no cached calibration matches; also true/yes/on), 0 (ignore "
-             "the cache; also false/no/off) or auto (use a matching one, as when unset)"),
+             "the cache; also false/no/off) or auto (use a matching one, as when unset)",
+             "auto"),
     Variable("MINIDIST_LOG_LEVEL", _log_level, "WARNING", "one of " + ", ".join(LOG_LEVELS)),
     Variable("MINIDIST_CUDA_AWARE_MPI", _tri_state, None,
              f"auto (ask the MPI library), 1 (pass GPU buffers to MPI) or 0 (stage through "
              f"host memory); {SWITCH} also work"),
-    Variable("MINIDIST_TRACE", _text, None, "a folder"),
+    Variable("MINIDIST_TRACE", _writable_folder, None,
+             "a folder this process can write to or create (not a file)"),
     Variable("MINIDIST_FAKE_VERSION", _text, None, "a version string (for tests)"),
     Variable("MINIDIST_DEVICE", _choice("cpu", "cuda"), "cpu", "cpu or cuda"),
     Variable("MINIDIST_KERNELS", _choice("auto", "reference"), "auto",
@@ -142,11 +165,63 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
              "auto, numba-cuda or numba-cuda-mlir"),
     Variable("MINIDIST_CUDA_LAUNCH", _choice("direct", "dispatcher"), "direct",
              "direct or dispatcher"),
+    Variable("MINIDIST_LAUNCH_FD", _whole(0), None,
+             "a file descriptor (set by python -m minidist.launch for its ranks, not by hand)"),
     Variable("MINIDIST_IPC_ORDER", _choice("auto", "stream", "host"), "auto",
              "auto, stream or host"),
     Variable("MINIDIST_LAUNCHER", _choice("launch", "spawn"), None,
              "launch or spawn (set by minidist's launchers)"),
 ]}
+
+
+# MINIDIST_ names read outside this module's parsers (shell scripts, the test suite), so that
+# validate() does not take them for typos.
+READ_ELSEWHERE = ("MINIDIST_JOB_TIMEOUT_S",  # mpirun.sh
+                  "MINIDIST_PYTHON", "MINIDIST_VENV",  # scripts/bootstrap_venv.sh
+                  "MINIDIST_EXHAUSTIVE")  # tests/unit/test_kernels.py
+
+
+def validate(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Check every declared variable now; return one warning per unknown ``MINIDIST_`` name.
+
+    ``init_process_group`` calls this, so a bad value ends the job at its start, in one line,
+    rather than at first use (minutes later, or never on a CPU run). An unknown name is most
+    likely a typo, and its warning names the closest known variable.
+
+        >>> validate({"MINIDIST_TIMEOUT": "10"})[0].split(";")[0]
+        'MINIDIST_TIMEOUT is not a minidist variable (did you mean MINIDIST_TIMEOUT_S?)'
+
+    Raises:
+        EnvVarError: the first variable whose value is not one it accepts.
+    """
+    environ = os.environ if environ is None else environ
+    for name in VARIABLES:
+        env(name, environ)
+    known = [*VARIABLES, *READ_ELSEWHERE]
+    warnings = []
+    for name in sorted(n for n in environ if n.startswith("MINIDIST_") and n not in known):
+        close = difflib.get_close_matches(name[len("MINIDIST_"):],
+                                          [k[len("MINIDIST_"):] for k in known], n=1, cutoff=0.6)
+        hint = f" (did you mean MINIDIST_{close[0]}?)" if close else ""
+        warnings.append(f"{name} is not a minidist variable{hint}; it is ignored. "
+                        "docs/env_vars.md lists them.")
+    return warnings
+
+
+def quiet_rank(environ: Mapping[str, str] | None = None) -> bool:
+    """True on a rank other than 0 of a job whose launcher started every rank with the same
+    environment (mpiexec, srun, ``python -m minidist.launch``): an error in that environment
+    is the same on every rank, and rank 0 says it once for the job."""
+    environ = os.environ if environ is None else environ
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if var in environ:
+            return environ[var].strip() != "0"
+    if raw("MINIDIST_LAUNCH_FD", environ):
+        return environ.get("RANK", "0").strip() != "0"
+    return False
+
+
+USAGE_EXIT_CODE = 2  # a job that cannot start as configured ends with 2, as argparse does
 
 
 def raw(name: str, environ: Mapping[str, str] | None = None) -> str:
@@ -176,7 +251,8 @@ def env(name: str, environ: Mapping[str, str] | None = None) -> Any:
     try:
         return var.parse(text)
     except ValueError:
-        default = ("unset" if var.default is None else ("1" if var.default else "0")
+        default = (var.default_text if var.default_text is not None else "unset"
+                   if var.default is None else ("1" if var.default else "0")
                    if isinstance(var.default, bool) else f"{var.default:g}"
                    if isinstance(var.default, float) else str(var.default))
         _report_in_one_line()
@@ -193,7 +269,12 @@ def _report_in_one_line() -> None:
 
     def hook(exc_type: Any, exc: Any, tb: Any) -> None:
         if isinstance(exc, EnvVarError):
-            sys.stderr.write(f"minidist: {exc}\n")
+            if not quiet_rank():  # one line per job: rank 0's
+                sys.stderr.write(f"minidist: {exc}\n")
+                sys.stderr.flush()
+            elif raw("MINIDIST_LAUNCH_FD"):
+                time.sleep(10.0)  # python -m minidist.launch stops it once rank 0 has ended
+            os._exit(USAGE_EXIT_CODE)
         else:
             previous(exc_type, exc, tb)
 

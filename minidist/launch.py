@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
+import json
 import os
 import signal
 import socket
@@ -45,6 +47,8 @@ import threading
 import time
 from typing import IO, Sequence
 
+BLAME_WAIT_S = 2.0  # a rank blames a peer (its connection closed): how long to wait for the
+                    # peer's own exit, which then names the failure (its code, its line)
 STOP_GRACE_S = 5.0  # how long stopped ranks get to exit after SIGTERM/SIGINT before SIGKILL
 POLL_S = 0.05
 BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
@@ -154,6 +158,25 @@ def rank_env(args: argparse.Namespace, local_rank: int,
     return env
 
 
+NOTICE_FD_VAR = "MINIDIST_LAUNCH_FD"  # the rank's end of its notice channel
+
+
+@dataclasses.dataclass(frozen=True)
+class Notice:
+    """What a rank said as it began to end (minidist.comm.failure.notice writes it)."""
+
+    kind: str  # "exception", "exit" or "interrupted"
+    line: str  # the exception's "Type: message", or what happened
+    blames: tuple[int, ...]  # peers it failed because of (empty: its own failure)
+    t: float  # when (time.time() on the rank)
+
+    @staticmethod
+    def parse(raw: bytes) -> "Notice":
+        d = json.loads(raw)
+        return Notice(str(d["kind"]), str(d.get("line") or ""),
+                      tuple(int(b) for b in d.get("blames") or ()), float(d["t"]))
+
+
 # Which (rank, stream) left a line open on the terminal (a progress bar), if any.
 _SCREEN: dict[str, tuple | None] = {"open": None}
 _SCREEN_LOCK = threading.Lock()
@@ -165,6 +188,7 @@ class Rank:
     def __init__(self, rank: int, proc: subprocess.Popen) -> None:
         self.rank, self.proc, self.last_line = rank, proc, ""
         self.readers: list[threading.Thread] = []
+        self.notice: Notice | None = None  # what the rank said when it began to end, if it did
 
     def relay(self, src: IO[bytes], dst: IO[bytes]) -> None:
         """Copy the rank's output to ``dst``, each line prefixed with ``[rank r]``.
@@ -253,6 +277,8 @@ class Launcher:
         self.args = args
         self.ranks: list[Rank] = []
         self.signalled: int | None = None  # the signal the launcher received, if any
+        self.first: Rank | None = None  # the rank that failed first, once one has
+        self.deciding = threading.Lock()  # guards first and the ranks' notices
         self.failed: Rank | None = None     # the rank whose failure ended the group, if any
 
     def _say(self, text: str) -> None:
@@ -262,17 +288,25 @@ class Launcher:
     def start(self) -> None:
         a = self.args
         cmd = [sys.executable, "-u", *(["-m"] if a.module else []), a.script, *a.script_args]
+        channels = []
         for local in range(a.nproc_per_node):
-            proc = subprocess.Popen(cmd, env=rank_env(a, local), stdout=subprocess.PIPE,
+            mine, theirs = socket.socketpair()  # the rank's notices (see read_notices)
+            env = rank_env(a, local)
+            env[NOTICE_FD_VAR] = str(theirs.fileno())
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, preexec_fn=_die_with_parent)
+                                    start_new_session=True, preexec_fn=_die_with_parent,
+                                    pass_fds=(theirs.fileno(),))
+            theirs.close()
+            channels.append(mine)
             self.ranks.append(Rank(a.node_rank * a.nproc_per_node + local, proc))
-        for r in self.ranks:
+        for r, channel in zip(self.ranks, channels):
             pipes = ((r.proc.stdout, sys.stdout.buffer), (r.proc.stderr, sys.stderr.buffer))
             for src, dst in pipes:
                 t = threading.Thread(target=r.relay, args=(src, dst), daemon=True)
                 t.start()
                 r.readers.append(t)
+            threading.Thread(target=self.read_notices, args=(r, channel), daemon=True).start()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self.signalled is None:
@@ -307,20 +341,97 @@ class Launcher:
                 self._say(f"received {signal.Signals(self.signalled).name}: stopped all "
                           f"{len(self.ranks)} ranks of this node.")
                 return 128 + self.signalled
-            failed = next((r for r in self.ranks if r.proc.poll() not in (None, 0)), None)
+            failed = self.first_failed()
             if failed is not None:
                 self.failed = failed
-                code = _exit_code(failed.proc.returncode)
-                self.stop_all(signal.SIGTERM)
-                last = (f"Last line of rank {failed.rank}: {failed.last_line!r}"
-                        if failed.last_line else f"Rank {failed.rank} printed nothing.")
-                self._say(f"rank {failed.rank} exited with code {code}; stopped the other "
-                          f"ranks. {last}")
-                return code
+                return self.end_failed_job(failed)
             if all(r.proc.poll() == 0 for r in self.ranks):
                 self.kill_all()  # joins the relays, so every line is out before we exit
                 return 0
             time.sleep(POLL_S)
+
+    # -- which rank failed first (from what the ranks report, not from the order of exits) --
+
+    def read_notices(self, r: Rank, channel: socket.socket) -> None:
+        """Reader thread of rank ``r``'s notice channel (minidist.comm.failure.notice): record
+        its notice; if it failed first, stop every other rank before answering it, so they do
+        not go on to report this rank's closed connection."""
+        with channel, channel.makefile("rb") as lines:
+            while True:
+                try:
+                    raw = lines.readline()
+                    got = Notice.parse(raw) if raw else None
+                except OSError:  # the rank is gone
+                    return
+                except ValueError:
+                    continue
+                if got is None:
+                    return
+                with self.deciding:
+                    r.notice = r.notice or got  # a rank's first notice says why it ended
+                    if self.first is None and got.kind in ("exception", "exit", "startup"):
+                        culprit = self._culprit(r, got)
+                        if culprit is not None:
+                            self.first = culprit
+                            for other in self.ranks:
+                                if other is not culprit:
+                                    other.signal_group(signal.SIGTERM)
+                try:
+                    channel.sendall(b"ok\n")
+                except OSError:
+                    return
+
+    def _culprit(self, r: Rank, got: Notice) -> Rank | None:
+        """The rank to blame for ``r``'s notice: ``r`` itself, unless it names peers (it failed
+        because of them): the first of them to have exited, once one has (BLAME_WAIT_S)."""
+        if not got.blames:
+            return r
+        named = [x for x in self.ranks if x.rank in got.blames]
+        deadline = time.monotonic() + BLAME_WAIT_S
+        while named and time.monotonic() < deadline:
+            gone = [x for x in named if x.proc.poll() is not None]
+            if gone:
+                return gone[0]
+            time.sleep(POLL_S)
+        return None  # a peer on another node, or still alive: decided when a rank exits
+
+    def first_failed(self) -> Rank | None:
+        """The rank that failed first, once the job has failed; None while it has not.
+
+        In order: the first rank that reported its own failure (an exception, or a nonzero
+        exit); a rank that exited nonzero without a word (``os._exit``, a signal); the first
+        rank that reported a peer's failure.
+        """
+        with self.deciding:
+            if self.first is not None:
+                return self.first
+            exited = [r for r in self.ranks if r.proc.poll() not in (None, 0)]
+            if not exited:
+                return None
+            silent = [r for r in exited if r.notice is None]
+            noticed = sorted((r for r in self.ranks if r.notice is not None),
+                             key=lambda r: r.notice.t)  # type: ignore[union-attr]
+            self.first = silent[0] if silent else noticed[0] if noticed else exited[0]
+            return self.first
+
+    def end_failed_job(self, failed: Rank) -> int:
+        """Stop the other ranks; name ``failed``, its exit code and its error; the job's code."""
+        try:
+            failed.proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        self.stop_all(signal.SIGTERM)
+        code = _exit_code(failed.proc.returncode)
+        if code == 0:  # its script returned (or raised SystemExit(0)) while the others waited
+            code = 1
+        said, kind = (failed.notice.line, failed.notice.kind) if failed.notice else ("", "")
+        quote = (f"Rank {failed.rank} raised: {said!r}" if said and kind == "exception"
+                 else said if said and kind == "startup"  # one line: "minidist: ..."
+                 else f"Last line of rank {failed.rank}: {failed.last_line!r}"
+                 if failed.last_line else f"Rank {failed.rank} printed nothing.")
+        self._say(f"rank {failed.rank} exited with code {_exit_code(failed.proc.returncode)}; "
+                  f"stopped the other ranks. {quote}")
+        return code
 
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -68,6 +68,14 @@ _AGREED_CONFIG = ("epochs", "batch_size", "grad_accum_steps", "shuffle", "seed",
                   "validation_split", "resume")
 
 
+class TrainingDiverged(FloatingPointError):
+    """A training step's averaged gradient held NaN or inf (``allow_nonfinite=False``).
+
+    Raised alike on every rank (the reduced gradients are identical everywhere); the message
+    names the step, the parameters and the ranks whose forward output went non-finite first.
+    """
+
+
 @dataclass
 class TrainerConfig:
     """Everything the training loop needs besides the model, loss and optimizer.
@@ -116,6 +124,11 @@ class TrainerConfig:
         verbose: rank 0 prints one line per epoch.
         amp: mixed precision: forward and loss under ``amp.autocast`` on the default device,
             loss scaling with a ``GradScaler`` (see docs/amp.md).
+        allow_nonfinite: False (default): the first step whose averaged gradient holds NaN or
+            inf stops ``fit`` with ``TrainingDiverged``, naming the step and the parameters
+            (the run diverged: every later step would train on NaN). True: train on, as
+            DistributedDataParallel's own ``nonfinite_grads`` policy says (warn once, then
+            count). Under amp the GradScaler handles inf/NaN steps (it skips them).
         ddp_options: extra keyword arguments for DistributedDataParallel (bucket_cap_mb, ...).
     """
 
@@ -142,6 +155,7 @@ class TrainerConfig:
     progress_bar: bool | None = None
     verbose: bool = True
     amp: bool = False
+    allow_nonfinite: bool = False
     ddp_options: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -247,6 +261,8 @@ class Trainer:
         else:
             self.ddp = DistributedDataParallel(model, **self.config.ddp_options)
         self.model = self.ddp.module
+        if not self.config.allow_nonfinite and self.ddp.reducer.nonfinite_grads == "warn":
+            self.ddp.reducer.nonfinite_grads = "raise"  # a diverged run stops (TrainingDiverged)
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.device_type = backend.default_device()
@@ -446,7 +462,12 @@ class Trainer:
                     out = self.ddp(Tensor(x))
                     loss = self.loss_fn(out, y)
                 self._check_fp16_path(ac)
-                self.scaler.scale(loss / accum if accum > 1 else loss).backward()
+                try:
+                    self.scaler.scale(loss / accum if accum > 1 else loss).backward()
+                except FloatingPointError as e:  # the reducer found NaN/inf (allow_nonfinite)
+                    raise TrainingDiverged(f"{e} The run diverged, so it stops here "
+                                           "(TrainerConfig(allow_nonfinite=True) trains on)."
+                                           ) from None
             sums += self._batch_metrics(out, y, loss, mask)
             t_opt = tr.now() if tr is not None else 0.0
             if last_micro:
@@ -517,8 +538,9 @@ class Trainer:
 
     def _amp_errstate(self) -> Any:
         """Under amp, NumPy's overflow/invalid warnings in float16 are expected: the scaler
-        skips those steps. A GPU raises no warnings either."""
-        if not self.config.amp:
+        skips those steps. Without amp the NaN/inf check of the reduced gradients says it once
+        (allow_nonfinite=False), naming the step and the tensors. A GPU raises no warnings."""
+        if not self.config.amp and self.config.allow_nonfinite:
             return contextlib.nullcontext()
         return np.errstate(over="ignore", invalid="ignore")
 

@@ -46,9 +46,24 @@ def test_rank_exiting_with_a_code_mid_job_ends_the_job_with_that_code(launcher, 
 def test_rank_returning_normally_mid_job_is_named_as_such(launcher):
     job = run(launcher, "mid", "0")
     assert job.returncode == 1, job.report()
-    assert ("[rank 0/2] all_reduce #2: rank 1 returned normally (exit code 0) after 1 "
-            "collective(s) while this rank still waits for it here." in job.stderr), job.report()
+    assert ("[rank 0/2] all_reduce #2: rank 1 left the job after 1 collective(s) (its script "
+            "returned or raised SystemExit; the launcher or mpiexec reports its exit code) while "
+            "this rank still waits for it here." in job.stderr
+            or launcher == "launch"), job.report()  # the launcher may stop rank 0 first
+    assert "exit code 0" not in job.stderr, job.report()  # a code rank 1 could not read
     assert "CommTimeout" not in job.stderr, job.report()
+    if launcher == "launch":
+        assert ("[minidist.launch] rank 1 exited with code 0; stopped the other ranks."
+                in job.stderr), job.report()
+
+
+def test_raise_system_exit_under_the_launcher_ends_the_job_with_its_code():
+    """``raise SystemExit(3)`` is ``sys.exit(3)`` for Python, but its code is not visible inside
+    the process: the launcher, which sees the real status, names rank 1 and returns 3."""
+    job = run("launch", "mid", "raise3", n=3)
+    assert job.returncode == 3, job.report()
+    assert "[minidist.launch] rank 1 exited with code 3; stopped the other ranks." in job.stderr
+    assert "exit code 0" not in job.stderr and "Traceback" not in job.stderr, job.report()
 
 
 @pytest.mark.mpi

@@ -68,3 +68,26 @@ def test_resuming_a_finished_run_says_it_is_complete(tmp_path):
     assert "is complete (1 epochs done, epochs=1); nothing to train" in again.stdout
     assert "--epochs N" in again.stdout
     assert "epochs 2..1" not in again.stdout and not re.search(r"^epoch ", again.stdout, re.M)
+
+
+DIVERGE = ["--lr", "1e6", "--optimizer", "sgd", "--hidden", "16", "--epochs", "3"]
+
+
+@pytest.mark.mpi
+def test_a_diverged_run_stops_at_the_step_in_one_line_naming_the_tensors():
+    """Before: 12 lines of NumPy warnings, a warning per rank, every epoch trained on NaN,
+    "the run diverged" printed once per rank."""
+    job = run_mpi(2, [TRAIN, *DIVERGE], timeout_s=90)
+    line = one_line_error(job)
+    assert job.returncode == 1, job.report()
+    assert re.search(r"non-finite \(NaN/inf\) averaged gradient at step \d+ in \['", line), line
+    assert "0.weight" in line and "--allow-nonfinite" in line, line
+    assert "epoch 1/3" not in job.stdout, job.report()  # stopped in the first epoch
+
+
+@pytest.mark.mpi
+def test_allow_nonfinite_trains_on_and_says_it_diverged_once():
+    job = run_mpi(2, [TRAIN, *DIVERGE, "--allow-nonfinite"], timeout_s=120)
+    assert job.returncode == 1, job.report()
+    assert len(re.findall(r"^epoch \d/3  loss nan", job.stdout, re.M)) == 3, job.report()
+    assert job.stderr.count("the run diverged") == 1, job.report()

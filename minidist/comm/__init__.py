@@ -8,9 +8,9 @@ Layers inside (each imports only the ones above it in this list):
 ``env`` (launcher detection) -> ``ops`` (ReduceOp) -> ``transports`` (local, threads, mpi, tcp)
 -> ``topology`` (nodes, local ranks) -> ``algorithms`` (the registry: direct, ring, tree, rd,
 mpi, shm, hier, cuda_ipc; ``select``: auto) -> ``calls`` (call numbers, message tags, the
-observer interface) -> ``diagnosis`` (observers: ledger, consistency check, debug log; the
-failure exchange and diagnosis) -> ``planner`` -> ``validate``, ``collectives``, ``group``
-(ProcessGroup) -> ``api``.
+observer interface) -> ``diagnosis`` (observers: ledger, consistency check, debug log) ->
+``failure`` (detect, diagnose, act, advise; one policy object) -> ``planner`` -> ``validate``,
+``collectives``, ``group`` (ProcessGroup) -> ``api``.
 See docs/algorithms.md, docs/env_vars.md and docs/troubleshooting.md.
 """
 

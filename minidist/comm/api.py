@@ -19,7 +19,7 @@ Every collective is recorded in the group's ledger (``get_ledger()``, ``ledger_l
 uncaught exception on one rank prints its traceback prefixed with ``[rank r/N]`` and then, under
 MPI, calls ``MPI.COMM_WORLD.Abort(1)``, so the whole job ends at once instead of the other ranks
 waiting for a message that never comes (over TCP it closes the transport, which wakes the peers);
-Ctrl-C ends every rank in one line. Both live in ``minidist.comm.interrupts``.
+Ctrl-C ends every rank in one line. Both live in ``minidist.comm.failure.interrupts``.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ import os
 from typing import Any
 
 from minidist import logger as mdlog
-from minidist.comm import interrupts
+from minidist.comm.failure import interrupts
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
                                detect_launch, warn_if_single)
-from minidist.comm import leaving, report
+from minidist.comm.failure import leaving, report
+from minidist.comm.failure import startup
 from minidist.comm.backends import BACKENDS, TORCH_BACKENDS, make_transport, torch_backend_note
 from minidist.comm.group import ProcessGroup
 from minidist.comm.diagnosis.ledger import LedgerEntry
@@ -113,22 +114,29 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if _group is not None:
         raise ValueError(f"init_process_group: already initialized ({_group!r}). Call "
                          "destroy_process_group() first.")
-    timeout_s = _timeout_s(timeout)
-    info = apply_init_args(detect_launch(), init_method, world_size, rank)
-    requested = TORCH_BACKENDS.get(backend, backend)
-    if backend == "gloo" and info.launcher in MPI_LAUNCHERS and info.master_port is None:
-        requested = "mpi"  # mpiexec gave rank and size but no MASTER_PORT: meet over MPI
-    chosen = default_backend(info) if requested == "auto" else requested
-    if backend in TORCH_BACKENDS:
-        torch_backend_note(backend, chosen, info)
-    if chosen == "local":
-        if requested == "auto":  # backend="local" asked for one process: nothing to warn of
-            warn_if_single(info)
-        if info.world_size not in (None, 1):
-            raise ValueError(f"init_process_group(backend='local'): the launcher ({info.launcher}) "
-                             f"started {info.world_size} ranks but 'local' runs one. Use "
-                             "backend='auto'.")
-    transport = make_transport(chosen, info, timeout_s)
+    info: LaunchInfo | None = None
+    try:  # a job that cannot start ends with one line (comm/failure/startup.py)
+        timeout_s = _timeout_s(timeout)
+        startup.check_environment()
+        info = apply_init_args(detect_launch(), init_method, world_size, rank)
+        requested = TORCH_BACKENDS.get(backend, backend)
+        if backend == "gloo" and info.launcher in MPI_LAUNCHERS and info.master_port is None:
+            requested = "mpi"  # mpiexec gave rank and size but no MASTER_PORT: meet over MPI
+        chosen = default_backend(info) if requested == "auto" else requested
+        if backend in TORCH_BACKENDS:
+            torch_backend_note(backend, chosen, info)
+        if chosen == "local":
+            if requested == "auto":  # backend="local" asked for one process: nothing to warn of
+                warn_if_single(info)
+            if info.world_size not in (None, 1):
+                raise ValueError(f"init_process_group(backend='local'): the launcher "
+                                 f"({info.launcher}) started {info.world_size} ranks but 'local' "
+                                 "runs one. Use backend='auto'.")
+        interrupts.prepare(info.rank, info.world_size or 1)  # Ctrl-C in the rendezvous: 1 line
+        transport = make_transport(chosen, info, timeout_s)
+    except BaseException as e:
+        startup.failed(e, info.rank if info is not None else None)
+        raise
     mdlog.set_rank(transport.rank, transport.size)  # before the group: its set-up logs too
     group = ProcessGroup(transport, algorithm=algorithm, backend=chosen)
     _group, _info = group, info

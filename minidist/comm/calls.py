@@ -148,7 +148,7 @@ class Calls:
     Args:
         max_tag: the transport's largest message tag (the fingerprint is folded below it).
         diagnose: ``diagnose(call, error)`` -> the error to raise for a failed call (the
-            process group's failure diagnosis, diagnosis/failure.py); None: ``error`` itself.
+            process group's failure diagnosis, failure/exchange.py); None: ``error`` itself.
     """
 
     def __init__(self, max_tag: int,

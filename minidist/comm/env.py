@@ -66,7 +66,8 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None,
         value = int(raw.strip())
     except ValueError:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer. Set it to a "
-                         f"whole number (your launcher normally does), or unset it.") from None
+                         f"whole number, or unset it; `./mpirun.sh -n N` and `python -m "
+                         "minidist.launch --nproc-per-node N` set the launcher's for you.") from None
     if value < minimum:
         raise ValueError(f"environment variable {name}={value} must be >= {minimum}.")
     return value
@@ -76,7 +77,9 @@ def _check_rank(launcher: str, rank_var: str, rank: int, size_var: str, size: in
     if size is not None and rank >= size:
         raise ValueError(f"{launcher}: {rank_var}={rank} but {size_var}={size}; a rank must be in "
                          f"[0, {size}). Check the launcher command (every rank needs the same "
-                         f"{size_var} and a distinct {rank_var} below it).")
+                         f"{size_var} and a distinct {rank_var} below it), or let `./mpirun.sh -n "
+                         f"{size}` or `python -m minidist.launch --nproc-per-node {size}` "
+                         "number the ranks.")
 
 
 def _check_world_size_agrees(env: Mapping[str, str], launcher: str, size: int | None) -> None:
@@ -84,7 +87,7 @@ def _check_world_size_agrees(env: Mapping[str, str], launcher: str, size: int | 
     if explicit is not None and size is not None and explicit != size:
         raise ValueError(
             f"{launcher}: the MPI launcher started {size} ranks but WORLD_SIZE={explicit} is also "
-            f"set. They must agree: run `mpiexec -n {explicit} ...`, or unset WORLD_SIZE (under "
+            f"set. They must agree: run `./mpirun.sh -n {explicit} ...`, or unset WORLD_SIZE (under "
             "mpiexec the MPI world size is used).")
 
 
@@ -117,12 +120,13 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     if "RANK" in env or "WORLD_SIZE" in env:
         if "RANK" not in env or "WORLD_SIZE" not in env:
             missing = "RANK" if "RANK" not in env else "WORLD_SIZE"
-            raise ValueError(f"torchrun-style launch: {missing} is not set but "
+            raise ValueError(f"init_process_group: {missing} is not set but "
                              f"{'WORLD_SIZE' if missing == 'RANK' else 'RANK'} is. Set both "
-                             "(plus LOCAL_RANK, MASTER_ADDR, MASTER_PORT), or use torchrun.")
+                             "(plus LOCAL_RANK, MASTER_ADDR, MASTER_PORT), or let `python -m minidist.launch "
+                             "--nproc-per-node N script.py` set them.")
         rank = _int(env, "RANK")
         size = _int(env, "WORLD_SIZE", minimum=1)
-        _check_rank("torchrun", "RANK", rank, "WORLD_SIZE", size)
+        _check_rank("init_process_group", "RANK", rank, "WORLD_SIZE", size)
         port = _int(env, "MASTER_PORT", None, minimum=1)
         if port is not None and port > 65535:
             raise ValueError(f"MASTER_PORT={port} is not a TCP port; use 1..65535.")
@@ -230,5 +234,5 @@ def warn_if_single(info: LaunchInfo) -> None:
     """Log the single-process warning once per call site (init_process_group calls it)."""
     if info.launcher == "single":
         log.warning("no launcher detected (no OMPI_*/PMI_*/PMIX_*/RANK/SLURM_* variables): "
-                    "running as a single process. Use `./mpirun.sh -n 4 python ...` or torchrun "
-                    "for several ranks.")
+                    "running as a single process. Use `./mpirun.sh -n 4 python ...` or "
+                    "`python -m minidist.launch --nproc-per-node 4 ...` for several ranks.")

@@ -17,7 +17,7 @@ functions of a group in collectives.py; this module is the spine: ``all_reduce``
     -> begin the call (calls.py): its number on its stream and its message tag (the call's
        fingerprint); the observers start watching
     -> run it; end the call. A CommError (timeout, peer failure, fingerprint mismatch) goes to
-       the failure diagnosis (diagnosis/failure.py): every rank raises the same finding
+       the failure diagnosis (failure/exchange.py): every rank raises the same finding
 
 Observers (``group.calls.add``; calls.py): the ledger (diagnosis/ledger.py, on unless
 ``MINIDIST_LEDGER=0``), and with ``check_consistency`` / ``MINIDIST_DEBUG >= 1`` the
@@ -47,7 +47,8 @@ from minidist.comm.algorithms.shm import shm_available, shm_node
 from minidist.comm.calls import Call, Calls, CallSpec
 from minidist.comm.diagnosis.consistency import ConsistencyCheck
 from minidist.comm.diagnosis.debug_log import DebugLog
-from minidist.comm.diagnosis.failure import farewell, on_failure, poll
+from minidist.comm.failure import FailurePolicy
+from minidist.comm.failure.exchange import farewell, on_failure, poll
 from minidist.comm.diagnosis.ledger import Ledger, dump_dir, ledger_capacity, ledger_enabled
 from minidist.comm.errors import CommError
 from minidist.comm.ops import SUPPORTED, ReduceOp
@@ -102,8 +103,10 @@ class ProcessGroup:
         self._explainer = Explainer(self.size)  # MINIDIST_DEBUG: auto, once per size class
         # peer -> its final collective counts per stream, from its farewell (SIDE_BYE)
         self.farewells: dict[int, dict[int, int]] = {}
-        self.exit_codes: dict[int, int] = {}  # peer -> its exit code, if it left (leaving.py)
+        self.exit_codes: dict[int, int] = {}  # peer -> its exit code, if it left (failure/leaving.py)
         self._worker: AsyncWorker | None = None  # started by the first run_async
+        # what this rank does when it or a peer fails (comm/failure/policy.py)
+        self.failure_policy = FailurePolicy()
         transport.poll_hook = self._poll
         # auto's table: a calibration every rank holds alike (collective), else the shipped one
         self.planner = Planner(transport, self.topology.num_nodes, self._shm, None)

@@ -48,7 +48,8 @@ def run(ckdir, poison_at=None, resume=False):
     x = rng.normal(size=(160, 8)).astype(np.float32)
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
     cfg = TrainerConfig(epochs=4, batch_size=8, seed=3, checkpoint_dir=str(ckdir),
-                        checkpoint_every_n_epochs=1, resume=resume, verbose=False)
+                        checkpoint_every_n_epochs=1, resume=resume, verbose=False,
+                        allow_nonfinite=True)  # train on through the NaN: the save refuses it
     trainer = Trainer(model, PoisonedLoss(model, poison_at),
                       optim.SGD(model.parameters(), lr=0.05), cfg)
     try:

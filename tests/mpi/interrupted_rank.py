@@ -4,6 +4,8 @@
     mpiexec -n 2 python tests/mpi/interrupted_rank.py blocked   # both inside blocking MPI calls
     mpiexec -n 2 python tests/mpi/interrupted_rank.py restore   # no signal: hooks come and go
     ... interrupted_rank.py stuck     # a KeyboardInterrupt handler that never finishes
+    ... interrupted_rank.py rendezvous   # READY before init_process_group: Ctrl-C in the wait
+    ... interrupted_rank.py hung all_reduce|barrier   # rank 1 never comes; rank 0 waits
 
 Every rank prints ``READY rank=<r> pid=<pid>.`` once it is where the signal should find it (for
 ``blocked``: just before the blocking call, which never returns on its own). In ``blocked``
@@ -85,7 +87,25 @@ def restore() -> None:
     sys.exit(0)
 
 
+def hung() -> None:
+    """Rank 1 sleeps; the others wait for it in an all-reduce or a barrier."""
+    import time
+
+    print(f"READY rank={comm.get_rank()} pid={os.getpid()}.", flush=True)
+    if comm.get_rank() == 1:
+        time.sleep(600)
+    elif sys.argv[2] == "barrier":
+        comm.barrier()
+    else:
+        comm.all_reduce(np.ones(4))
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "rendezvous":  # the peers never come: Ctrl-C finds it waiting for them
+        print(f"READY rank={os.environ.get('RANK', '?')} pid={os.getpid()}.", flush=True)
     comm.init_process_group()
-    {"train": train, "blocked": blocked, "restore": restore, "stuck": stuck}[sys.argv[1]]()
+    if sys.argv[1] == "hung":
+        hung()
+    {"train": train, "blocked": blocked, "restore": restore, "stuck": stuck,
+     "rendezvous": lambda: None, "hung": lambda: None}[sys.argv[1]]()
     print("unreachable", flush=True)

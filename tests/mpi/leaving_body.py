@@ -2,6 +2,7 @@
 
     ./mpirun.sh -n 2 python tests/mpi/leaving_body.py mid 3     # rank 1: sys.exit(3) mid-job
     ./mpirun.sh -n 2 python tests/mpi/leaving_body.py mid 0     # rank 1 returns mid-job
+    ./mpirun.sh -n 2 python tests/mpi/leaving_body.py mid raise3  # raise SystemExit(3)
     ./mpirun.sh -n 2 python tests/mpi/leaving_body.py end plain # every rank ends, no destroy
     modes of "end": plain, destroy, exit3 (every rank sys.exit(3) at the end), late (rank 0
     works 2 s longer before it ends)
@@ -23,6 +24,8 @@ if mode == "mid" and rank == 1:
     print(f"rank {rank} leaves after 1 collective", flush=True)
     if arg == "0":
         pass  # the rest of the script is skipped: rank 1 returns normally
+    elif arg == "raise3":
+        raise SystemExit(3)  # the same as sys.exit(3) for Python; its code is not visible here
     else:
         sys.exit(int(arg))
 elif mode == "mid" or mode == "end":

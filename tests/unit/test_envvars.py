@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from minidist import envvars
-from minidist.envvars import EnvVarError, env
+from minidist.envvars import EnvVarError, env, validate
 from procs import REPO, job_env
 
 DOC = (REPO / "docs" / "env_vars.md").read_text()
@@ -25,8 +25,8 @@ BAD = {
     "MINIDIST_TCP_MAX_MESSAGE_BYTES": "1e9", "MINIDIST_RANKS_PER_NODE": "0",
     "MINIDIST_SHM_CHUNK_BYTES": "64MiB", "MINIDIST_SHM_SMALL_BYTES": "x",
     "MINIDIST_SHM_PIECE_BYTES": "1.5", "MINIDIST_STAGE_CHUNK_BYTES": "0",
-    "MINIDIST_CUDA_JIT": "cupy", "MINIDIST_CUDA_LAUNCH": "fast", "MINIDIST_LAUNCHER": "torchrun",
-    "MINIDIST_IPC_ORDER": "gpu",
+    "MINIDIST_CUDA_JIT": "cupy", "MINIDIST_CUDA_LAUNCH": "fast", "MINIDIST_LAUNCH_FD": "x",
+    "MINIDIST_LAUNCHER": "torchrun", "MINIDIST_IPC_ORDER": "gpu",
 }
 
 
@@ -102,7 +102,43 @@ def test_a_bad_value_at_import_ends_the_program_with_one_line():
     env["MINIDIST_TIMEOUT_S"] = "abc"
     res = subprocess.run([sys.executable, "-c", "import minidist"], env=env,
                          capture_output=True, text=True, timeout=60)
-    assert res.returncode == 1
+    assert res.returncode == 2  # a setting that cannot work: as argparse's usage errors
     assert res.stderr.splitlines() == [
         "minidist: MINIDIST_TIMEOUT_S='abc' is not valid: it accepts a positive number of "
         "seconds (default 300). Set such a value, or unset it."], res.stderr
+
+
+def test_validate_names_the_closest_known_variable_of_a_typo():
+    warnings = validate({"MINIDIST_TIMEOUT": "10", "MINIDIST_LEDGR": "0", "MINIDIST_ZZZ": "1",
+                         "MINIDIST_JOB_TIMEOUT_S": "5"})
+    assert [w.split(" is not")[0] for w in warnings] == [
+        "MINIDIST_LEDGR", "MINIDIST_TIMEOUT", "MINIDIST_ZZZ"]
+    assert "(did you mean MINIDIST_LEDGER?)" in warnings[0]
+    assert "(did you mean MINIDIST_TIMEOUT_S?)" in warnings[1]
+    assert "did you mean" not in warnings[2]
+
+
+@pytest.mark.parametrize("name,value", [("MINIDIST_CUDA_JIT", "x"),
+                                        ("MINIDIST_CUDA_AWARE_MPI", "x"),
+                                        ("MINIDIST_KERNELS", "fast")])
+def test_validate_checks_variables_read_only_on_some_paths(name, value):
+    """Read only on the GPU path or by --amp: checked at the start all the same."""
+    with pytest.raises(EnvVarError, match=f"{name}='{value}' is not valid"):
+        validate({name: value})
+
+
+def test_trace_and_ledger_dump_must_be_folders_that_can_be_written(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for name in ("MINIDIST_TRACE", "MINIDIST_LEDGER_DUMP"):
+        with pytest.raises(EnvVarError, match="a folder this process can write to"):
+            validate({name: str(a_file)})
+        with pytest.raises(EnvVarError, match="a folder this process can write to"):
+            validate({name: str(a_file / "below")})
+        assert validate({name: str(tmp_path / "new" / "deeper")}) == []
+    assert not (tmp_path / "new").exists()  # checked, not created
+
+
+def test_tune_names_its_default_as_the_value_to_set():
+    with pytest.raises(EnvVarError, match=r"\(default auto\)"):
+        env("MINIDIST_TUNE", {"MINIDIST_TUNE": "2"})

@@ -11,7 +11,8 @@ from procs import run_env_ranks
 
 from minidist import nn
 from minidist.comm.errors import (CollectiveMismatch, CommError, CommTimeout, PeerExited,
-                                  PeerFailed, failure_advice, failure_kind)
+                                  PeerFailed)
+from minidist.comm.failure.advice import failure_advice, failure_kind
 from minidist.ddp import DistributedDataParallel
 from minidist.tensor import Tensor
 

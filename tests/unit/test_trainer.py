@@ -11,7 +11,7 @@ import minidist
 from minidist import nn, optim
 from minidist.checkpoint import CheckpointError
 from minidist.data import ArrayDataset
-from minidist.trainer import History, Trainer, TrainerConfig
+from minidist.trainer import History, Trainer, TrainerConfig, TrainingDiverged
 
 
 def blobs(n=120, seed=0):
@@ -134,7 +134,8 @@ def test_a_diverged_run_stops_at_its_next_checkpoint_and_keeps_the_last_good_one
     minidist.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
     cfg = TrainerConfig(epochs=4, batch_size=16, checkpoint_dir=str(tmp_path),
-                        checkpoint_every_n_epochs=1, checkpoint_keep_last=2, verbose=False)
+                        checkpoint_every_n_epochs=1, checkpoint_keep_last=2, verbose=False,
+                        allow_nonfinite=True)  # train on through the NaN: the save refuses it
     t = Trainer(model, PoisonedLoss(model, at=20), optim.SGD(model.parameters(), lr=0.1), cfg)
     with pytest.raises(CheckpointError, match=r"refused to write checkpoint-000003.npz: "
                        r"'model/0.weight' holds .* after epoch 3; .* The run diverged.*"
@@ -143,6 +144,20 @@ def test_a_diverged_run_stops_at_its_next_checkpoint_and_keeps_the_last_good_one
     t.ddp.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoint-000001.npz", "checkpoint-000002.npz"]
+
+
+def test_a_diverged_run_stops_at_the_nan_step_by_default(group, tmp_path):
+    minidist.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
+    cfg = TrainerConfig(epochs=4, batch_size=16, checkpoint_dir=str(tmp_path),
+                        checkpoint_every_n_epochs=1, verbose=False)
+    t = Trainer(model, PoisonedLoss(model, at=20), optim.SGD(model.parameters(), lr=0.1), cfg)
+    with pytest.raises(TrainingDiverged, match=r"non-finite \(NaN/inf\) averaged gradient at "
+                       r"step 20 in \[.*'0.weight'.*allow_nonfinite=True"):
+        t.fit(blobs())          # the NaN comes at step 20, in epoch 3
+    t.ddp.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-000001.npz", "checkpoint-000002.npz"]  # stopped before a NaN could be saved
 
 
 def test_checkpoint_keep_last_bounds_the_folder(group, tmp_path):

@@ -34,7 +34,7 @@ fingerprints catch, and what they cannot (the ledger's diff then names the calls
                                                               apart); #2 times out, and the
                                                               diff points at the line numbers
 
-On a failure the ranks exchange their recent entries (diagnosis/failure.py) and the error names
+On a failure the ranks exchange their recent entries (failure/exchange.py) and the error names
 the first call where they differ. ``MINIDIST_LEDGER=0`` turns the ledger off (no entries, no
 exchange: a failure raises as it was found; the fingerprints stay in the tags);
 ``MINIDIST_LEDGER_DUMP=dir`` writes each rank's ledger as JSON on a failure and at

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from minidist import xp as backend
+from minidist.comm.failure import shm_files
 from minidist.comm.errors import CommError, CommTimeout
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, Request, SideChannel, Transport,
                                            poller,
@@ -333,7 +334,9 @@ class MPITransport(Transport):
         MPI_Abort asks the process manager to end every rank, but MPICH may return from it
         (observed when it is called from a thread other than the main one) while the kill is
         on its way; this process must not run on meanwhile, so it exits at once itself.
+        MPICH's shared-memory files would outlive the aborted job: they are removed first.
         """
+        shm_files.unlink_mapped()
         self.MPI.COMM_WORLD.Abort(code)
         os._exit(code)
 

@@ -40,10 +40,13 @@ import time
 from typing import Any
 
 from minidist.comm.errors import CommError, CommTimeout
+from minidist.comm.failure.policy import FailurePolicy
+from minidist.comm.failure.waiting import notice_text
 from minidist.envvars import env
 from minidist.logger import get_logger
 
 log = get_logger("minidist.comm.transports.tcp")  # one logger name for the TCP transport
+WAIT_NOTICE_S = FailurePolicy.wait_notice_s  # a long rendezvous says whom it waits for
 
 _LEN = struct.Struct("<I")      # length prefix of the JSON rendezvous messages
 MAX_JSON_BYTES = 1 << 20        # a rendezvous message (the address table of ~10^4 ranks)
@@ -122,6 +125,7 @@ class Mesh:
         self.prefix = f"[rank {rank}/{size}]"
         self.master_addr, self.master_port = master_addr, int(master_port)
         self.timeout_s = float(timeout_s)
+        self._started, self._said_waiting = time.monotonic(), False  # see _say_waiting
         self._socks: dict[int, socket.socket] = {}
         self._listener: Any = None  # my data port (rank 0 also serves MASTER_PORT)
 
@@ -170,14 +174,31 @@ class Mesh:
 
     def _connect(self, host: str, port: int, deadline: float, what: str) -> socket.socket:
         """Connect, retrying while the other side is not listening yet."""
+        started = time.monotonic()
         while True:
             left = self._deadline_left(deadline, what)
+            self._say_waiting(deadline, left, lambda: f"{host}:{port} to accept a connection "
+                              f"({what} yet)", started)
             try:
                 s = socket.create_connection((host, port), timeout=min(left, 5.0))
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return s
             except (ConnectionRefusedError, socket.timeout, OSError):
                 time.sleep(min(0.05, max(left, 0)))
+
+    def _say_waiting(self, deadline: float, left: float, who: Any,
+                     started: float | None = None) -> float:
+        """Once, after the failure policy's wait_notice_s: log who this rank waits for and how
+        long it may; returns how long the caller may block before it should call again."""
+        started = self._started if started is None else started
+        waited = time.monotonic() - started
+        if self._said_waiting or WAIT_NOTICE_S <= 0:
+            return left
+        if waited < WAIT_NOTICE_S:
+            return min(left, WAIT_NOTICE_S - waited + 0.01)
+        self._said_waiting = True
+        log.warning("%s", notice_text("rendezvous", waited, who(), float(self.timeout_s)))
+        return left
 
     def _listen_host(self, default: str) -> str:
         """Listen only where peers reach us, unless MINIDIST_TCP_LISTEN_ADDR says otherwise."""
@@ -259,6 +280,14 @@ class Mesh:
                     self._listener = self._listen(self._listen_host(host), 0)
                     _send_json(s, {"rank": self.rank, "world_size": self.size,
                                    "host": host, "port": self._listener.getsockname()[1]})
+                    waited = time.monotonic()
+                    while not select.select([s], [], [], self._say_waiting(
+                            deadline, self._deadline_left(
+                                deadline, "registered with rank 0, but its address table (sent "
+                                "once every rank has registered) did not come"),
+                            lambda: "rank 0's address table (it waits until every rank has "
+                                    "registered)", waited))[0]:
+                        pass
                     try:
                         reply = _recv_json(s)
                     except socket.timeout:
@@ -352,6 +381,7 @@ class Mesh:
                     else:
                         yield conn, value
                 left = self._deadline_left(deadline, what())
+                left = self._say_waiting(deadline, left, lambda: f"the other ranks ({what()} yet)")
                 ready, _, _ = select.select([listener, wake_r], [], [], left)
                 if wake_r in ready:
                     wake_r.recv(4096)

@@ -44,6 +44,8 @@ from minidist.comm.errors import PeerExited
 from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_FAIL
 from minidist.logger import rank_prefix
 
+UNKNOWN_EXIT = -1  # the BYE's exit code of a rank whose script returned or raised SystemExit:
+                   # Python does not show that code inside the process (only its parent sees it)
 EXIT_KEY = "exit"   # the BYE payload's entry for the exit code (the others are stream counts)
 PROCESS_KEY = "process"  # ... and for the leaving process: [host name, pid]
 GRACE_S = 2.0       # a nonzero exit: how long the peers get to say they are finishing too
@@ -147,14 +149,19 @@ def peer_exited(group: Any, call: str, peer: int, exit_code: int, calls: int) ->
         while ((t.side_channel.peer_lost(peer) is None or _process_alive(where))
                and time.monotonic() < deadline):
             time.sleep(0.01)
-    if exit_code == 0:
+    if exit_code == UNKNOWN_EXIT:
+        what = (f"rank {peer} left the job after {calls} collective(s) (its script returned or "
+                "raised SystemExit; the launcher or mpiexec reports its exit code) while this "
+                "rank still waits for it here. Every rank must make the same collectives "
+                "and finish together (destroy_process_group on every rank)")
+    elif exit_code == 0:
         what = (f"rank {peer} returned normally (exit code 0) after {calls} collective(s) while "
                 "this rank still waits for it here. Every rank must make the same collectives "
                 "and finish together (destroy_process_group on every rank)")
     else:
         what = (f"rank {peer} exited with code {exit_code} after {calls} collective(s), so it "
                 f"will not join this call. Look at rank {peer}'s output for why it left")
-    err = PeerExited(f"{group.where(call)}: {what}.", peer, exit_code or 1)
+    err = PeerExited(f"{group.where(call)}: {what}.", peer, max(exit_code, 0) or 1)
     err.how = f"when rank {peer} left the job"
     err.diagnosis = {"kind": "exited", "rank": peer, "exit_code": exit_code}  # no exchange
     return err
@@ -191,7 +198,7 @@ def _at_exit() -> None:
         return
     if getattr(sys, "last_value", None) is not None or group.ledger.failures:
         return  # an uncaught exception or a failed collective: the excepthook ends the job
-    leave(group, 0 if _code is None else _code)
+    leave(group, UNKNOWN_EXIT if _code is None else _code)
 
 
 def leave(group: Any, code: int) -> None:
@@ -202,14 +209,15 @@ def leave(group: Any, code: int) -> None:
     peers = [p for p in range(group.size) if p != group.rank]
     for p in peers:
         t.side_channel.send(p, SIDE_BYE, bye_payload(mine, code))
-    if code == 0 or not t.abort_ends_job:
+    if code <= 0 or not t.abort_ends_job:
         # 0: an ordinary end (MPI_Finalize waits for the others, as it always did; a rank still
         # waiting for this one in a collective raises PeerExited). Not MPI: exit now; the peers
         # raise once this process is gone, so a launcher names this rank.
         return
     finished: dict[int, dict[int, int]] = dict(group.farewells)  # what the poll hook already read
     gone: set[int] = set()
-    deadline = time.monotonic() + min(GRACE_S, float(t.timeout_s or DEFAULT_TIMEOUT_S))
+    grace_s = group.failure_policy.leave_grace_s
+    deadline = time.monotonic() + min(grace_s, float(t.timeout_s or DEFAULT_TIMEOUT_S))
     while time.monotonic() < deadline:
         waiting = [p for p in peers if p not in finished and p not in gone]
         if not waiting:

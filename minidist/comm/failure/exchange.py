@@ -36,8 +36,11 @@ from typing import Any
 from minidist.comm.diagnosis.diagnose import diagnose
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
                                   CommTimeout, PeerFailed)
+from minidist.comm.failure.advice import failure_peers
+from minidist.comm.failure import waiting
+from minidist.comm.failure import notice
 from minidist.comm.diagnosis.ledger import dump_dir
-from minidist.comm.leaving import bye_payload, parse_bye, peer_exited, peer_left
+from minidist.comm.failure.leaving import bye_payload, parse_bye, peer_exited, peer_left
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_DONE, SIDE_FAIL,
                                            Transport, has_fingerprint)
 from minidist.logger import get_logger
@@ -54,9 +57,10 @@ AHEAD_GRACE_S = 2.0
 _ahead_seen: dict[tuple, float] = {}
 
 
-def exchange_timeout_s(transport: Transport) -> float:
-    """How long to wait for the peers' reports: ``min(EXCHANGE_S, the transport's timeout)``."""
-    return min(EXCHANGE_S, float(transport.timeout_s or EXCHANGE_S))
+def exchange_timeout_s(transport: Transport, limit_s: float = EXCHANGE_S) -> float:
+    """How long to wait for the peers' reports: ``min(limit_s, the transport's timeout)``
+    (``limit_s``: the failure policy's ``exchange_s``)."""
+    return min(limit_s, float(transport.timeout_s or limit_s))
 
 
 def _collect(t: Transport, kind: int, peers: list[int], timeout_s: float
@@ -129,7 +133,8 @@ def exchange(group: Any, stream: int, state: str, error: BaseException) -> tuple
     data = json.dumps(mine).encode()
     for p in peers:
         t.side_channel.send(p, SIDE_FAIL, data)
-    got, missing = _collect(t, SIDE_FAIL, peers, exchange_timeout_s(t))
+    got, missing = _collect(t, SIDE_FAIL, peers,
+                            exchange_timeout_s(t, group.failure_policy.exchange_s))
     reports = {group.rank: mine}
     for p, raw in got.items():
         try:
@@ -139,11 +144,11 @@ def exchange(group: Any, stream: int, state: str, error: BaseException) -> tuple
     return diagnose(stream, reports, missing), [p for p in peers if p in reports]
 
 
-def _done(t: Transport, answered: list[int]) -> None:
+def _done(t: Transport, answered: list[int], limit_s: float) -> None:
     """Tell the ranks that answered that this rank has its finding; wait for theirs."""
     for p in answered:
         t.side_channel.send(p, SIDE_DONE, b"1")
-    _collect(t, SIDE_DONE, answered, exchange_timeout_s(t) + 1.0)
+    _collect(t, SIDE_DONE, answered, exchange_timeout_s(t, limit_s) + 1.0)
 
 
 def on_failure(group: Any, row: Any, error: BaseException, call: str) -> BaseException:
@@ -154,7 +159,8 @@ def on_failure(group: Any, row: Any, error: BaseException, call: str) -> BaseExc
     unchanged.
     """
     ledger = group.ledger
-    if not ledger.enabled or group.size == 1 or getattr(error, "diagnosis", None) is not None:
+    if (not ledger.enabled or group.size == 1 or not group.failure_policy.diagnose_on_failure
+            or getattr(error, "diagnosis", None) is not None):
         return error
     left = peer_left(group)  # a peer that exited explains it (e.g. its closed connection)
     if left is not None:
@@ -196,11 +202,15 @@ def on_failure(group: Any, row: Any, error: BaseException, call: str) -> BaseExc
     except TypeError:  # an error class with another constructor
         out = CommError(message)
     out.diagnosis = diag
+    # Under the launcher, a rank that failed because a peer died says so first: the launcher
+    # names the dead peer and stops this rank before it repeats the news.
+    if failure_peers(out) and diag["kind"] == "missing":
+        notice.tell("exception", f"{type(out).__name__}: {message}", failure_peers(out))
     # Printed here, before the DONE round: under MPI the first rank to raise ends the job
     # (excepthook -> Abort), and every rank's finding should be on record by then.
     log.error("%s: %s", type(out).__name__, message.split("] ", 1)[-1])
-    out.logged = True  # an uncaught one is not printed again (comm/report.py)
-    _done(group.transport, answered)
+    out.logged = True  # an uncaught one is not printed again (comm/failure/report.py)
+    _done(group.transport, answered, group.failure_policy.exchange_s)
     return out
 
 
@@ -218,6 +228,8 @@ def poll(group: Any, src: int | None, tag: int) -> CommError | None:
     if failed is not None:
         return PeerFailed(f"{group.where('wait')}: rank {failed} reported a failed "
                           "collective.", failed)
+    if time.monotonic() > waiting.next_check.get(id(group), 0.0):  # at most once a second
+        waiting.check(group, src, tag)  # a long wait says whom it waits for, once
     if not group.ledger.enabled or group.size == 1:
         return None
     if src is not None and has_fingerprint(tag):
