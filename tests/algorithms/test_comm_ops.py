@@ -19,9 +19,9 @@ def test_parse_op_accepts_names_and_members():
 
 def test_combine_is_in_place_and_finalize_divides():
     a = np.array([1.0, 5.0], np.float32)
-    ptr = a.ctypes.array
+    ptr = a.ctypes.data
     combine(a, np.array([3.0, 1.0], np.float32), ReduceOp.MAX)
-    assert a.ctypes.array == ptr and a.tolist() == [3.0, 5.0]
+    assert a.ctypes.data == ptr and a.tolist() == [3.0, 5.0]
     finalize(a, ReduceOp.AVG, 2)
     assert a.tolist() == [1.5, 2.5]
 
