@@ -21,3 +21,10 @@ def test_ci_runs_the_readme_test_command_with_torch():
     readme = (REPO / "README.md").read_text()
     assert "MINIDIST_TEST_TORCH=1 exec ./test.sh" in ci
     assert "MINIDIST_TEST_TORCH=1 ./test.sh" in readme
+
+
+def test_the_torch_switch_is_a_known_variable():
+    """CI sets it for the whole run: no process may warn that it is unknown."""
+    from minidist import envvars
+
+    assert envvars.validate({"MINIDIST_TEST_TORCH": "1"}) == []
