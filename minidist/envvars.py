@@ -177,7 +177,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
 # MINIDIST_ names read outside this module's parsers (shell scripts, the test suite), so that
 # validate() does not take them for typos.
 READ_ELSEWHERE = ("MINIDIST_JOB_TIMEOUT_S",  # mpirun.sh
-                  "MINIDIST_PYTHON", "MINIDIST_VENV", "MINIDIST_TEST_TORCH",  # scripts/bootstrap_venv.sh
+                  "MINIDIST_PYTHON", "MINIDIST_VENV",  # scripts/bootstrap_venv.sh
+                  "MINIDIST_TEST_TORCH",  # scripts/bootstrap_venv.sh: the [torch] extra
                   "MINIDIST_EXHAUSTIVE")  # tests/unit/test_kernels.py
 
 
