@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from procs import REPO, _run_group, job_env, mpiexec_path, run_env_ranks, run_mpi
+from procs import REPO, _run_group, job_env, mpiexec_path, reserved_ports, run_env_ranks, run_mpi
 
 SCRIPT = REPO / "tests" / "mpi" / "mismatch_cases.py"
 ENV = {"MINIDIST_TIMEOUT_S": "3"}
@@ -127,7 +127,8 @@ def test_mpi_dead_rank_is_named_when_mpiexec_keeps_the_others_running():
 
 def test_tcp_every_mismatch_is_diagnosed_on_every_rank():
     cases = list(EXPECT)
-    res = run_env_ranks(2, [SCRIPT, "--tcp", *cases], timeout_s=90, env=ENV)
+    with reserved_ports(len(cases)) as port:  # case i meets at MASTER_PORT + i
+        res = run_env_ranks(2, [SCRIPT, "--tcp", *cases], timeout_s=90, env=ENV, port=port)
     assert res.returncode == 0, res.report()
     check_cases(res.stdout, 2, cases)
 
