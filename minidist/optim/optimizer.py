@@ -84,7 +84,7 @@ class Optimizer:
         self.defaults = dict(defaults)
         self.param_groups: list[dict[str, Any]] = []
         self._index_of: dict[int, int] | None = None  # id(param) -> its index (see ParamState)
-        self.state: ParamState = {}  # type: ignore[assignment]  # index -> state (see __setattr__)
+        self.state = ParamState(self)  # param index -> its state (see __setattr__)
         self._scratch: dict[tuple[int, int], Any] = {}  # (param index, slot) -> work buffer
         params = list(params)
         if len(params) == 0:
@@ -260,7 +260,7 @@ class Optimizer:
             for k, v in saved.items():
                 if k != "params":
                     group[k] = tuple(v) if isinstance(v, list) else v
-        self.state = new_state
+        self.state = ParamState(self, new_state)
 
     @staticmethod
     def _load_value(name: str, sid: int, key: str, value: Any, p: Any) -> Any:
