@@ -73,7 +73,9 @@ PIECE_BYTES = int(env("MINIDIST_SHM_PIECE_BYTES"))  # default 1 MiB -> _reduce_p
 SMALL_LIMIT = min(SMALL_BYTES, CHUNK_BYTES)  # messages up to this take the small path
 _OPS = list(ReduceOp)
 _DTYPES = ["float16", "float32", "float64", "int32", "int64", "int8", "uint8", "int16"]
-_DTYPE_CODES = {np.dtype(name): i for i, name in enumerate(_DTYPES)}  # (dtype.name is slow)
+# A header's dtype code: equal for equal dtypes (``dtype.num`` differs for int64 'l' vs 'q'),
+# 100 + ``dtype.num`` for any other dtype; a dict hit (``dtype.name`` is slow in NumPy 2.x).
+_DTYPE_CODES = {np.dtype(name): i for i, name in enumerate(_DTYPES)}
 
 
 def line_aligned_bounds(numel: int, n: int, itemsize: int) -> list[int]:
@@ -94,18 +96,13 @@ def _reduce_mine(node: ShmNode, srcs: list, out: np.ndarray, op: ReduceOp) -> No
     """Reduce into ``out``, which aliases ``srcs[node.rank]`` (my own input)."""
     if node.rank < 2:  # the output aliases the first or second operand: safe for a ufunc
         _reduce_slice(srcs, out, op)
-        return
-    tmp = node.extra.get("tmp")  # my input is read after srcs[0..1]: reduce into a temp first
-    if tmp is None or tmp.nbytes < out.nbytes:
-        tmp = node.extra["tmp"] = np.empty(out.nbytes, np.uint8)
-    t = tmp[: out.nbytes].view(out.dtype)
-    _reduce_slice(srcs, t, op)
-    out[...] = t
-
-
-def _dtype_code(dt: np.dtype) -> int:
-    """A small code equal for equal dtypes (``dtype.num`` differs for int64 'l' vs 'q')."""
-    return _DTYPE_CODES.get(dt, 100 + dt.num)
+    else:  # my input is read after srcs[0..1]: reduce into a temp first
+        tmp = node.extra.get("tmp")
+        if tmp is None or tmp.nbytes < out.nbytes:
+            tmp = node.extra["tmp"] = np.empty(out.nbytes, np.uint8)
+        t = tmp[: out.nbytes].view(out.dtype)
+        _reduce_slice(srcs, t, op)
+        out[...] = t
 
 
 def _check_headers(node: ShmNode) -> tuple[bool, bool]:
@@ -295,9 +292,10 @@ def node_all_reduce(node: ShmNode, flat: np.ndarray, op: ReduceOp, tag: int = 0)
     """
     where = window_of(node, flat)
     early = where[0] < 0 and _copy_in_early(node, flat)
+    dtype = _DTYPE_CODES.get(flat.dtype, 100 + flat.dtype.num)
     node.calls += 1
     node.headers[node.rank][node.calls & 1, :7] = (
-        flat.size, _dtype_code(flat.dtype), _OPS.index(op), *where, early, tag)
+        flat.size, dtype, _OPS.index(op), *where, early, tag)
     node.barrier("all_reduce(shm) start")
     shared, all_early = _check_headers(node)
     if flat.size:
