@@ -41,7 +41,7 @@ exchange: a failure raises as it was found; the fingerprints stay in the tags);
 ``destroy_process_group``.
 
 Cost (every collective, 8-byte all-reduces included): a short frame walk to the caller, two
-``perf_counter`` calls and a slot in a preallocated ring; see docs/benchmarks.md.
+``perf_counter`` calls and an append to a bounded deque; see docs/benchmarks.md.
 """
 
 from __future__ import annotations
