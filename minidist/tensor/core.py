@@ -13,16 +13,13 @@ the inputs (``_parents``) and a ``_backward(g)`` closure that maps the output's 
 gradient per input. ``autograd.run_backward`` walks those nodes; see docs/tensor.md.
 
 This file holds what a Tensor IS: its array, its tape entry, its gradient, its shape, and
-Python's operators (``a + b``, ``a @ b``, ``a == b``, ``x[i]``). torch's named methods are
-plain functions in three modules, each ending with a ``METHODS`` table that the bottom of
-this file attaches to the class (``Tensor.relu is methods.relu``):
-
-    methods.py          x.relu() x.sum(dim=1) x.view(-1, 4) x.eq(y) x.new_zeros(3) ...
-    inplace_methods.py  x.add_(y) x += y x.zero_() x.normal_() x.copy_(y) ...
-    conversion.py       x.float() x.to("cuda") x.item() x.numpy() float(x) repr(x) ...
-
-They use only what a Tensor offers anyone, so a method is read in one place: its own short
-function, which names the op module that does the work.
+Python's operators (``a + b``, ``a @ b``, ``a == b``, ``x[i]``), which stay in the class body
+where a type checker sees them. torch's named methods are plain functions on a Tensor's public
+surface, each naming the op module that does the work, in ``methods`` (x.relu(), x.sum(dim=1),
+x.view(-1, 4), x.new_zeros(3)), ``inplace_methods`` (x.add_(y), x += y, x.zero_()) and
+``conversion`` (x.float(), x.to("cuda"), x.item(), x.numpy(), repr(x)). Each ends with a
+``METHODS`` table, which the bottom of this file attaches to the class in one visible place
+(``Tensor.relu is methods.relu``): no base classes reaching into this one.
 
 ``.data`` and ``.grad`` are Tensors, as in torch: ``w.data`` is a detached Tensor sharing
 ``w``'s array (``w.data.normal_()`` initialises ``w``), ``w.grad`` a Tensor whose array is the
@@ -303,7 +300,7 @@ class Tensor:
                 "CuPy, no copy) or .numpy() (on the host), e.g. p.grad.array."))
         raise AttributeError(f"'Tensor' object has no attribute {name!r}")
 
-    # ---- Python's operators, in the class body where type checkers see them ---------------
+    # ---- Python's operators (their ops, with the backward, in elementwise, linalg, shape) ----
 
     def __add__(self, other: Any) -> Tensor:
         return elementwise.add(self, other)

@@ -1,6 +1,6 @@
 """The Tensor methods that write into the tensor's own memory: ``add_``, ``t += x``, ``zero_``.
 
-    >>> from minidist.tensor import Tensor, no_grad
+    >>> from minidist.tensor import Tensor
     >>> p = Tensor([1.0, 2.0])
     >>> p.mul_(2).add_(Tensor([0.5, 0.5]), alpha=2).tolist()      # SGD-style, in p's array
     [3.0, 5.0]
