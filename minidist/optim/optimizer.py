@@ -84,7 +84,7 @@ class Optimizer:
         self.defaults = dict(defaults)
         self.param_groups: list[dict[str, Any]] = []
         self._index_of: dict[int, int] | None = None  # id(param) -> its index (see ParamState)
-        self.state = {}   # param index -> its state (a ParamState: param keys work too)
+        self.state = ParamState(self)  # param index -> its state (see __setattr__)
         self._scratch: dict[tuple[int, int], Any] = {}  # (param index, slot) -> work buffer
         params = list(params)
         if len(params) == 0:
@@ -125,17 +125,15 @@ class Optimizer:
         log.debug("%s: group %d with %d parameters", name, len(self.param_groups) - 1,
                   len(group["params"]))
 
-    @property
-    def state(self) -> ParamState:
-        """Per-parameter state: ``self.state[p]`` (torch's way) or ``self.state[index]``.
-
-        A missing entry reads as a new empty dict, as torch's ``defaultdict(dict)``.
-        """
-        return self._state
-
-    @state.setter
-    def state(self, value: dict[Any, dict[str, Any]]) -> None:
-        self._state = ParamState(self, value)
+    def __setattr__(self, name: str, value: Any) -> None:
+        """``self.state``, the per-parameter state, is always a ``ParamState``: a dict by index
+        that takes the parameter itself too (``self.state[p]``, torch's way), where a missing
+        entry reads as a new empty dict (torch's ``defaultdict(dict)``). Assigning a plain dict
+        (``opt.state = {...}``, as ``load_state_dict`` does) wraps it; reading is a plain
+        attribute read, with no Python code in between (a step reads it per parameter)."""
+        if name == "state" and not isinstance(value, ParamState):
+            value = ParamState(self, value)
+        super().__setattr__(name, value)
 
     def param_index(self, param: Any) -> int:
         """The index of ``param`` (its number in ``state_dict``), found by identity."""
@@ -262,7 +260,7 @@ class Optimizer:
             for k, v in saved.items():
                 if k != "params":
                     group[k] = tuple(v) if isinstance(v, list) else v
-        self.state = new_state
+        self.state = ParamState(self, new_state)
 
     @staticmethod
     def _load_value(name: str, sid: int, key: str, value: Any, p: Any) -> Any:
@@ -306,7 +304,10 @@ class ParamState(dict):
             return int(key)
         return self._owner.param_index(key)
 
-    def __getitem__(self, key: Any) -> dict[str, Any]:
+    def __missing__(self, key: Any) -> dict[str, Any]:
+        # dict's own lookup found no entry under ``key``: an index or parameter seen for the
+        # first time (a new empty entry), or a parameter whose entry sits under its index.
+        # An index that exists is found by dict's C lookup and never comes here.
         k = self._key(key)
         if not super().__contains__(k):
             super().__setitem__(k, {})

@@ -61,33 +61,43 @@ class SGD(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov,
                                       foreach=foreach, fused=fused))
+        self.work: dict[int, Any] = {}  # param index -> the buffer that holds lr * d
 
     def step(self, closure: Any = None) -> Any:
         """One update of every parameter with a gradient (fused groups: compiled kernels);
         ``closure`` as in torch (re-evaluates the model, its loss is returned)."""
-        if not any(g.get("fused") or g.get("foreach") for g in self.param_groups):
-            return super().step(closure)
-        loss = run_closure(closure)
-        fused_step.sgd_step(self, self._update)
+        loss = None if closure is None else run_closure(closure)
+        if any(g.get("fused") or g.get("foreach") for g in self.param_groups):
+            fused_step.sgd_step(self, self._update)
+            return loss
+        i = 0                                        # the parameter's index in state_dict
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(i, p, group)
+                i += 1
         return loss
 
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
+        """torch's single-tensor SGD for parameter ``i``: whole-array ops, in place."""
         xp = backend.get_array_module(p.array)
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
         param, d = p.array, p.grad.array
-        out = self.scratch(i, param, 0)
+        out = self.work.get(i)                       # p - lr * d needs one work buffer
+        if out is None or out.shape != param.shape or out.dtype != param.dtype:
+            out = self.work[i] = xp.empty_like(param)  # allocated once: steps allocate nothing
         if wd != 0:                                  # d = g + wd * p  (the grad itself is kept)
             xp.multiply(param, wd, out=out)
             xp.add(out, d, out=out)
             d = out
         if momentum != 0:
-            state = self.state.setdefault(i, {})
+            state = self.state[i]
             buf = state.get("momentum_buffer")
             if buf is None:                          # first step: buf = d, no dampening
                 buf = state["momentum_buffer"] = xp.array(d, copy=True)
             else:
                 xp.multiply(buf, momentum, out=buf)
-                if group["dampening"] != 0:
+                if group["dampening"] != 0:          # buf += (1 - dampening) * d
                     tmp = self.scratch(i, param, 1)
                     xp.multiply(d, 1.0 - group["dampening"], out=tmp)
                     xp.add(buf, tmp, out=buf)

@@ -284,10 +284,8 @@ def _walk(root: Tensor, seed: Any, retain_graph: bool,
             if contributions:
                 complete(node)
             continue
-        if contributions:
-            g = contributions[0]
-            for more in contributions[1:]:
-                g = g + more  # never in place: a contribution may alias another array
+        if contributions:  # summed into a new array: a contribution may alias another one
+            g = sum(contributions[1:], contributions[0])
             for parent, pg in zip(node._parents, node._backward(g)):
                 if pg is not None and parent.requires_grad:
                     grads.setdefault(id(parent), []).append(pg)

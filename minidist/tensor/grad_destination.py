@@ -7,10 +7,9 @@ can compute a leaf's whole gradient in one go ask it the other two::
 
     leaf.grad_destination = GradDestination(buffer)   # DDP: the parameter's bucket slot
 
-    in an op's backward (linear, 2-D matmul, conv2d):
-        dest = claim_grad_destination(weight)         # None, or the reserved buffer
-        gw = mm(g.T, x) if dest is None else mm(g.T, x, out=dest.buffer, scale=dest.scale)
-        gw = adopt_grad(weight, gw)                   # no destination: the fresh array IS .grad
+    in an op's backward (linear, 2-D matmul):
+        gw = write_leaf_grad(weight, lambda out, scale: mm(g.T, x, out, scale))
+                  # into the reserved buffer (claimed), else a fresh array that IS .grad
 
     in the walk, for any other op's gradient:
         leaf.grad = store_first(leaf, g)              # into the buffer (one pass), or a copy
@@ -25,7 +24,7 @@ gradients and never touches ``.grad`` or a destination.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from minidist import xp as backend
 from minidist.tensor.core import Tensor, error
@@ -114,6 +113,23 @@ def claim_grad_destination(tensor: Tensor) -> GradDestination | None:
     return dest
 
 
+def write_leaf_grad(leaf: Tensor, compute: Callable[[Any, float], Any]) -> Any:
+    """For an op's backward that computes ``leaf``'s whole gradient in one go.
+
+    ``compute(out, scale)`` must return ``scale * gradient``: written into ``out`` and
+    returning ``out`` itself, or, called with ``(None, 1.0)``, as a fresh array. The leaf's
+    reserved buffer is claimed when it can be (``claim_grad_destination``); otherwise the
+    fresh array becomes ``.grad`` when it may (``adopt_grad``). Either way the op returns
+    the result as the leaf's gradient::
+
+        gw = write_leaf_grad(weight, lambda out, scale: mm(g2.T, x2, out, scale))
+    """
+    dest = claim_grad_destination(leaf)
+    if dest is None:
+        return adopt_grad(leaf, compute(None, 1.0))
+    return compute(dest.buffer, dest.scale)
+
+
 def adopt_grad(tensor: Tensor, g: Any) -> Any:
     """For an op's backward: ``g``, a fresh array only this op made, becomes ``tensor.grad``
     without a copy when it is the leaf's first gradient of a backward that writes ``.grad``
@@ -146,4 +162,4 @@ def scale_of(leaf: Tensor) -> float:
 
 
 __all__ = ["GradDestination", "adopt_grad", "claim_grad_destination", "scale_of",
-           "store_first", "writing"]
+           "store_first", "write_leaf_grad", "writing"]

@@ -8,8 +8,8 @@ For ``out = a @ b`` with ``a (..., n, k)`` and ``b (..., k, m)``::
 A 1-D left operand acts as a row ``(1, k)``, a 1-D right one as a column ``(k, 1)``; the added
 dim is dropped from the result and from the gradients. ``linear(x, W, b) = x @ W^T + b`` is one
 node, so its backward writes ``grad W = g^T @ x`` directly in W's (out, in) layout: into W's
-reserved gradient buffer when it has one (``grad_destination.claim_grad_destination``: a DDP
-bucket slot), as the GEMM's own output, with no copy; the bias gradient is summed into its slot too.
+reserved gradient buffer when it has one (``grad_destination.write_leaf_grad``: a DDP bucket
+slot), as the GEMM's own output, with no copy; the bias gradient is summed into its slot too.
 
 Under autocast (``autocast_mode``) all three run in float16. Every product goes through ``mm``,
 which emulates a float16 GEMM on the CPU (float32 BLAS, result rounded to float16): NumPy has no
@@ -28,7 +28,7 @@ from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor import dtypes
 from minidist.tensor.core import Tensor, error, is_floating
 from minidist.tensor.elementwise import broadcast_message, unbroadcast
-from minidist.tensor.grad_destination import adopt_grad, claim_grad_destination
+from minidist.tensor.grad_destination import write_leaf_grad
 
 
 LOW_PRECISION = (numpy.dtype(numpy.float16), dtypes.BFLOAT16_NUMPY)
@@ -101,16 +101,6 @@ def sum_rows(g: Any, axis: int = 0, out: Any = None, scale: float = 1.0) -> Any:
     return out
 
 
-def _mm_into(leaf: Tensor, a: Any, b: Any) -> Any:
-    """``leaf``'s gradient ``a @ b``: into its reserved buffer if it has one (see
-    ``grad_destination.claim_grad_destination``), else a new array that becomes its
-    ``.grad`` when it is the first (``adopt_grad``)."""
-    dest = claim_grad_destination(leaf)
-    if dest is None:
-        return adopt_grad(leaf, mm(a, b))
-    return mm(a, b, out=dest.buffer, scale=dest.scale)
-
-
 def _check_aligned(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> None:
     if not a or not b:
         raise ValueError(error(op, f"shapes {a} and {b}: matmul needs at least 1-D operands. "
@@ -159,11 +149,11 @@ def matmul(a: Tensor, b: Any) -> Tensor:
         ga = gb = None
         plain = A.ndim == 2 and B.ndim == 2  # one GEMM per gradient: may go to a destination
         if a.requires_grad and plain:
-            ga = _mm_into(a, g, B.T)
+            ga = write_leaf_grad(a, lambda out, scale: mm(g, B.T, out, scale))
         elif a.requires_grad:
             ga = unbroadcast(mm(g2, xp.swapaxes(B2, -1, -2)), A2.shape).reshape(A.shape)
         if b.requires_grad and plain:
-            gb = _mm_into(b, A.T, g)
+            gb = write_leaf_grad(b, lambda out, scale: mm(A.T, g, out, scale))
         elif b.requires_grad:
             gb = unbroadcast(mm(xp.swapaxes(A2, -1, -2), g2), B2.shape).reshape(B.shape)
         return ga, gb
@@ -192,18 +182,14 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         out += bias.array  # `out` is a fresh array: add in place, no temporary
     parents = (x, weight) if bias is None else (x, weight, bias)
 
-    def backward(g: Any) -> tuple:
+    def backward(g: Any) -> tuple:  # gradients of x, W (into its slot) and b (into its slot)
         g2 = g.reshape(-1, g.shape[-1])
+        x2 = x.array.reshape(-1, x.shape[-1])
         gx = mm(g, weight.array) if x.requires_grad else None
-        gw = _mm_into(weight, g2.T, x.array.reshape(-1, x.shape[-1])) \
+        gw = write_leaf_grad(weight, lambda out, scale: mm(g2.T, x2, out, scale)) \
             if weight.requires_grad else None
-        if bias is None:
-            return gx, gw
-        gb = None
-        if bias.requires_grad:
-            dest = claim_grad_destination(bias)
-            gb = adopt_grad(bias, sum_rows(g2)) if dest is None else \
-                sum_rows(g2, out=dest.buffer, scale=dest.scale)
-        return gx, gw, gb
+        gb = write_leaf_grad(bias, lambda out, scale: sum_rows(g2, 0, out, scale)) \
+            if bias is not None and bias.requires_grad else None
+        return (gx, gw) if bias is None else (gx, gw, gb)
 
     return Tensor._make(out, parents, backward, "linear")
