@@ -320,37 +320,36 @@ def multinomial(self: Tensor, num_samples: int, replacement: bool = False,
 
 # ---- new tensors like this one (torch's new_*: this dtype and device by default) -------------
 
-def like_self(self: Tensor, dtype: Any, device: Any, requires_grad: bool) -> dict:
-    """The keyword arguments of a creation function, defaulting to this tensor's dtype and
-    device."""
-    return {"dtype": self.array.dtype if dtype is None else dtype,
-            "device": self.device if device is None else device,
+def defaults_from(t: Tensor, dtype: Any, device: Any, requires_grad: bool) -> dict:
+    """The keyword arguments of a creation function, defaulting to ``t``'s dtype and device."""
+    return {"dtype": t.array.dtype if dtype is None else dtype,
+            "device": t.device if device is None else device,
             "requires_grad": requires_grad}
 
 
 def new_zeros(self: Tensor, *size: Any, dtype: Any = None, device: Any = None,
               requires_grad: bool = False) -> Tensor:
-    return creation.zeros(*size, **like_self(self, dtype, device, requires_grad))
+    return creation.zeros(*size, **defaults_from(self, dtype, device, requires_grad))
 
 
 def new_ones(self: Tensor, *size: Any, dtype: Any = None, device: Any = None,
              requires_grad: bool = False) -> Tensor:
-    return creation.ones(*size, **like_self(self, dtype, device, requires_grad))
+    return creation.ones(*size, **defaults_from(self, dtype, device, requires_grad))
 
 
 def new_empty(self: Tensor, *size: Any, dtype: Any = None, device: Any = None,
               requires_grad: bool = False) -> Tensor:
-    return creation.empty(*size, **like_self(self, dtype, device, requires_grad))
+    return creation.empty(*size, **defaults_from(self, dtype, device, requires_grad))
 
 
 def new_full(self: Tensor, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
              requires_grad: bool = False) -> Tensor:
-    return creation.full(size, fill_value, **like_self(self, dtype, device, requires_grad))
+    return creation.full(size, fill_value, **defaults_from(self, dtype, device, requires_grad))
 
 
 def new_tensor(self: Tensor, data: Any, *, dtype: Any = None, device: Any = None,
                requires_grad: bool = False) -> Tensor:
-    return creation.tensor(data, **like_self(self, dtype, device, requires_grad))
+    return creation.tensor(data, **defaults_from(self, dtype, device, requires_grad))
 
 
 # The method name -> the function; core.py attaches these to Tensor.
