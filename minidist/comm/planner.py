@@ -45,9 +45,11 @@ class Plan:
     Attributes:
         algorithm: the algorithm that runs ("ring", "mpi", ...), never "auto".
         reason: why ("explicit", or select.py's words for "auto").
-        run: ``run(flat, op, tag)``: the algorithm on the group's transport. "mpi" on an MPI
-            transport calls MPI's Allreduce straight (mpi_native.py); a device buffer the
-            transport cannot read runs through pinned host memory in chunks (``stager``).
+        run: ``run(flat, op, tag)``: the algorithm on the group's transport, prepared once
+            where the registry entry's ``usable`` held for this buffer kind
+            (``Algorithm.prepare``: "mpi" calls MPI's Iallreduce straight, "shm" runs on its
+            node with no per-call checks); a device buffer the transport cannot read runs
+            through pinned host memory in chunks (``stager``).
         spec: what the call is (comm/calls.py ``CallSpec``: its fingerprint's signature, and
             what the ledger and the checks record), the same for every call of this shape.
         stager: comm/staging.py's Stager for such a device buffer, else None.
