@@ -122,16 +122,6 @@ _INSIDE = (_PACKAGE_DIR, contextlib.__file__)
 _THREADING_FILE = threading.__file__
 
 
-def caller_site(f: Any) -> tuple:
-    """``(code, byte offset)`` of the collective's caller, walking out from frame ``f``: the
-    first frame outside minidist, or the outermost minidist frame when the stack has none
-    (DDP's communication thread starts in ``threading``: its stack never leaves minidist)."""
-    while (f.f_code.co_filename.startswith(_INSIDE)  # minidist's (or contextlib's) frame
-           and f.f_back is not None and f.f_back.f_code.co_filename != _THREADING_FILE):
-        f = f.f_back
-    return f.f_code, f.f_lasti
-
-
 def line_of(code: Any, lasti: int) -> int:
     """The source line of byte offset ``lasti`` in ``code`` (what ``frame.f_lineno`` computes,
     done only when an entry is read: it costs more than the whole frame walk)."""
@@ -240,10 +230,19 @@ class Ledger:
     def start(self, call: Call) -> None:
         """Keep ``call`` as the newest entry: its caller's site, label and start time.
 
-        The site (``caller_site``) is found from frame 2 on (frame 1 is ``Calls.begin``, 2 the
-        collective); its line is worked out only when the entry is read (``line_of``).
+        The site is the first frame outside minidist from the collective's caller outwards, or
+        the outermost minidist frame when the stack has none (DDP's communication thread starts
+        in ``threading``: its stack never leaves minidist); its line is worked out only when
+        the entry is read (``line_of``).
         """
-        call.site = caller_site(sys._getframe(2))
+        try:  # frame 1 is Calls.begin, 2 the collective, 3 its caller: sys._getframe(3) skips
+            f: Any = sys._getframe(3)  # to it without building frame objects for 1 and 2
+        except ValueError:  # a shorter stack (begin called at a script's top level)
+            f = sys._getframe(2)
+        while (f.f_code.co_filename.startswith(_INSIDE)  # minidist's (or contextlib's) frame
+               and f.f_back is not None and f.f_back.f_code.co_filename != _THREADING_FILE):
+            f = f.f_back
+        call.site = (f.f_code, f.f_lasti)
         call.label = call.label or _LABEL.get()
         call.t0 = perf_counter()
         self._rows.append(call)
