@@ -1,29 +1,35 @@
-"""One element of each fused optimizer step, as scalar Python: the logic every backend compiles.
+"""The element function of a fused optimizer step: its contract, and what backends compile.
 
-    p, buf = sgd_element(p, g, buf, lr, momentum, keep, weight_decay, nesterov, first)
-    p, m, v = adam_element(p, g, m, v, decay, l2, beta1, one_minus_beta1, beta2,
-                           one_minus_beta2, bias_correction2_sqrt, eps, step_size)
+    new_p, new_buf = sgd_momentum_element(p, g, buf, lr, momentum, keep, weight_decay, nesterov,
+                                          first)      # minidist/optim/sgd.py: scalars in, out
+    flat_step_reference(entry, p, g, (buf,), scalars)  # the same function on whole arrays
 
-``optim_cpu.py`` compiles these with ``njit(inline="always")``, ``optim_cuda.py`` with
-``cuda.jit(device=True)``; called on NumPy scalars they are also the simulator's oracle. All
-arguments are scalars of the parameter's dtype (float32 or float64), so every operation rounds
-once in that dtype, in the same order as the per-parameter NumPy path of ``minidist.optim``
-(``SGD._update`` / ``Adam._update``): the fused CPU step gives the same bits. Numba caches
-optim_cpu.py's machine code keyed on optim_cpu.py's own file stamp: after editing this file,
-touch optim_cpu.py so the cache is rebuilt.
+A fused optimizer step is ONE scalar function per optimizer, its *element function*, written
+beside the optimizer (``minidist/optim/<name>.py``) and registered with a ``FusedStep`` entry
+(``minidist/optim/registry.py``). Its contract:
 
-Why the operations are written in exactly this order (float arithmetic is not associative):
+    element(p, g, *state, *scalars) -> (new_p, *new_state)
 
-    SGD   d = p * wd + g                       (sgd.py: out = param * wd; out = out + g)
-          buf = d                  (first step)
-          buf = buf * momentum + d * keep      (keep = 1 - dampening; d * 1.0 == d exactly)
-          d = d + buf * momentum   (nesterov)  else  d = buf
-          p = p - d * lr
-    Adam  p = p * decay                        (AdamW: 1 - lr * wd; Adam: 1.0, exact)
-          g = p * l2 + g                       (Adam's L2 term; AdamW: l2 = 0, skipped)
-          m = m * beta1 + g * (1 - beta1)
-          v = v * beta2 + (g * g) * (1 - beta2)
-          p = p - (m / (sqrt(v) / sqrt(1 - beta2^t) + eps)) * (lr / (1 - beta1^t))
+``p`` and ``g`` are one element of the parameter and its gradient, ``state`` one element of each
+per-parameter state array (in the order of the entry's ``state`` names), ``scalars`` the
+entry's scalars of this step (cast to the parameter's dtype; flags stay bools). Every value is
+a scalar of the parameter's dtype (float32 or float64), so every operation rounds once in that
+dtype. The same Python runs in four places, and gives the same bits in the three CPU ones:
+
+    called on whole NumPy/CuPy arrays     flat_step_reference (the fallback; the default path of
+                                          an optimizer that writes no ``_update`` of its own)
+    compiled by optim_cpu.py              ``@njit`` loops: one over a flat run, one over a
+                                          multi-tensor table (``minidist.optim.multi_tensor``)
+    compiled by optim_cuda.py             ``@cuda.jit`` grid-stride twins of those loops
+    run by Numba's CUDA simulator         the kernels' Python on NumPy scalars (tests)
+
+Element functions may use Python arithmetic, comparisons, ``if`` and ``sqrt`` from this module
+(``np.sqrt`` on arrays and in ``@njit``; ``math.sqrt`` in ``@cuda.jit``, which has no ``np.sqrt``
+on scalars). The loops do not depend on how many state arrays an entry has: they pass
+``*values_at(states, i)`` to the element and ``store_at(states, i, new[1:])`` back, where
+``states`` is a tuple of arrays. Those helpers are written below for Python (the reference,
+the simulator); each backend compiles them by the ``*_typed`` implementations, which unroll
+the tuple at compile time (a Numba ``overload``: one specialization per tuple length).
 """
 
 from __future__ import annotations
@@ -34,88 +40,113 @@ import numpy as np
 
 from minidist import xp as backend
 
-
-def sgd_element(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep: Any,
-                weight_decay: Any, nesterov: bool, first: bool) -> tuple[Any, Any]:
-    """torch's SGD for one element: returns ``(new_p, new_momentum_buffer)``.
-
-    ``buf`` is ignored when ``momentum == 0`` (no buffer; the returned one is meaningless).
-    """
-    d = g
-    if weight_decay != 0:
-        d = p * weight_decay + d
-    if momentum != 0:
-        if first:
-            buf = d
-        else:
-            buf = buf * momentum + d * keep
-        if nesterov:
-            d = d + buf * momentum
-        else:
-            d = buf
-    return p - d * lr, buf
+__all__ = ["sqrt", "values_at", "store_at", "spans_at", "make_update", "TYPED_HELPERS",
+           "flat_step_reference", "multi_step_reference", "rehearsal_table", "signature"]
 
 
-def make_adam_element(sqrt: Any) -> Any:
-    """``adam_element`` with the given square root: ``np.sqrt`` on the CPU and in the simulator
-    (it keeps a float32 scalar float32), ``math.sqrt`` for numba.cuda (which has no ``np.sqrt``
-    on scalars; on float32 it is ``sqrt.rn.f32``, correctly rounded like NumPy's)."""
+# ----------------------------------------------------------------- what element functions call
 
-    def adam_element(p: Any, g: Any, m: Any, v: Any, decay: Any, l2: Any, beta1: Any,
-                     one_minus_beta1: Any, beta2: Any, one_minus_beta2: Any,
-                     bias_correction2_sqrt: Any, eps: Any, step_size: Any
-                     ) -> tuple[Any, Any, Any]:
-        """torch's Adam / AdamW for one element: ``(new_p, new_exp_avg, new_exp_avg_sq)``."""
-        p = p * decay
-        if l2 != 0:
-            g = p * l2 + g
-        m = m * beta1 + g * one_minus_beta1
-        v = v * beta2 + (g * g) * one_minus_beta2
-        denom = sqrt(v) / bias_correction2_sqrt + eps
-        return p - (m / denom) * step_size, m, v
-
-    return adam_element
+def sqrt(x: Any) -> Any:
+    """The square root for element functions: ``np.sqrt`` (arrays, NumPy scalars, ``@njit``;
+    it keeps a float32 scalar float32); optim_cuda.py compiles it to ``math.sqrt``
+    (``sqrt.rn.f32`` on float32: correctly rounded, like NumPy's)."""
+    return np.sqrt(x)
 
 
-adam_element = make_adam_element(np.sqrt)
+# ----------------------------------------------------------------- tuple helpers of the loops
+
+def values_at(arrays: tuple[Any, ...], i: Any) -> tuple[Any, ...]:
+    """``(a[i] for a in arrays)`` as a tuple: element ``i`` of each state array."""
+    return tuple(a[i] for a in arrays)
+
+
+def store_at(arrays: tuple[Any, ...], i: Any, values: tuple[Any, ...]) -> None:
+    """``a[i] = v`` for each state array and its new value."""
+    for a, v in zip(arrays, values):
+        a[i] = v
+
+
+def spans_at(base: Any, row: Any, columns: tuple[int, ...], n: Any) -> tuple[Any, ...]:
+    """``(base[row[c]:row[c] + n] for c in columns)``: one multi-tensor table row's arrays."""
+    return tuple(base[row[c]:row[c] + n] for c in columns)
+
+
+# Numba cannot build a tuple from a generator; these compile the helpers above for a given
+# tuple length by recursion on the tuple (each length is one specialization, inlined).
+
+def values_at_typed(arrays: Any, i: Any) -> Any:
+    if len(arrays) == 0:
+        def no_values(arrays: Any, i: Any) -> Any:
+            return ()
+        return no_values
+
+    def first_and_rest(arrays: Any, i: Any) -> Any:
+        return (arrays[0][i],) + values_at(arrays[1:], i)
+    return first_and_rest
+
+
+def store_at_typed(arrays: Any, i: Any, values: Any) -> Any:
+    if len(arrays) == 0:
+        def store_nothing(arrays: Any, i: Any, values: Any) -> None:
+            return None
+        return store_nothing
+
+    def store_first_and_rest(arrays: Any, i: Any, values: Any) -> None:
+        arrays[0][i] = values[0]
+        store_at(arrays[1:], i, values[1:])
+    return store_first_and_rest
+
+
+def spans_at_typed(base: Any, row: Any, columns: Any, n: Any) -> Any:
+    if len(columns) == 0:
+        def no_spans(base: Any, row: Any, columns: Any, n: Any) -> Any:
+            return ()
+        return no_spans
+
+    def first_and_rest(base: Any, row: Any, columns: Any, n: Any) -> Any:
+        start = row[columns[0]]
+        return (base[start:start + n],) + spans_at(base, row, columns[1:], n)
+    return first_and_rest
+
+
+TYPED_HELPERS = ((values_at, values_at_typed), (store_at, store_at_typed),
+                 (spans_at, spans_at_typed))
+"""(helper, its compiled implementation): what optim_cpu.py and optim_cuda.py register."""
+
+
+def make_update(element: Any) -> Any:
+    """``update(i, p, g, states, scalars)``: element ``i`` of one flat run, in place. Both
+    backends compile it around their compiled ``element``, and loop over ``i``."""
+
+    def update(i: Any, p: Any, g: Any, states: Any, scalars: Any) -> None:
+        new = element(p[i], g[i], *values_at(states, i), *scalars)
+        store_at(states, i, new[1:])
+        p[i] = new[0]
+
+    return update
 
 
 # ----------------------------------------------------------------- whole-array references
 
-def sgd_step_reference(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep: Any,
-                       weight_decay: Any, nesterov: bool, first: bool) -> None:
-    """``sgd_element`` on whole NumPy/CuPy arrays, in place: what the kernels compute, used
-    when they cannot run (the same operations in the same order: the same bits)."""
-    new_p, new_buf = sgd_element(p, g, buf, lr, momentum, keep, weight_decay, nesterov, first)
-    if momentum != 0:
-        buf[...] = new_buf
-    p[...] = new_p
+def flat_step_reference(entry: Any, p: Any, g: Any, states: tuple[Any, ...],
+                        scalars: tuple[Any, ...]) -> None:
+    """``entry.element`` on whole NumPy/CuPy arrays, in place: what the kernels compute (the
+    same operations in the same order: the same bits), used when they cannot run."""
+    new = entry.element(p, g, *states, *scalars)
+    for a, value in zip(states, new[1:]):
+        a[...] = value
+    p[...] = new[0]
 
 
-def adam_step_reference(p: Any, g: Any, m: Any, v: Any, *scalars: Any) -> None:
-    """``adam_element`` on whole NumPy/CuPy arrays, in place (see ``sgd_step_reference``)."""
-    new_p, new_m, new_v = adam_element(p, g, m, v, *scalars)
-    m[...] = new_m
-    v[...] = new_v
-    p[...] = new_p
-
-
-def sgd_multi_step_reference(base: Any, table: Any, max_numel: int, *scalars: Any) -> None:
-    """``sgd_step_reference`` on each tensor of a multi-tensor table (see ``multi_tensor``):
-    row k of ``table`` holds the element offsets of p, g, buf in ``base`` and the numel."""
-    for p, g, buf in _columns(base, table, 3):
-        sgd_step_reference(p, g, buf, *scalars)
-
-
-def adam_multi_step_reference(base: Any, table: Any, max_numel: int, *scalars: Any) -> None:
-    """``adam_step_reference`` on each tensor of a multi-tensor table (p, g, m, v, numel)."""
-    for p, g, m, v in _columns(base, table, 4):
-        adam_step_reference(p, g, m, v, *scalars)
-
-
-def _columns(base: Any, table: Any, k: int) -> list[tuple[Any, ...]]:
+def multi_step_reference(entry: Any, base: Any, table: Any, max_numel: int,
+                         scalars: tuple[Any, ...]) -> None:
+    """``flat_step_reference`` on each tensor of a multi-tensor table (row k: the element
+    offsets of p, g and each state array in ``base``, then the numel)."""
     rows = backend.to_host(table, op="fused optimizer (the reference fallback reads its table)")
-    return [tuple(base[int(o):int(o) + int(row[k])] for o in row[:k]) for row in rows]
+    for row in rows:
+        n = int(row[-1])
+        p, g, *states = (base[int(o):int(o) + n] for o in row[:-1])
+        flat_step_reference(entry, p, g, tuple(states), scalars)
 
 
 def rehearsal_table(xp: Any, dtype: Any, columns: int, numel: int) -> tuple[Any, Any]:
@@ -131,10 +162,10 @@ def rehearsal_table(xp: Any, dtype: Any, columns: int, numel: int) -> tuple[Any,
     return base, xp.asarray(np.array(rows, dtype=np.int64))
 
 
-def signature(op: str, *args: Any) -> tuple:
+def signature(op: str, entry: Any, *args: Any) -> tuple:
     """What selects a compiled specialization (``minidist.kernels.fallback`` rehearses each
-    once): the op and the parameter array's type and dtype; every other array and scalar of a
-    call has that dtype (``minidist.optim.fused`` makes sure), the flags are bools. Cheaper
-    than the default signature, which looks at every argument (~6 us a call)."""
+    once): the op, the entry, and the first array's type and dtype; every other array and
+    scalar of a call has that dtype (``minidist.optim.fused`` makes sure), flags are bools,
+    and the entry fixes how many arrays there are. Cheaper than the default signature."""
     first = args[0]
-    return op, type(first), first.dtype.char
+    return op, entry, type(first), first.dtype.char
