@@ -49,10 +49,6 @@ __all__ = ["flat_step", "multi_step", "loops_for", "COMPILE_ERRORS", "check_usab
 COMPILE_ERRORS: tuple[type[BaseException], ...] = (NumbaError,)
 """Errors that mean "Numba cannot compile this here" (the caller falls back to NumPy)."""
 
-for _helper, _typed in optim_math.TYPED_HELPERS:
-    overload(_helper, target="cpu", inline="always")(_typed)
-
-
 @overload(optim_math.sqrt, target="cpu", inline="always")
 def _sqrt(x: Any) -> Any:
     def impl(x: Any) -> Any:
@@ -66,7 +62,7 @@ _PARALLEL_LOCK = threading.Lock()
 
 class Loops(NamedTuple):
     """An entry's compiled loops: ``flat(p, g, states, scalars)`` over one flat run and
-    ``multi(base, table, columns, scalars)`` over every row of a multi-tensor table."""
+    ``multi(base, table, scalars)`` over every row of a multi-tensor table."""
 
     flat: Any
     multi: Any
@@ -77,7 +73,8 @@ def _compile_loops(entry: Any, parallel: bool) -> Loops:
     loop_range = prange if parallel else range
     jit = njit(parallel=parallel, error_model="numpy")
     element = njit(error_model="numpy")(entry.element)
-    update = njit(error_model="numpy")(optim_math.make_update(element))
+    update = njit(error_model="numpy")(optim_math.make_update(element, len(entry.state)))
+    columns = njit(optim_math.make_columns(len(entry.state)))
 
     @jit
     def flat(p: Any, g: Any, states: Any, scalars: Any) -> None:  # pragma: no cover - compiled
@@ -90,11 +87,10 @@ def _compile_loops(entry: Any, parallel: bool) -> Loops:
     # indexing ``base[offset + j]`` directly would make Numba check each index for
     # wraparound (it cannot prove offset + j >= 0), which stops the loop vectorizing (~7x).
     @jit
-    def multi(base: Any, table: Any, columns: Any,
-              scalars: Any) -> None:  # pragma: no cover - compiled
+    def multi(base: Any, table: Any, scalars: Any) -> None:  # pragma: no cover - compiled
         for k in range(table.shape[0]):
-            arrays = optim_math.spans_at(base, table[k], columns, table[k, len(columns)])
-            flat(arrays[0], arrays[1], arrays[2:], scalars)
+            p, g, states = columns(base, table[k], table[k, table.shape[1] - 1])
+            flat(p, g, states, scalars)
 
     return Loops(flat, multi)
 
@@ -147,12 +143,11 @@ def multi_step(entry: Any, base: np.ndarray, table: np.ndarray, max_numel: int,
                scalars: tuple[Any, ...]) -> None:
     """One step of ``entry`` for every tensor of a multi-tensor table: ONE compiled call (row
     k of ``table``: offsets of p, g and each state array in ``base``, then the numel)."""
-    columns = tuple(range(table.shape[1] - 1))
     if _parallel(int(max_numel)):
         with _PARALLEL_LOCK:
-            loops_for(entry, True).multi(base, table, columns, scalars)
+            loops_for(entry, True).multi(base, table, scalars)
     else:
-        loops_for(entry).multi(base, table, columns, scalars)
+        loops_for(entry).multi(base, table, scalars)
 
 
 def rehearse(op: str, entry: Any, *args: Any) -> None:

@@ -52,11 +52,8 @@ try:
 except ImportError:  # pragma: no cover - depends on the machine
     _cupy = None
 
-if not SIMULATOR:  # the simulator runs the helpers' Python; a GPU compiles them
+if not SIMULATOR:  # the simulator runs np.sqrt as it is
     from numba.extending import overload
-
-    for _helper, _typed in optim_math.TYPED_HELPERS:
-        overload(_helper, target="cuda", inline="always")(_typed)
 
     @overload(optim_math.sqrt, target="cuda", inline="always")
     def _sqrt(x: Any) -> Any:
@@ -67,7 +64,7 @@ if not SIMULATOR:  # the simulator runs the helpers' Python; a GPU compiles them
 
 class Kernels(NamedTuple):
     """An entry's kernels: ``flat(p, g, states, scalars)`` over one flat run and
-    ``multi(base, offsets, columns, scalars)`` over a multi-tensor table."""
+    ``multi(base, offsets, scalars)`` over a multi-tensor table."""
 
     flat: Any
     multi: Any
@@ -75,7 +72,9 @@ class Kernels(NamedTuple):
 
 def _build_kernels(entry: Any) -> Kernels:
     element = cuda.jit(device=True)(entry.element)
-    update = cuda.jit(device=True)(optim_math.make_update(element))
+    update = cuda.jit(device=True)(optim_math.make_update(element, len(entry.state)))
+    columns = cuda.jit(device=True)(optim_math.make_columns(len(entry.state)))
+    width = 3 + len(entry.state)  # a table row: p, g, the state arrays, numel
 
     @no_type_check
     def flat(p, g, states, scalars):
@@ -88,15 +87,14 @@ def _build_kernels(entry: Any) -> Kernels:
     # numel. Each thread strides over tensor k, then over tensor k + 1, ...: coalesced within
     # a tensor, no search.
     @no_type_check
-    def multi(base, offsets, columns, scalars):
+    def multi(base, offsets, scalars):
         start, stride = cuda.grid(1), cuda.gridsize(1)
-        width = len(columns) + 1
         for k in range(offsets.size // width):
             row = offsets[width * k:width * (k + 1)]
             n = row[width - 1]
-            arrays = optim_math.spans_at(base, row, columns, n)
+            p, g, states = columns(base, row, n)
             for j in range(start, n, stride):
-                update(j, arrays[0], arrays[1], arrays[2:], scalars)
+                update(j, p, g, states, scalars)
 
     # the launch plans of minidist.kernels.cuda are keyed by the kernel's name
     flat.__name__ = flat.__qualname__ = f"fused_{entry.name}_flat"
@@ -236,9 +234,8 @@ def multi_step(entry: Any, base: Any, offsets: Any, max_numel: int, scalars: tup
                *, launch: tuple[int, int] | None = None) -> None:
     """One step of ``entry`` for every tensor of a multi-tensor table (rows: offsets of p, g
     and each state array, then the numel; ``minidist.optim.multi_tensor``): ONE launch."""
-    columns = tuple(range(int(offsets.shape[1]) - 1))
-    _multi_launch(kernels_for(entry).multi, base, offsets.reshape(-1), max_numel,
-                  (columns, scalars), launch)
+    _multi_launch(kernels_for(entry).multi, base, offsets.reshape(-1), max_numel, (scalars,),
+                  launch)
 
 
 def rehearse(op: str, entry: Any, *args: Any) -> None:

@@ -25,11 +25,8 @@ dtype. The same Python runs in four places, and gives the same bits in the three
 
 Element functions may use Python arithmetic, comparisons, ``if`` and ``sqrt`` from this module
 (``np.sqrt`` on arrays and in ``@njit``; ``math.sqrt`` in ``@cuda.jit``, which has no ``np.sqrt``
-on scalars). The loops do not depend on how many state arrays an entry has: they pass
-``*values_at(states, i)`` to the element and ``store_at(states, i, new[1:])`` back, where
-``states`` is a tuple of arrays. Those helpers are written below for Python (the reference,
-the simulator); each backend compiles them by the ``*_typed`` implementations, which unroll
-the tuple at compile time (a Numba ``overload``: one specialization per tuple length).
+on scalars). The loops are the same for every entry; what differs, how many state arrays the
+element reads and writes, is written out once per entry (``make_update`` below).
 """
 
 from __future__ import annotations
@@ -40,8 +37,8 @@ import numpy as np
 
 from minidist import xp as backend
 
-__all__ = ["sqrt", "values_at", "store_at", "spans_at", "make_update", "TYPED_HELPERS",
-           "flat_step_reference", "multi_step_reference", "rehearsal_table", "signature"]
+__all__ = ["sqrt", "make_update", "make_columns", "flat_step_reference", "multi_step_reference",
+           "rehearsal_table", "signature"]
 
 
 # ----------------------------------------------------------------- what element functions call
@@ -53,77 +50,57 @@ def sqrt(x: Any) -> Any:
     return np.sqrt(x)
 
 
-# ----------------------------------------------------------------- tuple helpers of the loops
+# ----------------------------------------------------------------- the loop body, per entry
+# The only part of a loop that depends on the entry is how many state arrays its element
+# reads and writes. Numba cannot build a tuple from a generator (``*(a[i] for a in states)``),
+# so the loop body is written out for the entry's count, from a short template, once per
+# entry: for Adam's two state arrays ``make_update`` returns
+#
+#     def update(i, p, g, states, scalars):
+#         s0, s1 = states
+#         new = element(p[i], g[i], s0[i], s1[i], *scalars)
+#         s0[i] = new[1]
+#         s1[i] = new[2]
+#         p[i] = new[0]
+#
+# and ``make_columns`` the slices of one multi-tensor table row:
+#
+#     def columns(base, row, n):
+#         return base[row[0]:row[0] + n], base[row[1]:row[1] + n], (base[row[2]:row[2] + n],
+#                                                                   base[row[3]:row[3] + n])
+#
+# Both backends compile these (``@njit``, ``cuda.jit(device=True)``) and loop over them; the
+# simulator runs them as they are.
 
-def values_at(arrays: tuple[Any, ...], i: Any) -> tuple[Any, ...]:
-    """``(a[i] for a in arrays)`` as a tuple: element ``i`` of each state array."""
-    return tuple(a[i] for a in arrays)
-
-
-def store_at(arrays: tuple[Any, ...], i: Any, values: tuple[Any, ...]) -> None:
-    """``a[i] = v`` for each state array and its new value."""
-    for a, v in zip(arrays, values):
-        a[i] = v
-
-
-def spans_at(base: Any, row: Any, columns: tuple[int, ...], n: Any) -> tuple[Any, ...]:
-    """``(base[row[c]:row[c] + n] for c in columns)``: one multi-tensor table row's arrays."""
-    return tuple(base[row[c]:row[c] + n] for c in columns)
-
-
-# Numba cannot build a tuple from a generator; these compile the helpers above for a given
-# tuple length by recursion on the tuple (each length is one specialization, inlined).
-
-def values_at_typed(arrays: Any, i: Any) -> Any:
-    if len(arrays) == 0:
-        def no_values(arrays: Any, i: Any) -> Any:
-            return ()
-        return no_values
-
-    def first_and_rest(arrays: Any, i: Any) -> Any:
-        return (arrays[0][i],) + values_at(arrays[1:], i)
-    return first_and_rest
-
-
-def store_at_typed(arrays: Any, i: Any, values: Any) -> Any:
-    if len(arrays) == 0:
-        def store_nothing(arrays: Any, i: Any, values: Any) -> None:
-            return None
-        return store_nothing
-
-    def store_first_and_rest(arrays: Any, i: Any, values: Any) -> None:
-        arrays[0][i] = values[0]
-        store_at(arrays[1:], i, values[1:])
-    return store_first_and_rest
+def make_update(element: Any, n_state: int) -> Any:
+    """``update(i, p, g, states, scalars)``: element ``i`` of one flat run, in place, by
+    ``element`` with ``n_state`` state arrays (``states``, a tuple)."""
+    names = [f"s{k}" for k in range(n_state)]
+    lines = ["def update(i, p, g, states, scalars):"]
+    if names:
+        lines.append(f"    {', '.join(names)}, = states")
+    reads = "".join(f"{name}[i], " for name in names)
+    lines.append(f"    new = element(p[i], g[i], {reads}*scalars)")
+    lines += [f"    {name}[i] = new[{k + 1}]" for k, name in enumerate(names)]
+    lines.append("    p[i] = new[0]")
+    return _define("update", lines, {"element": element})
 
 
-def spans_at_typed(base: Any, row: Any, columns: Any, n: Any) -> Any:
-    if len(columns) == 0:
-        def no_spans(base: Any, row: Any, columns: Any, n: Any) -> Any:
-            return ()
-        return no_spans
-
-    def first_and_rest(base: Any, row: Any, columns: Any, n: Any) -> Any:
-        start = row[columns[0]]
-        return (base[start:start + n],) + spans_at(base, row, columns[1:], n)
-    return first_and_rest
+def make_columns(n_state: int) -> Any:
+    """``columns(base, row, n) -> (p, g, states)``: the arrays of one multi-tensor table row
+    (``row``: the element offsets of p, g and each state array in ``base``), ``n`` long."""
+    spans = [f"base[row[{c}]:row[{c}] + n]" for c in range(2 + n_state)]
+    states = "".join(f"{span}, " for span in spans[2:])
+    return _define("columns", ["def columns(base, row, n):",
+                               f"    return {spans[0]}, {spans[1]}, ({states})"], {})
 
 
-TYPED_HELPERS = ((values_at, values_at_typed), (store_at, store_at_typed),
-                 (spans_at, spans_at_typed))
-"""(helper, its compiled implementation): what optim_cpu.py and optim_cuda.py register."""
-
-
-def make_update(element: Any) -> Any:
-    """``update(i, p, g, states, scalars)``: element ``i`` of one flat run, in place. Both
-    backends compile it around their compiled ``element``, and loop over ``i``."""
-
-    def update(i: Any, p: Any, g: Any, states: Any, scalars: Any) -> None:
-        new = element(p[i], g[i], *values_at(states, i), *scalars)
-        store_at(states, i, new[1:])
-        p[i] = new[0]
-
-    return update
+def _define(name: str, lines: list[str], namespace: dict[str, Any]) -> Any:
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, f"<minidist.kernels.optim_math.{name}>", "exec"), namespace)
+    function = namespace[name]
+    function.source = source  # what was compiled, for a reader in a debugger
+    return function
 
 
 # ----------------------------------------------------------------- whole-array references

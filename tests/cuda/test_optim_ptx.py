@@ -56,10 +56,9 @@ def test_optimizer_kernels_compile_to_sm90_ptx(hopper, dtype, name):
     scalars = types.Tuple([types.boolean if isinstance(x, bool) else t
                            for x in entry.scalars(GROUP, 1, True)])
     states = types.Tuple([arr] * len(entry.state))
-    columns = types.Tuple([types.int64] * (2 + len(entry.state)))
     kernels = optim_cuda.kernels_for(entry)
     for ptx in (compile_or_skip(kernels.flat.py_func, (arr, arr, states, scalars)),
-                compile_or_skip(kernels.multi.py_func, (arr, types.int64[::1], columns, scalars))):
+                compile_or_skip(kernels.multi.py_func, (arr, types.int64[::1], scalars))):
         assert ".target sm_90" in ptx
         if name.startswith("adam"):
             assert f"sqrt.rn.{suffix}" in ptx and f"div.rn.{suffix}" in ptx
