@@ -15,6 +15,12 @@ number is the key of the per-parameter state and of ``state_dict()``, exactly to
 
 Values are plain arrays and numbers, so a checkpoint stores them without pickle.
 
+An optimizer with a fused kernel (``fused=True``) is written differently: its update is one
+element function registered as a ``FusedStep`` (``minidist.optim.registry``), and the class
+only names it in ``fused_kernel(group)``; ``step`` then runs the compiled loops built from it,
+or (without ``_update`` of its own) the same function on whole arrays. docs/layout.md,
+"A new optimizer with a fused kernel", has a whole one.
+
 Writing an optimizer (torch's way): subclass, pass the defaults up, override ``step`` and walk
 ``self.param_groups``; ``self.state[p]`` is the parameter's state dict (empty at first), and
 ``state_dict``/``load_state_dict`` then work as they are. ``p`` and ``p.grad`` are Tensors,
