@@ -16,7 +16,8 @@ Hooks here:
 - ``allreduce_hook``: the textbook average (torch's default hook): divide by n, all-reduce
   the sum. ``DistributedDataParallel(model, comm_hook=allreduce_hook)``.
 - ``prescaled_allreduce_hook``: DDP's default, the same average with the division folded
-  into backward (a named fast path, see its docstring): it saved 4-11% of a step at n=2
+  into backward (a named fast path, see its docstring; ``FoldedAverage`` below it is the
+  Reducer's side of it): it saved 4-11% of a step at n=2
   (``benchmarks/ddp_scaling.py --paired 100 --fold``; docs/how_ddp_works.md), so it stays on.
 - ``fp16_compress_hook``: divide by the world size, cast to float16, all-reduce the sum, cast
   back. Dividing first (as torch's ``fp16_compress_hook``) keeps the float16 sum from
@@ -43,7 +44,7 @@ every rank), so one overflowing step does not poison every later one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def prescaled_allreduce_hook(state: Any, bucket: Bucket) -> None:
     64-row operand is scaled), so the all-reduce SUM is the average and no pass over the
     bucket divides it. A slot that held a
     gradient before the backward (``no_sync`` accumulation) is divided when it is ready
-    (prescale.py). The saving is one pass over the gradients per step; measure it with
+    (``FoldedAverage`` below). The saving is one pass over the gradients per step; measure it with
     ``benchmarks/ddp_scaling.py --paired 100 --fold``.
     """
     if bucket.world_size > 1:
@@ -83,6 +84,49 @@ def prescaled_allreduce_hook(state: Any, bucket: Bucket) -> None:
 
 
 prescaled_allreduce_hook.prescale = True  # type: ignore[attr-defined]
+
+
+class FoldedAverage:
+    """The reducer's side of ``prescaled_allreduce_hook``: the per-step scales of the
+    gradient destinations.
+
+    Every parameter's bucket slot is its gradient destination (``GradDestination``) with
+    ``scale = 1/n``, so backward writes ``grad / n`` where it writes the gradient anyway, and
+    the hook's SUM is the average. The Reducer calls these only while the prescaled hook is
+    registered::
+
+        prepare(dests, buckets, n)     a synced step starts: empty slots get scale 1/n; a slot
+                                       that already holds a gradient (no_sync accumulation,
+                                       zero_grad(set_to_none=False)) keeps scale 1
+        grad_ready(view, dest, ...)    gradient complete: a slot written with scale 1 is
+                                       divided now (once), and its scale goes back to 1 so
+                                       that a later backward outside a synced step is not
+                                       averaged
+        reset(dests)                   no averaging outside a synced step
+    """
+
+    def __init__(self) -> None:
+        self.divisor = 1
+
+    def prepare(self, dests: Sequence[Any], buckets: Sequence[Any], divisor: int) -> None:
+        """A synced step starts: gradients written from now on are divided by ``divisor``."""
+        self.divisor = divisor
+        for b in buckets:
+            folds = divisor > 1 and b.buffer.dtype.kind == "f"
+            for p, i in zip(b.params, b.spec.param_indices):
+                dests[i].scale = 1.0 / divisor if folds and p.grad is None else 1.0
+
+    def grad_ready(self, view: Any, dest: Any, written_unscaled: bool) -> None:
+        """Gradient complete in ``view``: divide it if it was not written divided."""
+        if written_unscaled and self.divisor > 1 and view.dtype.kind == "f":
+            view /= view.dtype.type(self.divisor)
+        dest.scale = 1.0
+
+    @staticmethod
+    def reset(dests: Sequence[Any]) -> None:
+        """Every destination back to scale 1 (outside a synced step nothing is averaged)."""
+        for d in dests:
+            d.scale = 1.0
 
 
 def wants_prescaled(hook: Callable[..., Any]) -> bool:

@@ -26,8 +26,9 @@ no gradient array allocated and copied in; ``zero_grad()`` sets ``p.grad = None`
 leaves it so (no memset). The comm hook turns the bucket into the average. The textbook one,
 ``hooks.allreduce_hook``, divides the bucket by n and all-reduces the sum; the default,
 ``hooks.prescaled_allreduce_hook``, is the named fast path that folds the division into
-backward's write (prescale.py: the destinations get scale 1/n) and only sums. It stays the
-default because it measured 4-11% of a step faster at n=2 (docs/how_ddp_works.md).
+backward's write (``hooks.FoldedAverage``: the destinations get scale 1/n) and only sums.
+It stays the default because it measured 4-11% of a step faster at n=2
+(docs/how_ddp_works.md).
 
 Rules that keep every rank in step:
 - buckets are LAUNCHED IN INDEX ORDER on every rank; if bucket 2 is ready before bucket 1, it
@@ -58,9 +59,8 @@ from minidist.comm.failure.advice import failure_advice, sentence
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.comm_thread import CommThread
 from minidist.ddp.grad_checks import NONFINITE_POLICIES, NonfiniteCheck, missing_gradients_error
-from minidist.ddp.hooks import prescaled_allreduce_hook, wants_prescaled
+from minidist.ddp.hooks import FoldedAverage, prescaled_allreduce_hook, wants_prescaled
 from minidist.ddp.observers import EVENTS, AmpUnscale, ReducerObserver, overridden
-from minidist.ddp.prescale import FoldedAverage
 from minidist.ddp.states import StepState
 from minidist.logger import get_logger, rank_prefix
 from minidist.tensor import GradDestination, queue_callback
