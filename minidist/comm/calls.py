@@ -9,8 +9,7 @@ Call numbers: every collective of a group takes the next number on its stream (`
 1), so the n-th call of one rank pairs with the n-th call of every other.
 
 Message tags: ``begin`` folds the call's fingerprint, a hash of ``(seq, signature)``, into the
-tag above the stream bits (``transports.base.wire_tag``, the one function that builds a
-collective's tag). The signature hashes what the call is (collective, op, dtype, count, root,
+tag above the stream bits (``wire_tag``, the one function that builds a collective's tag). The signature hashes what the call is (collective, op, dtype, count, root,
 algorithm), so calls that differ across ranks never consume each other's messages, and MPI's
 Allreduce and the shared-memory algorithm compare the fingerprint beside the data. The tag
 depends on the call alone: it is the same whoever watches (the ledger on or off).
@@ -37,7 +36,7 @@ import numpy as np
 
 from minidist.comm.errors import CommError
 from minidist.comm.ops import SUPPORTED_DTYPES, ReduceOp
-from minidist.comm.transports.base import wire_tag
+from minidist.comm.transports.base import STREAM_BITS, fingerprint_mask
 
 # Small stable codes (the same in every process: Python's str hash is salted per process, int
 # and tuple-of-int hashes are not).
@@ -72,6 +71,28 @@ def fingerprint(seq: int, collective: str, op: ReduceOp | None, dtype: Any, coun
     another) with the call's ``signature``: ``hash((seq, signature(...)))``.
     """
     return hash((seq, signature(collective, op, dtype, count, root, algorithm)))
+
+
+def wire_tag(stream: int, fingerprint: int, max_tag: int) -> int:
+    """The message tag of one collective: ``stream`` low, ``fingerprint`` folded in above it.
+
+    The one function that builds a collective's tag (the layout is transports/base.py's:
+    ``stream_of`` and ``has_fingerprint`` read it back). ``max_tag`` is the transport's largest
+    tag (MPI: the ``MPI_TAG_UB`` attribute, 2**29 - 1 with MPICH: 19 fingerprint bits); the
+    folded fingerprint is never 0, so ``has_fingerprint`` holds for every fingerprinted call.
+    """
+    return stream | ((fingerprint & _MASKS[max_tag]) or 1) << STREAM_BITS
+
+
+class _Masks(dict):
+    """``fingerprint_mask`` per ``max_tag``, worked out once (``wire_tag`` runs every call)."""
+
+    def __missing__(self, max_tag: int) -> int:
+        mask = self[max_tag] = fingerprint_mask(max_tag)
+        return mask
+
+
+_MASKS = _Masks()
 
 
 class CallSpec(NamedTuple):
@@ -111,11 +132,11 @@ class Call:
         status: None while running or done; a failure status once it failed (the ledger's).
     """
 
-    __slots__ = ("spec", "stream", "seq", "tag", "shape", "label", "t1", "status", "t0",
-                 "error", "site")
-    t0: float           # set by the observers that time it (the ledger)
-    error: str | None   # the first line of the error, once it failed (status is set)
-    site: tuple         # the caller's (code, byte offset), set by the ledger
+    t0: float                   # set by the observers that time it (the ledger)
+    t1: float | None = None     # the end time (the ledger); None while running
+    status: Any = None          # None while running or done; a failure status once it failed
+    error: str | None = None    # the first line of the error, once it failed (status is set)
+    site: tuple                 # the caller's (code, byte offset), set by the ledger
 
     def __init__(self, spec: CallSpec, stream: int, seq: int, tag: int, shape: Any,
                  label: str | None) -> None:
@@ -125,8 +146,6 @@ class Call:
         self.tag = tag
         self.shape = shape
         self.label = label
-        self.t1: float | None = None
-        self.status: Any = None
 
 
 class CollectiveObserver(Protocol):
@@ -182,8 +201,8 @@ class Calls:
         """
         seq = self._seq.get(stream, 0) + 1
         self._seq[stream] = seq
-        call = Call(spec, stream, seq, wire_tag(stream, hash((seq, spec.signature)),
-                                                self.max_tag), shape, label)
+        tag = wire_tag(stream, hash((seq, spec.signature)), self.max_tag)
+        call = Call(spec, stream, seq, tag, shape, label)
         for observer in self.observers:
             try:
                 observer.start(call)
@@ -219,4 +238,4 @@ class Calls:
 
 
 __all__ = ["Call", "CallSpec", "Calls", "CollectiveObserver", "call_spec", "fingerprint",
-           "signature", "COLLECTIVES"]
+           "signature", "wire_tag", "COLLECTIVES"]

@@ -205,9 +205,8 @@ class ProcessGroup:
         except (KeyError, TypeError):
             rop = reduce_op(self, op, f'all_reduce(algorithm="{algorithm}")')
         flags = array.flags if type(array) is np.ndarray else None  # the hot path: a bucket
-        if (flags is not None and array.ndim == 1 and array.dtype in SUPPORTED
-                and flags.c_contiguous and flags.writeable):
-            flat = array
+        if flags is not None and flags.carray and array.ndim == 1 and array.dtype in SUPPORTED:
+            flat = array  # (carray: C-contiguous, aligned and writable)
         else:  # any other array, checked (no formatting unless bad)
             flat = flat_view(self, array, f'all_reduce(algorithm="{algorithm}")')
         if tag:

@@ -28,8 +28,7 @@ import numpy as np
 
 from minidist.comm.algorithms import ALGORITHMS
 from minidist.comm.algorithms import select
-from minidist.comm.algorithms.mpi_native import mpi_all_reduce, native_all_reduce, \
-    supports_native
+from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.calls import CallSpec, call_spec
 from minidist.comm.ops import ReduceOp
 from minidist.comm.staging import Stager, stager_for
@@ -85,7 +84,6 @@ class Planner:
         self.num_nodes = num_nodes
         self.shm = shm
         self.native = supports_native(transport)
-        self.mpi = native_all_reduce(transport) if self.native else None  # MPI's Allreduce
         self.calibration = calibration
         self._plans: dict = {}
         self._epoch = select.EPOCH
@@ -97,9 +95,7 @@ class Planner:
 
     def is_shared(self, flat: Any, tag: int = 0) -> bool:
         """True when ``flat`` lies in a shared window "shm" can reduce in place (stream 0)."""
-        shm = self.shm  # no user windows (the usual case): nothing can be shared
-        return (shm is not None and not tag and bool(shm.user_windows)
-                and type(flat) is np.ndarray and shm_owns(shm, flat))
+        return self.shm is not None and not tag and shm_owns(self.shm, flat)
 
     def plan(self, algorithm: str, flat: Any, op: ReduceOp, tag: int = 0) -> Plan:
         """The Plan of an all-reduce of ``flat`` (1-D) on stream ``tag`` (memoized).
@@ -110,9 +106,7 @@ class Planner:
         if self._epoch != select.EPOCH:  # the model or rules changed (load_model, tune)
             self._plans.clear()
             self._epoch = select.EPOCH
-        shm = self.shm  # the buffer kind matters to "auto" only, and only with shared windows
-        shared = (algorithm == "auto" and shm is not None and bool(shm.user_windows)
-                  and self.is_shared(flat, tag))
+        shared = algorithm == "auto" and self.is_shared(flat, tag)  # (matters to auto only)
         key = (algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag, type(flat))
         plan = self._plans.get(key)
         if plan is None:
@@ -138,17 +132,22 @@ class Planner:
         stager = stager_for(self.transport, flat, algo)  # device buffer, MPI not CUDA-aware
         spec = call_spec("all_reduce", f'all_reduce(algorithm="{algorithm}")', flat.size,
                          flat.dtype, op, -1, name, reason, algorithm, shared)
-        return Plan(name, reason, self._runner(algo, stager), spec, stager)
+        return Plan(name, reason, self._runner(algo, stager, flat, tag), spec, stager)
 
-    def _runner(self, algo: Any, stager: Stager | None) -> Callable[[Any, ReduceOp, int], None]:
-        """``run(flat, op, tag)`` of ``algo`` on this transport (see ``Plan.run``)."""
+    def _runner(self, algo: Any, stager: Stager | None, flat: Any,
+                tag: int) -> Callable[[Any, ReduceOp, int], None]:
+        """``run(flat, op, tag)`` of ``algo`` on this transport (see ``Plan.run``): prepared
+        once (``Algorithm.prepare``: "mpi" calls MPI's Iallreduce straight, "shm" holds its
+        node) when ``usable`` accepts this plan's buffer kind and stream, else ``algo.run``,
+        which checks its own preconditions at every call (an explicit algorithm that cannot
+        run here raises its own error then)."""
         transport = self.transport
         if stager is not None:
             def staged(flat: Any, op: ReduceOp, tag: int) -> None:
                 stager.all_reduce(flat, lambda chunk: algo.run(transport, chunk, op, tag))
             return staged
-        if algo.name == "mpi" and self.mpi is not None and self.size > 1:
-            return self.mpi.all_reduce  # MPI's Iallreduce, its guard and deadline
+        if algo.prepare is not None and algo.usable(transport, flat, tag):
+            return algo.prepare(transport)
         return functools.partial(algo.run, transport)
 
     def candidates(self, flat: Any, tag: int = 0) -> tuple:

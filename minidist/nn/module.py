@@ -24,7 +24,8 @@ import numpy
 
 from minidist import xp as backend
 from minidist.tensor import Tensor
-from minidist.tensor.core import error, is_floating, parse_to_args
+from minidist.tensor.conversion import parse_to_args
+from minidist.tensor.core import error, is_floating
 
 
 def as_input(value: Any) -> Any:

@@ -5,11 +5,15 @@
     loss = cross_entropy(x @ w.T, y)        # x: (N, 784) Tensor, y: (N,) int array
     loss.backward()                          # w.grad: a Tensor over the gradient array (in place)
 
-Modules, bottom up: ``grad_mode`` (no_grad), ``core`` (Tensor), ``autograd`` (the backward
-walk, in-place accumulation, post-accumulate-grad hooks, end-of-backward callbacks
-``queue_callback``), then the ops, each with its backward beside its forward: ``elementwise``,
-``reduce``, ``shape`` (also tril/triu, split), ``linalg``, ``functional`` (softmax, losses,
-dropout, layer_norm, embedding), ``attention`` (scaled_dot_product_attention), ``conv`` (conv2d,
+Modules, bottom up: ``grad_mode`` (no_grad), ``core`` (Tensor: array, tape entry, gradient,
+Python's operators), ``autograd`` (the backward walk, in-place accumulation,
+post-accumulate-grad hooks, end-of-backward callbacks ``queue_callback``), torch's named
+methods as plain functions that ``core`` attaches to Tensor: ``methods`` (x.relu(), x.sum(dim=1),
+x.view(...)), ``inplace_methods`` (x.add_(), x += y, x.zero_()), ``conversion`` (x.float(),
+x.to(), x.item(), x.numpy(), repr); then the ops, each with its backward beside its forward:
+``elementwise``, ``reduce``, ``shape`` (also tril/triu, split), ``linalg``, ``functional``
+(softmax, dropout, layer_norm, embedding), ``losses`` (cross_entropy, nll_loss, mse_loss),
+``attention`` (scaled_dot_product_attention), ``conv`` (conv2d,
 max/avg/adaptive pooling), ``sync_norm`` (batch norm with statistics summed by a callable),
 ``clip_grad`` (clip_grad_norm_), ``weak`` (WeakIdKeyDictionary); ``random`` (manual_seed,
 initial_seed, seed); ``creation`` (tensor, zeros, randn, arange, multinomial... with torch's
@@ -38,8 +42,9 @@ from minidist.tensor.creation import (arange, as_tensor, empty, empty_like, from
                                       full_like, multinomial, ones, ones_like, rand, rand_like,
                                       randint, randn, randn_like, tensor, zeros, zeros_like)
 from minidist.tensor.elementwise import erf, exp, gelu, log, masked_fill, relu, sigmoid, tanh
-from minidist.tensor.functional import (cross_entropy, dropout, dropout2d, embedding, layer_norm,
-                                        log_softmax, mse_loss, nll_loss, softmax)
+from minidist.tensor.functional import (dropout, dropout2d, embedding, layer_norm, log_softmax,
+                                        softmax)
+from minidist.tensor.losses import cross_entropy, mse_loss, nll_loss
 from minidist.tensor.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from minidist.tensor.linalg import linear, matmul
 from minidist.tensor.random import default_generator, initial_seed, manual_seed, seed

@@ -12,6 +12,15 @@ its result on ``.array`` and, when grad mode is on and an input requires grad, r
 the inputs (``_parents``) and a ``_backward(g)`` closure that maps the output's gradient to one
 gradient per input. ``autograd.run_backward`` walks those nodes; see docs/tensor.md.
 
+This file holds what a Tensor IS: its array, its tape entry, its gradient, its shape, and
+Python's operators (``a + b``, ``a @ b``, ``a == b``, ``x[i]``), which stay in the class body
+where a type checker sees them. torch's named methods are plain functions on a Tensor's public
+surface, each naming the op module that does the work, in ``methods`` (x.relu(), x.sum(dim=1),
+x.view(-1, 4), x.new_zeros(3)), ``inplace_methods`` (x.add_(y), x += y, x.zero_()) and
+``conversion`` (x.float(), x.to("cuda"), x.item(), x.numpy(), repr(x)). Each ends with a
+``METHODS`` table, which the bottom of this file attaches to the class in one visible place
+(``Tensor.relu is methods.relu``): no base classes reaching into this one.
+
 ``.data`` and ``.grad`` are Tensors, as in torch: ``w.data`` is a detached Tensor sharing
 ``w``'s array (``w.data.normal_()`` initialises ``w``), ``w.grad`` a Tensor whose array is the
 gradient (for DDP: a view into its bucket). The array itself is ``.array`` (NumPy or CuPy, no
@@ -45,46 +54,6 @@ def is_floating(dtype: Any) -> bool:
     return dtypes.is_floating(dtype)
 
 
-def parse_to_args(op: str, args: tuple, kwargs: dict) -> tuple[Any, Any]:
-    """``(device or None, dtype or None)`` from torch's ``.to(...)`` spellings.
-
-    Accepted: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(tensor)`` (its device
-    and dtype), and the keywords ``device=``, ``dtype=``, ``non_blocking=`` (ignored: copies are
-    synchronous), ``copy=`` (ignored).
-    """
-    kwargs = dict(kwargs)
-    kwargs.pop("non_blocking", None)
-    kwargs.pop("copy", None)
-    where, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
-    if kwargs:
-        raise TypeError(error(op, f"unexpected keyword argument(s) {sorted(kwargs)}; use "
-                              "device=, dtype=, non_blocking= or copy=."))
-    for arg in args:
-        if isinstance(arg, Tensor):
-            where, dtype = backend.device_of(arg.array), arg.array.dtype
-        elif isinstance(arg, (backend.device, int)) and not isinstance(arg, bool):
-            where = arg
-        elif isinstance(arg, str) and arg.split(":")[0].strip().lower() in ("cpu", "cuda"):
-            where = arg
-        elif arg is not None:
-            try:
-                dtype = numpy.dtype(arg)
-            except TypeError:
-                raise TypeError(error(op, f"cannot read {arg!r} as a device or a dtype. Pass "
-                                      "'cpu', 'cuda:N', minidist.device(...) or a dtype such "
-                                      "as numpy.float32.")) from None
-    return (None if where is None else backend.device(where),
-            None if dtype is None else numpy.dtype(dtype))
-
-
-REFLECTED_UFUNCS = {
-    "add": "__radd__", "subtract": "__rsub__", "multiply": "__rmul__",
-    "true_divide": "__rtruediv__", "power": "__rpow__", "matmul": "__rmatmul__",
-    "less": "__gt__", "less_equal": "__ge__", "greater": "__lt__", "greater_equal": "__le__",
-    "equal": "__eq__", "not_equal": "__ne__"}
-"""NumPy ufunc -> the Tensor method that computes ``ndarray <op> tensor`` (the reflected op)."""
-
-
 class ElementCount(int):
     """``Tensor.size``: an int (the element count) that torch code can call: ``x.size(1)``."""
 
@@ -95,13 +64,6 @@ class ElementCount(int):
 
     def __call__(self, dim: int | None = None) -> Any:
         return self.shape if dim is None else self.shape[dim]
-
-
-def _axis(axis: Any, dim: Any) -> Any:
-    """NumPy's ``axis`` or torch's ``dim`` (at most one of them)."""
-    if axis is not None and dim is not None:
-        raise TypeError(error("reduce", f"got both axis={axis!r} and dim={dim!r}; pass one."))
-    return dim if dim is not None else axis
 
 
 def as_array(data: Any, dtype: Any = None) -> Any:
@@ -314,28 +276,19 @@ class Tensor:
         """
         return ElementCount(int(self.array.size), tuple(self.array.shape))
 
-    def dim(self) -> int:
-        """Number of dims (torch's name for ``ndim``)."""
-        return int(self.array.ndim)
+    @property
+    def device(self) -> backend.device:
+        """Where the data lives: ``device(type='cpu')`` or ``device(type='cuda', index=N)``."""
+        return backend.device_of(self.array)
 
-    def numel(self) -> int:
-        return int(self.array.size)
+    @property
+    def is_cuda(self) -> bool:
+        return backend.is_device_array(self.array)
 
     def __len__(self) -> int:
         if self.array.ndim == 0:
             raise TypeError(error("len", "len() of a 0-d tensor. Use .item()."))
         return int(self.array.shape[0])
-
-    def item(self) -> float:
-        """The value of a one-element tensor as a Python number."""
-        if self.array.size != 1:
-            raise ValueError(error("item", f"needs a one-element tensor, got shape {self.shape}."
-                                   " Reduce it first (.sum(), .mean()) or index one element."))
-        return backend.to_host(self.array, explicit="item").reshape(()).item()
-
-    def numpy(self) -> numpy.ndarray:
-        """The values as a NumPy array (shares memory on the CPU; copies from a GPU)."""
-        return backend.to_host(self.array, explicit="numpy")
 
     def __getattr__(self, name: str) -> Any:
         """Only for names Tensor lacks: say so clearly when it is an array's (``p.grad.copy()``
@@ -347,99 +300,7 @@ class Tensor:
                 "CuPy, no copy) or .numpy() (on the host), e.g. p.grad.array."))
         raise AttributeError(f"'Tensor' object has no attribute {name!r}")
 
-    def __abs__(self) -> Tensor:
-        return mathops.abs(self)
-
-    def tolist(self) -> Any:
-        """The values as (nested) Python lists of numbers (a number for a 0-d tensor)."""
-        return backend.to_host(self.array, explicit="tolist").tolist()
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> numpy.ndarray:
-        """NumPy's conversion hook: ``numpy.asarray(t)`` is ``t.numpy()`` (a host copy from a
-        GPU), so arrays, ``numpy.stack`` and ``numpy.testing`` take Tensors as torch's do."""
-        host = self.numpy()
-        return host if dtype is None else host.astype(dtype, copy=False)
-
-    def __index__(self) -> int:
-        """A one-element integer tensor as an index (``data[i:i + n]``, ``i`` from randint)."""
-        if self.array.size != 1 or self.array.dtype.kind not in "iu":
-            raise TypeError(error("__index__", "only integer tensors of a single element can "
-                                  f"be converted to an index (this one: dtype {self.dtype}, "
-                                  f"shape {self.shape})."))
-        return int(self.array.reshape(()).item())
-
-    def __float__(self) -> float:
-        return float(self.item())
-
-    def __int__(self) -> int:
-        return int(self.item())
-
-    def __repr__(self) -> str:
-        """torch's layout, ``tensor([0.5000, 0.2500], requires_grad=True)`` (see printing)."""
-        where = str(self.device) if self.is_cuda else None
-        host = backend.to_host(self.array, explicit="print")
-        return printing.tensor_repr(host, where, self.requires_grad,
-                                    None if self.is_leaf else self._op)
-
-    def __format__(self, format_spec: str) -> str:
-        """torch's rule: a 0-d tensor formats as its number (``f"{loss:.4f}"``); any other
-        takes only the empty spec (``f"{t}"`` is ``str(t)``)."""
-        if self.array.ndim == 0:
-            return format(self.item(), format_spec)
-        return object.__format__(self, format_spec)
-
-    # ---- ops (each is implemented, with its backward, in the module named) ------------------
-
-    def astype(self, dtype: Any) -> Tensor:
-        return elementwise.astype(self, dtype)
-
-    @property
-    def device(self) -> backend.device:
-        """Where the data lives: ``device(type='cpu')`` or ``device(type='cuda', index=N)``."""
-        return backend.device_of(self.array)
-
-    @property
-    def is_cuda(self) -> bool:
-        return backend.is_device_array(self.array)
-
-    def to(self, *args: Any, **kwargs: Any) -> Tensor:
-        """torch's ``Tensor.to``: a copy on another device and/or with another dtype.
-
-            t.to("cuda:0"); t.to(numpy.float16); t.to("cpu", numpy.float64); t.to(other)
-
-        Returns self when nothing changes. Differentiable (the gradient flows back to this
-        tensor's device and dtype). See ``parse_to_args`` for the accepted spellings.
-        """
-        where, dtype = parse_to_args("Tensor.to", args, kwargs)
-        out = self if where is None else elementwise.to_device(self, where)
-        return out if dtype is None else elementwise.astype(out, dtype)
-
-    def cpu(self) -> Tensor:
-        """This tensor on the CPU (self if it is already there)."""
-        return elementwise.to_device(self, "cpu")
-
-    def cuda(self, device: Any = None) -> Tensor:
-        """This tensor on GPU ``device`` (default: the current GPU)."""
-        return elementwise.to_device(self, backend.device("cuda", device)
-                                     if isinstance(device, (int, type(None))) else device)
-
-    def float(self) -> Tensor:
-        return elementwise.astype(self, numpy.float32)
-
-    def half(self) -> Tensor:
-        return elementwise.astype(self, numpy.float16)
-
-    def long(self) -> Tensor:
-        return elementwise.astype(self, numpy.int64)
-
-    def int(self) -> Tensor:
-        return elementwise.astype(self, numpy.int32)
-
-    def bool(self) -> Tensor:
-        return elementwise.astype(self, numpy.bool_)
-
-    def double(self) -> Tensor:
-        return elementwise.astype(self, numpy.float64)
+    # ---- Python's operators (their ops, with the backward, in elementwise, linalg, shape) ----
 
     def __add__(self, other: Any) -> Tensor:
         return elementwise.add(self, other)
@@ -463,37 +324,8 @@ class Tensor:
     def __rtruediv__(self, other: Any) -> Tensor:  # other / self
         return elementwise.rdiv(self, other)
 
-    # ``t += x``: in place outside the tape (``p.data -= lr * g`` updates p's own memory, as in
-    # torch); on the tape the result is a new tensor, as ``t = t + x`` (see inplace.augmented)
-
-    def __iadd__(self, other: Any) -> Tensor:
-        return inplace.augmented(self, "add_", other)
-
-    def __isub__(self, other: Any) -> Tensor:
-        return inplace.augmented(self, "sub_", other)
-
-    def __imul__(self, other: Any) -> Tensor:
-        return inplace.augmented(self, "mul_", other)
-
-    def __itruediv__(self, other: Any) -> Tensor:
-        return inplace.augmented(self, "div_", other)
-
-    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        """``ndarray <op> Tensor`` is the Tensor op (a Tensor, as in torch); any other NumPy
-        ufunc on a Tensor is refused with the fix (pass ``t.array``, or use the method)."""
-        reflected = REFLECTED_UFUNCS.get(ufunc.__name__)
-        if method == "__call__" and reflected and len(inputs) == 2 and inputs[1] is self:
-            if not kwargs:
-                return getattr(self, reflected)(inputs[0])
-            out = kwargs.get("out")
-            if len(kwargs) == 1 and isinstance(out, tuple) and len(out) == 1 \
-                    and out[0] is inputs[0]:  # array += tensor: the array, updated in place
-                return ufunc(inputs[0], self.numpy() if isinstance(out[0], numpy.ndarray)
-                             else self.array, out=out)
-        raise TypeError(error(
-            f"numpy.{ufunc.__name__}", "got a Tensor. .data and .grad are Tensors, as in torch: "
-            "use the Tensor method (t.abs(), t.sign(), t.add_(...)) or hand NumPy the array, "
-            "t.array (NumPy or CuPy, no copy) or t.numpy()."))
+    def __abs__(self) -> Tensor:  # abs(self)
+        return mathops.abs(self)
 
     def __neg__(self) -> Tensor:
         return elementwise.neg(self)
@@ -509,91 +341,6 @@ class Tensor:
 
     def __rmatmul__(self, other: Any) -> Tensor:  # other @ self
         return linalg.matmul(Tensor(other), self)
-
-    def exp(self) -> Tensor:
-        return elementwise.exp(self)
-
-    def log(self) -> Tensor:
-        return elementwise.log(self)
-
-    def tanh(self) -> Tensor:
-        return elementwise.tanh(self)
-
-    def sigmoid(self) -> Tensor:
-        return elementwise.sigmoid(self)
-
-    def relu(self) -> Tensor:
-        return elementwise.relu(self)
-
-    def gelu(self, approximate: str = "none") -> Tensor:
-        return elementwise.gelu(self, approximate)
-
-    # Reductions take NumPy's ``axis=``/``keepdims=`` and torch's ``dim=``/``keepdim=``; the
-    # first positional argument means the same in both.
-
-    def sum(self, axis: Any = None, keepdims: bool = False, *, dim: Any = None,
-            keepdim: bool = False) -> Tensor:
-        return reduce.sum(self, _axis(axis, dim), keepdims or keepdim)
-
-    def mean(self, axis: Any = None, keepdims: bool = False, *, dim: Any = None,
-             keepdim: bool = False) -> Tensor:
-        return reduce.mean(self, _axis(axis, dim), keepdims or keepdim)
-
-    def max(self, dim: int | None = None, keepdim: bool = False, *, axis: int | None = None,
-            keepdims: bool = False) -> Any:
-        """torch's spelling ``x.max(dim)`` returns ``(values, indices)``; NumPy's
-        ``x.max(axis=1)`` and ``x.max()`` return the values only (a Tensor)."""
-        if dim is not None:
-            return reduce.max_dim(self, dim, keepdim or keepdims)
-        return reduce.max(self, axis, keepdims or keepdim)
-
-    def min(self, dim: int | None = None, keepdim: bool = False, *, axis: int | None = None,
-            keepdims: bool = False) -> Any:
-        """Like ``max``: ``x.min(dim)`` gives ``(values, indices)``, ``x.min(axis=1)`` values."""
-        if dim is not None:
-            return reduce.min_dim(self, dim, keepdim or keepdims)
-        return reduce.min(self, axis, keepdims or keepdim)
-
-    def argmax(self, dim: int | None = None, keepdim: bool = False, *,
-               axis: int | None = None) -> Tensor:
-        """Indices of the maxima (an int64 tensor, outside the tape)."""
-        return reduce.argmax(self, _axis(axis, dim), keepdim)
-
-    def argmin(self, dim: int | None = None, keepdim: bool = False, *,
-               axis: int | None = None) -> Tensor:
-        """Indices of the minima (an int64 tensor, outside the tape)."""
-        return reduce.argmin(self, _axis(axis, dim), keepdim)
-
-    def reshape(self, *shape: Any) -> Tensor:
-        return shape_ops.reshape(self, *shape)
-
-    def view(self, *shape: Any) -> Tensor:
-        """torch's ``view``: ``reshape`` (NumPy returns a view whenever the layout allows)."""
-        return shape_ops.reshape(self, *shape)
-
-    def view_as(self, other: Tensor) -> Tensor:
-        return shape_ops.reshape(self, other.shape)
-
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-        return shape_ops.flatten(self, start_dim, end_dim)
-
-    def unsqueeze(self, dim: int) -> Tensor:
-        return shape_ops.unsqueeze(self, dim)
-
-    def squeeze(self, dim: Any = None) -> Tensor:
-        return shape_ops.squeeze(self, dim)
-
-    def clone(self) -> Tensor:
-        """A copy of the data that stays on the tape (torch's ``clone``)."""
-        return elementwise.clone(self)
-
-    # ---- comparisons: bool tensors, outside the tape (``pred.eq(y).sum().item()``) ------------
-
-    def eq(self, other: Any) -> Tensor:
-        return elementwise.compare("eq", self, other)
-
-    def ne(self, other: Any) -> Tensor:
-        return elementwise.compare("ne", self, other)
 
     # ``==``/``!=`` are elementwise, as torch; hashing stays by identity, so tensors can key
     # dicts and sets (whose lookups compare by ``is`` first and only call ``==`` on equal
@@ -621,71 +368,6 @@ class Tensor:
     def __ge__(self, other: Any) -> Tensor:
         return elementwise.compare("ge", self, other)
 
-    def all(self, dim: Any = None, keepdim: bool = False, *, axis: Any = None,
-            out: Any = None) -> Tensor:
-        """Whether every element (along ``dim``) is non-zero: bool, outside the tape."""
-        xp = backend.get_array_module(self.array)
-        return Tensor(xp.asarray(self.array.all(axis=_axis(axis, dim), keepdims=keepdim)))
-
-    def any(self, dim: Any = None, keepdim: bool = False, *, axis: Any = None,
-            out: Any = None) -> Tensor:
-        """Whether some element (along ``dim``) is non-zero: bool, outside the tape."""
-        xp = backend.get_array_module(self.array)
-        return Tensor(xp.asarray(self.array.any(axis=_axis(axis, dim), keepdims=keepdim)))
-
-    def __bool__(self) -> bool:
-        if self.array.size != 1:
-            raise RuntimeError(error("bool", f"the truth value of a tensor with {self.array.size}"
-                                     " elements is ambiguous. Use .any() / .all() on .array, or "
-                                     "compare one element."))
-        return bool(backend.to_host(self.array, explicit="bool").reshape(()).item())
-
-    # ---- in-place fills, torch's initialisers (outside the tape, like nn.init) --------------
-
-    def zero_(self) -> Tensor:
-        self.array[...] = 0
-        return self
-
-    def fill_(self, value: Any) -> Tensor:
-        self.array[...] = value.item() if isinstance(value, Tensor) else value
-        return self
-
-    def normal_(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
-        """Fill with N(mean, std^2) draws from the ``manual_seed`` generator; returns self."""
-        host = random.default_generator().normal(mean, std, size=self.shape)
-        return self._fill_host(host)
-
-    def uniform_(self, a: float = 0.0, b: float = 1.0) -> Tensor:
-        """Fill with U(a, b) draws from the ``manual_seed`` generator; returns self."""
-        return self._fill_host(random.default_generator().uniform(a, b, size=self.shape))
-
-    def copy_(self, src: Any) -> Tensor:
-        """Copy ``src``'s values into this tensor's array (cast, broadcast); returns self."""
-        value = src.array if isinstance(src, Tensor) else src
-        xp = backend.get_array_module(self.array)
-        self.array[...] = xp.asarray(backend.move(value, self.device)).astype(self.array.dtype)
-        return self
-
-    def _fill_host(self, host: numpy.ndarray) -> Tensor:
-        xp = backend.get_array_module(self.array)
-        self.array[...] = xp.asarray(host.astype(self.array.dtype))
-        return self
-
-    def transpose(self, *axes: Any) -> Tensor:
-        """torch's ``transpose(dim0, dim1)`` (two ints: swap those dims, any rank), or NumPy's
-        ``transpose(*axes)`` (a full permutation; none: reverse the dims, like ``.T``)."""
-        if len(axes) == 2 and all(isinstance(a, int) for a in axes):
-            return shape_ops.swapaxes(self, *axes)
-        return shape_ops.transpose(self, *axes)
-
-    def permute(self, *dims: Any) -> Tensor:
-        """Reorder all dims (``x.permute(0, 2, 1, 3)``)."""
-        return shape_ops.transpose(self, *dims)
-
-    @property
-    def T(self) -> Tensor:  # noqa: N802 - NumPy/torch name
-        return shape_ops.transpose(self)
-
     def __getitem__(self, index: Any) -> Tensor:
         return shape_ops.getitem(self, index)
 
@@ -693,179 +375,20 @@ class Tensor:
         """``x[mask] = -inf``: in place, outside the tape (see ``shape.setitem``)."""
         shape_ops.setitem(self, index, value)
 
-    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
-        """``(values, indices)`` of the ``k`` largest entries along ``dim`` (torch's topk)."""
-        return reduce.topk(self, k, dim, largest, sorted)
 
-    def multinomial(self, num_samples: int, replacement: bool = False,
-                    generator: Any = None) -> Tensor:
-        return creation.multinomial(self, num_samples, replacement, generator)
-
-    def softmax(self, dim: int | None = -1, *, axis: int | None = None) -> Tensor:
-        return functional.softmax(self, dim, axis=axis)
-
-    def log_softmax(self, dim: int | None = -1, *, axis: int | None = None) -> Tensor:
-        return functional.log_softmax(self, dim, axis=axis)
-
-    def masked_fill(self, mask: Any, value: Any) -> Tensor:
-        """``value`` where the bool ``mask`` is True (broadcast), this tensor elsewhere."""
-        return elementwise.masked_fill(self, mask, value)
-
-    def tril(self, diagonal: int = 0) -> Tensor:
-        return shape_ops.tril(self, diagonal)
-
-    def triu(self, diagonal: int = 0) -> Tensor:
-        return shape_ops.triu(self, diagonal)
-
-    def split(self, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
-        return shape_ops.split(self, split_size_or_sections, dim)
-
-    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
-        return shape_ops.chunk(self, chunks, dim)
-
-    def contiguous(self) -> Tensor:
-        """Self: layouts are NumPy's business here (ops copy when they need to)."""
-        return self
-
-    # ---- torch's in-place arithmetic (inplace.py: torch's autograd rules for in-place ops) ---
-
-    def add_(self, other: Any, *, alpha: Any = 1) -> Tensor:
-        return inplace.add_(self, other, alpha)
-
-    def sub_(self, other: Any, *, alpha: Any = 1) -> Tensor:
-        return inplace.sub_(self, other, alpha)
-
-    def mul_(self, other: Any) -> Tensor:
-        return inplace.mul_(self, other)
-
-    def div_(self, other: Any) -> Tensor:
-        return inplace.div_(self, other)
-
-    def pow_(self, exponent: Any) -> Tensor:
-        return inplace.pow_(self, exponent)
-
-    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
-        return inplace.clamp_(self, min, max)
-
-    def addcmul_(self, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
-        return inplace.addcmul_(self, tensor1, tensor2, value)
-
-    def addcdiv_(self, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
-        return inplace.addcdiv_(self, tensor1, tensor2, value)
-
-    # ---- torch's method spellings of the ops (out-of-place, on the tape) -------------------
-
-    def add(self, other: Any, *, alpha: Any = 1) -> Tensor:
-        return elementwise.add(self, other if alpha == 1 else other * alpha)
-
-    def sub(self, other: Any, *, alpha: Any = 1) -> Tensor:
-        return elementwise.sub(self, other if alpha == 1 else other * alpha)
-
-    def mul(self, other: Any) -> Tensor:
-        return elementwise.mul(self, other)
-
-    def div(self, other: Any) -> Tensor:
-        return elementwise.div(self, other)
-
-    def pow(self, exponent: Any) -> Tensor:
-        return elementwise.pow(self, exponent)
-
-    def addcmul(self, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
-        return self + tensor1 * tensor2 * value
-
-    def addcdiv(self, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
-        return self + tensor1 / tensor2 * value
-
-    def clamp(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
-        return mathops.clamp(self, min, max)
-
-    clip = clamp
-
-    def sqrt(self) -> Tensor:
-        return mathops.sqrt(self)
-
-    def abs(self) -> Tensor:
-        return mathops.abs(self)
-
-    def sign(self) -> Tensor:
-        return mathops.sign(self)
-
-    def sin(self) -> Tensor:
-        return mathops.sin(self)
-
-    def cos(self) -> Tensor:
-        return mathops.cos(self)
-
-    def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False,
-             dtype: Any = None) -> Tensor:
-        return mathops.norm(self, p, dim, keepdim, dtype)
-
-    def where(self, condition: Any, other: Any) -> Tensor:
-        """torch's method form: ``self`` where ``condition``, ``other`` elsewhere."""
-        return mathops.where(condition, self, other)
-
-    def trace(self) -> Tensor:
-        return mathops.trace(self)
-
-    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
-        return views.diagonal(self, offset, dim1, dim2)
-
-    def narrow(self, dim: int, start: int, length: int) -> Tensor:
-        return views.narrow(self, dim, start, length)
-
-    def expand(self, *sizes: Any) -> Tensor:
-        return views.expand(self, *sizes)
-
-    def expand_as(self, other: Any) -> Tensor:
-        return views.expand_as(self, other)
-
-    def t(self) -> Tensor:
-        return views.t(self)
-
-    # ---- new tensors like this one (torch's new_*: this dtype and device by default) ---------
-
-    def _defaults(self, dtype: Any, device: Any, requires_grad: bool) -> dict:
-        return {"dtype": self.array.dtype if dtype is None else dtype,
-                "device": self.device if device is None else device,
-                "requires_grad": requires_grad}
-
-    def new_zeros(self, *size: Any, dtype: Any = None, device: Any = None,
-                  requires_grad: bool = False) -> Tensor:
-        return creation.zeros(*size, **self._defaults(dtype, device, requires_grad))
-
-    def new_ones(self, *size: Any, dtype: Any = None, device: Any = None,
-                 requires_grad: bool = False) -> Tensor:
-        return creation.ones(*size, **self._defaults(dtype, device, requires_grad))
-
-    def new_empty(self, *size: Any, dtype: Any = None, device: Any = None,
-                  requires_grad: bool = False) -> Tensor:
-        return creation.empty(*size, **self._defaults(dtype, device, requires_grad))
-
-    def new_full(self, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
-                 requires_grad: bool = False) -> Tensor:
-        return creation.full(size, fill_value, **self._defaults(dtype, device, requires_grad))
-
-    def new_tensor(self, data: Any, *, dtype: Any = None, device: Any = None,
-                   requires_grad: bool = False) -> Tensor:
-        return creation.tensor(data, **self._defaults(dtype, device, requires_grad))
-
-    def type(self, dtype: Any = None, non_blocking: bool = False) -> Any:
-        """No argument: the legacy type name (``"minidist.FloatTensor"``); a dtype, a legacy
-        type (``minidist.LongTensor``) or its name: this tensor cast to it (torch's ``type``)."""
-        if dtype is None:
-            name = next((n for n, d in dtypes.LEGACY_TYPES.items() if d == self.array.dtype),
-                        None)
-            return f"minidist.{name}" if name else f"minidist.{self.array.dtype.name}"
-        if isinstance(dtype, str) and dtype.rsplit(".", 1)[-1] in dtypes.LEGACY_TYPES:
-            dtype = dtypes.LEGACY_TYPES[dtype.rsplit(".", 1)[-1]]
-        dtype = getattr(dtype, "legacy_dtype", dtype)
-        return elementwise.astype(self, dtype)
-
-    def bfloat16(self) -> Tensor:
-        return elementwise.astype(self, dtypes.bfloat16)
+def attach_methods(cls: type, *tables: dict[str, Any]) -> None:
+    """Make each ``name: function`` (or property) of ``tables`` an attribute of ``cls``."""
+    for table in tables:
+        for name, function in table.items():
+            assert name not in vars(cls), f"{cls.__name__}.{name} is defined twice"
+            setattr(cls, name, function)
 
 
-# The op modules import Tensor from here, so they are imported after it is defined.
-from minidist.tensor import (autograd, creation, elementwise, functional, inplace,  # noqa: E402
-                             linalg, mathops, printing, random, reduce, views)
+# ---- the rest of Tensor's methods, attached in one place ---------------------------------------
+# The op modules import Tensor from here, so they (and the method modules, which call them)
+# are imported after the class exists. Each method module ends with its METHODS table.
+from minidist.tensor import (autograd, conversion, elementwise, inplace_methods,  # noqa: E402
+                             linalg, mathops, methods)
 from minidist.tensor import shape as shape_ops  # noqa: E402
+
+attach_methods(Tensor, methods.METHODS, inplace_methods.METHODS, conversion.METHODS)

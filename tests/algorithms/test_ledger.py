@@ -16,7 +16,8 @@ from minidist.comm.diagnosis.diagnose import diagnose
 from minidist.comm.calls import Calls, call_spec, fingerprint
 from minidist.comm.diagnosis.ledger import Ledger
 from minidist.comm.ops import ReduceOp
-from minidist.comm.transports.base import has_fingerprint, stream_of, wire_tag
+from minidist.comm.calls import wire_tag
+from minidist.comm.transports.base import has_fingerprint, stream_of
 from minidist.comm.transports.local import LocalTransport
 from minidist.comm.transports.threads import ThreadWorld, run_threads
 

@@ -108,3 +108,34 @@ def test_calibration_times_the_usable_candidates(saved_registry):
 
     times = run_threads(2, body, timeout_s=60)[0]
     assert set(times["plain"][8]) == {"ring", "tree", "rd", "half_ring"}
+
+
+def test_a_plan_runs_the_prepared_function_where_usable_held(saved_registry):
+    # ``prepare`` binds what ``usable`` established once per plan; a plan whose buffer kind is
+    # not usable (here: any stream but 0) runs the checking function instead.
+    prepared, checked = [], []
+
+    def checking_all_reduce(transport, buf, op, tag=0):
+        checked.append(transport.rank)
+        ring_all_reduce(transport, buf, op, tag)
+
+    def prepare(transport):
+        def run(buf, op, tag):
+            prepared.append(transport.rank)
+            ring_all_reduce(transport, buf, op, tag)
+        return run
+
+    ALGORITHMS["bound"] = Algorithm("bound", checking_all_reduce, candidate=False,
+                                    usable=lambda t, b, stream: not stream, prepare=prepare)
+
+    def body(t):
+        g = new_group_from_transport(t)
+        x = np.full(8, t.rank + 1.0, np.float32)
+        g.all_reduce(x, algorithm="bound")  # stream 0: usable, prepared
+        g.all_reduce(x, algorithm="bound")  # the same plan
+        g.all_reduce(x, algorithm="bound", tag=3)  # another stream: the checking function
+        return x.tolist()
+
+    out = run_threads(2, body, timeout_s=30)
+    assert all(v == [12.0] * 8 for v in out)  # (1 + 2) * 2 * 2
+    assert sorted(prepared) == [0, 0, 1, 1] and sorted(checked) == [0, 1]

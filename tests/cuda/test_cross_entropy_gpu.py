@@ -10,7 +10,7 @@ import pytest
 
 from minidist import xp as backend
 from minidist.tensor import Tensor
-from minidist.tensor import functional as F
+from minidist.tensor import losses as F
 from minidist.tensor import xent_cupy
 
 pytestmark = pytest.mark.gpu

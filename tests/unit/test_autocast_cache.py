@@ -7,7 +7,7 @@ import numpy as np
 import minidist
 from minidist import amp, nn, optim
 from minidist.tensor import Tensor, autocast_mode
-from minidist.tensor import functional as F
+from minidist.tensor import losses as F
 
 
 def mlp(seed=0):

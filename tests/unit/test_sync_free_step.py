@@ -15,7 +15,7 @@ import minidist
 from minidist import amp, nn, optim
 from minidist import xp as backend
 from minidist.tensor import Tensor
-from minidist.tensor import functional as F
+from minidist.tensor import losses as F
 
 
 def mlp(seed=0):

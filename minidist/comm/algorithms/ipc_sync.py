@@ -124,8 +124,7 @@ def host_control(transport: Transport, tag: int = 0) -> HostControl | None:
         window = node.alloc(CONTROL_BYTES)
 
         def release() -> None:
-            node.user_windows.remove(window)
-            window.free()
+            node.release(window)
         control = HostControl([s[:CONTROL_BYTES] for s in window.slots], transport.rank, release)
     else:
         return None

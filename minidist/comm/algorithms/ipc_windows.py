@@ -139,8 +139,7 @@ def host_windows(transport: Transport, half_bytes: int, control: HostControl, ta
         memories = [s[:nbytes] for s in window.slots]
 
         def release() -> None:
-            node.user_windows.remove(window)
-            window.free()
+            node.release(window)
     else:
         raise ValueError(f"[rank {transport.rank}/{transport.size}] all_reduce(algorithm="
                          f"\"ipc_host\"): the {transport.name!r} transport's ranks share no "

@@ -178,12 +178,18 @@ def mpi_usable(transport: Transport, buf: Any, stream: int) -> bool:
     return transport.mpi is not None
 
 
+def mpi_prepare(transport: Transport) -> Any:
+    """``run(buf, op, tag)`` for a plan (``Algorithm.prepare``): the transport's
+    ``NativeAllReduce.all_reduce``, MPI's Iallreduce with its guard and deadline."""
+    return native_all_reduce(transport).all_reduce
+
+
 def mpi_cost(n: int, k: float, a: float, b: float, g: float) -> float:
     """Modelled time: 2 ceil(log2 n) latencies, 2K(n-1)/n bytes sent, K(n-1)/n reduced."""
     return 2 * math.ceil(math.log2(n)) * a + 2 * k * (n - 1) / n * b + k * (n - 1) / n * g
 
 
 MPI = Algorithm("mpi", mpi_all_reduce, usable=mpi_usable, cost=mpi_cost,
-                constants=model(3.0, 3.0e-4))
+                constants=model(3.0, 3.0e-4), prepare=mpi_prepare)
 
 __all__ = ["mpi_all_reduce", "native_all_reduce", "supports_native", "NativeAllReduce", "MPI"]

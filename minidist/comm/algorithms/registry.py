@@ -14,11 +14,17 @@ algorithms to time) and the debug-mode consistency check (the names). Adding an 
 
 An entry's fields:
 
-    run          run(transport, buf, op, tag=0): in place on a 1-D contiguous array
+    run          run(transport, buf, op, tag=0): in place on a 1-D contiguous array; it
+                 checks its own preconditions on every call (a clear error when they fail)
     usable       usable(transport, buf, stream) -> bool: the capability check "auto" makes
                  (MPI's Allreduce needs the MPI transport, "shm" a shared-memory node and a
                  NumPy buffer on stream 0, ...); explicit ``algorithm=`` calls skip it and get
                  the algorithm's own error instead
+    prepare      prepare(transport) -> run(buf, op, tag), or None: the algorithm with what
+                 ``usable`` established bound once ("shm": its shared-memory node). The
+                 planner runs it for a plan whose buffer kind ``usable`` accepted (the plan is
+                 memoized per buffer kind and stream 0 or not, so the facts hold for every
+                 call of the plan); otherwise the plan runs ``run``, which checks
     cost         cost(n, K, alpha, beta, gamma) -> microseconds (K bytes, n ranks), or None:
                  "auto" never weighs it (it reaches it by a rule, or not at all)
     constants    the model's default alpha (us per message), beta (us per byte moved), gamma
@@ -69,6 +75,7 @@ class Algorithm:
     preferred: str | None = None
     refine: Callable[[int, int, Any], tuple[str, str]] | None = None
     takes_device_buffers: bool = False
+    prepare: Callable[[Any], Callable[[Any, Any, int], None]] | None = None
 
     def __call__(self, transport: Any, buf: Any, op: Any, tag: int = 0) -> None:
         """Run the algorithm: ``run(transport, buf, op, tag)``."""

@@ -51,6 +51,7 @@ race. ``auto`` on another stream picks a message-passing algorithm; ``algorithm=
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -69,16 +70,18 @@ from minidist.envvars import env
 CHUNK_BYTES = int(env("MINIDIST_SHM_CHUNK_BYTES"))  # default 64 MiB
 SMALL_BYTES = int(env("MINIDIST_SHM_SMALL_BYTES"))  # default 32 KiB -> _small_path
 PIECE_BYTES = int(env("MINIDIST_SHM_PIECE_BYTES"))  # default 1 MiB -> _reduce_push
+SMALL_LIMIT = min(SMALL_BYTES, CHUNK_BYTES)  # messages up to this take the small path
 _OPS = list(ReduceOp)
 _DTYPES = ["float16", "float32", "float64", "int32", "int64", "int8", "uint8", "int16"]
-_DTYPE_CODES: dict = {}
+# A header's dtype code: equal for equal dtypes (``dtype.num`` differs for int64 'l' vs 'q'),
+# 100 + ``dtype.num`` for any other dtype; a dict hit (``dtype.name`` is slow in NumPy 2.x).
+_DTYPE_CODES = {np.dtype(name): i for i, name in enumerate(_DTYPES)}
 
 
 def line_aligned_bounds(numel: int, n: int, itemsize: int) -> list[int]:
     """Slice starts per rank (+ end), cut at 64-byte multiples so writers don't share lines."""
-    align = max(1, 64 // itemsize)
-    per = -(-numel // n)
-    per = -(-per // align) * align
+    align = max(1, 64 // itemsize)  # elements per cache line
+    per = -(-numel // (n * align)) * align  # ceil(numel / n), rounded up to whole lines
     return [min(j * per, numel) for j in range(n)] + [numel]
 
 
@@ -93,38 +96,38 @@ def _reduce_mine(node: ShmNode, srcs: list, out: np.ndarray, op: ReduceOp) -> No
     """Reduce into ``out``, which aliases ``srcs[node.rank]`` (my own input)."""
     if node.rank < 2:  # the output aliases the first or second operand: safe for a ufunc
         _reduce_slice(srcs, out, op)
-        return
-    tmp = node.extra.get("tmp")  # my input is read after srcs[0..1]: reduce into a temp first
-    if tmp is None or tmp.nbytes < out.nbytes:
-        tmp = node.extra["tmp"] = np.empty(out.nbytes, np.uint8)
-    t = tmp[: out.nbytes].view(out.dtype)
-    _reduce_slice(srcs, t, op)
-    out[...] = t
+    else:  # my input is read after srcs[0..1]: reduce into a temp first
+        tmp = node.extra.get("tmp")
+        if tmp is None or tmp.nbytes < out.nbytes:
+            tmp = node.extra["tmp"] = np.empty(out.nbytes, np.uint8)
+        t = tmp[: out.nbytes].view(out.dtype)
+        _reduce_slice(srcs, t, op)
+        out[...] = t
 
 
-def _dtype_code(dt: np.dtype) -> int:
-    """A small code equal for equal dtypes (``dtype.num`` differs for int64 'l' vs 'q')."""
-    code = _DTYPE_CODES.get(dt)  # a dict hit: ``dtype.name`` is slow in NumPy 2.x
-    if code is None:
-        code = _DTYPE_CODES[dt] = (_DTYPES.index(dt.name) if dt.name in _DTYPES
-                                   else 100 + dt.num)
-    return code
-
-
-def _check_headers(node: ShmNode, op: ReduceOp) -> tuple[bool, bool]:
+def _check_headers(node: ShmNode) -> tuple[bool, bool]:
     """Compare every rank's header (raise on mismatch, on every rank alike).
 
     Returns:
         (all buffers are shared at the same place, every rank did step (1) of chunk 0 early).
     """
-    row = node.calls & 1
-    h = [hd[row, :7].tolist() for hd in node.headers]  # Python ints: cheaper than numpy .any()
+    h = [hd[node.calls & 1, :7].tolist() for hd in node.headers]  # Python ints: cheap compares
     mine = h[node.rank]
+    if any(x[:3] != mine[:3] or x[6] != mine[6] for x in h):  # numel, dtype, op; fingerprint
+        _raise_mismatch(node, h)
+    shared = all(x[3] >= 0 and x[3:5] == mine[3:5] for x in h)
+    return shared, all(x[5] for x in h)
+
+
+def _raise_mismatch(node: ShmNode, h: list) -> None:
+    """CollectiveMismatch naming the first rank whose header differs from mine."""
+    mine = h[node.rank]
+
+    def desc(x: list) -> str:
+        dt = _DTYPES[x[1]] if x[1] < len(_DTYPES) else f"dtype#{x[1] - 100}"
+        return f"numel={x[0]}, dtype={dt}, op={_OPS[x[2]].value}"
     for j, other in enumerate(h):
         if other[:3] != mine[:3]:
-            def desc(x: list) -> str:
-                dt = _DTYPES[x[1]] if x[1] < len(_DTYPES) else f"dtype#{x[1] - 100}"
-                return f"numel={x[0]}, dtype={dt}, op={_OPS[x[2]].value}"
             raise CollectiveMismatch(
                 f"{node.prefix} all_reduce(algorithm=\"shm\"): rank {j} passed {desc(other)} "
                 f"but rank {node.rank} passed {desc(mine)}. Every rank must pass the same "
@@ -133,8 +136,6 @@ def _check_headers(node: ShmNode, op: ReduceOp) -> tuple[bool, bool]:
             raise CollectiveMismatch(
                 f"{node.prefix} all_reduce(algorithm=\"shm\"): rank {j} called a different "
                 "collective here (its call fingerprint differs).")
-    shared = all(x[3] >= 0 and x[3:5] == mine[3:5] for x in h)
-    return shared, all(x[5] for x in h)
 
 
 class _Scratch:
@@ -169,11 +170,6 @@ def _copy_in(slot: np.ndarray, part: np.ndarray, lo: int, hi: int) -> None:
     slot[hi:] = part[hi:]
 
 
-def _piece_numel(itemsize: int) -> int:
-    """Elements per cache-sized piece of the reduce-and-push loop (64-byte multiples)."""
-    return max(PIECE_BYTES // itemsize // 64 * 64, 64)
-
-
 def _reduce_push(node: ShmNode, buf: np.ndarray, srcs: list, dsts: list, op: ReduceOp) -> None:
     """Step (3): reduce my slice piece by piece into ``buf`` and push each piece to ``dsts``.
 
@@ -182,14 +178,13 @@ def _reduce_push(node: ShmNode, buf: np.ndarray, srcs: list, dsts: list, op: Red
     reduced, while it and the peers' input lines just read are still in cache: one pass over
     memory instead of reduce, then publish, then a peer's separate copy-out pass.
     """
-    me, step = node.rank, _piece_numel(buf.itemsize)
+    step = max(PIECE_BYTES // buf.itemsize // 64 * 64, 64)  # elements: whole cache lines
     for p0 in range(0, buf.size, step):
-        p1 = p0 + step
-        out = buf[p0:p1]
-        _reduce_mine(node, [s[p0:p1] for s in srcs], out, op)
+        out = buf[p0:p0 + step]
+        _reduce_mine(node, [s[p0:p0 + step] for s in srcs], out, op)
         for j, d in enumerate(dsts):
-            if j != me:
-                d[p0:p1] = out
+            if j != node.rank:
+                d[p0:p0 + step] = out
 
 
 def _copy_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool) -> None:
@@ -237,19 +232,21 @@ def _small_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool)
 def _in_place_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, where: tuple) -> None:
     """All buffers are shared at the same offset: reduce my slice from them and push it into
     every buffer (no copy-in, no copy-out), then wait until peers pushed theirs into mine."""
-    win, n, me = node.user_windows[where[0]], node.size, node.rank
-    b = line_aligned_bounds(flat.size, n, flat.itemsize)
-    lo, hi = b[me], b[me + 1]
+    b = line_aligned_bounds(flat.size, node.size, flat.itemsize)
+    lo, hi = b[node.rank], b[node.rank + 1]
     if hi > lo:
-        bufs = [s[where[1] + lo * flat.itemsize: where[1] + hi * flat.itemsize].view(flat.dtype)
-                for s in win.slots]
-        bufs[me] = flat[lo:hi]
+        start, end = where[1] + lo * flat.itemsize, where[1] + hi * flat.itemsize  # bytes
+        bufs = [s[start:end].view(flat.dtype) for s in node.user_windows[where[0]].slots]
+        bufs[node.rank] = flat[lo:hi]
         _reduce_push(node, flat[lo:hi], bufs, bufs, op)
     node.barrier("all_reduce(shm) push")  # every peer's slice landed in ``flat``
 
 
 def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -> None:
     """All-reduce ``buf`` (1-D contiguous NumPy) in place through shared memory.
+
+    Checks that "shm" can run here, then runs ``node_all_reduce`` on the transport's node (a
+    process group's plan runs that directly: the checks were ``shm_usable`` at plan time).
 
     Args:
         transport: the MPI transport (all ranks on one node).
@@ -283,33 +280,55 @@ def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
                         f"span {topo.num_nodes} {'virtual ' if topo.virtual else ''}nodes "
                         f"{list(topo.nodes)}; shared memory is used only within one node. Use "
                         "algorithm='hier' or 'auto'.")
-    node = shm_node(transport)
-    flat = buf.reshape(-1)
+    node_all_reduce(shm_node(transport), buf.reshape(-1), op, tag)
+
+
+def node_all_reduce(node: ShmNode, flat: np.ndarray, op: ReduceOp, tag: int = 0) -> None:
+    """The shared-memory all-reduce of ``flat`` (1-D contiguous NumPy) over ``node``'s ranks:
+    write my header, barrier, compare headers, then the in-place, small or copy path.
+
+    The caller has checked what ``shm_all_reduce`` checks (two or more ranks on one node,
+    stream 0); a mismatch between the ranks raises CollectiveMismatch on every rank.
+    """
     where = window_of(node, flat)
-    small = flat.nbytes <= min(SMALL_BYTES, CHUNK_BYTES)
-    sc = node.extra.get("scratch")
-    first = flat[: max(CHUNK_BYTES // flat.itemsize, 1)]
-    early = where[0] < 0 and flat.size > 0 and sc is not None and first.nbytes <= sc.half_bytes
-    if early:  # step (1) of chunk 0 before the header barrier (saves a barrier per call)
-        slot = sc.slots(node.half, flat.dtype, first.size)[node.rank]
-        if small:
-            slot[...] = first
-        else:
-            b = line_aligned_bounds(first.size, n, flat.itemsize)
-            _copy_in(slot, first, b[node.rank], b[node.rank + 1])
+    early = where[0] < 0 and _copy_in_early(node, flat)
+    dtype = _DTYPE_CODES.get(flat.dtype, 100 + flat.dtype.num)
     node.calls += 1
     node.headers[node.rank][node.calls & 1, :7] = (
-        flat.size, _dtype_code(flat.dtype), _OPS.index(op), *where, early, tag)
+        flat.size, dtype, _OPS.index(op), *where, early, tag)
     node.barrier("all_reduce(shm) start")
-    shared, all_early = _check_headers(node, op)
+    shared, all_early = _check_headers(node)
     if flat.size:
         if shared:
             _in_place_path(node, flat, op, where)
-        elif small:
+        elif flat.nbytes <= SMALL_LIMIT:
             _small_path(node, flat, op, first_done=all_early)
         else:  # if any rank skipped step (1) (window too small, or its buffer is shared)
             _copy_path(node, flat, op, first_done=all_early)  # every rank redoes it
-    finalize(buf, op, n)
+    if op is ReduceOp.AVG:  # the sum, divided by n on every rank (identical bits)
+        finalize(flat, op, node.size)
+
+
+def _copy_in_early(node: ShmNode, flat: np.ndarray) -> bool:
+    """Step (1) of chunk 0 before the header barrier (saves a barrier per call), when the
+    scratch window already holds it; returns whether it did."""
+    sc = node.extra.get("scratch")
+    first = flat[: max(CHUNK_BYTES // flat.itemsize, 1)]
+    if not flat.size or sc is None or first.nbytes > sc.half_bytes:
+        return False
+    slot = sc.slots(node.half, flat.dtype, first.size)[node.rank]
+    if flat.nbytes <= SMALL_LIMIT:  # the small path reads all of it
+        slot[...] = first
+    else:
+        b = line_aligned_bounds(first.size, node.size, flat.itemsize)
+        _copy_in(slot, first, b[node.rank], b[node.rank + 1])
+    return True
+
+
+def shm_prepare(transport: Transport) -> Any:
+    """``run(flat, op, tag)`` bound to the transport's node (``Algorithm.prepare``): what a plan
+    runs once ``shm_usable`` held for its buffer kind."""
+    return functools.partial(node_all_reduce, shm_node(transport))
 
 def shm_all_gather(transport: Transport, buf: np.ndarray, bounds: list) -> None:
     """Every rank r contributes ``buf[bounds[r]:bounds[r+1]]``; afterwards all hold all of them.
@@ -375,7 +394,8 @@ def shm_cost(n: int, k: float, a: float, b: float, g: float) -> float:
 
 # "shm_zc": the same formula with its own constants, for a buffer already in a shared window.
 SHM = Algorithm("shm", shm_all_reduce, usable=shm_usable, cost=shm_cost,
-                constants=model(8.0, 2.5e-4), variants={"shm_zc": model(8.0, 1.0e-4)})
+                constants=model(8.0, 2.5e-4), variants={"shm_zc": model(8.0, 1.0e-4)},
+                prepare=shm_prepare)
 
 
 __all__ = ["SHM", "shm_usable", "shm_all_reduce", "shm_all_gather", "shm_alloc_buffer", "shm_close", "shm_available", "shm_is_shared",

@@ -17,10 +17,9 @@ import numpy as np
 
 from minidist.comm.algorithms import ALGORITHMS
 from minidist.comm.algorithms.ring import ring_all_gather
-from minidist.comm.calls import Call, fingerprint
+from minidist.comm.calls import Call, fingerprint, wire_tag
 from minidist.comm.errors import CollectiveMismatch
 from minidist.comm.ops import SUPPORTED_DTYPES, ReduceOp
-from minidist.comm.transports.base import wire_tag
 
 _OPS = list(ReduceOp)
 CHECKED = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")  # on arrays

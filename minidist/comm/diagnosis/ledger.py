@@ -41,7 +41,7 @@ exchange: a failure raises as it was found; the fingerprints stay in the tags);
 ``destroy_process_group``.
 
 Cost (every collective, 8-byte all-reduces included): a short frame walk to the caller, two
-``perf_counter`` calls and a slot in a preallocated ring; see docs/benchmarks.md.
+``perf_counter`` calls and an append to a bounded deque; see docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from time import perf_counter
 from typing import Any, Iterator
@@ -119,6 +120,16 @@ _PACKAGE_DIR = str(Path(os.path.abspath(__file__)).parents[2]) + os.sep  # minid
 # Frames that are not the caller: minidist's own, and contextlib's (``group.observed``).
 _INSIDE = (_PACKAGE_DIR, contextlib.__file__)
 _THREADING_FILE = threading.__file__
+
+
+def caller_site(f: Any) -> tuple:
+    """``(code, byte offset)`` of the collective's caller, walking out from frame ``f``: the
+    first frame outside minidist, or the outermost minidist frame when the stack has none
+    (DDP's communication thread starts in ``threading``: its stack never leaves minidist)."""
+    while (f.f_code.co_filename.startswith(_INSIDE)  # minidist's (or contextlib's) frame
+           and f.f_back is not None and f.f_back.f_code.co_filename != _THREADING_FILE):
+        f = f.f_back
+    return f.f_code, f.f_lasti
 
 
 def line_of(code: Any, lasti: int) -> int:
@@ -219,8 +230,7 @@ class Ledger:
     def __init__(self, rank: int, size: int, capacity: int = DEFAULT_CAPACITY,
                  enabled: bool = True, calls: Any = None) -> None:
         self.rank, self.size, self.capacity, self.enabled = rank, size, int(capacity), enabled
-        self._rows: list = [None] * self.capacity  # Call objects, oldest overwritten first
-        self._n = 0  # entries written (two threads on two streams may rarely overwrite one)
+        self._rows: deque = deque(maxlen=self.capacity)  # Call objects; the oldest drop out
         self._calls = calls  # the group's Calls: the call numbers per stream
         # perf_counter for cheap, precise times; wall clock = _wall0 + (t - _perf0)
         self._perf0, self._wall0 = perf_counter(), time.time()
@@ -230,25 +240,13 @@ class Ledger:
     def start(self, call: Call) -> None:
         """Keep ``call`` as the newest entry: its caller's site, label and start time.
 
-        The site is the first frame outside minidist from the collective's caller on (the
-        outermost minidist frame when the whole stack is minidist's: DDP's communication
-        thread starts in ``threading``); its line is worked out only when the entry is read
-        (``line_of``).
+        The site (``caller_site``) is found from frame 2 on (frame 1 is ``Calls.begin``, 2 the
+        collective); its line is worked out only when the entry is read (``line_of``).
         """
-        try:  # frame 1 is Calls.begin, 2 the collective; sys._getframe(3) skips them without
-            f: Any = sys._getframe(3)  # building their frame objects (f_back would, per frame)
-        except ValueError:  # a shorter stack (begin called at a module's top level)
-            f = sys._getframe(1)
-        last = f
-        while f is not None and f.f_code.co_filename.startswith(_INSIDE):
-            last, f = f, f.f_back
-        if f is None or f.f_code.co_filename == _THREADING_FILE:
-            f = last
-        call.site = (f.f_code, f.f_lasti)
+        call.site = caller_site(sys._getframe(2))
         call.label = call.label or _LABEL.get()
         call.t0 = perf_counter()
-        self._rows[self._n % self.capacity] = call
-        self._n += 1
+        self._rows.append(call)
 
     def end(self, call: Call) -> None:
         """Mark a call finished (an end time and no status: OK)."""
@@ -266,16 +264,13 @@ class Ledger:
         if self._calls is not None:
             return self._calls.counts()
         out: dict[int, int] = {}
-        for r in self._rows:
-            if r is not None:
-                out[r.stream] = max(out.get(r.stream, 0), r.seq)
+        for r in list(self._rows):
+            out[r.stream] = max(out.get(r.stream, 0), r.seq)
         return out
 
     # -- reading -----------------------------------------------------------------------------
     def _ordered_rows(self) -> list:
-        rows = [r for r in self._rows if r is not None]
-        rows.sort(key=lambda r: r.t0)
-        return rows
+        return sorted(self._rows, key=lambda r: r.t0)  # (two threads on two streams may race)
 
     @staticmethod
     def status(call: Call) -> CallStatus:

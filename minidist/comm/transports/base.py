@@ -17,7 +17,7 @@ Rules every implementation keeps:
 - ``tag`` separates independent streams; algorithms pass the tag they were given through
   unchanged. The process group builds each collective's tag from its stream (the caller's
   ``tag`` argument, ``0 <= tag < MAX_STREAMS``) in the low bits and the call's fingerprint in
-  the high bits (see ``wire_tag``), so calls that differ across ranks never match each other's
+  the high bits (``comm/calls.py: wire_tag``), so calls that differ across ranks never match each other's
   messages; ``stream_of(tag)`` recovers the stream (scratch buffers are cached per stream);
 - every blocking call honours ``timeout_s`` (default ``MINIDIST_TIMEOUT_S``, 300 s) and raises
   ``CommTimeout`` with the rank, the operation and the peer instead of hanging forever.
@@ -90,7 +90,7 @@ SIDE_KINDS = (SIDE_FAIL, SIDE_BYE, SIDE_DONE)
 
 
 def stream_of(tag: int) -> int:
-    """The stream of a message tag built by ``wire_tag``: the caller's ``tag``, plus the bits
+    """The stream of a message tag built by ``calls.wire_tag``: the caller's ``tag``, plus the bits
     of the sub-group that sent it (so streams of different groups never compare equal)."""
     return tag & (_STREAM_MASK | _GROUP_MASK)
 
@@ -105,25 +105,6 @@ def fingerprint_mask(max_tag: int) -> int:
     return (1 << ((max_tag + 1).bit_length() - 1 - STREAM_BITS)) - 1
 
 
-def wire_tag(stream: int, fingerprint: int, max_tag: int) -> int:
-    """The message tag of one collective: ``stream`` low, ``fingerprint`` folded in above it.
-
-    ``max_tag`` is the transport's largest tag (MPI: the ``MPI_TAG_UB`` attribute, 2**29 - 1
-    with MPICH: 19 fingerprint bits); the folded fingerprint is never 0, so ``has_fingerprint``
-    holds for every fingerprinted call.
-    """
-    return stream | ((fingerprint & _MASKS[max_tag]) or 1) << STREAM_BITS
-
-
-class _Masks(dict):
-    """``fingerprint_mask`` per ``max_tag``, worked out once (``wire_tag`` runs every call)."""
-
-    def __missing__(self, max_tag: int) -> int:
-        mask = self[max_tag] = fingerprint_mask(max_tag)
-        return mask
-
-
-_MASKS = _Masks()
 
 
 POLL_S = 0.002  # how often a waiting rank runs the poll hook (slow phase only)

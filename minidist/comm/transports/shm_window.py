@@ -142,7 +142,11 @@ class ShmNode:
         self.calls = 0  # collectives started on this node (same count on every rank)
         self.half = 0   # which half of a double-buffered scratch window the next chunk uses
         self.seq = int(self.flags[self.rank][0])
-        self.user_windows: list[SharedWindow] = []
+        self.user_windows: list[SharedWindow] = []  # alloc / release keep ``owners`` in step
+        # ids of the arrays that own my slots of ``user_windows``: what ``arr.base`` is for any
+        # view of a ``shm_alloc_buffer`` array (NumPy collapses view chains); the windows hold
+        # those arrays, so the ids stay unique while listed
+        self.owners: frozenset = frozenset()
         self.extra: dict[str, Any] = {}  # per-algorithm persistent state (scratch windows)
 
     def arrive(self, what: str) -> None:
@@ -214,7 +218,7 @@ class ShmNode:
         seq = self.seq
         self.flags[self.rank][0] = seq
         deadline = None
-        for j, flag in enumerate(self.flags):
+        for flag in self.flags:
             k = 0
             while flag[0] < seq:
                 k += 1
@@ -237,41 +241,36 @@ class ShmNode:
         """A new shared window of ``nbytes`` per rank (collective), kept until ``free``."""
         w = SharedWindow(self.comm, nbytes, self.arrive)
         self.user_windows.append(w)
+        self.owners = self.owners | {id(w.slots[self.rank].base)}
         return w
+
+    def release(self, w: SharedWindow) -> None:
+        """Free ``w``, a window of ``alloc`` (collective), and forget it."""
+        self.user_windows.remove(w)
+        self.owners = frozenset(id(u.slots[self.rank].base) for u in self.user_windows)
+        w.free()
 
     def free(self) -> None:
         """Release every window and the node communicator (collective)."""
         owned = [v for v in self.extra.values() if callable(getattr(v, "free", None))]
         for w in self.user_windows + owned + [self.control]:
             w.free()
-        self.user_windows, self.extra = [], {}
+        self.user_windows, self.owners, self.extra = [], frozenset(), {}
         self.comm.Free()
 
 
 _NODES: "weakref.WeakKeyDictionary[Transport, ShmNode]" = weakref.WeakKeyDictionary()
 
 
-def _owners(node: ShmNode) -> frozenset:
-    """ids of the arrays that own this rank's shared-window memory (what ``arr.base`` is for
-    any view of a ``shm_alloc_buffer`` array: NumPy collapses view chains)."""
-    wins = node.user_windows  # windows may be freed (shm_free_buffer) and new ones allocated
-    cached = node.extra.get("owners")
-    if cached is None or len(cached[0]) != len(wins) or any(
-            a is not b for a, b in zip(cached[0], wins)):
-        ids = frozenset(id(w.slots[node.rank].base) for w in wins)
-        cached = node.extra["owners"] = (list(wins), ids)  # holds the windows: ids stay unique
-    return cached[1]
-
-
 def shm_owns(node: ShmNode, flat: Any) -> bool:
     """True when ``flat`` (a NumPy array) views one of this rank's shared windows."""
-    return bool(node.user_windows) and id(flat.base) in _owners(node)
+    return id(flat.base) in node.owners
 
 
 def window_of(node: ShmNode, flat: np.ndarray) -> tuple[int, int]:
     """(window index, byte offset) of ``flat`` in this rank's shared buffers, or (-1, -1)
     (the shared-memory all-reduce's zero-copy path needs the same place on every rank)."""
-    if not node.user_windows or id(flat.base) not in _owners(node):
+    if id(flat.base) not in node.owners:
         return -1, -1  # private memory: no address lookup (``ctypes.data`` is slow) needed
     for i, w in enumerate(node.user_windows):
         off = w.find(node.rank, flat)
@@ -320,8 +319,7 @@ def shm_free_buffer(transport: Transport, buf: np.ndarray) -> bool:
         return False
     for w in node.user_windows:
         if w.find(node.rank, buf) is not None:
-            node.user_windows.remove(w)
-            w.free()
+            node.release(w)
             return True
     return False
 
