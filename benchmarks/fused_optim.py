@@ -1,6 +1,7 @@
-"""Optimizer-step benchmark on one CPU thread: minidist's AdamW (default, fused) beside torch's.
+"""Optimizer-step benchmark on one CPU thread: minidist's AdamW or SGD (default, fused) beside torch's.
 
     .venv/bin/python benchmarks/fused_optim.py                        # 10.5M parameters
+    .venv/bin/python benchmarks/fused_optim.py --optimizer sgd        # SGD, momentum 0.9
     PYTHONPATH=. /path/to/torch-venv/bin/python benchmarks/fused_optim.py   # + torch's columns
     .venv/bin/python benchmarks/fused_optim.py --numel 1M --repeats 5 --out /tmp/o
     .venv/bin/python benchmarks/fused_optim.py --train-step     # examples/train.py's step, by phase
@@ -8,7 +9,8 @@
 The model: ``--layers`` square linear layers (weight d x d + bias d), d chosen so the total is
 about ``--numel`` (default 10 x 1024 x 1025 = 10,496,000 parameters, 20 tensors), float32.
 
-Implementations (all AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2):
+Implementations (all AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2; with
+``--optimizer sgd`` all SGD, lr 1e-3, momentum 0.9, weight_decay 1e-2):
 
     default  minidist.optim.AdamW: per tensor, whole-array NumPy ops (14 passes over memory)
     fused    minidist.optim.AdamW(fused=True): ONE Numba call for all tensors (a multi-tensor
@@ -18,6 +20,9 @@ Implementations (all AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 
              before multi-tensor tables)
     torch-foreach / torch-fused
              torch.optim.AdamW(foreach=True) / (fused=True), torch.set_num_threads(1)
+
+GB/s counts the bytes one fused pass must move: AdamW reads p, g, m, v and writes p, m, v
+(28 bytes per float32 parameter), SGD with momentum reads p, g, buf and writes p, buf (20).
 
 Method: first every implementation runs ``--check-steps`` steps from the same parameters with
 the same gradients, and the result is compared with torch's fused AdamW (max |difference|;
@@ -58,6 +63,10 @@ from minidist.nn import Parameter  # noqa: E402
 from minidist.optim import fused  # noqa: E402
 
 HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+OPTIMIZERS = {  # --optimizer: (class name in minidist.optim and torch.optim, options, bytes)
+    "adamw": ("AdamW", HYPER, 28),
+    "sgd": ("SGD", dict(lr=1e-3, momentum=0.9, weight_decay=1e-2), 20),
+}
 
 
 def shapes_for(numel: int, layers: int) -> list[tuple[int, ...]]:
@@ -73,12 +82,13 @@ def make_data(shapes: list[tuple[int, ...]]) -> tuple[list[np.ndarray], list[np.
 
 
 def minidist_step(params0: list[np.ndarray], grads: list[np.ndarray], fused_on: bool,
-                  multi_tensor: bool = True
+                  multi_tensor: bool = True, optimizer: str = "adamw"
                   ) -> tuple[Callable[[], None], Callable[[], list[np.ndarray]]]:
     ps = [Parameter(p.copy()) for p in params0]
     for p, g in zip(ps, grads):
         p.grad = g
-    opt = optim.AdamW(ps, fused=fused_on, **HYPER)
+    name, hyper, _ = OPTIMIZERS[optimizer]
+    opt = getattr(optim, name)(ps, fused=fused_on, **hyper)
 
     def step() -> None:
         before, fused.MULTI_TENSOR = fused.MULTI_TENSOR, multi_tensor
@@ -90,12 +100,14 @@ def minidist_step(params0: list[np.ndarray], grads: list[np.ndarray], fused_on: 
     return step, lambda: [p.array for p in ps]
 
 
-def torch_step(torch: Any, params0: list[np.ndarray], grads: list[np.ndarray], kind: str
+def torch_step(torch: Any, params0: list[np.ndarray], grads: list[np.ndarray], kind: str,
+               optimizer: str = "adamw"
                ) -> tuple[Callable[[], None], Callable[[], list[np.ndarray]]]:
     ps = [torch.nn.Parameter(torch.from_numpy(p.copy())) for p in params0]
     for p, g in zip(ps, grads):
         p.grad = torch.from_numpy(g)
-    opt = torch.optim.AdamW(ps, **{kind: True}, **HYPER)
+    name, hyper, _ = OPTIMIZERS[optimizer]
+    opt = getattr(torch.optim, name)(ps, **{kind: True}, **hyper)
     return opt.step, lambda: [p.detach().numpy() for p in ps]
 
 
@@ -154,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-steps", type=int, default=10, help="steps compared with torch")
     ap.add_argument("--out", default=str(LOCAL_RESULTS), help="folder for fused_optim.json")
     ap.add_argument("--no-torch", action="store_true", help="leave torch's columns out")
+    ap.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adamw",
+                    help="AdamW (default) or SGD with momentum")
     ap.add_argument("--train-step", action="store_true",
                     help="time examples/train.py's step by phase instead")
     a = ap.parse_args(argv)
@@ -170,12 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     shapes = shapes_for(parse_bytes(a.numel), a.layers)
     numel = sum(int(np.prod(s)) for s in shapes)
     params0, grads = make_data(shapes)
-    impls = {"default": lambda: minidist_step(params0, grads, False),
-             "fused": lambda: minidist_step(params0, grads, True),
-             "fused-per-tensor": lambda: minidist_step(params0, grads, True, False)}
+    which = a.optimizer
+    impls = {"default": lambda: minidist_step(params0, grads, False, optimizer=which),
+             "fused": lambda: minidist_step(params0, grads, True, optimizer=which),
+             "fused-per-tensor": lambda: minidist_step(params0, grads, True, False, which)}
     if torch is not None:
         for kind in ("foreach", "fused"):
-            impls[f"torch-{kind}"] = (lambda k=kind: torch_step(torch, params0, grads, k))
+            impls[f"torch-{kind}"] = (lambda k=kind: torch_step(torch, params0, grads, k, which))
 
     # 1. correctness: check_steps steps each, from the same start
     results: dict[str, list[np.ndarray]] = {}
@@ -217,11 +232,12 @@ def main(argv: list[str] | None = None) -> int:
         st = stats(s)
         rows.append({"impl": name, "median_ms": st["median_us"] / 1e3,
                      "min_ms": st["min_us"] / 1e3, "max_ms": st["max_us"] / 1e3,
-                     "samples": st["samples"], "GBps": 28 * numel / (st["median_us"] * 1e3),
+                     "samples": st["samples"],
+                     "GBps": OPTIMIZERS[which][2] * numel / (st["median_us"] * 1e3),
                      "kernel_calls": calls.get(name),
                      "vs_default": med[name] / med["default"],
                      "vs_best_torch": None if best_torch is None else med[name] / best_torch})
-    print(f"# AdamW step, {numel:,} float32 parameters in {len(shapes)} tensors, one thread, "
+    print(f"# {OPTIMIZERS[which][0]} step, {numel:,} float32 parameters in {len(shapes)} tensors, one thread, "
           f"median of {a.repeats}; fused kernel: {fused.implementation(params0[0])}")
     table = Table([("impl", 16, "s"), ("median ms", 10, ".2f"), ("min ms", 8, ".2f"),
                    ("GB/s", 6, ".1f"), ("calls/step", 10, "d"), ("vs default", 10, ".2f"),
@@ -233,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                         row["vs_default"], row["vs_best_torch"]))
     for key, value in check.items():
         print(f"# {key}: {value}")
-    data = {"benchmark": "fused_optim", "numel": numel, "tensors": len(shapes),
-            "shapes": [list(s) for s in shapes], "hyper": HYPER, "repeats": a.repeats,
+    data = {"benchmark": "fused_optim", "optimizer": OPTIMIZERS[which][0], "numel": numel,
+            "tensors": len(shapes), "shapes": [list(s) for s in shapes],
+            "hyper": OPTIMIZERS[which][1], "repeats": a.repeats,
             "threads": 1, "torch": None if torch is None else torch.__version__,
             "check_steps": a.check_steps, "check": check, "rows": rows,
             "machine": machine_info()}

@@ -96,7 +96,7 @@ def default_signature(op: str, args: tuple[Any, ...]) -> Hashable:
         if dtype is not None:
             key.append((type(a), dtype.char, first.setdefault(id(a), len(first))))
         elif isinstance(a, (list, tuple)):
-            key.append(tuple((type(x), x.dtype.char) for x in a))
+            key.append(tuple((type(x), getattr(x, "dtype", None)) for x in a))
         else:
             key.append(type(a))
     return tuple(key)

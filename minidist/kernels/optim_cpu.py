@@ -1,23 +1,25 @@
-"""Numba CPU kernels for the fused optimizer steps: one pass over parameter, gradient and state.
+"""Numba CPU kernels for the fused optimizer steps, built from each entry's element function.
 
     from minidist.kernels import optim_cpu     # imports numba; minidist.optim.fused does it lazily
-    optim_cpu.adam_step(p, g, m, v, decay, l2, beta1, 1 - beta1, beta2, 1 - beta2, bc2, eps, step)
-    optim_cpu.sgd_step(p, g, buf, lr, momentum, 1 - dampening, weight_decay, nesterov, first)
+    optim_cpu.flat_step(entry, p, g, (buf,), scalars)          # one flat run: p, g, its state
+    optim_cpu.multi_step(entry, base, table, max_numel, scalars)   # a multi-tensor table
 
-Arguments are 1-D C-contiguous arrays of one dtype (float32 or float64) and scalars of that
-dtype; ``minidist.optim.fused`` checks and prepares them. Why one pass: the per-parameter NumPy
-step of AdamW makes 14 whole-array passes (each reads one or two arrays and writes one), about
-100 bytes of memory traffic per parameter; this loop reads p, g, m, v once and writes p, m, v
-once (28 bytes for float32)::
+``entry`` is a ``minidist.optim.registry.FusedStep``; its loops are compiled on first use (per
+entry, serial and parallel) from ``entry.element``, and cached. Arrays are 1-D, C-contiguous,
+of one dtype (float32 or float64); scalars have that dtype (flags are bools);
+``minidist.optim.fused`` checks and prepares them. Why one pass: the per-parameter NumPy step
+of AdamW makes 14 whole-array passes (each reads one or two arrays and writes one), about 100
+bytes of memory traffic per parameter; this loop reads p, g, m, v once and writes p, m, v once
+(28 bytes for float32)::
 
-    NumPy (optim/adam.py)                     this module
+    NumPy (optim/adam.py)                     this module (optim_math.make_update, inlined)
     p *= 1 - lr*wd          read p, write p   for i in range(n):
-    m *= b1; b = g*(1-b1)   ...                   p_i, m_i, v_i = adam_element(p[i], g[i],
-    m += b; v *= b2; ...    (14 passes,                                      m[i], v[i], ...)
-    a = sqrt(v); a /= ...    2 temporaries)       p[i], m[i], v[i] = p_i, m_i, v_i
+    m *= b1; b = g*(1-b1)   ...                   new = element(p[i], g[i], m[i], v[i], ...)
+    m += b; v *= b2; ...    (14 passes,           m[i], v[i] = new[1], new[2]
+    a = sqrt(v); a /= ...    2 temporaries)       p[i] = new[0]
 
-The element logic is ``optim_math``'s, inlined, in the same order of operations as the NumPy
-path: the results are the same bits (tests/unit/test_fused_optim.py). The loop vectorizes
+The element runs inlined, in its own order of operations: the results are the same bits as
+the same function on whole NumPy arrays (tests/unit/test_fused_optim.py). The loop vectorizes
 (AVX) because of two settings: ``error_model="numpy"`` (Python's error model checks every
 division for zero and raises, a branch that stops vectorization; NumPy's gives IEEE inf/NaN,
 as the NumPy path does) and no ``fastmath`` (which would let LLVM reassociate, and change bits).
@@ -36,62 +38,48 @@ import numba
 import numpy as np
 from numba import njit, prange
 from numba.core.errors import NumbaError
+from numba.extending import overload
 
 from minidist.kernels import optim_math
 from minidist.kernels.fallback import private_copies
 
-__all__ = ["sgd_step", "adam_step", "sgd_multi_step", "adam_multi_step", "COMPILE_ERRORS",
-           "check_usable", "signature", "rehearse"]
+__all__ = ["flat_step", "multi_step", "loops_for", "COMPILE_ERRORS", "check_usable",
+           "signature", "rehearse"]
 
 COMPILE_ERRORS: tuple[type[BaseException], ...] = (NumbaError,)
 """Errors that mean "Numba cannot compile this here" (the caller falls back to NumPy)."""
 
-_sgd_element = njit(inline="always", error_model="numpy")(optim_math.sgd_element)
-_adam_element = njit(inline="always", error_model="numpy")(optim_math.adam_element)
+@overload(optim_math.sqrt, target="cpu", inline="always")
+def _sqrt(x: Any) -> Any:
+    def impl(x: Any) -> Any:
+        return np.sqrt(x)
+    return impl
+
 
 # Numba's workqueue threading layer aborts when two Python threads run parallel kernels at once.
 _PARALLEL_LOCK = threading.Lock()
 
 
-class _Loops(NamedTuple):
-    sgd: Any
-    adam: Any
-    sgd_multi: Any
-    adam_multi: Any
+class Loops(NamedTuple):
+    """An entry's compiled loops: ``flat(p, g, states, scalars)`` over one flat run and
+    ``multi(base, table, scalars)`` over every row of a multi-tensor table."""
+
+    flat: Any
+    multi: Any
 
 
-def _compile_loops(parallel: bool) -> _Loops:
-    """Both loops, from one source, with ``prange`` or ``range`` (see kernels/cpu.py: the
-    closure variable keeps the two variants' cache entries apart)."""
+def _compile_loops(entry: Any, parallel: bool) -> Loops:
+    """Both loops of ``entry``, from its element function, with ``prange`` or ``range``."""
     loop_range = prange if parallel else range
-    jit = njit(parallel=parallel, cache=True, error_model="numpy")
+    jit = njit(parallel=parallel, error_model="numpy")
+    element = njit(error_model="numpy")(entry.element)
+    update = njit(error_model="numpy")(optim_math.make_update(element, len(entry.state)))
+    columns = njit(optim_math.make_columns(len(entry.state)))
 
     @jit
-    def sgd(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep: Any, weight_decay: Any,
-            nesterov: bool, first: bool) -> None:  # pragma: no cover - compiled
-        if momentum != 0:
-            for i in loop_range(p.size):
-                new_p, new_buf = _sgd_element(p[i], g[i], buf[i], lr, momentum, keep,
-                                              weight_decay, nesterov, first)
-                p[i] = new_p
-                buf[i] = new_buf
-        else:  # no momentum buffer: `buf` is not read (it may be any array)
-            for i in loop_range(p.size):
-                new_p, _ = _sgd_element(p[i], g[i], p[i], lr, momentum, keep, weight_decay,
-                                        nesterov, first)
-                p[i] = new_p
-
-    @jit
-    def adam(p: Any, g: Any, m: Any, v: Any, decay: Any, l2: Any, beta1: Any,
-             one_minus_beta1: Any, beta2: Any, one_minus_beta2: Any, bias_correction2_sqrt: Any,
-             eps: Any, step_size: Any) -> None:  # pragma: no cover - compiled
+    def flat(p: Any, g: Any, states: Any, scalars: Any) -> None:  # pragma: no cover - compiled
         for i in loop_range(p.size):
-            new_p, new_m, new_v = _adam_element(p[i], g[i], m[i], v[i], decay, l2, beta1,
-                                                one_minus_beta1, beta2, one_minus_beta2,
-                                                bias_correction2_sqrt, eps, step_size)
-            p[i] = new_p
-            m[i] = new_m
-            v[i] = new_v
+            update(i, p, g, states, scalars)
 
     # Multi-tensor: every tensor of a (dtype) group in one call. ``base`` spans them all and
     # row k of ``table`` holds tensor k's element offsets in it, then its numel (multi_tensor).
@@ -99,31 +87,29 @@ def _compile_loops(parallel: bool) -> _Loops:
     # indexing ``base[offset + j]`` directly would make Numba check each index for
     # wraparound (it cannot prove offset + j >= 0), which stops the loop vectorizing (~7x).
     @jit
-    def sgd_multi(base: Any, table: Any, lr: Any, momentum: Any, keep: Any, weight_decay: Any,
-                  nesterov: bool, first: bool) -> None:  # pragma: no cover - compiled
+    def multi(base: Any, table: Any, scalars: Any) -> None:  # pragma: no cover - compiled
         for k in range(table.shape[0]):
-            n = table[k, 3]
-            sgd(base[table[k, 0]:table[k, 0] + n], base[table[k, 1]:table[k, 1] + n],
-                base[table[k, 2]:table[k, 2] + n], lr, momentum, keep, weight_decay, nesterov,
-                first)
+            p, g, states = columns(base, table[k], table[k, table.shape[1] - 1])
+            flat(p, g, states, scalars)
 
-    @jit
-    def adam_multi(base: Any, table: Any, decay: Any, l2: Any, beta1: Any,
-                   one_minus_beta1: Any, beta2: Any, one_minus_beta2: Any,
-                   bias_correction2_sqrt: Any, eps: Any,
-                   step_size: Any) -> None:  # pragma: no cover - compiled
-        for k in range(table.shape[0]):
-            n = table[k, 4]
-            adam(base[table[k, 0]:table[k, 0] + n], base[table[k, 1]:table[k, 1] + n],
-                 base[table[k, 2]:table[k, 2] + n], base[table[k, 3]:table[k, 3] + n], decay,
-                 l2, beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps,
-                 step_size)
-
-    return _Loops(sgd, adam, sgd_multi, adam_multi)
+    return Loops(flat, multi)
 
 
-PARALLEL_LOOPS = _compile_loops(parallel=True)
-SERIAL_LOOPS = _compile_loops(parallel=False)
+_LOOPS: dict[tuple[Any, bool], Loops] = {}
+_COMPILE_LOCK = threading.Lock()
+
+
+def loops_for(entry: Any, parallel: bool = False) -> Loops:
+    """``entry``'s loops (built once per entry and variant; Numba compiles them on first call
+    for the argument types)."""
+    loops = _LOOPS.get((entry, parallel))
+    if loops is None:
+        with _COMPILE_LOCK:
+            loops = _LOOPS.get((entry, parallel))
+            if loops is None:
+                loops = _LOOPS[(entry, parallel)] = _compile_loops(entry, parallel)
+    return loops
+
 
 PARALLEL_MIN_NUMEL = 1 << 18
 """Shorter arrays run on one thread (waking the pool costs more than the work)."""
@@ -131,10 +117,8 @@ PARALLEL_MIN_NUMEL = 1 << 18
 THREADS_REQUESTED = "NUMBA_NUM_THREADS" in os.environ
 
 
-def _loops(numel: int) -> _Loops:
-    if THREADS_REQUESTED and numel >= PARALLEL_MIN_NUMEL and numba.get_num_threads() > 1:
-        return PARALLEL_LOOPS
-    return SERIAL_LOOPS
+def _parallel(numel: int) -> bool:
+    return THREADS_REQUESTED and numel >= PARALLEL_MIN_NUMEL and numba.get_num_threads() > 1
 
 
 signature = optim_math.signature  # the fallback's per-signature rehearsal key
@@ -144,59 +128,33 @@ def check_usable() -> None:
     """Nothing to probe: importing Numba was the test (compiling happens on first use)."""
 
 
-def sgd_step(p: np.ndarray, g: np.ndarray, buf: np.ndarray, lr: Any, momentum: Any, keep: Any,
-             weight_decay: Any, nesterov: bool, first: bool) -> None:
-    """One SGD step in place on 1-D arrays (``buf``: the momentum buffer, unread if momentum 0)."""
-    loops = _loops(p.size)
-    args = (p, g, buf, lr, momentum, keep, weight_decay, bool(nesterov), bool(first))
-    if loops is PARALLEL_LOOPS:
+def flat_step(entry: Any, p: np.ndarray, g: np.ndarray, states: tuple[np.ndarray, ...],
+              scalars: tuple[Any, ...]) -> None:
+    """One step of ``entry`` in place on one flat run (1-D arrays: the parameters, their
+    gradients, and one array per state name)."""
+    if _parallel(p.size):
         with _PARALLEL_LOCK:
-            loops.sgd(*args)
+            loops_for(entry, True).flat(p, g, states, scalars)
     else:
-        loops.sgd(*args)
+        loops_for(entry).flat(p, g, states, scalars)
 
 
-def sgd_multi_step(base: np.ndarray, table: np.ndarray, max_numel: int, *scalars: Any) -> None:
-    """One SGD step of every tensor in a multi-tensor table: ONE compiled call (``scalars`` as
-    ``sgd_step``'s; row k of ``table``: offsets of p, g, buf in ``base``, numel)."""
-    loops = _loops(int(max_numel))
-    if loops is PARALLEL_LOOPS:
+def multi_step(entry: Any, base: np.ndarray, table: np.ndarray, max_numel: int,
+               scalars: tuple[Any, ...]) -> None:
+    """One step of ``entry`` for every tensor of a multi-tensor table: ONE compiled call (row
+    k of ``table``: offsets of p, g and each state array in ``base``, then the numel)."""
+    if _parallel(int(max_numel)):
         with _PARALLEL_LOCK:
-            loops.sgd_multi(base, table, *scalars)
+            loops_for(entry, True).multi(base, table, scalars)
     else:
-        loops.sgd_multi(base, table, *scalars)
+        loops_for(entry).multi(base, table, scalars)
 
 
-def adam_multi_step(base: np.ndarray, table: np.ndarray, max_numel: int, *scalars: Any) -> None:
-    """One Adam/AdamW step of every tensor in a multi-tensor table (p, g, m, v, numel): ONE
-    compiled call."""
-    loops = _loops(int(max_numel))
-    if loops is PARALLEL_LOOPS:
-        with _PARALLEL_LOCK:
-            loops.adam_multi(base, table, *scalars)
-    else:
-        loops.adam_multi(base, table, *scalars)
-
-
-_MULTI_COLUMNS = {"sgd_multi_step": 3, "adam_multi_step": 4}
-
-
-def rehearse(op: str, *args: Any) -> None:
+def rehearse(op: str, entry: Any, *args: Any) -> None:
     """Compile and run ``op`` on private data: small copies of the arrays, or for a
     multi-tensor op a small private table (a copy of the real one would point past it)."""
-    columns = _MULTI_COLUMNS.get(op)
-    if columns is None:
-        globals()[op](*private_copies(args))
+    if op == "flat_step":
+        flat_step(entry, *private_copies(args))
         return
-    base, table = optim_math.rehearsal_table(np, args[0].dtype, columns, 67)
-    globals()[op](base, table, 67, *args[3:])
-
-
-def adam_step(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, *scalars: Any) -> None:
-    """One Adam/AdamW step in place on 1-D arrays; ``scalars`` as ``optim_math.adam_element``."""
-    loops = _loops(p.size)
-    if loops is PARALLEL_LOOPS:
-        with _PARALLEL_LOCK:
-            loops.adam(p, g, m, v, *scalars)
-    else:
-        loops.adam(p, g, m, v, *scalars)
+    base, table = optim_math.rehearsal_table(np, args[0].dtype, 2 + len(entry.state), 67)
+    multi_step(entry, base, table, 67, args[3])

@@ -1,15 +1,17 @@
 """numba.cuda kernels for the fused optimizer steps: the GPU twins of ``optim_cpu.py``.
 
     from minidist.kernels import optim_cuda       # imports numba.cuda; kernels compile lazily
-    optim_cuda.adam_step(p, g, m, v, *scalars)    # CuPy arrays (NumPy under the simulator)
-    optim_cuda.sgd_step(p, g, buf, lr, momentum, keep, weight_decay, nesterov, first)
+    optim_cuda.flat_step(entry, p, g, (m, v), scalars)   # CuPy arrays (NumPy under the simulator)
+    optim_cuda.multi_step(entry, base, offsets, max_numel, scalars)
 
-One launch updates a whole flat buffer: ``minidist.optim.fused`` hands over runs of parameters
-that lie back to back in memory as one array, so a model whose parameters (and gradients) live
-in one flat buffer costs one launch per step, not one per tensor. Each kernel is a grid-stride
-loop (thread t handles i = t, t + T, t + 2T, ...), launched on CuPy's current stream, so the
-step stays in stream order with the backward that produced the gradients and nothing waits on
-the host. The element logic is ``optim_math``'s, compiled with ``cuda.jit(device=True)``.
+``entry`` is a ``minidist.optim.registry.FusedStep``; its two kernels are built on first use
+from ``entry.element`` (compiled with ``cuda.jit(device=True)``) and cached. One launch updates
+a whole flat buffer: ``minidist.optim.fused`` hands over runs of parameters that lie back to
+back in memory as one array, so a model whose parameters (and gradients) live in one flat
+buffer costs one launch per step, not one per tensor. Each kernel is a grid-stride loop
+(thread t handles i = t, t + T, t + 2T, ...), launched on CuPy's current stream, so the step
+stays in stream order with the backward that produced the gradients and nothing waits on the
+host.
 
 Numerics: NVVM contracts a multiply followed by an add into one fused multiply-add (rounded
 once), so GPU results may differ from the CPU's in the last bit; the simulator runs the same
@@ -20,7 +22,7 @@ compile at import and fail on a machine without a driver.
 from __future__ import annotations
 
 import math
-from typing import Any, no_type_check
+from typing import Any, NamedTuple, no_type_check
 
 import numpy as np
 from numba import config as _numba_config
@@ -28,7 +30,7 @@ from numba import cuda
 
 from minidist.kernels import optim_math
 
-__all__ = ["sgd_step", "adam_step", "sgd_multi_step", "adam_multi_step", "SIMULATOR",
+__all__ = ["flat_step", "multi_step", "kernels_for", "SIMULATOR",
            "COMPILE_ERRORS", "check_usable", "signature", "rehearse", "launch_config",
            "device_view", "current_stream", "configured"]
 
@@ -50,79 +52,65 @@ try:
 except ImportError:  # pragma: no cover - depends on the machine
     _cupy = None
 
-_sgd_element = cuda.jit(device=True)(optim_math.sgd_element)
-# numba.cuda has no np.sqrt on scalars; the simulator's math.sqrt would return a Python float
-_adam_element = cuda.jit(device=True)(optim_math.make_adam_element(np.sqrt if SIMULATOR
-                                                                   else math.sqrt))
+if not SIMULATOR:  # the simulator runs np.sqrt as it is
+    from numba.extending import overload
+
+    @overload(optim_math.sqrt, target="cuda", inline="always")
+    def _sqrt(x: Any) -> Any:
+        def impl(x: Any) -> Any:
+            return math.sqrt(x)  # numba.cuda has no np.sqrt on scalars
+        return impl
 
 
-@cuda.jit
-@no_type_check
-def _sgd_kernel(p, g, buf, lr, momentum, keep, weight_decay, nesterov, first):
-    start, stride = cuda.grid(1), cuda.gridsize(1)
-    for i in range(start, p.size, stride):
-        if momentum != 0:
-            new_p, new_buf = _sgd_element(p[i], g[i], buf[i], lr, momentum, keep, weight_decay,
-                                          nesterov, first)
-            buf[i] = new_buf
-        else:
-            new_p, _ = _sgd_element(p[i], g[i], p[i], lr, momentum, keep, weight_decay,
-                                    nesterov, first)
-        p[i] = new_p
+class Kernels(NamedTuple):
+    """An entry's kernels: ``flat(p, g, states, scalars)`` over one flat run and
+    ``multi(base, offsets, scalars)`` over a multi-tensor table."""
+
+    flat: Any
+    multi: Any
 
 
-@cuda.jit
-@no_type_check
-def _adam_kernel(p, g, m, v, decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2,
-                 bias_correction2_sqrt, eps, step_size):
-    start, stride = cuda.grid(1), cuda.gridsize(1)
-    for i in range(start, p.size, stride):
-        new_p, new_m, new_v = _adam_element(p[i], g[i], m[i], v[i], decay, l2, beta1,
-                                            one_minus_beta1, beta2, one_minus_beta2,
-                                            bias_correction2_sqrt, eps, step_size)
-        p[i] = new_p
-        m[i] = new_m
-        v[i] = new_v
+def _build_kernels(entry: Any) -> Kernels:
+    element = cuda.jit(device=True)(entry.element)
+    update = cuda.jit(device=True)(optim_math.make_update(element, len(entry.state)))
+    columns = cuda.jit(device=True)(optim_math.make_columns(len(entry.state)))
+    width = 3 + len(entry.state)  # a table row: p, g, the state arrays, numel
+
+    @no_type_check
+    def flat(p, g, states, scalars):
+        start, stride = cuda.grid(1), cuda.gridsize(1)
+        for i in range(start, p.size, stride):
+            update(i, p, g, states, scalars)
+
+    # ``offsets`` is the flat (rows x W) table of minidist.optim.multi_tensor: row k holds
+    # tensor k's element offsets in ``base`` (W - 1 columns: p, g, the state arrays), then its
+    # numel. Each thread strides over tensor k, then over tensor k + 1, ...: coalesced within
+    # a tensor, no search.
+    @no_type_check
+    def multi(base, offsets, scalars):
+        start, stride = cuda.grid(1), cuda.gridsize(1)
+        for k in range(offsets.size // width):
+            row = offsets[width * k:width * (k + 1)]
+            n = row[width - 1]
+            p, g, states = columns(base, row, n)
+            for j in range(start, n, stride):
+                update(j, p, g, states, scalars)
+
+    # the launch plans of minidist.kernels.cuda are keyed by the kernel's name
+    flat.__name__ = flat.__qualname__ = f"fused_{entry.name}_flat"
+    multi.__name__ = multi.__qualname__ = f"fused_{entry.name}_multi"
+    return Kernels(cuda.jit(flat), cuda.jit(multi))
 
 
-# Multi-tensor kernels: every tensor of a (dtype) group in one launch. ``base`` spans them
-# all; ``offsets`` is the flat (rows x W) table of minidist.optim.multi_tensor: row k holds
-# tensor k's element offsets in ``base`` (W - 1 columns), then its numel. Each thread strides
-# over tensor k, then over tensor k + 1, ...: coalesced within a tensor, no search.
-
-@cuda.jit
-@no_type_check
-def _sgd_multi_kernel(base, offsets, lr, momentum, keep, weight_decay, nesterov, first):
-    start, stride = cuda.grid(1), cuda.gridsize(1)
-    for k in range(offsets.size // 4):
-        op, og, ob, n = offsets[4 * k], offsets[4 * k + 1], offsets[4 * k + 2], offsets[4 * k + 3]
-        for j in range(start, n, stride):
-            if momentum != 0:
-                new_p, new_buf = _sgd_element(base[op + j], base[og + j], base[ob + j], lr,
-                                              momentum, keep, weight_decay, nesterov, first)
-                base[ob + j] = new_buf
-            else:
-                new_p, _ = _sgd_element(base[op + j], base[og + j], base[op + j], lr, momentum,
-                                        keep, weight_decay, nesterov, first)
-            base[op + j] = new_p
+_KERNELS: dict[Any, Kernels] = {}
 
 
-@cuda.jit
-@no_type_check
-def _adam_multi_kernel(base, offsets, decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2,
-                       bias_correction2_sqrt, eps, step_size):
-    start, stride = cuda.grid(1), cuda.gridsize(1)
-    for k in range(offsets.size // 5):
-        op, og, om = offsets[5 * k], offsets[5 * k + 1], offsets[5 * k + 2]
-        ov, n = offsets[5 * k + 3], offsets[5 * k + 4]
-        for j in range(start, n, stride):
-            new_p, new_m, new_v = _adam_element(base[op + j], base[og + j], base[om + j],
-                                                base[ov + j], decay, l2, beta1, one_minus_beta1,
-                                                beta2, one_minus_beta2, bias_correction2_sqrt,
-                                                eps, step_size)
-            base[op + j] = new_p
-            base[om + j] = new_m
-            base[ov + j] = new_v
+def kernels_for(entry: Any) -> Kernels:
+    """``entry``'s kernels, built once (Numba compiles them at the first launch)."""
+    kernels = _KERNELS.get(entry)
+    if kernels is None:
+        kernels = _KERNELS[entry] = _build_kernels(entry)
+    return kernels
 
 
 _sm_count: int | None = None
@@ -201,18 +189,12 @@ def check_usable() -> None:
         raise RuntimeError("numba.cuda finds no usable GPU or driver")
 
 
-def sgd_step(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep: Any, weight_decay: Any,
-             nesterov: bool, first: bool, *, launch: tuple[int, int] | None = None) -> None:
-    """One SGD step in place on 1-D device arrays, one launch (see ``optim_cpu.sgd_step``)."""
-    _launch(_sgd_kernel, int(p.size), launch, device_view(p), device_view(g),
-            device_view(buf), lr, momentum, keep, weight_decay, bool(nesterov), bool(first))
-
-
-def adam_step(p: Any, g: Any, m: Any, v: Any, *scalars: Any,
-              launch: tuple[int, int] | None = None) -> None:
-    """One Adam/AdamW step in place on 1-D device arrays, one launch."""
-    _launch(_adam_kernel, int(p.size), launch, device_view(p), device_view(g), device_view(m),
-            device_view(v), *scalars)
+def flat_step(entry: Any, p: Any, g: Any, states: tuple[Any, ...], scalars: tuple[Any, ...],
+              *, launch: tuple[int, int] | None = None) -> None:
+    """One step of ``entry`` in place on one flat run of device arrays: one launch (see
+    ``optim_cpu.flat_step``)."""
+    _launch(kernels_for(entry).flat, int(p.size), launch, device_view(p), device_view(g),
+            tuple(device_view(a) for a in states), scalars)
 
 
 def _multi_launch(kernel: Any, base: Any, offsets: Any, max_numel: int, scalars: tuple,
@@ -248,36 +230,24 @@ def _simulated(base: Any) -> Any:
     return entry[1]
 
 
-def sgd_multi_step(base: Any, offsets: Any, max_numel: int, *scalars: Any,
-                   launch: tuple[int, int] | None = None) -> None:
-    """One SGD step of every tensor of a multi-tensor table (rows: p, g, buf offsets and numel;
-    ``minidist.optim.multi_tensor``): ONE launch. ``scalars`` as ``sgd_step``'s."""
-    lr, momentum, keep, wd, nesterov, first = scalars
-    _multi_launch(_sgd_multi_kernel, base, offsets, max_numel,
-                  (lr, momentum, keep, wd, bool(nesterov), bool(first)), launch)
+def multi_step(entry: Any, base: Any, offsets: Any, max_numel: int, scalars: tuple[Any, ...],
+               *, launch: tuple[int, int] | None = None) -> None:
+    """One step of ``entry`` for every tensor of a multi-tensor table (rows: offsets of p, g
+    and each state array, then the numel; ``minidist.optim.multi_tensor``): ONE launch."""
+    _multi_launch(kernels_for(entry).multi, base, offsets.reshape(-1), max_numel, (scalars,),
+                  launch)
 
 
-def adam_multi_step(base: Any, offsets: Any, max_numel: int, *scalars: Any,
-                    launch: tuple[int, int] | None = None) -> None:
-    """One Adam/AdamW step of every tensor of a multi-tensor table (p, g, m, v, numel): ONE
-    launch."""
-    _multi_launch(_adam_multi_kernel, base, offsets, max_numel, scalars, launch)
-
-
-_MULTI_COLUMNS = {"sgd_multi_step": 3, "adam_multi_step": 4}
-
-
-def rehearse(op: str, *args: Any) -> None:
+def rehearse(op: str, entry: Any, *args: Any) -> None:
     """Compile and launch ``op`` on private data (a multi-tensor op on a small private table:
     a copy of the real one would point past the copies), and wait for it."""
     from minidist.kernels.fallback import private_copies
 
-    columns = _MULTI_COLUMNS.get(op)
-    if columns is None:
-        globals()[op](*private_copies(args))
+    if op == "flat_step":
+        flat_step(entry, *private_copies(args))
     else:
         xp = np if isinstance(args[0], np.ndarray) else _cupy
-        base, table = optim_math.rehearsal_table(xp, args[0].dtype, columns, 67)
-        globals()[op](base, table, 67, *args[3:])
+        base, table = optim_math.rehearsal_table(xp, args[0].dtype, 2 + len(entry.state), 67)
+        multi_step(entry, base, table, 67, args[3])
     if _cupy is not None and not SIMULATOR:
         _cupy.cuda.get_current_stream().synchronize()

@@ -1,29 +1,32 @@
-"""One element of each fused optimizer step, as scalar Python: the logic every backend compiles.
+"""The element function of a fused optimizer step: its contract, and what backends compile.
 
-    p, buf = sgd_element(p, g, buf, lr, momentum, keep, weight_decay, nesterov, first)
-    p, m, v = adam_element(p, g, m, v, decay, l2, beta1, one_minus_beta1, beta2,
-                           one_minus_beta2, bias_correction2_sqrt, eps, step_size)
+    new_p, new_buf = sgd_momentum_element(p, g, buf, lr, momentum, keep, weight_decay, nesterov,
+                                          first)      # minidist/optim/sgd.py: scalars in, out
+    flat_step_reference(entry, p, g, (buf,), scalars)  # the same function on whole arrays
 
-``optim_cpu.py`` compiles these with ``njit(inline="always")``, ``optim_cuda.py`` with
-``cuda.jit(device=True)``; called on NumPy scalars they are also the simulator's oracle. All
-arguments are scalars of the parameter's dtype (float32 or float64), so every operation rounds
-once in that dtype, in the same order as the per-parameter NumPy path of ``minidist.optim``
-(``SGD._update`` / ``Adam._update``): the fused CPU step gives the same bits. Numba caches
-optim_cpu.py's machine code keyed on optim_cpu.py's own file stamp: after editing this file,
-touch optim_cpu.py so the cache is rebuilt.
+A fused optimizer step is ONE scalar function per optimizer, its *element function*, written
+beside the optimizer (``minidist/optim/<name>.py``) and registered with a ``FusedStep`` entry
+(``minidist/optim/registry.py``). Its contract:
 
-Why the operations are written in exactly this order (float arithmetic is not associative):
+    element(p, g, *state, *scalars) -> (new_p, *new_state)
 
-    SGD   d = p * wd + g                       (sgd.py: out = param * wd; out = out + g)
-          buf = d                  (first step)
-          buf = buf * momentum + d * keep      (keep = 1 - dampening; d * 1.0 == d exactly)
-          d = d + buf * momentum   (nesterov)  else  d = buf
-          p = p - d * lr
-    Adam  p = p * decay                        (AdamW: 1 - lr * wd; Adam: 1.0, exact)
-          g = p * l2 + g                       (Adam's L2 term; AdamW: l2 = 0, skipped)
-          m = m * beta1 + g * (1 - beta1)
-          v = v * beta2 + (g * g) * (1 - beta2)
-          p = p - (m / (sqrt(v) / sqrt(1 - beta2^t) + eps)) * (lr / (1 - beta1^t))
+``p`` and ``g`` are one element of the parameter and its gradient, ``state`` one element of each
+per-parameter state array (in the order of the entry's ``state`` names), ``scalars`` the
+entry's scalars of this step (cast to the parameter's dtype; flags stay bools). Every value is
+a scalar of the parameter's dtype (float32 or float64), so every operation rounds once in that
+dtype. The same Python runs in four places, and gives the same bits in the three CPU ones:
+
+    called on whole NumPy/CuPy arrays     flat_step_reference (the fallback; the default path of
+                                          an optimizer that writes no ``_update`` of its own)
+    compiled by optim_cpu.py              ``@njit`` loops: one over a flat run, one over a
+                                          multi-tensor table (``minidist.optim.multi_tensor``)
+    compiled by optim_cuda.py             ``@cuda.jit`` grid-stride twins of those loops
+    run by Numba's CUDA simulator         the kernels' Python on NumPy scalars (tests)
+
+Element functions may use Python arithmetic, comparisons, ``if`` and ``sqrt`` from this module
+(``np.sqrt`` on arrays and in ``@njit``; ``math.sqrt`` in ``@cuda.jit``, which has no ``np.sqrt``
+on scalars). The loops are the same for every entry; what differs, how many state arrays the
+element reads and writes, is written out once per entry (``make_update`` below).
 """
 
 from __future__ import annotations
@@ -34,88 +37,93 @@ import numpy as np
 
 from minidist import xp as backend
 
-
-def sgd_element(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep: Any,
-                weight_decay: Any, nesterov: bool, first: bool) -> tuple[Any, Any]:
-    """torch's SGD for one element: returns ``(new_p, new_momentum_buffer)``.
-
-    ``buf`` is ignored when ``momentum == 0`` (no buffer; the returned one is meaningless).
-    """
-    d = g
-    if weight_decay != 0:
-        d = p * weight_decay + d
-    if momentum != 0:
-        if first:
-            buf = d
-        else:
-            buf = buf * momentum + d * keep
-        if nesterov:
-            d = d + buf * momentum
-        else:
-            d = buf
-    return p - d * lr, buf
+__all__ = ["sqrt", "make_update", "make_columns", "flat_step_reference", "multi_step_reference",
+           "rehearsal_table", "signature"]
 
 
-def make_adam_element(sqrt: Any) -> Any:
-    """``adam_element`` with the given square root: ``np.sqrt`` on the CPU and in the simulator
-    (it keeps a float32 scalar float32), ``math.sqrt`` for numba.cuda (which has no ``np.sqrt``
-    on scalars; on float32 it is ``sqrt.rn.f32``, correctly rounded like NumPy's)."""
+# ----------------------------------------------------------------- what element functions call
 
-    def adam_element(p: Any, g: Any, m: Any, v: Any, decay: Any, l2: Any, beta1: Any,
-                     one_minus_beta1: Any, beta2: Any, one_minus_beta2: Any,
-                     bias_correction2_sqrt: Any, eps: Any, step_size: Any
-                     ) -> tuple[Any, Any, Any]:
-        """torch's Adam / AdamW for one element: ``(new_p, new_exp_avg, new_exp_avg_sq)``."""
-        p = p * decay
-        if l2 != 0:
-            g = p * l2 + g
-        m = m * beta1 + g * one_minus_beta1
-        v = v * beta2 + (g * g) * one_minus_beta2
-        denom = sqrt(v) / bias_correction2_sqrt + eps
-        return p - (m / denom) * step_size, m, v
-
-    return adam_element
+def sqrt(x: Any) -> Any:
+    """The square root for element functions: ``np.sqrt`` (arrays, NumPy scalars, ``@njit``;
+    it keeps a float32 scalar float32); optim_cuda.py compiles it to ``math.sqrt``
+    (``sqrt.rn.f32`` on float32: correctly rounded, like NumPy's)."""
+    return np.sqrt(x)
 
 
-adam_element = make_adam_element(np.sqrt)
+# ----------------------------------------------------------------- the loop body, per entry
+# The only part of a loop that depends on the entry is how many state arrays its element
+# reads and writes. Numba cannot build a tuple from a generator (``*(a[i] for a in states)``),
+# so the loop body is written out for the entry's count, from a short template, once per
+# entry: for Adam's two state arrays ``make_update`` returns
+#
+#     def update(i, p, g, states, scalars):
+#         s0, s1 = states
+#         new = element(p[i], g[i], s0[i], s1[i], *scalars)
+#         s0[i] = new[1]
+#         s1[i] = new[2]
+#         p[i] = new[0]
+#
+# and ``make_columns`` the slices of one multi-tensor table row:
+#
+#     def columns(base, row, n):
+#         return base[row[0]:row[0] + n], base[row[1]:row[1] + n], (base[row[2]:row[2] + n],
+#                                                                   base[row[3]:row[3] + n])
+#
+# Both backends compile these (``@njit``, ``cuda.jit(device=True)``) and loop over them; the
+# simulator runs them as they are.
+
+def make_update(element: Any, n_state: int) -> Any:
+    """``update(i, p, g, states, scalars)``: element ``i`` of one flat run, in place, by
+    ``element`` with ``n_state`` state arrays (``states``, a tuple)."""
+    names = [f"s{k}" for k in range(n_state)]
+    lines = ["def update(i, p, g, states, scalars):"]
+    if names:
+        lines.append(f"    {', '.join(names)}, = states")
+    reads = "".join(f"{name}[i], " for name in names)
+    lines.append(f"    new = element(p[i], g[i], {reads}*scalars)")
+    lines += [f"    {name}[i] = new[{k + 1}]" for k, name in enumerate(names)]
+    lines.append("    p[i] = new[0]")
+    return _define("update", lines, {"element": element})
+
+
+def make_columns(n_state: int) -> Any:
+    """``columns(base, row, n) -> (p, g, states)``: the arrays of one multi-tensor table row
+    (``row``: the element offsets of p, g and each state array in ``base``), ``n`` long."""
+    spans = [f"base[row[{c}]:row[{c}] + n]" for c in range(2 + n_state)]
+    states = "".join(f"{span}, " for span in spans[2:])
+    return _define("columns", ["def columns(base, row, n):",
+                               f"    return {spans[0]}, {spans[1]}, ({states})"], {})
+
+
+def _define(name: str, lines: list[str], namespace: dict[str, Any]) -> Any:
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, f"<minidist.kernels.optim_math.{name}>", "exec"), namespace)
+    function = namespace[name]
+    function.source = source  # what was compiled, for a reader in a debugger
+    return function
 
 
 # ----------------------------------------------------------------- whole-array references
 
-def sgd_step_reference(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep: Any,
-                       weight_decay: Any, nesterov: bool, first: bool) -> None:
-    """``sgd_element`` on whole NumPy/CuPy arrays, in place: what the kernels compute, used
-    when they cannot run (the same operations in the same order: the same bits)."""
-    new_p, new_buf = sgd_element(p, g, buf, lr, momentum, keep, weight_decay, nesterov, first)
-    if momentum != 0:
-        buf[...] = new_buf
-    p[...] = new_p
+def flat_step_reference(entry: Any, p: Any, g: Any, states: tuple[Any, ...],
+                        scalars: tuple[Any, ...]) -> None:
+    """``entry.element`` on whole NumPy/CuPy arrays, in place: what the kernels compute (the
+    same operations in the same order: the same bits), used when they cannot run."""
+    new = entry.element(p, g, *states, *scalars)
+    for a, value in zip(states, new[1:]):
+        a[...] = value
+    p[...] = new[0]
 
 
-def adam_step_reference(p: Any, g: Any, m: Any, v: Any, *scalars: Any) -> None:
-    """``adam_element`` on whole NumPy/CuPy arrays, in place (see ``sgd_step_reference``)."""
-    new_p, new_m, new_v = adam_element(p, g, m, v, *scalars)
-    m[...] = new_m
-    v[...] = new_v
-    p[...] = new_p
-
-
-def sgd_multi_step_reference(base: Any, table: Any, max_numel: int, *scalars: Any) -> None:
-    """``sgd_step_reference`` on each tensor of a multi-tensor table (see ``multi_tensor``):
-    row k of ``table`` holds the element offsets of p, g, buf in ``base`` and the numel."""
-    for p, g, buf in _columns(base, table, 3):
-        sgd_step_reference(p, g, buf, *scalars)
-
-
-def adam_multi_step_reference(base: Any, table: Any, max_numel: int, *scalars: Any) -> None:
-    """``adam_step_reference`` on each tensor of a multi-tensor table (p, g, m, v, numel)."""
-    for p, g, m, v in _columns(base, table, 4):
-        adam_step_reference(p, g, m, v, *scalars)
-
-
-def _columns(base: Any, table: Any, k: int) -> list[tuple[Any, ...]]:
+def multi_step_reference(entry: Any, base: Any, table: Any, max_numel: int,
+                         scalars: tuple[Any, ...]) -> None:
+    """``flat_step_reference`` on each tensor of a multi-tensor table (row k: the element
+    offsets of p, g and each state array in ``base``, then the numel)."""
     rows = backend.to_host(table, op="fused optimizer (the reference fallback reads its table)")
-    return [tuple(base[int(o):int(o) + int(row[k])] for o in row[:k]) for row in rows]
+    for row in rows:
+        n = int(row[-1])
+        p, g, *states = (base[int(o):int(o) + n] for o in row[:-1])
+        flat_step_reference(entry, p, g, tuple(states), scalars)
 
 
 def rehearsal_table(xp: Any, dtype: Any, columns: int, numel: int) -> tuple[Any, Any]:
@@ -131,10 +139,10 @@ def rehearsal_table(xp: Any, dtype: Any, columns: int, numel: int) -> tuple[Any,
     return base, xp.asarray(np.array(rows, dtype=np.int64))
 
 
-def signature(op: str, *args: Any) -> tuple:
+def signature(op: str, entry: Any, *args: Any) -> tuple:
     """What selects a compiled specialization (``minidist.kernels.fallback`` rehearses each
-    once): the op and the parameter array's type and dtype; every other array and scalar of a
-    call has that dtype (``minidist.optim.fused`` makes sure), the flags are bools. Cheaper
-    than the default signature, which looks at every argument (~6 us a call)."""
+    once): the op, the entry, and the first array's type and dtype; every other array and
+    scalar of a call has that dtype (``minidist.optim.fused`` makes sure), flags are bools,
+    and the entry fixes how many arrays there are. Cheaper than the default signature."""
     first = args[0]
-    return op, type(first), first.dtype.char
+    return op, entry, type(first), first.dtype.char

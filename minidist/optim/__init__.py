@@ -11,8 +11,11 @@
 
 Modules: ``optimizer`` (base class: groups, state_dict; how to write one), ``sgd``, ``adam``
 (Adam, AdamW, amsgrad), ``adadelta``, ``adagrad``, ``rmsprop``, ``options`` (their shared
-checks), ``lr_scheduler``, ``fused`` (``fused=True`` steps, ``flatten_parameters``); ``clip_grad_norm_`` is the tensor layer's (``minidist.tensor.clip_grad``), the
-same function as ``nn.utils.clip_grad_norm_``. Every update works in place on ``param.array``.
+checks), ``lr_scheduler``, ``fused`` (``fused=True`` steps, ``flatten_parameters``),
+``registry`` (``FusedStep``: one entry per fused element function; ``FUSED_STEPS`` lists them,
+filled as each optimizer module is imported below); ``clip_grad_norm_`` is the tensor layer's
+(``minidist.tensor.clip_grad``), the same function as ``nn.utils.clip_grad_norm_``. Every update
+works in place on ``param.array``.
 """
 
 from minidist.optim.adadelta import Adadelta
@@ -30,7 +33,8 @@ from minidist.optim.lr_scheduler import (
     WarmupCosine,
 )
 from minidist.optim.optimizer import Optimizer
+from minidist.optim.registry import FUSED_STEPS, FusedStep, register
 from minidist.optim.sgd import SGD
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Adadelta", "Adagrad", "RMSprop", "flatten_parameters", "clip_grad_norm_", "clip_grad_value_", "LRScheduler", "LambdaLR",
+__all__ = ["Optimizer", "FusedStep", "FUSED_STEPS", "register", "SGD", "Adam", "AdamW", "Adadelta", "Adagrad", "RMSprop", "flatten_parameters", "clip_grad_norm_", "clip_grad_value_", "LRScheduler", "LambdaLR",
            "LinearWarmup", "StepLR", "CosineAnnealingLR", "WarmupCosine"]

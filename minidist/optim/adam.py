@@ -24,10 +24,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from minidist import xp as backend
+from minidist.kernels.optim_math import sqrt
 from minidist.logger import rank_prefix
 from minidist.optim import fused as fused_step
 from minidist.optim.optimizer import Optimizer
-from minidist.optim.options import run_closure
+from minidist.optim.registry import FusedStep, register
 
 
 class Adam(Optimizer):
@@ -70,14 +71,9 @@ class Adam(Optimizer):
                                       weight_decay=weight_decay, amsgrad=bool(amsgrad),
                                       foreach=foreach, fused=fused))
 
-    def step(self, closure: Any = None) -> Any:
-        """One update of every parameter with a gradient (fused groups: compiled kernels);
-        ``closure`` as in torch (re-evaluates the model, its loss is returned)."""
-        if not any(g.get("fused") or g.get("foreach") for g in self.param_groups):
-            return super().step(closure)
-        loss = run_closure(closure)
-        fused_step.adam_step(self, self._update, self.decoupled)
-        return loss
+    def fused_kernel(self, group: dict[str, Any]) -> FusedStep:
+        """The registry entry of ``fused=True`` (amsgrad groups take ``_update``)."""
+        return ADAMW_STEP if self.decoupled else ADAM_STEP
 
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
         xp = backend.get_array_module(p.array)
@@ -138,3 +134,46 @@ class AdamW(Adam):
                  foreach: bool | None = None, fused: bool | None = None) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          amsgrad=amsgrad, foreach=foreach, fused=fused)
+
+
+# ----------------------------------------------------------------- the fused step (fused=True)
+# One element of ``_update``, as scalar Python, in the same order of operations (float
+# arithmetic is not associative), so the compiled loops give the same bits:
+#   p = p * decay                        (AdamW: 1 - lr * wd; Adam: 1.0, exact)
+#   g = p * l2 + g                       (Adam's L2 term; AdamW: l2 = 0, skipped)
+#   m = m * beta1 + g * (1 - beta1)
+#   v = v * beta2 + (g * g) * (1 - beta2)
+#   p = p - (m / (sqrt(v) / sqrt(1 - beta2^t) + eps)) * (lr / (1 - beta1^t))
+
+def adam_element(p: Any, g: Any, m: Any, v: Any, decay: Any, l2: Any, beta1: Any,
+                 one_minus_beta1: Any, beta2: Any, one_minus_beta2: Any,
+                 bias_correction2_sqrt: Any, eps: Any, step_size: Any) -> tuple[Any, Any, Any]:
+    """torch's Adam / AdamW for one element: ``(new_p, new_exp_avg, new_exp_avg_sq)``."""
+    p = p * decay
+    if l2 != 0:
+        g = p * l2 + g
+    m = m * beta1 + g * one_minus_beta1
+    v = v * beta2 + (g * g) * one_minus_beta2
+    denom = sqrt(v) / bias_correction2_sqrt + eps
+    return p - (m / denom) * step_size, m, v
+
+
+def adam_scalars(group: dict[str, Any], step: int, first: bool) -> tuple[Any, ...]:
+    return (1.0, group["weight_decay"]) + _moment_scalars(group, step)
+
+
+def adamw_scalars(group: dict[str, Any], step: int, first: bool) -> tuple[Any, ...]:
+    lr, wd = group["lr"], group["weight_decay"]
+    return (1.0 - lr * wd, 0.0) + _moment_scalars(group, step)
+
+
+def _moment_scalars(group: dict[str, Any], step: int) -> tuple[Any, ...]:
+    beta1, beta2 = group["betas"]
+    return (beta1, 1.0 - beta1, beta2, 1.0 - beta2, math.sqrt(1.0 - beta2 ** step),
+            group["eps"], group["lr"] / (1.0 - beta1 ** step))
+
+
+ADAM_STEP = register(FusedStep("adam", adam_element, adam_scalars,
+                               state=("exp_avg", "exp_avg_sq"), counts_steps=True))
+ADAMW_STEP = register(FusedStep("adamw", adam_element, adamw_scalars,
+                                state=("exp_avg", "exp_avg_sq"), counts_steps=True))

@@ -5,7 +5,9 @@
 
 With ``fused=True`` the step of every float32/float64 parameter runs in the Numba kernels of
 ``minidist.kernels.optim_cpu`` (NumPy arrays, ``@njit``) or ``optim_cuda`` (CuPy arrays,
-``numba.cuda``). The CPU kernel computes exactly the bits of the default path (the same
+``numba.cuda``), built from the element function of the group's registry entry
+(``opt.fused_kernel(group)``, a ``minidist.optim.registry.FusedStep``). ``step`` below is the
+same for every entry. The CPU kernel computes exactly the bits of the default path (the same
 operations in the same order, one rounding each); on the GPU a multiply-add may be fused into
 one rounding (last-bit differences). ``foreach=True`` (torch's multi-tensor path) takes the
 same kernels: torch's foreach and fused steps are both "many tensors per launch".
@@ -20,12 +22,12 @@ one's ended, and each run is ONE call over flat views::
     exp_avg  |--m0--|--m1--|--m2--|--m3--|            (allocated flat on the first step)
     runs     [ one call over p0..p2 (flat)  ] [ p3 ]
 
-The optimizer state is allocated that way (one flat buffer per group, per-parameter views in
+The optimizer state is allocated that way (one flat buffer per state name and group, views in
 ``state``, so ``state_dict()`` is unchanged); parameters and gradients are the model's. Tensors
 the kernels cannot take (float16 on the CPU, non-contiguous views, mixed dtypes) and every
 parameter of a machine without Numba take the default path, with the same results; kernels
 that fail to compile or first launch fall back as ``minidist.kernels.fallback`` decides (one
-warning, then the same element functions on whole arrays, ``optim_math.*_reference``).
+warning, then the same element function on whole arrays, ``optim_math.*_reference``).
 
 ``flatten_parameters(model.parameters())`` puts a model's parameters into one flat buffer (per
 device and dtype) and reserves their gradients in a second one with the same layout, in
@@ -36,7 +38,6 @@ gradients) one call per bucket. Call it before building DDP and the optimizer.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -47,10 +48,11 @@ from minidist.kernels import optim_math
 from minidist.kernels.fallback import CompiledBackend
 from minidist.logger import get_logger, rank_prefix
 from minidist.optim import multi_tensor
+from minidist.optim.registry import FusedStep
 
 log = get_logger(__name__)
 
-__all__ = ["check_flags", "sgd_step", "adam_step", "implementation", "flatten_parameters",
+__all__ = ["check_flags", "step", "reference_update", "implementation", "flatten_parameters",
            "flat_runs", "kernel_calls"]
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -244,7 +246,7 @@ def flatten_parameters(params: Iterable[Any]) -> list[Any]:
     return flats
 
 
-# ----------------------------------------------------------------- the steps
+# ----------------------------------------------------------------- the step
 
 Update = Callable[[int, Any, dict[str, Any]], None]
 
@@ -253,106 +255,111 @@ Update = Callable[[int, Any, dict[str, Any]], None]
 UNFUSED_OPTIONS = ("amsgrad", "maximize", "capturable", "differentiable")
 
 
-def _fused_params(opt: Any, fallback: Update) -> Iterable[tuple[int, Any, dict[str, Any], Any]]:
-    """Yield ``(index, param, group, kernels)`` for the parameters the kernels take this step;
-    the others (no fused, float16 on the CPU, an option in ``UNFUSED_OPTIONS``, ...) go
-    through ``fallback`` right away."""
-    for i, p, group in opt.indexed_params():
-        if p.grad is None:
-            continue
-        multi = group.get("fused") or group.get("foreach")  # foreach shares the kernels
-        fusable = multi and not any(group.get(k) for k in UNFUSED_OPTIONS)
-        kernels = _kernels_for(p.array) if fusable else None
-        if kernels is None or kernels.get() is None or not _kernel_ready((p.array, p.grad.array)):
-            fallback(i, p, group)
-            continue
-        yield i, p, group, kernels
+def _entry_for(opt: Any, group: dict[str, Any]) -> FusedStep | None:
+    """The registry entry that updates ``group`` (None: the optimizer's own rule)."""
+    if not (group.get("fused") or group.get("foreach")):  # foreach shares the kernels
+        return None
+    if any(group.get(k) for k in UNFUSED_OPTIONS):
+        return None
+    return opt.fused_kernel(group)
 
 
-def _group_key(group: dict[str, Any], kernels: Any, dtype: Any, *more: Any) -> tuple:
-    return (id(group), id(kernels), dtype) + more
+def step(opt: Any, fallback: Update) -> None:
+    """One fused step of ``opt``: each group's entry (``opt.fused_kernel(group)``) updates
+    the parameters the kernels take; ``fallback(i, p, group)`` updates every other one
+    (no fused option, float16 on the CPU, an option in ``UNFUSED_OPTIONS``, ...).
 
-
-def sgd_step(opt: Any, fallback: Update) -> None:
-    """One fused SGD step over ``opt``'s fused groups (``fallback`` updates everything else)."""
+    Parameters are batched by (group, entry, backend, dtype, first update?, step number): one
+    batch shares its scalars, computed once, and is one kernel call (``_launch``)."""
     batches: dict[tuple, list] = {}
-    for i, p, group, kernels in _fused_params(opt, fallback):
-        buf = opt.state.get(i, {}).get("momentum_buffer") if group["momentum"] != 0 else p.array
-        key = _group_key(group, kernels, p.array.dtype, buf is None)
-        batches.setdefault(key, []).append([i, p, group, kernels, buf])
-    for (_, _, dtype, first), entries in batches.items():
-        if first:  # the first momentum step: the buffers, flat, in the params' address order
-            for entry, buf in zip(entries, _flat_state([e[1].array for e in entries])):
-                entry[4] = opt.state.setdefault(entry[0], {})["momentum_buffer"] = buf
+    i = 0
+    for group in opt.param_groups:
+        entry = _entry_for(opt, group)
+        for p in group["params"]:
+            if p.grad is not None:
+                kernels = None if entry is None else _kernels_for(p.array)
+                if entry is None or kernels is None or kernels.get() is None or \
+                        not _kernel_ready((p.array, p.grad.array)):
+                    fallback(i, p, group)
+                else:
+                    state = opt.state[i]
+                    first = not state
+                    t = state.get("step", 0) + 1 if entry.counts_steps else 0
+                    key = (id(group), id(kernels), p.array.dtype, first, t)
+                    batches.setdefault(key, [group, entry, kernels, []])[3].append((i, p))
+            i += 1
+    for (_, _, dtype, first, t), (group, entry, kernels, members) in batches.items():
+        if first and (entry.state or entry.counts_steps):
+            _new_state(opt, entry, members)
         ready = []
-        for i, p, group, _, buf in entries:
-            if _kernel_ready((p.array, p.grad.array, buf)):
-                ready.append((p.array, p.grad.array, buf))
-            else:  # e.g. a buffer loaded with another dtype
-                fallback(i, p, group)
-        _, _, group, kernels, _ = entries[0]
-        dt = np.dtype(dtype).type
-        scalars = (dt(group["lr"]), dt(group["momentum"]), dt(1.0 - group["dampening"]),
-                   dt(group["weight_decay"]), bool(group["nesterov"]), bool(first))
-        _launch(kernels, "sgd", ready, scalars)
-
-
-def adam_step(opt: Any, fallback: Update, decoupled: bool) -> None:
-    """One fused Adam (``decoupled=False``) or AdamW step over ``opt``'s fused groups."""
-    batches: dict[tuple, list] = {}
-    for i, p, group, kernels in _fused_params(opt, fallback):
-        state = opt.state.get(i)
-        t = 1 if not state else state["step"] + 1
-        key = _group_key(group, kernels, p.array.dtype, t)
-        batches.setdefault(key, []).append((i, p, group, kernels))
-    for (_, _, dtype, t), entries in batches.items():
-        fresh = [(i, p) for i, p, _, _ in entries if not opt.state.get(i)]
-        if fresh:  # first step: exp_avg / exp_avg_sq flat, in the params' address order
-            likes = [p.array for _, p in fresh]
-            for (i, _), m, v in zip(fresh, _flat_state(likes), _flat_state(likes)):
-                opt.state[i] = {"step": 0, "exp_avg": m, "exp_avg_sq": v}
-        _, _, group, kernels = entries[0]
-        ready = []
-        for i, p, _, _ in entries:
+        for i, p in members:
             s = opt.state[i]
-            arrays = (p.array, p.grad.array, s["exp_avg"], s["exp_avg_sq"])
+            arrays = (p.array, p.grad.array, *(s[name] for name in entry.state))
             if _kernel_ready(arrays):
-                s["step"] = t
+                if entry.counts_steps:
+                    s["step"] = t
                 ready.append(arrays)
             else:  # e.g. state loaded with another dtype
                 fallback(i, p, group)
         dt = np.dtype(dtype).type
-        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-        beta1, beta2 = group["betas"]
-        scalars = (dt(1.0 - lr * wd if decoupled else 1.0), dt(0.0 if decoupled else wd),
-                   dt(beta1), dt(1.0 - beta1), dt(beta2), dt(1.0 - beta2),
-                   dt(math.sqrt(1.0 - beta2 ** t)), dt(eps), dt(lr / (1.0 - beta1 ** t)))
-        _launch(kernels, "adam", ready, scalars)
+        scalars = tuple(x if isinstance(x, bool) else dt(x)
+                        for x in entry.scalars(group, t, first))
+        _launch(kernels, entry, ready, scalars)
+
+
+def _new_state(opt: Any, entry: FusedStep, members: list[tuple[int, Any]]) -> None:
+    """The first update's state: ``"step": 0`` if counted, and one flat zeroed buffer per
+    state name, as per-parameter views in the parameters' address order (so runs over the
+    parameters are runs over the state too)."""
+    likes = [p.array for _, p in members]
+    columns = [_flat_state(likes) for _ in entry.state]
+    for k, (i, _) in enumerate(members):
+        s = opt.state[i]
+        if entry.counts_steps:
+            s["step"] = 0
+        for name, views in zip(entry.state, columns):
+            s[name] = views[k]
+
+
+def reference_update(opt: Any, entry: FusedStep, i: int, p: Any, group: dict[str, Any]) -> None:
+    """``entry``'s element on whole arrays, for one parameter: the default path of an
+    optimizer that has a fused step and no ``_update`` of its own (the same bits as the CPU
+    kernels; temporaries are allocated per step)."""
+    state = opt.state[i]
+    first = not state
+    if first:
+        if entry.counts_steps:
+            state["step"] = 0
+        xp = backend.get_array_module(p.array)
+        for name in entry.state:
+            state[name] = xp.zeros_like(p.array)
+    t = 0
+    if entry.counts_steps:
+        t = state["step"] = state["step"] + 1
+    dt = p.array.dtype.type
+    scalars = tuple(x if isinstance(x, bool) else dt(x) for x in entry.scalars(group, t, first))
+    optim_math.flat_step_reference(entry, p.array, p.grad.array,
+                                   tuple(state[name] for name in entry.state), scalars)
 
 
 MULTI_TENSOR = True
 """False: one kernel call per run, as before multi-tensor tables (benchmarks compare both)."""
 
-_REFERENCES: dict[str, Callable[..., Any]] = {
-    "sgd_step": optim_math.sgd_step_reference,
-    "adam_step": optim_math.adam_step_reference,
-    "sgd_multi_step": optim_math.sgd_multi_step_reference,
-    "adam_multi_step": optim_math.adam_multi_step_reference}
 
-
-def _launch(kernels: CompiledBackend, name: str, ready: list[tuple[Any, ...]],
+def _launch(kernels: CompiledBackend, entry: FusedStep, ready: list[tuple[Any, ...]],
             scalars: tuple) -> None:
     """One kernel call for all tensors in ``ready`` (one dtype and device): a single flat run
     directly, several runs through a multi-tensor table of the tensors (``multi_tensor``;
     built from the tensors themselves, whose addresses it remembers); one call per run only
     when the addresses allow no table."""
+    if not ready:
+        return
     runs = flat_runs(ready)
     table = multi_tensor.table_of(ready) if len(runs) > 1 and MULTI_TENSOR else None
     if table is not None:
-        op = f"{name}_multi_step"
-        kernels.call(op, _REFERENCES[op], table.base, table.offsets, table.max_numel,
-                     *scalars)
+        kernels.call("multi_step", optim_math.multi_step_reference, entry, table.base,
+                     table.offsets, table.max_numel, scalars)
         return
-    op = f"{name}_step"
     for run in runs:
-        kernels.call(op, _REFERENCES[op], *run, *scalars)
+        kernels.call("flat_step", optim_math.flat_step_reference, entry, run[0], run[1],
+                     run[2:], scalars)

@@ -1,7 +1,7 @@
 """Multi-tensor tables: many same-dtype tensors as ONE array and a table of offsets into it.
 
     table = multi_tensor.table_of([(p0, g0, m0, v0), (p1, g1, m1, v1), ...])
-    kernels.adam_multi_step(table.base, table.offsets, *scalars)   # one call for all tensors
+    kernels.multi_step(entry, table.base, table.offsets, table.max_numel, scalars)  # one call
 
 A fused optimizer step over unflattened parameters would be one kernel call per tensor (each
 tensor, its gradient and its state are separate allocations). torch's multi-tensor apply

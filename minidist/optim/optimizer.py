@@ -15,6 +15,12 @@ number is the key of the per-parameter state and of ``state_dict()``, exactly to
 
 Values are plain arrays and numbers, so a checkpoint stores them without pickle.
 
+An optimizer with a fused kernel (``fused=True``) is written differently: its update is one
+element function registered as a ``FusedStep`` (``minidist.optim.registry``), and the class
+only names it in ``fused_kernel(group)``; ``step`` then runs the compiled loops built from it,
+or (without ``_update`` of its own) the same function on whole arrays. docs/layout.md,
+"A new optimizer with a fused kernel", has a whole one.
+
 Writing an optimizer (torch's way): subclass, pass the defaults up, override ``step`` and walk
 ``self.param_groups``; ``self.state[p]`` is the parameter's state dict (empty at first), and
 ``state_dict``/``load_state_dict`` then work as they are. ``p`` and ``p.grad`` are Tensors,
@@ -58,7 +64,9 @@ import numpy
 
 from minidist import xp as backend
 from minidist.logger import get_logger, rank_prefix
+from minidist.optim import fused
 from minidist.optim.options import run_closure
+from minidist.optim.registry import FusedStep
 
 log = get_logger(__name__)
 
@@ -185,17 +193,33 @@ class Optimizer:
         grad mode on, and its loss is returned. The public extension point is this method:
         a new optimizer overrides ``step`` and walks ``self.param_groups`` and
         ``self.state[p]`` as in torch (see the module docstring). The optimizers here
-        implement ``_update(i, p, group)`` instead, one parameter at a time.
+        implement ``_update(i, p, group)`` instead, one parameter at a time, and groups with
+        ``fused=True`` (or ``foreach=True``) go to ``minidist.optim.fused.step``.
         """
         loss = None if closure is None else run_closure(closure)
+        if any(g.get("fused") or g.get("foreach") for g in self.param_groups):
+            fused.step(self, self._update)
+            return loss
         for i, p, group in self.indexed_params():
             if p.grad is not None:
                 self._update(i, p, group)
         return loss
 
-    def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:  # pragma: no cover
-        """The update rule for parameter ``i`` (its flat index) of ``group``: subclasses."""
-        raise NotImplementedError(f"{type(self).__name__} must override step() (or _update).")
+    def fused_kernel(self, group: dict[str, Any]) -> FusedStep | None:
+        """The ``minidist.optim.registry`` entry that updates ``group`` when it sets
+        ``fused=True``, or None (no fused step: ``_update`` runs). Optimizers with a fused
+        kernel override it."""
+        return None
+
+    def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
+        """The update rule for parameter ``i`` (its flat index) of ``group``. By default the
+        fused entry's element function on whole arrays (``fused.reference_update``); the
+        optimizers here write their own, allocation-free."""
+        entry = self.fused_kernel(group)
+        if entry is None:
+            raise NotImplementedError(f"{type(self).__name__} must override step(), _update() "
+                                      "or fused_kernel().")
+        fused.reference_update(self, entry, i, p, group)
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from minidist.logger import rank_prefix
 from minidist.optim import fused as fused_step
 from minidist.optim.optimizer import Optimizer, _required
 from minidist.optim.options import run_closure
+from minidist.optim.registry import FusedStep, register
 
 
 class SGD(Optimizer):
@@ -48,6 +49,10 @@ class SGD(Optimizer):
 
     state_keys = ("momentum_buffer",)
 
+    def fused_kernel(self, group: dict[str, Any]) -> FusedStep:
+        """The registry entry of ``fused=True``: with or without a momentum buffer."""
+        return SGD_MOMENTUM if group["momentum"] != 0 else SGD_PLAIN
+
     def __init__(self, params: Iterable[Any], lr: float = _required, momentum: float = 0.0,
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, *,
                  foreach: bool | None = None, fused: bool | None = None) -> None:
@@ -68,7 +73,7 @@ class SGD(Optimizer):
         ``closure`` as in torch (re-evaluates the model, its loss is returned)."""
         loss = None if closure is None else run_closure(closure)
         if any(g.get("fused") or g.get("foreach") for g in self.param_groups):
-            fused_step.sgd_step(self, self._update)
+            fused_step.step(self, self._update)
             return loss
         i = 0                                        # the parameter's index in state_dict
         for group in self.param_groups:
@@ -112,3 +117,51 @@ class SGD(Optimizer):
                 d = buf
         xp.multiply(d, lr, out=out)                  # p = p - lr * d
         xp.subtract(param, out, out=param)
+
+
+# ----------------------------------------------------------------- the fused step (fused=True)
+# One element of ``_update``, as scalar Python, in the same order of operations (float
+# arithmetic is not associative), so the compiled loops give the same bits:
+#   d = p * wd + g                       (_update: out = param * wd; out = out + g)
+#   buf = d                  (first step)
+#   buf = buf * momentum + d * keep      (keep = 1 - dampening; d * 1.0 == d exactly)
+#   d = d + buf * momentum   (nesterov)  else  d = buf
+#   p = p - d * lr
+
+def sgd_element(p: Any, g: Any, lr: Any, weight_decay: Any) -> tuple[Any]:
+    """SGD without momentum, one element: ``(new_p,)``."""
+    d = g
+    if weight_decay != 0:
+        d = p * weight_decay + d
+    return (p - d * lr,)
+
+
+def sgd_momentum_element(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep: Any,
+                         weight_decay: Any, nesterov: bool, first: bool) -> tuple[Any, Any]:
+    """torch's SGD with momentum, one element: ``(new_p, new_momentum_buffer)``."""
+    d = g
+    if weight_decay != 0:
+        d = p * weight_decay + d
+    if first:
+        buf = d
+    else:
+        buf = buf * momentum + d * keep
+    if nesterov:
+        d = d + buf * momentum
+    else:
+        d = buf
+    return p - d * lr, buf
+
+
+def sgd_scalars(group: dict[str, Any], step: int, first: bool) -> tuple[Any, ...]:
+    return group["lr"], group["weight_decay"]
+
+
+def sgd_momentum_scalars(group: dict[str, Any], step: int, first: bool) -> tuple[Any, ...]:
+    return (group["lr"], group["momentum"], 1.0 - group["dampening"], group["weight_decay"],
+            bool(group["nesterov"]), first)
+
+
+SGD_PLAIN = register(FusedStep("sgd", sgd_element, sgd_scalars))
+SGD_MOMENTUM = register(FusedStep("sgd_momentum", sgd_momentum_element, sgd_momentum_scalars,
+                                  state=("momentum_buffer",)))

@@ -34,20 +34,34 @@ def compile_or_skip(pyfunc, sig):
         raise
 
 
+from minidist import optim  # noqa: E402
+
+GROUP = dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False,
+             betas=(0.9, 0.99), eps=1e-6, alpha=0.9)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_optimizer_kernels_compile_to_sm90_ptx(hopper, dtype):
+@pytest.mark.parametrize("name", sorted(optim.FUSED_STEPS))
+def test_optimizer_kernels_compile_to_sm90_ptx(hopper, dtype, name):
+    """Every registered fused step's two kernels (flat run, multi-tensor table), built from its
+    element function, compile for sm_90."""
     from numba import types
 
     from minidist.kernels import optim_cuda
 
+    entry = optim.FUSED_STEPS[name]
     t = getattr(types, dtype)
     arr = t[::1]
     suffix = "f32" if dtype == "float32" else "f64"
-    ptx = compile_or_skip(optim_cuda._adam_kernel.py_func, (arr,) * 4 + (t,) * 9)
-    assert ".target sm_90" in ptx and f"sqrt.rn.{suffix}" in ptx and f"div.rn.{suffix}" in ptx
-    ptx = compile_or_skip(optim_cuda._sgd_kernel.py_func,
-                          (arr,) * 3 + (t,) * 4 + (types.boolean,) * 2)
-    assert ".target sm_90" in ptx
+    scalars = types.Tuple([types.boolean if isinstance(x, bool) else t
+                           for x in entry.scalars(GROUP, 1, True)])
+    states = types.Tuple([arr] * len(entry.state))
+    kernels = optim_cuda.kernels_for(entry)
+    for ptx in (compile_or_skip(kernels.flat.py_func, (arr, arr, states, scalars)),
+                compile_or_skip(kernels.multi.py_func, (arr, types.int64[::1], scalars))):
+        assert ".target sm_90" in ptx
+        if name.startswith("adam"):
+            assert f"sqrt.rn.{suffix}" in ptx and f"div.rn.{suffix}" in ptx
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int32"])

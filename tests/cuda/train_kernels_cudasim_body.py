@@ -43,9 +43,11 @@ def test_sgd_kernel_equals_default_path(kw, dtype):
         g = rng.standard_normal(N).astype(dtype)
         ref.grad = g.copy()
         opt.step()
-        optim_cuda.sgd_step(p, g, buf, dt(kw["lr"]), dt(kw.get("momentum", 0.0)),
-                            dt(1.0 - kw.get("dampening", 0.0)), dt(kw.get("weight_decay", 0.0)),
-                            kw.get("nesterov", False), step == 0, launch=(2, 64))
+        entry = opt.fused_kernel(opt.param_groups[0])
+        states = (buf,) if entry.state else ()
+        scalars = tuple(x if isinstance(x, bool) else dt(x)
+                        for x in entry.scalars(opt.param_groups[0], 0, step == 0))
+        optim_cuda.flat_step(entry, p, g, states, scalars, launch=(2, 64))
         assert np.array_equal(p, ref.array), (step, np.abs(p - ref.array).max())
 
 
@@ -66,10 +68,10 @@ def test_adam_kernel_equals_default_path(decoupled):
         g[5] = 0.0
         ref.grad = g.copy()
         opt.step()
-        optim_cuda.adam_step(p, g, m, v, f(1 - lr * wd if decoupled else 1.0),
-                             f(0.0 if decoupled else wd), f(b1), f(1 - b1), f(b2), f(1 - b2),
-                             f(math.sqrt(1 - b2 ** t)), f(eps), f(lr / (1 - b1 ** t)),
-                             launch=(2, 64))
+        optim_cuda.flat_step(opt.fused_kernel(opt.param_groups[0]), p, g, (m, v),
+                             (f(1 - lr * wd if decoupled else 1.0), f(0.0 if decoupled else wd),
+                              f(b1), f(1 - b1), f(b2), f(1 - b2), f(math.sqrt(1 - b2 ** t)),
+                              f(eps), f(lr / (1 - b1 ** t))), launch=(2, 64))
         assert np.array_equal(p, ref.array), (t, np.abs(p - ref.array).max())
         assert np.array_equal(m, opt.state[0]["exp_avg"])
         assert np.array_equal(v, opt.state[0]["exp_avg_sq"])
@@ -104,22 +106,25 @@ def test_multi_tensor_kernels_equal_default_path(make):
         opt.step()
         group = opt.param_groups[0]
         f = np.float32
+        entry = opt.fused_kernel(group)
         if sgd:
-            items = [(p, g, s[0] if momentum else p) for p, g, s in zip(mine, gs, state)]
+            items = [(p, g, s[0]) if momentum else (p, g) for p, g, s in zip(mine, gs, state)]
             table = multi_tensor.table_of(items)
-            optim_cuda.sgd_multi_step(table.base, table.offsets, table.max_numel, f(group["lr"]),
-                                      f(group["momentum"]), f(1.0), f(group["weight_decay"]),
-                                      False, t == 1, launch=(2, 64))
+            scalars = (f(group["lr"]), f(group["momentum"]), f(1.0), f(group["weight_decay"]),
+                       False, t == 1) if momentum else (f(group["lr"]), f(group["weight_decay"]))
+            optim_cuda.multi_step(entry, table.base, table.offsets, table.max_numel, scalars,
+                                  launch=(2, 64))
         else:
             import math
 
             lr, wd, (b1, b2), eps = group["lr"], group["weight_decay"], group["betas"], 1e-8
             decoupled = isinstance(opt, optim.AdamW)
             table = multi_tensor.table_of([(p, g, *s) for p, g, s in zip(mine, gs, state)])
-            optim_cuda.adam_multi_step(
-                table.base, table.offsets, table.max_numel, f(1 - lr * wd if decoupled else 1.0),
-                f(0.0 if decoupled else wd), f(b1), f(1 - b1), f(b2), f(1 - b2),
-                f(math.sqrt(1 - b2 ** t)), f(eps), f(lr / (1 - b1 ** t)), launch=(2, 64))
+            optim_cuda.multi_step(
+                entry, table.base, table.offsets, table.max_numel,
+                (f(1 - lr * wd if decoupled else 1.0), f(0.0 if decoupled else wd), f(b1),
+                 f(1 - b1), f(b2), f(1 - b2), f(math.sqrt(1 - b2 ** t)), f(eps),
+                 f(lr / (1 - b1 ** t))), launch=(2, 64))
         for p, r in zip(mine, ref):
             assert np.array_equal(p, r.array), (t, np.abs(p - r.array).max())
 
@@ -127,9 +132,45 @@ def test_multi_tensor_kernels_equal_default_path(make):
 def test_multi_tensor_rehearsal_runs_on_a_private_table():
     base = np.zeros(10, np.float32)
     table = np.array([[0, 3, 6, 2]], np.int64)
-    optim_cuda.rehearse("sgd_multi_step", base, table, 2, np.float32(0.1), np.float32(0.9),
-                        np.float32(1.0), np.float32(0.0), False, True)
+    from minidist.optim.sgd import SGD_MOMENTUM
+
+    optim_cuda.rehearse("multi_step", SGD_MOMENTUM, base, table, 2,
+                        (np.float32(0.1), np.float32(0.9), np.float32(1.0), np.float32(0.0),
+                         False, True))
     assert not base.any()  # the caller's arrays are not touched
+
+
+@pytest.mark.parametrize("name", sorted(optim.FUSED_STEPS))
+def test_every_registered_fused_step_runs_as_its_reference(name):
+    """Each registry entry's two kernels (a flat run, a multi-tensor table) give the bits of
+    its element function on whole arrays, from the same random state and scalars."""
+    from minidist.kernels import optim_math
+    from minidist.optim import multi_tensor
+
+    entry = optim.FUSED_STEPS[name]
+    group = dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False,
+                 betas=(0.9, 0.99), eps=1e-6, alpha=0.9)
+    rng = np.random.default_rng(7)
+    shapes = [(301,), (7,), (1,)]
+    width = 2 + len(entry.state)
+    want = [[rng.uniform(0.5, 1.0, s).astype(np.float32) for _ in range(width)] for s in shapes]
+    flat = [[a.copy() for a in arrays] for arrays in want]
+    multi = [[a.copy() for a in arrays] for arrays in want]
+    for step in (1, 2):
+        scalars = tuple(x if isinstance(x, bool) else np.float32(x)
+                        for x in entry.scalars(group, step, step == 1))
+        for arrays in want:
+            optim_math.flat_step_reference(entry, arrays[0], arrays[1], tuple(arrays[2:]),
+                                           scalars)
+        for arrays in flat:
+            optim_cuda.flat_step(entry, arrays[0], arrays[1], tuple(arrays[2:]), scalars,
+                                 launch=(2, 64))
+        table = multi_tensor.table_of([tuple(arrays) for arrays in multi])
+        optim_cuda.multi_step(entry, table.base, table.offsets, table.max_numel, scalars,
+                              launch=(2, 64))
+        for w, f, m in zip(want, flat, multi):
+            for a, b, c in zip(w, f, m):
+                assert np.array_equal(a, b) and np.array_equal(a, c), (name, step)
 
 
 # ----------------------------------------------------------------------------- cuda_ipc reduce

@@ -128,21 +128,13 @@ class CountingKernels:
     def __init__(self, real):
         self.real, self.calls = real, []
 
-    def sgd_step(self, p, *args):
+    def flat_step(self, entry, p, *args):
         self.calls.append(p.size)
-        self.real.sgd_step(p, *args)
+        self.real.flat_step(entry, p, *args)
 
-    def adam_step(self, p, *args):
-        self.calls.append(p.size)
-        self.real.adam_step(p, *args)
-
-    def sgd_multi_step(self, base, table, *args):  # one call for many tensors: their numel
+    def multi_step(self, entry, base, table, *args):  # one call for many tensors: their numel
         self.calls.append(int(table[:, -1].sum()))
-        self.real.sgd_multi_step(base, table, *args)
-
-    def adam_multi_step(self, base, table, *args):
-        self.calls.append(int(table[:, -1].sum()))
-        self.real.adam_multi_step(base, table, *args)
+        self.real.multi_step(entry, base, table, *args)
 
 
 @needs_numba
@@ -369,10 +361,10 @@ def test_a_kernel_that_fails_to_compile_falls_back_with_the_same_bits(monkeypatc
         def check_usable(self):
             pass
 
-        def adam_step(self, *args):
+        def flat_step(self, *args):
             raise AttributeError("module 'numpy' has no attribute 'row_stack'")
 
-        adam_multi_step = adam_step
+        multi_step = flat_step
 
     backend = CompiledBackend("numba-cpu", "unused", "fix it")
     backend.module, backend.state = Broken(), LoadState.READY
@@ -438,3 +430,88 @@ def test_two_dtypes_are_two_calls_per_step(monkeypatch):
         opt_ref.step()
     assert len(counter.calls) == 2 * 3
     assert_same_bits(ps, ref)
+
+
+# ----------------------------------------------------------------------------- a new fused step
+# A new optimizer with a fused kernel, defined the way docs/layout.md's scenario (c) says: an
+# element function, its registry entry, a class that names the entry. No kernel code: the
+# Numba loops are built from the element function, and the default path runs the same
+# function on whole arrays.
+def rms_element(p, g, square_avg, lr, alpha, one_minus_alpha, eps, weight_decay):
+    if weight_decay != 0:
+        g = p * weight_decay + g
+    square_avg = square_avg * alpha + (g * g) * one_minus_alpha
+    return p - (g / (optim_math.sqrt(square_avg) + eps)) * lr, square_avg
+
+
+def rms_scalars(group, step, first):
+    return group["lr"], group["alpha"], 1.0 - group["alpha"], group["eps"], group["weight_decay"]
+
+
+RMS_STEP = optim.register(optim.FusedStep("test_rms", rms_element, rms_scalars,
+                                          state=("square_avg",)))
+
+
+class PlainRMS(optim.Optimizer):
+    """RMSprop without its options (centered, momentum): p -= lr * g / (sqrt(v) + eps)."""
+
+    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, *, fused=None):
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
+                                      fused=fused))
+
+    def fused_kernel(self, group):
+        return RMS_STEP
+
+
+from minidist.kernels import optim_math  # noqa: E402
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kw", [dict(), dict(lr=3e-2, alpha=0.9, weight_decay=0.01)])
+def test_a_new_fused_optimizer_is_its_element_and_entry(monkeypatch, kw, dtype):
+    """fused=True runs compiled loops built from the element function alone, one call per
+    step, with the default path's bits; state_dict has the entry's state names."""
+    assert optim.FUSED_STEPS["test_rms"] is RMS_STEP
+    counter = count_calls(monkeypatch)
+    a, b, opt_a, opt_b = run_pair(lambda ps, f: PlainRMS(ps, fused=f, **kw), dtype, skip=3)
+    updated = sum(p.array.size for step in range(6)
+                  for p, g in zip(a, grads_for(a, step, skip=3)) if g is not None)
+    assert sum(counter.calls) == updated  # every element by a compiled call: one per step,
+    assert len(counter.calls) <= 6 + 2    # two when a parameter's first update joins in
+    assert_same_bits(a, b)
+    for i, s in opt_a.state_dict()["state"].items():
+        assert list(s) == ["square_avg"]
+        assert np.array_equal(s["square_avg"], opt_b.state[i]["square_avg"])
+    want = make_params(dtype)[0].array.astype(np.float64)  # against the formula, in float64
+    v = np.zeros_like(want)
+    lr, alpha, eps, wd = kw.get("lr", 1e-2), kw.get("alpha", 0.99), 1e-8, kw.get("weight_decay", 0)
+    for step in range(6):
+        g = grads_for(a, step, skip=3)[0]
+        if g is None:
+            continue
+        g = g.astype(np.float64) + wd * want
+        v = alpha * v + (1 - alpha) * g * g
+        want = want - lr * g / (np.sqrt(v) + eps)
+    np.testing.assert_allclose(b[0].array, want, rtol=1e-4 if dtype == np.float32 else 1e-12)
+
+
+def test_a_new_fused_optimizer_falls_back_to_its_element_on_whole_arrays(monkeypatch):
+    """Kernels that fail to compile: the same element function on whole arrays, same bits."""
+    from minidist.kernels.fallback import CompiledBackend, LoadState
+
+    class Broken:
+        def check_usable(self):
+            pass
+
+        def flat_step(self, *args):
+            raise NotImplementedError("a build that compiles no fused step")  # its own warning
+
+        multi_step = flat_step
+
+    backend = CompiledBackend("numba-cpu", "unused", "fix it")
+    backend.module, backend.state = Broken(), LoadState.READY
+    monkeypatch.setattr(fused, "_CPU", backend)
+    with pytest.warns(RuntimeWarning, match="kernels cannot run here"):
+        a, b, _, _ = run_pair(lambda ps, f: PlainRMS(ps, fused=f), np.float32, steps=3)
+    assert_same_bits(a, b)
