@@ -96,9 +96,9 @@ def _build_kernels(entry: Any) -> Kernels:
             for j in range(start, n, stride):
                 update(j, p, g, states, scalars)
 
-    # the launch plans of minidist.kernels.cuda are keyed by the kernel's name
-    flat.__name__ = flat.__qualname__ = f"fused_{entry.name}_flat"
-    multi.__name__ = multi.__qualname__ = f"fused_{entry.name}_multi"
+    # the launch plans of minidist.kernels.cuda are keyed by the kernel's name: one per entry
+    flat.__name__ = flat.__qualname__ = f"fused_{entry.name}_{id(entry):x}_flat"
+    multi.__name__ = multi.__qualname__ = f"fused_{entry.name}_{id(entry):x}_multi"
     return Kernels(cuda.jit(flat), cuda.jit(multi))
 
 
