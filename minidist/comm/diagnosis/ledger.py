@@ -235,10 +235,9 @@ class Ledger:
         in ``threading``: its stack never leaves minidist); its line is worked out only when
         the entry is read (``line_of``).
         """
-        try:  # frame 1 is Calls.begin, 2 the collective, 3 its caller: sys._getframe(3) skips
-            f: Any = sys._getframe(3)  # to it without building frame objects for 1 and 2
-        except ValueError:  # a shorter stack (begin called at a script's top level)
-            f = sys._getframe(2)
+        # frame 1 is Calls.begin (skipped without building its frame object), 2 the collective:
+        # start at the collective's caller, or the collective when begin ran at a top level
+        f = sys._getframe(2).f_back or sys._getframe(2)
         while (f.f_code.co_filename.startswith(_INSIDE)  # minidist's (or contextlib's) frame
                and f.f_back is not None and f.f_back.f_code.co_filename != _THREADING_FILE):
             f = f.f_back
