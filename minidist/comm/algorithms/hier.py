@@ -56,7 +56,8 @@ from minidist.comm.algorithms.recursive_doubling import rd_all_reduce
 from minidist.comm.algorithms.registry import Algorithm
 from minidist.comm.algorithms.ring import chunk_bounds, ring_all_reduce
 from minidist.comm.algorithms.scratch import scratch
-from minidist.comm.algorithms.shm import shm_all_gather, shm_all_reduce, shm_available
+from minidist.comm.algorithms.shm import shm_all_reduce, shm_available
+from minidist.comm.algorithms.shm_gather import shm_all_gather
 from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.staging import stager_for
 from minidist.comm.topology import Topology, detect_topology

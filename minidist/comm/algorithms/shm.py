@@ -31,14 +31,12 @@ step (5) of this one: 2 barriers per call. Three special cases:
 - ranks disagree on numel/dtype/op, or on the call's fingerprint (``tag``: another collective,
   another call number): CollectiveMismatch on every rank (all read the same headers).
 
-How fast against MPI and the earlier pull design (reduce, barrier, copy the peer's slice back):
-the tables of docs/benchmarks.md with their commands. The copy path moves one more copy than
-the ring over MPI (which uses single-copy CMA).
 Memory traffic per rank, zero-copy: read K, write K (reduce + push fused per cache-sized
-piece); copy path: + copy-in K(N-1)/N and copy-out K(N-1)/N. Invariant: each slice is reduced
-once, in rank order (x0 + x1 + ... like ``direct``), so every rank ends with identical bits.
-Only for the MPI transport with all ranks on one node - a real one, not split into virtual
-nodes by ``MINIDIST_RANKS_PER_NODE`` (CommError otherwise; ``shm_available`` tells "auto").
+piece); the copy path adds a copy-in and a copy-out of K(N-1)/N each (timings against MPI: the
+tables of docs/benchmarks.md). Invariant: each slice is reduced once, in rank order (x0 + x1 +
+... like ``direct``), so every rank ends with identical bits. Only for the MPI transport with
+all ranks on one node - a real one, not split into virtual nodes by ``MINIDIST_RANKS_PER_NODE``
+(CommError otherwise; ``shm_available`` tells "auto").
 
 Concurrency: all state (flag barrier, headers, scratch window) belongs to one transport, so
 collectives on two groups (two transports, e.g. DDP's comm thread on the default group and a
@@ -153,7 +151,7 @@ class _Scratch:
         return [s[lo: lo + numel * dtype.itemsize].view(dtype) for s in self.win.slots]
 
 
-def _scratch(node: ShmNode, nbytes: int) -> _Scratch:
+def scratch_window(node: ShmNode, nbytes: int) -> _Scratch:
     """The scratch window, grown (collectively: every rank asks for the same size) if needed."""
     sc = node.extra.get("scratch")
     if sc is None or sc.half_bytes < nbytes:
@@ -200,7 +198,7 @@ def _copy_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool) 
         part = flat[c0:c0 + step]
         b = line_aligned_bounds(part.size, n, flat.itemsize)
         lo, hi = b[me], b[me + 1]
-        sc = _scratch(node, part.nbytes)  # grows at c0 == 0 only: later chunks are smaller
+        sc = scratch_window(node, part.nbytes)  # grows at c0 == 0 only: later chunks are smaller
         slots = sc.slots(node.half, flat.dtype, part.size)
         if c0 > 0 or not first_done:
             _copy_in(slots[me], part, lo, hi)  # (1)
@@ -221,7 +219,7 @@ def _small_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool)
     adds beat a second barrier plus a copy-out. Rank order everywhere -> identical bits.
     """
     if not first_done:
-        _scratch(node, flat.nbytes).slots(node.half, flat.dtype, flat.size)[node.rank][...] = flat
+        scratch_window(node, flat.nbytes).slots(node.half, flat.dtype, flat.size)[node.rank][...] = flat
         node.barrier("all_reduce(shm) copy-in")
     slots = node.extra["scratch"].slots(node.half, flat.dtype, flat.size)
     slots[node.rank] = flat  # my own data: read it from my buffer
@@ -330,24 +328,6 @@ def shm_prepare(transport: Transport) -> Any:
     runs once ``shm_usable`` held for its buffer kind."""
     return functools.partial(node_all_reduce, shm_node(transport))
 
-def shm_all_gather(transport: Transport, buf: np.ndarray, bounds: list) -> None:
-    """Every rank r contributes ``buf[bounds[r]:bounds[r+1]]``; afterwards all hold all of them.
-
-    Through the double-buffered scratch window: write my part into my slot, one barrier, copy
-    the others' parts out of their slots (the next call uses the other half, so a fast rank
-    never overwrites a part a slow one still reads). Collective over the transport's node;
-    stream 0 only, like ``shm_all_reduce`` (hier's step (3)).
-    """
-    node = shm_node(transport)
-    me = node.rank
-    slots = _scratch(node, buf.nbytes).slots(node.half, buf.dtype, buf.size)
-    slots[me][bounds[me]:bounds[me + 1]] = buf[bounds[me]:bounds[me + 1]]
-    node.barrier("all_gather(shm)")
-    for j, slot in enumerate(slots):
-        if j != me:
-            buf[bounds[j]:bounds[j + 1]] = slot[bounds[j]:bounds[j + 1]]
-    node.half ^= 1
-
 
 def shm_available(transport: Transport, buf: Any = None) -> bool:
     """True when "shm" can run here: MPI transport, one (real, not virtually split) node, and
@@ -398,6 +378,5 @@ SHM = Algorithm("shm", shm_all_reduce, usable=shm_usable, cost=shm_cost,
                 prepare=shm_prepare)
 
 
-__all__ = ["SHM", "shm_usable", "shm_all_reduce", "shm_all_gather", "shm_alloc_buffer", "shm_close", "shm_available", "shm_is_shared",
-           "line_aligned_bounds",
-           "CHUNK_BYTES"]
+__all__ = ["CHUNK_BYTES", "SHM", "line_aligned_bounds", "scratch_window", "shm_all_reduce",
+           "shm_alloc_buffer", "shm_available", "shm_close", "shm_is_shared", "shm_usable"]
