@@ -9,9 +9,10 @@ Call numbers: every collective of a group takes the next number on its stream (`
 1), so the n-th call of one rank pairs with the n-th call of every other.
 
 Message tags: ``begin`` folds the call's fingerprint, a hash of ``(seq, signature)``, into the
-tag above the stream bits (``wire_tag``, the one function that builds a collective's tag). The signature hashes what the call is (collective, op, dtype, count, root,
-algorithm), so calls that differ across ranks never consume each other's messages, and MPI's
-Allreduce and the shared-memory algorithm compare the fingerprint beside the data. The tag
+tag above the stream bits (``wire_tag``, the one function that builds a collective's tag).
+The signature hashes what the call is (collective, op, dtype, count, root, algorithm), so
+calls that differ across ranks never consume each other's messages, and MPI's Allreduce and
+the shared-memory algorithm compare the fingerprint beside the data. The tag
 depends on the call alone: it is the same whoever watches (the ledger on or off).
 
 Observers watch the calls without being part of them. An observer has three methods, which

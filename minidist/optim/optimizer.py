@@ -137,8 +137,8 @@ class Optimizer:
         """``self.state``, the per-parameter state, is always a ``ParamState``: a dict by index
         that takes the parameter itself too (``self.state[p]``, torch's way), where a missing
         entry reads as a new empty dict (torch's ``defaultdict(dict)``). Assigning a plain dict
-        (``opt.state = {...}``, as ``load_state_dict`` does) wraps it; reading is a plain
-        attribute read, with no Python code in between (a step reads it per parameter)."""
+        (``opt.state = {...}``) wraps it; reading is a plain attribute read, with no Python
+        code in between (a step reads it per parameter)."""
         if name == "state" and not isinstance(value, ParamState):
             value = ParamState(self, value)
         super().__setattr__(name, value)

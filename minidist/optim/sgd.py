@@ -66,7 +66,6 @@ class SGD(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov,
                                       foreach=foreach, fused=fused))
-        self.work: dict[int, Any] = {}  # param index -> the buffer that holds lr * d
 
     def step(self, closure: Any = None) -> Any:
         """One update of every parameter with a gradient (fused groups: compiled kernels);
@@ -88,9 +87,7 @@ class SGD(Optimizer):
         xp = backend.get_array_module(p.array)
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
         param, d = p.array, p.grad.array
-        out = self.work.get(i)                       # p - lr * d needs one work buffer
-        if out is None or out.shape != param.shape or out.dtype != param.dtype:
-            out = self.work[i] = xp.empty_like(param)  # allocated once: steps allocate nothing
+        out = self.scratch(i, param, 0)              # p - lr * d: one reusable work buffer
         if wd != 0:                                  # d = g + wd * p  (the grad itself is kept)
             xp.multiply(param, wd, out=out)
             xp.add(out, d, out=out)

@@ -17,8 +17,8 @@ Rules every implementation keeps:
 - ``tag`` separates independent streams; algorithms pass the tag they were given through
   unchanged. The process group builds each collective's tag from its stream (the caller's
   ``tag`` argument, ``0 <= tag < MAX_STREAMS``) in the low bits and the call's fingerprint in
-  the high bits (``comm/calls.py: wire_tag``), so calls that differ across ranks never match each other's
-  messages; ``stream_of(tag)`` recovers the stream (scratch buffers are cached per stream);
+  the high bits (``comm/calls.py: wire_tag``), so calls that differ across ranks never match
+  each other's messages; ``stream_of(tag)`` recovers the stream (scratch buffers are cached per stream);
 - every blocking call honours ``timeout_s`` (default ``MINIDIST_TIMEOUT_S``, 300 s) and raises
   ``CommTimeout`` with the rank, the operation and the peer instead of hanging forever.
 
@@ -90,8 +90,8 @@ SIDE_KINDS = (SIDE_FAIL, SIDE_BYE, SIDE_DONE)
 
 
 def stream_of(tag: int) -> int:
-    """The stream of a message tag built by ``calls.wire_tag``: the caller's ``tag``, plus the bits
-    of the sub-group that sent it (so streams of different groups never compare equal)."""
+    """The stream of a message tag built by ``calls.wire_tag``: the caller's ``tag``, plus the
+    bits of the sub-group that sent it (so streams of different groups never compare equal)."""
     return tag & (_STREAM_MASK | _GROUP_MASK)
 
 
@@ -103,8 +103,6 @@ def has_fingerprint(tag: int) -> bool:
 def fingerprint_mask(max_tag: int) -> int:
     """The bits of a fingerprint that fit above the stream bits of a tag <= ``max_tag``."""
     return (1 << ((max_tag + 1).bit_length() - 1 - STREAM_BITS)) - 1
-
-
 
 
 POLL_S = 0.002  # how often a waiting rank runs the poll hook (slow phase only)

@@ -247,7 +247,7 @@ class ShmNode:
     def release(self, w: SharedWindow) -> None:
         """Free ``w``, a window of ``alloc`` (collective), and forget it."""
         self.user_windows.remove(w)
-        self.owners = frozenset(id(u.slots[self.rank].base) for u in self.user_windows)
+        self.owners = self.owners - {id(w.slots[self.rank].base)}
         w.free()
 
     def free(self) -> None:
