@@ -301,9 +301,7 @@ def step(opt: Any, fallback: Update) -> None:
                 ready.append(arrays)
             else:  # e.g. state loaded with another dtype
                 fallback(i, p, group)
-        dt = np.dtype(dtype).type
-        scalars = tuple(x if isinstance(x, bool) else dt(x)
-                        for x in entry.scalars(group, t, first))
+        scalars = _scalars(entry, group, t, first, dtype)
         _launch(kernels, entry, ready, scalars)
 
 
@@ -321,6 +319,14 @@ def _new_state(opt: Any, entry: FusedStep, members: list[tuple[int, Any]]) -> No
             s[name] = views[k]
 
 
+def _scalars(entry: FusedStep, group: dict[str, Any], t: int, first: bool,
+             dtype: Any) -> tuple[Any, ...]:
+    """The entry's scalars for one batch, cast to the parameters' dtype (flags stay bool), so
+    the element computes in that dtype exactly as the default path does."""
+    dt = np.dtype(dtype).type
+    return tuple(x if isinstance(x, bool) else dt(x) for x in entry.scalars(group, t, first))
+
+
 def reference_update(opt: Any, entry: FusedStep, i: int, p: Any, group: dict[str, Any]) -> None:
     """``entry``'s element on whole arrays, for one parameter: the default path of an
     optimizer that has a fused step and no ``_update`` of its own (the same bits as the CPU
@@ -336,8 +342,7 @@ def reference_update(opt: Any, entry: FusedStep, i: int, p: Any, group: dict[str
     t = 0
     if entry.counts_steps:
         t = state["step"] = state["step"] + 1
-    dt = p.array.dtype.type
-    scalars = tuple(x if isinstance(x, bool) else dt(x) for x in entry.scalars(group, t, first))
+    scalars = _scalars(entry, group, t, first, p.array.dtype)
     optim_math.flat_step_reference(entry, p.array, p.grad.array,
                                    tuple(state[name] for name in entry.state), scalars)
 
