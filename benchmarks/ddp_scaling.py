@@ -12,9 +12,10 @@
     .venv/bin/python benchmarks/ddp_scaling.py --models large --quick --paired 200
         # the reference workload only, + DDP's overhead step by step (plain and DDP steps
         # alternate: the ratio holds up on a machine shared with other jobs)
-    .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --models large --quick --paired 100 --fold
-        # + a third side, DDP with the textbook hook (divide by n, all-reduce the sum): what
-        # the default (the average folded into backward) saves over it
+    .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --models large --quick --hooks 300
+        # + one DDP model whose comm hook changes every step: what the default (one
+        # all-reduce AVG) costs beside the division folded into backward and the textbook
+        # divide-then-sum
 
 Models (float32, SGD lr 0.01, synthetic data, batch 64 PER RANK):
     small   MLP 64-256-10          (19k parameters: latency-bound all-reduce)
@@ -66,6 +67,7 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +79,8 @@ from minidist import amp, comm, kernels, nn, optim  # noqa: E402
 from minidist import tracing as trace  # noqa: E402
 from minidist.comm.algorithms.shm import shm_is_shared  # noqa: E402
 from minidist.ddp import DistributedDataParallel, auto_overlap  # noqa: E402
-from minidist.ddp.hooks import allreduce_hook  # noqa: E402
+from minidist.ddp.hooks import (allreduce_hook, avg_allreduce_hook,  # noqa: E402
+                                prescaled_allreduce_hook)
 from minidist.ddp.grad_checks import all_finite_fast  # noqa: E402
 from minidist.tensor import Tensor  # noqa: E402
 
@@ -176,27 +179,25 @@ def summarize(model_name: str, use_ddp: bool, times: list[float], exposed: list[
             "peak_mem_mib": float(med[2])}
 
 
-def paired_steps(model_name: str, pairs: int, warmup: int, fold: bool = False) -> dict:
+def batch_of(model_name: str) -> tuple[Tensor, np.ndarray, Any]:
+    """One fixed batch per rank (seeded by the rank) and the loss, for the step-by-step timings."""
+    d_in, _, d_out = MODELS[model_name]
+    rng = np.random.default_rng(comm.get_rank())
+    x = Tensor(rng.normal(size=(BATCH, d_in)).astype(np.float32))
+    return x, rng.integers(0, d_out, BATCH), nn.CrossEntropyLoss()
+
+
+def paired_steps(model_name: str, pairs: int, warmup: int) -> dict:
     """DDP's overhead measured step by step: a plain model and a DDP model (overlap "auto")
     of the same n processes take turns, one step each, ``pairs`` times (the order rotates).
-    A burst of load from other jobs then hits every side of a round alike, so the median of
+    A burst of load from other jobs then hits both sides of a round alike, so the median of
     the per-round ratios resolves a few percent where whole-configuration medians on a
-    shared machine cannot. With ``fold`` a third side runs DDP with the textbook hook
-    (``hooks.allreduce_hook``: divide the bucket by n, all-reduce the sum) beside the default
-    (``hooks.prescaled_allreduce_hook``: the average folded into backward): what the fold
-    saves is the median of the per-round (textbook - DDP) / plain. Returns medians (max over
-    ranks) and the median ratios."""
-    rank = comm.get_rank()
-    d_in, _, d_out = MODELS[model_name]
-    rng = np.random.default_rng(rank)
-    x = Tensor(rng.normal(size=(BATCH, d_in)).astype(np.float32))
-    y = rng.integers(0, d_out, BATCH)
-    loss_fn = nn.CrossEntropyLoss()
+    shared machine cannot. Returns medians (max over ranks) and the median ratios."""
+    x, y, loss_fn = batch_of(model_name)
     sides = []
-    for kind in ("plain", "ddp") + (("textbook",) if fold else ()):
+    for kind in ("plain", "ddp"):
         model = build(model_name)
-        net = model if kind == "plain" else DistributedDataParallel(
-            model, comm_hook=allreduce_hook if kind == "textbook" else None)
+        net = model if kind == "plain" else DistributedDataParallel(model)
         sides.append((net, optim.SGD(model.parameters(), lr=0.01)))
 
     def step(side: int) -> tuple[float, float]:
@@ -207,38 +208,67 @@ def paired_steps(model_name: str, pairs: int, warmup: int, fold: bool = False) -
         opt.zero_grad()
         return time.perf_counter() - t0, time.process_time() - c0
 
-    k = len(sides)
-    wall: list[list[float]] = [[] for _ in range(k)]
-    cpu: list[list[float]] = [[] for _ in range(k)]
+    wall: list[list[float]] = [[], []]
+    cpu: list[list[float]] = [[], []]
     for i in range(warmup + pairs):
         if i == warmup:
             comm.barrier()
-        for j in range(k):  # rotate who goes first
-            side = (i + j) % k
+        for j in range(2):  # rotate who goes first
+            side = (i + j) % 2
             t, c = step(side)
             if i >= warmup:
                 wall[side].append(t)
                 cpu[side].append(c)
-    for net, _ in sides[1:]:
-        net.close(release_buffers=True)
+    sides[1][0].close(release_buffers=True)
     ratios = [d / p for p, d in zip(wall[0], wall[1])]
     cpu_ratios = [d / p for p, d in zip(cpu[0], cpu[1])]
-    meds = [statistics.median(wall[0]), statistics.median(wall[1]),
-            statistics.median(ratios), statistics.median(cpu_ratios)]
-    if fold:
-        meds += [statistics.median(wall[2]),
-                 statistics.median([f / p for p, f in zip(wall[0], wall[2])]),
-                 statistics.median([(t - d) / p for p, d, t in zip(*wall)])]
-    med = np.array(meds)
+    med = np.array([statistics.median(wall[0]), statistics.median(wall[1]),
+                    statistics.median(ratios), statistics.median(cpu_ratios)])
     comm.all_reduce(med, op="max")
-    out = {"model": model_name, "n": comm.get_world_size(), "pairs": pairs,
-           "plain_ms": float(med[0]) * 1e3, "ddp_ms": float(med[1]) * 1e3,
-           "ratio": float(med[2]), "cpu_ratio": float(med[3]),
-           "overlap": auto_overlap(comm.get_world_size())}
-    if fold:
-        out.update(textbook_ms=float(med[4]) * 1e3, textbook_ratio=float(med[5]),
-                   fold_saving=float(med[6]))
-    return out
+    return {"model": model_name, "n": comm.get_world_size(), "pairs": pairs,
+            "plain_ms": float(med[0]) * 1e3, "ddp_ms": float(med[1]) * 1e3,
+            "ratio": float(med[2]), "cpu_ratio": float(med[3]),
+            "overlap": auto_overlap(comm.get_world_size())}
+
+
+AVERAGING_HOOKS = {"avg_allreduce_hook (the default: one all-reduce AVG)": avg_allreduce_hook,
+                   "prescaled_allreduce_hook (the division folded into backward)":
+                       prescaled_allreduce_hook,
+                   "allreduce_hook (divide the bucket by n, then all-reduce the sum)":
+                       allreduce_hook}
+
+
+def hook_steps(model_name: str, rounds: int, warmup: int) -> dict:
+    """What each way to average costs: ONE DDP model whose comm hook changes every step
+    (``AVERAGING_HOOKS``, the order rotating per round), so every hook runs on the same
+    buckets, the same memory and the same load. Returns per hook the median step (max over
+    ranks) and the median of its per-round difference from the default."""
+    x, y, loss_fn = batch_of(model_name)
+    model = build(model_name)
+    ddp = DistributedDataParallel(model)
+    opt = optim.SGD(model.parameters(), lr=0.01)
+    hooks = list(AVERAGING_HOOKS.values())
+    wall: list[list[float]] = [[] for _ in hooks]
+    for i in range(warmup + rounds):
+        if i == warmup:
+            comm.barrier()
+        for j in range(len(hooks)):
+            k = (i + j) % len(hooks)
+            ddp.register_comm_hook(None, hooks[k])
+            t0 = time.perf_counter()
+            loss_fn(ddp(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            if i >= warmup:
+                wall[k].append(time.perf_counter() - t0)
+    ddp.close(release_buffers=True)
+    med = np.array([statistics.median(w) for w in wall]
+                   + [statistics.median([b - a for a, b in zip(wall[0], w)]) for w in wall])
+    comm.all_reduce(med, op="max")
+    return {"model": model_name, "n": comm.get_world_size(), "rounds": rounds,
+            "hooks": {name: {"ms": float(med[i]) * 1e3,
+                             "over_default_ms": float(med[len(hooks) + i]) * 1e3}
+                      for i, name in enumerate(AVERAGING_HOOKS)}}
 
 
 def finite_check_cost_ms(numel: int, repeats: int = 20) -> float:
@@ -293,8 +323,10 @@ def worker(args: argparse.Namespace) -> dict:
            "overlap_auto": auto_overlap(world),
            "finite_check_ms_1.86M": finite_check_cost_ms(1_863_690), "_rank": comm.get_rank()}
     if args.paired:
-        out["paired"] = [paired_steps(m, args.paired, args.warmup, args.fold)
+        out["paired"] = [paired_steps(m, args.paired, args.warmup)
                          for m in args.models]
+    if args.hooks:
+        out["hooks"] = [hook_steps(m, args.hooks, args.warmup) for m in args.models]
     if args.trace:
         trace.stop()
         comm.barrier()  # every rank's file is written
@@ -360,11 +392,12 @@ def overhead_lines(results: list[dict]) -> list[str]:
             lines.append(f"# n={r['n']} {r['model']} paired ({r['pairs']} alternating steps): "
                          f"plain {r['plain_ms']:.2f} ms, DDP {r['ddp_ms']:.2f} ms; median of "
                          f"per-pair DDP/plain {r['ratio']:.3f}x, CPU time {r['cpu_ratio']:.3f}x")
-            if "textbook_ratio" in r:
-                lines.append(f"#   textbook hook (divide by n, all-reduce the sum): "
-                             f"{r['textbook_ms']:.2f} ms, /plain {r['textbook_ratio']:.3f}x; "
-                             f"the default (average folded into backward) saves "
-                             f"{100 * r['fold_saving']:.1f}% of a plain step over it")
+        for r in res.get("hooks", []):
+            lines.append(f"# n={r['n']} {r['model']}, one DDP model, its comm hook changed every "
+                         f"step ({r['rounds']} rounds):")
+            for name, h in r["hooks"].items():
+                lines.append(f"#   {name}: {h['ms']:.2f} ms, {h['over_default_ms']:+.3f} ms "
+                             f"per step over the default")
     return lines
 
 
@@ -400,7 +433,8 @@ def driver(args: argparse.Namespace) -> None:
                __file__, "--worker-out", str(out), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--out", args.out,
                "--models", *args.models, "--paired", str(args.paired)] \
-            + (["--quick"] if args.quick else []) + (["--fold"] if args.fold else []) \
+            + (["--quick"] if args.quick else []) \
+            + (["--hooks", str(args.hooks)] if args.hooks else []) \
             + (["--amp"] if args.amp else []) + (["--trace", args.trace] if args.trace else [])
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         print(f"# running n={n}: {' '.join(cmd[:3])} ...", flush=True)
@@ -436,9 +470,10 @@ def main() -> None:
     p.add_argument("--paired", type=int, default=0, metavar="PAIRS",
                    help="also time PAIRS alternating plain/DDP steps per model (see "
                    "paired_steps): DDP's overhead, robust to load from other jobs")
-    p.add_argument("--fold", action="store_true",
-                   help="with --paired: also time DDP with the textbook hooks.allreduce_hook "
-                   "(divide, then sum) beside the default (the average folded into backward)")
+    p.add_argument("--hooks", type=int, default=0, metavar="ROUNDS",
+                   help="also time ROUNDS rounds of one DDP model whose comm hook changes "
+                   "every step (see hook_steps): what the default averaging costs beside "
+                   "hooks.prescaled_allreduce_hook and hooks.allreduce_hook")
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["small", "large"],
                    help="which models to run (large: the reference workload of the targets)")
     p.add_argument("--amp", action="store_true",

@@ -17,8 +17,8 @@ from minidist.ddp import hooks
 from minidist.ddp.bucket import (DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_BYTES, Bucket,
                                  BucketSpec, BucketState, ParamMeta, plan_buckets)
 from minidist.ddp.ddp import DistributedDataParallel, auto_overlap
-from minidist.ddp.hooks import (GradBucket, PowerSGDState, allreduce_hook, fp16_compress_hook,
-                                powersgd_hook, prescaled_allreduce_hook)
+from minidist.ddp.hooks import (GradBucket, PowerSGDState, allreduce_hook, avg_allreduce_hook,
+                                fp16_compress_hook, powersgd_hook, prescaled_allreduce_hook)
 from minidist.ddp.naive import NaiveDataParallel
 from minidist.ddp.preflight import PreflightError, check_manifest
 from minidist.ddp.reducer import Reducer
@@ -27,7 +27,8 @@ from minidist.ddp.zero import ZeroRedundancyOptimizer
 
 __all__ = ["DistributedDataParallel", "NaiveDataParallel", "Reducer", "Bucket", "BucketSpec", "BucketState",
            "ParamMeta", "plan_buckets", "DEFAULT_BUCKET_CAP_BYTES", "DEFAULT_FIRST_BUCKET_BYTES",
-           "GradBucket", "PowerSGDState", "allreduce_hook", "fp16_compress_hook",
+           "GradBucket", "PowerSGDState", "allreduce_hook", "avg_allreduce_hook",
+           "fp16_compress_hook",
            "powersgd_hook", "prescaled_allreduce_hook", "hooks", "auto_overlap", "PreflightError",
            "check_manifest",
            "ZeroRedundancyOptimizer", "SyncBatchNorm"]

@@ -347,13 +347,15 @@ class DistributedDataParallel(ModulePassThrough):
         if finished:  # an exception ends the job through the excepthook: no shadowing then
             join.shadow_until_all_joined(self)
 
-    def _shadow_step(self) -> None:
-        """The collectives of one synced step, contributing nothing (see ``join``)."""
+    def _shadow_step(self, divisor: int) -> None:
+        """The collectives of one synced step, contributing nothing (see ``join``): the comm
+        hook on zero buckets, with the training ranks' ``divisor`` (so it makes the same calls)."""
         if self._buffer_packs:
             broadcast_buffer_packs(self._buffer_packs, self.process_group)
         for b in self.buckets:
             b.buffer[...] = 0
-            b.all_reduce(b.buffer, "sum")
+            b.divisor = divisor
+            self.reducer.comm_hook(self.reducer.hook_state, b)
 
     def register_comm_hook(self, state: Any, hook: Callable) -> None:
         """Replace the averaging of each bucket by ``hook(state, bucket)`` (see hooks.py)."""

@@ -13,12 +13,15 @@ group with its algorithm. torch hooks return a Future; ours run synchronously, o
 communication thread when overlap is on, which gives the same overlap without futures.
 
 Hooks here:
+- ``avg_allreduce_hook``: DDP's default. The average is one all-reduce with op AVG: the
+  algorithm sums and divides by n (the shared-memory one divides each piece of the sum while
+  it is in cache, so the division costs no pass over the bucket).
 - ``allreduce_hook``: the textbook average (torch's default hook): divide by n, all-reduce
   the sum. ``DistributedDataParallel(model, comm_hook=allreduce_hook)``.
-- ``prescaled_allreduce_hook``: DDP's default, the same average with the division folded
-  into backward (a named fast path, see its docstring; ``FoldedAverage`` below it is the
-  Reducer's side of it): it saved 4-11% of a step at n=2
-  (``benchmarks/ddp_scaling.py --paired 100 --fold``; docs/how_ddp_works.md), so it stays on.
+- ``prescaled_allreduce_hook``: the same average with the division folded into backward (a
+  named fast path, see its docstring; ``FoldedAverage`` below it is the Reducer's side of
+  it). The three are timed side by side by
+  ``benchmarks/ddp_scaling.py --paired 100 --fold`` (docs/how_ddp_works.md).
 - ``fp16_compress_hook``: divide by the world size, cast to float16, all-reduce the sum, cast
   back. Dividing first (as torch's ``fp16_compress_hook``) keeps the float16 sum from
   overflowing (max 65504) at large world sizes.
@@ -67,8 +70,24 @@ def allreduce_hook(state: Any, bucket: Bucket) -> None:
         bucket.all_reduce(bucket.buffer, "sum")
 
 
+def avg_allreduce_hook(state: Any, bucket: Bucket) -> None:
+    """DDP's default hook: the average of the bucket over the ranks, one all-reduce AVG.
+
+    AVG is the sum over the ranks divided by n, and the algorithm divides where it already
+    holds the data: the shared-memory all-reduce divides each piece of its slice while the
+    piece is in cache, before pushing it to the peers. Three cases go the textbook way
+    (``allreduce_hook``: divide, then sum): one rank; ``DistributedDataParallel.join()``,
+    where ``bucket.divisor`` (the ranks that trained) is not the world size; and float16
+    buckets, where dividing first keeps the sum from overflowing.
+    """
+    if bucket.world_size == bucket.divisor > 1 and bucket.buffer.dtype.itemsize >= 4:
+        bucket.all_reduce(bucket.buffer, "avg")
+    else:
+        allreduce_hook(state, bucket)
+
+
 def prescaled_allreduce_hook(state: Any, bucket: Bucket) -> None:
-    """DDP's default hook: the average, with the division by n folded into backward.
+    """An opt-in fast path: the average, with the division by n folded into backward.
 
     A named fast path beside ``allreduce_hook``: it makes DDP reserve each gradient's
     bucket slot with ``scale = 1/n`` (``minidist.tensor.GradDestination``): backward writes
@@ -137,8 +156,9 @@ def wants_prescaled(hook: Callable[..., Any]) -> bool:
 
 def averages_plainly(hook: Callable[..., Any]) -> bool:
     """True for the hooks that compute the plain average with one all-reduce per bucket (the
-    default and its prescaled fast path): what ``join()`` can shadow with zeros."""
-    return hook is allreduce_hook or hook is prescaled_allreduce_hook
+    default, the textbook one and the prescaled fast path): what ``join()`` can shadow with
+    zeros."""
+    return hook in (avg_allreduce_hook, allreduce_hook, prescaled_allreduce_hook)
 
 
 def fp16_compress_hook(state: Any, bucket: Bucket) -> None:

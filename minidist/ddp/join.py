@@ -12,9 +12,10 @@ the block keeps answering its peers' collectives with zeros until the count is 0
            then rank 2 (the last to leave) broadcasts its parameters and buffers
 
 Shadowing a step = the buffer broadcast (``broadcast_buffers``) and every bucket's
-all-reduce with a zero bucket, in the order the training ranks run them, so nobody
-hangs. The summed gradients are divided by the number of ranks that trained this step,
-so each step's gradient is the exact average over the real batches.
+comm hook on a zero bucket, in the order the training ranks run them and with their
+divisor (so the hook makes the same calls), so nobody hangs. The summed gradients are
+divided by the number of ranks that trained this step, so each step's gradient is the
+exact average over the real batches.
 
 The optimizer state (momentum, Adam moments) of a rank that left early is not
 updated by the steps it shadowed; the parameters are (the final broadcast).
@@ -35,10 +36,10 @@ log = get_logger("minidist.ddp.ddp")  # join's lines are DDP's
 class Join:
     """The bookkeeping of one ``DistributedDataParallel.join()`` block."""
 
-    def __init__(self, divide_by_initial_world_size: bool, shadow_step: Callable[[], None],
+    def __init__(self, divide_by_initial_world_size: bool, shadow_step: Callable[[int], None],
                  broadcast_state: Callable[[int], None]) -> None:
         self.divide_by_initial_world_size = divide_by_initial_world_size
-        self.shadow_step = shadow_step  # the collectives of one synced step, contributing zeros
+        self.shadow_step = shadow_step  # shadow_step(divisor): one synced step's collectives, zeros
         self.broadcast_state = broadcast_state  # parameters and buffers from a rank
         self.steps = 0  # synced forwards this rank trained inside the block
         self.count = np.zeros(1, dtype=np.int64)
@@ -50,15 +51,18 @@ class Join:
         active = int(self.count[0])
         if mine:
             self.steps += 1
-            ddp.reducer.divisor = ddp.world_size if self.divide_by_initial_world_size \
-                else active
+            ddp.reducer.divisor = self.divisor(ddp, active)
         return active
+
+    def divisor(self, ddp: Any, active: int) -> int:
+        """What this step's summed gradients are divided by (``active``: ranks that train)."""
+        return ddp.world_size if self.divide_by_initial_world_size else active
 
     def shadow_until_all_joined(self, ddp: Any) -> None:
         """Shadow the others' steps until none trains; then the last to leave broadcasts."""
         shadowed = 0
-        while self.count_active(ddp, 0) > 0:
-            self.shadow_step()
+        while (active := self.count_active(ddp, 0)) > 0:
+            self.shadow_step(self.divisor(ddp, active))
             shadowed += 1
         counts = comm.all_gather_object(self.steps, group=ddp.process_group)
         src = counts.index(max(counts))  # a rank that trained every step holds the final model

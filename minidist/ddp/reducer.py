@@ -11,7 +11,7 @@ Bucket, reduce, average, done. How one synced backward runs (overlap=True; 3 buc
 bucket 0 holds the last layer)::
 
     main thread (backward)                          comm thread
-    grad fc3.b, fc3.w -> bucket 0 READY ---launch-->  comm_hook(bucket 0): all-reduce SUM
+    grad fc3.b, fc3.w -> bucket 0 READY ---launch-->  comm_hook(bucket 0): all-reduce AVG
     grad fc2.b, fc2.w -> bucket 1 READY ---launch-->  comm_hook(bucket 1)   (queued)
     grad fc1.b, fc1.w -> bucket 2 READY ---launch-->  comm_hook(bucket 2)
     last hook: wait until the comm thread is done  <-- done
@@ -23,12 +23,11 @@ Where the gradients live: every parameter's bucket slot is its gradient destinat
 (``minidist.tensor.GradDestination``), so backward writes each gradient straight into the
 buffer the all-reduce sends (linear's weight gradient is the GEMM's own output there), with
 no gradient array allocated and copied in; ``zero_grad()`` sets ``p.grad = None`` and forward
-leaves it so (no memset). The comm hook turns the bucket into the average. The textbook one,
-``hooks.allreduce_hook``, divides the bucket by n and all-reduces the sum; the default,
-``hooks.prescaled_allreduce_hook``, is the named fast path that folds the division into
+leaves it so (no memset). The comm hook turns the bucket into the average. The default,
+``hooks.avg_allreduce_hook``, is one all-reduce with op AVG (the algorithm divides the sum by
+n); ``hooks.allreduce_hook`` is torch's textbook one (divide, then sum);
+``hooks.prescaled_allreduce_hook`` is an opt-in fast path that folds the division into
 backward's write (``hooks.FoldedAverage``: the destinations get scale 1/n) and only sums.
-It stays the default because it measured 4-11% of a step faster at n=2
-(docs/how_ddp_works.md).
 
 Rules that keep every rank in step:
 - buckets are LAUNCHED IN INDEX ORDER on every rank; if bucket 2 is ready before bucket 1, it
@@ -59,7 +58,7 @@ from minidist.comm.failure.advice import failure_advice, sentence
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.comm_thread import CommThread
 from minidist.ddp.grad_checks import NONFINITE_POLICIES, NonfiniteCheck, missing_gradients_error
-from minidist.ddp.hooks import FoldedAverage, prescaled_allreduce_hook, wants_prescaled
+from minidist.ddp.hooks import FoldedAverage, avg_allreduce_hook, wants_prescaled
 from minidist.ddp.observers import EVENTS, AmpUnscale, ReducerObserver, overridden
 from minidist.ddp.states import StepState
 from minidist.logger import get_logger, rank_prefix
@@ -101,8 +100,7 @@ class Reducer:
         self.overlap = overlap
         self.find_unused_parameters = find_unused_parameters
         self.require_sync = True  # False inside no_sync()
-        # the default: the average folded into backward (measured: docs/how_ddp_works.md)
-        self.comm_hook: Callable[[Any, Bucket], None] = prescaled_allreduce_hook
+        self.comm_hook: Callable[[Any, Bucket], None] = avg_allreduce_hook
         self.hook_state: Any = None
         self.num_syncs = 0  # completed synced backward passes (the "step" in messages)
         self.step_state = StepState.IDLE
@@ -324,7 +322,7 @@ class Reducer:
     def _reduce_bucket(self, bucket: Bucket) -> None:
         if bucket.on_device:  # GPU: the kernels that wrote the gradients must be done
             backend.synchronize(bucket.buffer)
-        self.comm_hook(self.hook_state, bucket)  # default: hooks.prescaled_allreduce_hook
+        self.comm_hook(self.hook_state, bucket)  # default: hooks.avg_allreduce_hook
         bucket.state = BucketState.REDUCED
         for call in self._calls["bucket_reduced"]:
             call(bucket)

@@ -9,6 +9,7 @@ still have one (their number divides the summed gradients). Float64, so only the
 order differs: rtol=atol=1e-10. Run with overlap on and off; then with a BatchNorm layer and
 broadcast_buffers=True (the shadow step broadcasts buffers too): parameters and buffers
 identical on every rank (no single-process oracle there: BatchNorm normalizes per rank).
+Last, ``join(divide_by_initial_world_size=True)``: every step divided by the world size.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ def batches(world: int):
     return rng.normal(size=(world, n_max, B, D_IN)), rng.normal(size=(world, n_max, B, D_OUT))
 
 
-def reference(world: int, bn: bool) -> Net:
-    """One process: at step s, the batches of every rank that still has one, concatenated."""
+def reference(world: int, bn: bool, initial: bool = False) -> Net:
+    """One process: at step s, the batches of every rank that still has one, concatenated
+    (``initial``: the summed gradients divided by the world size, not by the active ranks)."""
     xs, ys = batches(world)
     model = Net(bn)
     opt = SGD(list(model.parameters()), lr=0.1)
@@ -62,18 +64,19 @@ def reference(world: int, bn: bool) -> Net:
         active = [r for r in range(world) if s < 3 + r]
         x = np.concatenate([xs[r, s] for r in active])
         y = np.concatenate([ys[r, s] for r in active])
-        loss_fn(model(Tensor(x)), y).backward()
+        loss = loss_fn(model(Tensor(x)), y)
+        (loss * (len(active) / world) if initial else loss).backward()
         opt.step()
         opt.zero_grad()
     return model
 
 
-def train(rank: int, world: int, bn: bool, overlap: bool) -> Net:
+def train(rank: int, world: int, bn: bool, overlap: bool, initial: bool = False) -> Net:
     xs, ys = batches(world)
     model = Net(bn)
     ddp = DistributedDataParallel(model, overlap=overlap, broadcast_buffers=bn)
     opt = SGD(list(model.parameters()), lr=0.1)
-    with ddp.join():
+    with ddp.join(divide_by_initial_world_size=initial):
         for s in range(3 + rank):
             loss_fn(ddp(Tensor(xs[rank, s])), ys[rank, s]).backward()
             opt.step()
@@ -102,6 +105,12 @@ def main() -> None:
             digests = comm.all_gather_object(digest(model))
             result[f"bn={bn}/overlap={overlap}"] = {
                 "identical": len(set(digests)) == 1, "close": close}
+    # divided by the world size: the default hook's all-reduce AVG, shadowed by the same calls
+    model, ref = train(rank, world, False, False, initial=True), reference(world, False, True)
+    result["divide_by_initial_world_size"] = {
+        "identical": len(set(comm.all_gather_object(digest(model)))) == 1,
+        "close": all(np.allclose(p.array, q.array, rtol=1e-10, atol=1e-10)
+                     for p, q in zip(model.parameters(), ref.parameters()))}
     if rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
     comm.destroy_process_group()

@@ -135,15 +135,17 @@ def reducer_for(params, world_size, reduce_calls):
     specs = plan_buckets([ParamMeta(n, p.array.shape, str(p.array.dtype))
                           for n, p in zip(names, params)])
     group = RecordingGroup(world_size, reduce_calls)
-    buckets = [Bucket(s, params, names, np.zeros(s.numel, np.float32), group) for s in specs]
+    buckets = [Bucket(s, params, names, np.zeros(s.numel, s.dtype), group) for s in specs]
     return Reducer(params, names, buckets, overlap=False)
 
 
 def test_synced_step_writes_grad_over_n_into_the_slot_and_resets_after():
+    from minidist.ddp.hooks import prescaled_allreduce_hook
     m, ref = big_mlp(), big_mlp()
     params = list(m.parameters())
     calls = []
     reducer = reducer_for(params, 2, calls)
+    reducer.comm_hook = prescaled_allreduce_hook
     x = Tensor(np.random.default_rng(0).normal(size=(2, 256)).astype(np.float32))
     (ref(x) ** 2).mean().backward()
     for p in params:
@@ -278,13 +280,15 @@ def test_observers_see_the_three_events_in_order():
     reducer.close()
 
 
-def test_textbook_hook_divides_the_bucket_then_sums():
-    from minidist.ddp.hooks import allreduce_hook
+def synced_backward_with(hook=None):
+    """One synced backward of big_mlp at n=2 through a recording group, with ``hook`` (the
+    default when None): (model, reference model, reduce calls, reducer, backward peak)."""
     m, ref = big_mlp(), big_mlp()
     params = list(m.parameters())
     calls = []
     reducer = reducer_for(params, 2, calls)
-    reducer.comm_hook = allreduce_hook
+    if hook is not None:
+        reducer.comm_hook = hook
     x = Tensor(np.random.default_rng(0).normal(size=(2, 256)).astype(np.float32))
     (ref(x) ** 2).mean().backward()
     for p in params:
@@ -292,7 +296,13 @@ def test_textbook_hook_divides_the_bucket_then_sums():
     reducer.prepare_for_forward()
     assert all(p.grad_destination.scale == 1.0 for p in params)   # nothing folded
     loss = (m(x) ** 2).mean()
-    peak = backward_peak_bytes(loss.backward)
+    return m, ref, calls, reducer, backward_peak_bytes(loss.backward)
+
+
+def test_textbook_hook_divides_the_bucket_then_sums():
+    from minidist.ddp.hooks import allreduce_hook
+    m, ref, calls, reducer, peak = synced_backward_with(allreduce_hook)
+    params = list(m.parameters())
     assert calls == ["sum"] * len(reducer.buckets)
     assert peak < m[0].weight.array.nbytes // 4, peak    # still written into the slots
     for p, q in zip(params, ref.parameters()):          # the hook divided each bucket by 2
@@ -300,8 +310,39 @@ def test_textbook_hook_divides_the_bucket_then_sums():
     reducer.close()
 
 
-def test_the_default_hook_is_the_prescaled_fast_path(group):
-    from minidist.ddp.hooks import prescaled_allreduce_hook
+def test_the_default_hook_is_one_avg_all_reduce(group):
+    from minidist.ddp.hooks import avg_allreduce_hook
     ddp = DistributedDataParallel(nn.Linear(3, 2))
-    assert ddp.reducer.comm_hook is prescaled_allreduce_hook
+    assert ddp.reducer.comm_hook is avg_allreduce_hook
     ddp.close()
+
+
+def test_default_hook_writes_the_whole_gradient_and_all_reduces_avg():
+    m, ref, calls, reducer, peak = synced_backward_with()
+    params = list(m.parameters())
+    assert calls == ["avg"] * len(reducer.buckets)      # the all-reduce divides: one call each
+    assert peak < m[0].weight.array.nbytes // 4, peak    # written into the slots, not copied
+    for p, q in zip(params, ref.parameters()):          # (the recording group sums nothing)
+        np.testing.assert_array_equal(p.grad, q.grad)
+    reducer.close()
+
+
+@pytest.mark.parametrize("dtype,world_size,divisor,op", [
+    (np.float32, 2, 2, "avg"),
+    (np.float64, 4, 4, "avg"),
+    (np.float16, 2, 2, "sum"),     # divide first: a float16 sum can overflow
+    (np.float32, 4, 3, "sum"),     # join(): 3 of 4 ranks trained, divide by 3
+    (np.float32, 1, 1, None),      # one rank: the bucket is already the average
+])
+def test_default_hook_takes_the_textbook_way_where_avg_would_not_be_the_average(
+        dtype, world_size, divisor, op):
+    from minidist.ddp.hooks import avg_allreduce_hook
+    calls = []
+    p = Tensor(np.zeros(4, dtype), requires_grad=True)
+    (b,) = reducer_for([p], world_size, calls).buckets
+    b.divisor = divisor
+    b.buffer[...] = 6
+    avg_allreduce_hook(None, b)
+    assert calls == ([op] if op else [])
+    expected = 6 / divisor if op == "sum" else 6       # (the recording group sums nothing)
+    np.testing.assert_array_equal(b.buffer, np.full(4, expected, dtype))

@@ -21,3 +21,5 @@ def test_join_uneven_inputs_match_single_process():
     assert len(runs) == 4
     bad = {k: v for k, v in runs.items() if not (v["identical"] and v["close"])}
     assert not bad, bad
+    initial = res["divide_by_initial_world_size"]
+    assert initial["identical"] and initial["close"], initial

@@ -32,11 +32,12 @@ step (5) of this one: 2 barriers per call. Three special cases:
   another call number): CollectiveMismatch on every rank (all read the same headers).
 
 Memory traffic per rank, zero-copy: read K, write K (reduce + push fused per cache-sized
-piece); the copy path adds a copy-in and a copy-out of K(N-1)/N each (timings against MPI: the
-tables of docs/benchmarks.md). Invariant: each slice is reduced once, in rank order (x0 + x1 +
-... like ``direct``), so every rank ends with identical bits. Only for the MPI transport with
-all ranks on one node - a real one, not split into virtual nodes by ``MINIDIST_RANKS_PER_NODE``
-(CommError otherwise; ``shm_available`` tells "auto").
+piece; AVG divides each piece there too); the copy path adds a copy-in and a copy-out of
+K(N-1)/N each (timings against MPI: the tables of docs/benchmarks.md). Invariant: each slice
+is reduced once, in rank order (x0 + x1 + ... like ``direct``), so every rank ends with
+identical bits. Only for the MPI transport with all ranks on one node - a real one, not split
+into virtual nodes by ``MINIDIST_RANKS_PER_NODE`` (CommError otherwise; ``shm_available``
+tells "auto").
 
 Concurrency: all state (flag barrier, headers, scratch window) belongs to one transport, so
 collectives on two groups (two transports, e.g. DDP's comm thread on the default group and a
@@ -174,12 +175,15 @@ def _reduce_push(node: ShmNode, buf: np.ndarray, srcs: list, dsts: list, op: Red
     ``srcs[j]``/``dsts[j]``: rank j's data for my slice (j == me: ``buf`` itself). A piece
     (``PIECE_BYTES``, well under the L2/L3 cache) is written to the peers right after it was
     reduced, while it and the peers' input lines just read are still in cache: one pass over
-    memory instead of reduce, then publish, then a peer's separate copy-out pass.
+    memory instead of reduce, then publish, then a peer's separate copy-out pass. AVG divides
+    the piece there too, in cache, so the average costs no pass of its own.
     """
     step = max(PIECE_BYTES // buf.itemsize // 64 * 64, 64)  # elements: whole cache lines
     for p0 in range(0, buf.size, step):
         out = buf[p0:p0 + step]
         _reduce_mine(node, [s[p0:p0 + step] for s in srcs], out, op)
+        if op is ReduceOp.AVG:
+            finalize(out, op, node.size)
         for j, d in enumerate(dsts):
             if j != node.rank:
                 d[p0:p0 + step] = out
@@ -224,6 +228,7 @@ def _small_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool)
     slots = node.extra["scratch"].slots(node.half, flat.dtype, flat.size)
     slots[node.rank] = flat  # my own data: read it from my buffer
     _reduce_mine(node, slots, flat, op)
+    finalize(flat, op, node.size)  # AVG: every rank divides the same sum (identical bits)
     node.half ^= 1
 
 
@@ -303,8 +308,6 @@ def node_all_reduce(node: ShmNode, flat: np.ndarray, op: ReduceOp, tag: int = 0)
             _small_path(node, flat, op, first_done=all_early)
         else:  # if any rank skipped step (1) (window too small, or its buffer is shared)
             _copy_path(node, flat, op, first_done=all_early)  # every rank redoes it
-    if op is ReduceOp.AVG:  # the sum, divided by n on every rank (identical bits)
-        finalize(flat, op, node.size)
 
 
 def _copy_in_early(node: ShmNode, flat: np.ndarray) -> bool:
