@@ -114,9 +114,10 @@ def is_device_array(array: Any) -> bool:
 
 def get_array_module(*arrays: Any) -> Any:
     """The module owning the given arrays: cupy if any is a CuPy array, else numpy."""
-    for a in arrays:
-        if is_device_array(a):
-            return _cupy
+    if _cupy is not None:  # (without CuPy every array is a NumPy one)
+        for a in arrays:
+            if isinstance(a, _cupy.ndarray):
+                return _cupy
     return numpy
 
 
