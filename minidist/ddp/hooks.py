@@ -19,9 +19,9 @@ Hooks here:
 - ``allreduce_hook``: the textbook average (torch's default hook): divide by n, all-reduce
   the sum. ``DistributedDataParallel(model, comm_hook=allreduce_hook)``.
 - ``prescaled_allreduce_hook``: the same average with the division folded into backward (a
-  named fast path, see its docstring; ``FoldedAverage`` below it is the Reducer's side of
-  it). The three are timed side by side by
-  ``benchmarks/ddp_scaling.py --paired 100 --fold`` (docs/how_ddp_works.md).
+  named fast path, see its docstring; ``FoldedAverage`` below it, the Reducer observer it
+  brings, is its side of the step). The three are timed side by side by
+  ``benchmarks/ddp_scaling.py --hooks 300`` (docs/how_ddp_works.md).
 - ``fp16_compress_hook``: divide by the world size, cast to float16, all-reduce the sum, cast
   back. Dividing first (as torch's ``fp16_compress_hook``) keeps the float16 sum from
   overflowing (max 65504) at large world sizes.
@@ -47,12 +47,13 @@ every rank), so one overflowing step does not poison every later one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from minidist import xp as backend
 from minidist.ddp.bucket import Bucket
+from minidist.ddp.observers import ReducerObserver
 
 GradBucket = Bucket  # torch's name for what a hook receives: the one bucket class
 
@@ -89,69 +90,52 @@ def avg_allreduce_hook(state: Any, bucket: Bucket) -> None:
 def prescaled_allreduce_hook(state: Any, bucket: Bucket) -> None:
     """An opt-in fast path: the average, with the division by n folded into backward.
 
-    A named fast path beside ``allreduce_hook``: it makes DDP reserve each gradient's
-    bucket slot with ``scale = 1/n`` (``minidist.tensor.GradDestination``): backward writes
+    A named fast path beside ``allreduce_hook``. It brings its Reducer observer
+    (``FoldedAverage`` below), which reserves each gradient's bucket slot with
+    ``scale = 1/n`` (``minidist.tensor.GradDestination``) for a synced step: backward writes
     ``grad / n`` where it writes the gradient anyway (linear's weight gradient: the GEMM's
     64-row operand is scaled), so the all-reduce SUM is the average and no pass over the
-    bucket divides it. A slot that held a
-    gradient before the backward (``no_sync`` accumulation) is divided when it is ready
-    (``FoldedAverage`` below). The saving is one pass over the gradients per step; measure it with
-    ``benchmarks/ddp_scaling.py --paired 100 --fold``.
+    bucket divides it. Compare it with the default: ``benchmarks/ddp_scaling.py --hooks 300``.
     """
     if bucket.world_size > 1:
         bucket.all_reduce(bucket.buffer, "sum")
 
 
-prescaled_allreduce_hook.prescale = True  # type: ignore[attr-defined]
+class FoldedAverage(ReducerObserver):
+    """The Reducer's side of ``prescaled_allreduce_hook``: the per-step scales of the
+    gradient destinations. The hook brings it (its ``observer`` attribute): the Reducer
+    registers it while the hook is the comm hook, like any observer::
 
+        step_start(reducer)     a synced step: empty slots get scale 1/n; a slot that already
+                                holds a gradient (no_sync accumulation,
+                                zero_grad(set_to_none=False)) keeps scale 1. Any other step
+                                (no_sync): every slot scale 1, nothing is averaged
+        bucket_ready(bucket)    its gradients are complete: a slot written with scale 1 is
+                                divided now (once), and every scale goes back to 1, so that a
+                                later backward outside a synced step is not averaged
 
-class FoldedAverage:
-    """The reducer's side of ``prescaled_allreduce_hook``: the per-step scales of the
-    gradient destinations.
-
-    Every parameter's bucket slot is its gradient destination (``GradDestination``) with
-    ``scale = 1/n``, so backward writes ``grad / n`` where it writes the gradient anyway, and
-    the hook's SUM is the average. The Reducer calls these only while the prescaled hook is
-    registered::
-
-        prepare(dests, buckets, n)     a synced step starts: empty slots get scale 1/n; a slot
-                                       that already holds a gradient (no_sync accumulation,
-                                       zero_grad(set_to_none=False)) keeps scale 1
-        grad_ready(view, dest, ...)    gradient complete: a slot written with scale 1 is
-                                       divided now (once), and its scale goes back to 1 so
-                                       that a later backward outside a synced step is not
-                                       averaged
-        reset(dests)                   no averaging outside a synced step
+    (A backward that raised keeps its scales until the next forward through DDP.)
     """
 
     def __init__(self) -> None:
         self.divisor = 1
 
-    def prepare(self, dests: Sequence[Any], buckets: Sequence[Any], divisor: int) -> None:
-        """A synced step starts: gradients written from now on are divided by ``divisor``."""
-        self.divisor = divisor
-        for b in buckets:
-            folds = divisor > 1 and b.buffer.dtype.kind == "f"
-            for p, i in zip(b.params, b.spec.param_indices):
-                dests[i].scale = 1.0 / divisor if folds and p.grad is None else 1.0
+    def step_start(self, reducer: Any) -> None:
+        self.divisor = reducer.divisor if reducer.require_sync else 1
+        for b in reducer.buckets:
+            folds = self.divisor > 1 and b.buffer.dtype.kind == "f"
+            for p in b.params:
+                p.grad_destination.scale = 1.0 / self.divisor if folds and p.grad is None else 1.0
 
-    def grad_ready(self, view: Any, dest: Any, written_unscaled: bool) -> None:
-        """Gradient complete in ``view``: divide it if it was not written divided."""
-        if written_unscaled and self.divisor > 1 and view.dtype.kind == "f":
-            view /= view.dtype.type(self.divisor)
-        dest.scale = 1.0
-
-    @staticmethod
-    def reset(dests: Sequence[Any]) -> None:
-        """Every destination back to scale 1 (outside a synced step nothing is averaged)."""
-        for d in dests:
-            d.scale = 1.0
+    def bucket_ready(self, bucket: Any) -> None:
+        for p, view in zip(bucket.params, bucket.views):
+            dest = p.grad_destination
+            if dest.scale == 1.0 and self.divisor > 1 and view.dtype.kind == "f":
+                view /= view.dtype.type(self.divisor)  # written whole: divide it now
+            dest.scale = 1.0
 
 
-def wants_prescaled(hook: Callable[..., Any]) -> bool:
-    """True when ``hook`` declares ``prescale = True`` (``prescaled_allreduce_hook``): its
-    buckets should arrive with every gradient already divided by n."""
-    return getattr(hook, "prescale", False) is True
+prescaled_allreduce_hook.observer = FoldedAverage  # type: ignore[attr-defined]
 
 
 def averages_plainly(hook: Callable[..., Any]) -> bool:

@@ -1,9 +1,11 @@
-"""What watches a DDP step without being it: the Reducer's observers and their three events.
+"""What watches a DDP step without being it: the Reducer's observers and their four events.
 
 The Reducer's core is bucket -> reduce -> average -> done. Everything that only watches or
 protects that (the NaN/inf check, a GradScaler's unscale, the step timeline, timing stats) is
-an observer, registered by the feature that needs it, and called at three events::
+an observer, registered by the feature that needs it, and called at four events::
 
+    step_start(reducer)       main thread: DDP's forward starts a step (synced, or not under
+                              no_sync: ``reducer.require_sync``)
     bucket_ready(bucket)      main thread: the bucket is complete and launched (index order)
     bucket_reduced(bucket)    after the comm hook averaged it (on the comm thread with overlap)
     step_end(reducer)         main thread: every bucket reduced, before backward returns
@@ -15,6 +17,8 @@ observer wants costs one empty loop). Registered here:
     AmpUnscale                   a GradScaler scaled this step's loss (amp.add_scale_listener)
     timeline.StepTrace           MINIDIST_TRACE: the step timeline (minidist/tracing.py)
     StepStats                    DistributedDataParallel.last_step_stats, once read
+    hooks.FoldedAverage          brought by the comm hook hooks.prescaled_allreduce_hook (a
+                                 hook's ``observer`` attribute: registered while it is the hook)
 
     reducer.add_observer(obs)            # for every step from now on
     reducer.add_observer(obs, step=True) # this step only (dropped by the next forward)
@@ -29,6 +33,9 @@ from typing import Any
 class ReducerObserver:
     """Base class: override the events you need (the others are never called)."""
 
+    def step_start(self, reducer: Any) -> None:
+        """DDP's forward starts a step (main thread); ``reducer.require_sync`` says if synced."""
+
     def bucket_ready(self, bucket: Any) -> None:
         """The bucket is complete and launched (main thread, in bucket order)."""
 
@@ -39,7 +46,7 @@ class ReducerObserver:
         """Every bucket of a synced backward is reduced (main thread, before it returns)."""
 
 
-EVENTS = ("bucket_ready", "bucket_reduced", "step_end")
+EVENTS = ("step_start", "bucket_ready", "bucket_reduced", "step_end")
 
 
 def overridden(observer: ReducerObserver, event: str) -> bool:

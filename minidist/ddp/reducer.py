@@ -27,7 +27,8 @@ leaves it so (no memset). The comm hook turns the bucket into the average. The d
 ``hooks.avg_allreduce_hook``, is one all-reduce with op AVG (the algorithm divides the sum by
 n); ``hooks.allreduce_hook`` is torch's textbook one (divide, then sum);
 ``hooks.prescaled_allreduce_hook`` is an opt-in fast path that folds the division into
-backward's write (``hooks.FoldedAverage``: the destinations get scale 1/n) and only sums.
+backward's write and only sums (it brings its own observer, ``hooks.FoldedAverage``, which
+gives the destinations scale 1/n).
 
 Rules that keep every rank in step:
 - buckets are LAUNCHED IN INDEX ORDER on every rank; if bucket 2 is ready before bucket 1, it
@@ -45,7 +46,8 @@ Rules that keep every rank in step:
 - under ``no_sync`` the hooks do nothing: gradients just accumulate in the bucket views.
 
 What watches the step (the NaN/inf check, a GradScaler's unscale, the trace, timing stats)
-is an observer (observers.py), called at three events: bucket ready, bucket reduced, step end.
+is an observer (observers.py), called at four events: step start, bucket ready, bucket
+reduced, step end.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from minidist.comm.failure.advice import failure_advice, sentence
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.comm_thread import CommThread
 from minidist.ddp.grad_checks import NONFINITE_POLICIES, NonfiniteCheck, missing_gradients_error
-from minidist.ddp.hooks import FoldedAverage, avg_allreduce_hook, wants_prescaled
+from minidist.ddp.hooks import avg_allreduce_hook
 from minidist.ddp.observers import EVENTS, AmpUnscale, ReducerObserver, overridden
 from minidist.ddp.states import StepState
 from minidist.logger import get_logger, rank_prefix
@@ -100,13 +102,13 @@ class Reducer:
         self.overlap = overlap
         self.find_unused_parameters = find_unused_parameters
         self.require_sync = True  # False inside no_sync()
-        self.comm_hook: Callable[[Any, Bucket], None] = avg_allreduce_hook
+        self._comm_hook: Callable[[Any, Bucket], None] = avg_allreduce_hook
+        self._hook_observer: ReducerObserver | None = None  # what the comm hook brought
         self.hook_state: Any = None
         self.num_syncs = 0  # completed synced backward passes (the "step" in messages)
         self.step_state = StepState.IDLE
         self._next_launch = 0
         self._unused: list[int] = []  # this step: parameters marked ready before backward
-        self._fold: FoldedAverage | None = None  # prescaled_allreduce_hook's fast path
         self._observers: list[ReducerObserver] = []  # every step
         self._step_observers: list[ReducerObserver] = []  # this step only
         self._calls: dict[str, list[Callable[..., None]]] = {e: [] for e in EVENTS}
@@ -166,6 +168,23 @@ class Reducer:
 
     # ------------------------------------------------------------------ observers
 
+    @property
+    def comm_hook(self) -> Callable[[Any, Bucket], None]:
+        """``hook(state, bucket)``: what turns a ready bucket into the average (hooks.py).
+        A hook may bring a Reducer observer (its ``observer`` attribute, a class): it is
+        registered while the hook is this one."""
+        return self._comm_hook
+
+    @comm_hook.setter
+    def comm_hook(self, hook: Callable[[Any, Bucket], None]) -> None:
+        if self._hook_observer is not None:
+            self.remove_observer(self._hook_observer)
+        make = getattr(hook, "observer", None)
+        self._hook_observer = make() if make is not None else None
+        if self._hook_observer is not None:
+            self.add_observer(self._hook_observer)
+        self._comm_hook = hook
+
     def add_observer(self, observer: ReducerObserver, step: bool = False) -> None:
         """Call ``observer`` at the events it overrides (observers.py): from now on, or with
         ``step=True`` for this step only (the next ``prepare_for_forward`` drops it)."""
@@ -202,19 +221,15 @@ class Reducer:
         if self._step_observers:
             self._step_observers = []
             self._rebuild_calls()
-        self._fold = FoldedAverage() if wants_prescaled(self.comm_hook) else None
-        if not self.require_sync:
-            FoldedAverage.reset(self._dests)  # no_sync: gradients accumulate as they are
-            self.step_state = StepState.IDLE
-            return
-        self._unused = []
-        for b in self.buckets:
-            b.reset()
-            b.divisor = self.divisor
-        if self._fold is not None:
-            self._fold.prepare(self._dests, self.buckets, self.divisor)
-        self._next_launch = 0
-        self.step_state = StepState.PREPARED
+        if self.require_sync:
+            self._unused = []
+            for b in self.buckets:
+                b.reset()
+                b.divisor = self.divisor
+            self._next_launch = 0
+        self.step_state = StepState.PREPARED if self.require_sync else StepState.IDLE
+        for call in self._calls["step_start"]:
+            call(self)
 
     def mark_unused(self, unused: Sequence[int]) -> None:
         """Mark parameters that will get no gradient this step as ready (reduced as they are).
@@ -252,7 +267,6 @@ class Reducer:
         """
         if self.step_state is StepState.IDLE:  # finalized by the hook of the last bucket
             return
-        FoldedAverage.reset(self._dests)
         if self._thread is not None:
             # Finish the buckets that were launched: the peers launched them too (same order).
             self._thread.wait_all()
@@ -273,8 +287,6 @@ class Reducer:
         if g is not view:  # no gradient (an unused parameter), or one assigned after
             view[...] = 0 if g is None else g  # forward: into the slot, one pass
             p.grad = view
-        if self._fold is not None:
-            self._fold.grad_ready(view, self._dests[i], self._dests[i].scale == 1.0)
         if not bucket.mark_slot_done(k):
             return
         # Launch ready buckets strictly in index order (the same order on every rank).
@@ -322,7 +334,7 @@ class Reducer:
     def _reduce_bucket(self, bucket: Bucket) -> None:
         if bucket.on_device:  # GPU: the kernels that wrote the gradients must be done
             backend.synchronize(bucket.buffer)
-        self.comm_hook(self.hook_state, bucket)  # default: hooks.avg_allreduce_hook
+        self._comm_hook(self.hook_state, bucket)  # default: hooks.avg_allreduce_hook
         bucket.state = BucketState.REDUCED
         for call in self._calls["bucket_reduced"]:
             call(bucket)

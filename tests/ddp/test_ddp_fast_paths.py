@@ -346,3 +346,22 @@ def test_default_hook_takes_the_textbook_way_where_avg_would_not_be_the_average(
     assert calls == ([op] if op else [])
     expected = 6 / divisor if op == "sum" else 6       # (the recording group sums nothing)
     np.testing.assert_array_equal(b.buffer, np.full(4, expected, dtype))
+
+
+def test_a_comm_hook_brings_its_reducer_observer_while_it_is_the_hook():
+    from minidist.ddp.hooks import FoldedAverage, allreduce_hook, prescaled_allreduce_hook
+    params = list(big_mlp().parameters())
+    reducer = reducer_for(params, 2, [])
+
+    def folds():
+        return sum(isinstance(o, FoldedAverage) for o in reducer.observers())
+
+    assert folds() == 0                                   # the default brings none
+    reducer.comm_hook = prescaled_allreduce_hook
+    reducer.comm_hook = prescaled_allreduce_hook          # set twice: still one
+    assert folds() == 1 and reducer.comm_hook is prescaled_allreduce_hook
+    reducer.comm_hook = allreduce_hook
+    assert folds() == 0
+    reducer.prepare_for_forward()                         # and nothing scales any more
+    assert all(p.grad_destination.scale == 1.0 for p in params)
+    reducer.close()
