@@ -182,8 +182,7 @@ def _reduce_push(node: ShmNode, buf: np.ndarray, srcs: list, dsts: list, op: Red
     for p0 in range(0, buf.size, step):
         out = buf[p0:p0 + step]
         _reduce_mine(node, [s[p0:p0 + step] for s in srcs], out, op)
-        if op is ReduceOp.AVG:
-            finalize(out, op, node.size)
+        finalize(out, op, node.size)  # AVG: divide the piece while it is in cache
         for j, d in enumerate(dsts):
             if j != node.rank:
                 d[p0:p0 + step] = out
