@@ -10,7 +10,9 @@ AVERAGE over ranks of what every rank had there, identically on every rank. ``bu
 DDP's ``Bucket`` (bucket.py: ``buffer``, ``index``, ``views``, ``names``, ``world_size``,
 ``divisor``, ``is_last``); ``bucket.all_reduce(array, op)`` reduces over the DDP's process
 group with its algorithm. torch hooks return a Future; ours run synchronously, on DDP's
-communication thread when overlap is on, which gives the same overlap without futures.
+communication thread when overlap is on, which gives the same overlap without futures. A
+hook that needs to act at other moments of the step carries a Reducer observer class as its
+``observer`` attribute (observers.py); the Reducer registers one while the hook is in use.
 
 Hooks here:
 - ``avg_allreduce_hook``: DDP's default. The average is one all-reduce with op AVG: the
