@@ -60,3 +60,17 @@ def test_ddp_scaling_benchmark_amp_rows(tmp_path):
     assert {("large", "scaler"), ("large", "autocast"), ("small", "scaler")} <= modes
     assert data["fused_unscale_ms_1.86M"] > 0
     assert "amp=scaler adds" in res.stdout and "fused unscale of a 1.86M-float" in res.stdout
+
+
+@pytest.mark.mpi
+def test_ddp_scaling_times_the_averaging_hooks_on_one_model(tmp_path):
+    res = run_mpi(2, [BENCH, "--quick", "--models", "large", "--steps", "2", "--warmup", "1",
+                      "--rounds", "1", "--hooks", "2", "--out", tmp_path], timeout_s=90,
+                  env={"MINIDIST_TIMEOUT_S": "30"})
+    assert res.returncode == 0, res.report()
+    (block,) = json.loads((tmp_path / "ddp_scaling_n2.json").read_text())["hooks"]
+    names = [name.split()[0] for name in block["hooks"]]
+    assert names == ["avg_allreduce_hook", "prescaled_allreduce_hook", "allreduce_hook"]
+    default = block["hooks"][next(iter(block["hooks"]))]
+    assert default["over_default_ms"] == 0 and all(h["ms"] > 0 for h in block["hooks"].values())
+    assert "its comm hook changed every step (2 rounds)" in res.stdout
