@@ -19,7 +19,7 @@ surface, each naming the op module that does the work, in ``methods`` (x.relu(),
 x.view(-1, 4), x.new_zeros(3)), ``inplace_methods`` (x.add_(y), x += y, x.zero_()) and
 ``conversion`` (x.float(), x.to("cuda"), x.item(), x.numpy(), repr(x)). Each ends with a
 ``METHODS`` table, which the bottom of this file attaches to the class in one visible place
-(``Tensor.relu is methods.relu``): no base classes reaching into this one.
+(``Tensor.sum is methods.sum``): no base classes reaching into this one.
 
 ``.data`` and ``.grad`` are Tensors, as in torch: ``w.data`` is a detached Tensor sharing
 ``w``'s array (``w.data.normal_()`` initialises ``w``), ``w.grad`` a Tensor whose array is the

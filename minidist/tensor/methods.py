@@ -5,14 +5,17 @@
     >>> x.relu().sum(dim=1).tolist()
     [1.0, 3.0]
 
-Every function here is a ``Tensor`` method written as a plain function: its first parameter
-is the tensor (``self``), and its body hands the work to the op module that owns it (with the
-backward beside the forward): ``elementwise``, ``reduce``, ``shape``, ``mathops``, ``views``,
-``functional``, ``creation`` (``new_zeros`` and friends: a creation function with this
-tensor's dtype and device as defaults). Nothing here touches the tape or private fields;
-the functions use only what a Tensor offers anyone (``.array``, ``.shape``, the operators).
+Where an op's own signature is already torch's method's (``elementwise.exp(a)``,
+``mathops.clamp(input, min, max)``), ``METHODS`` names the op itself. Every function here is a
+method that needs more: a torch argument name or default (``mul(other)``, ``sum(dim=...)``),
+written as a plain function whose first parameter is the tensor (``self``) and whose body
+hands the work to the op module that owns it (with the backward beside the forward):
+``elementwise``, ``reduce``, ``shape``, ``mathops``, ``views``, ``functional``, ``creation``
+(``new_zeros`` and friends: a creation function with this tensor's dtype and device as
+defaults). Nothing here touches the tape or private fields; the functions use only what a
+Tensor offers anyone (``.array``, ``.shape``, the operators).
 ``METHODS`` at the bottom names each one, and ``core.py`` attaches that table to the class in
-one visible place, so ``Tensor.relu is methods.relu``.
+one visible place, so ``Tensor.relu is elementwise.relu`` and ``Tensor.sum is methods.sum``.
 
 The in-place spellings (``add_``, ``zero_``, ``t += x``) are in ``inplace_methods``; the
 conversions (``.float()``, ``.to()``, ``.numpy()``, printing) in ``conversion``.
@@ -37,30 +40,6 @@ def _axis(axis: Any, dim: Any) -> Any:
 
 # ---- elementwise math (elementwise.py, mathops.py) ---------------------------------------------
 
-def exp(self: Tensor) -> Tensor:
-    return elementwise.exp(self)
-
-
-def log(self: Tensor) -> Tensor:
-    return elementwise.log(self)
-
-
-def tanh(self: Tensor) -> Tensor:
-    return elementwise.tanh(self)
-
-
-def sigmoid(self: Tensor) -> Tensor:
-    return elementwise.sigmoid(self)
-
-
-def relu(self: Tensor) -> Tensor:
-    return elementwise.relu(self)
-
-
-def gelu(self: Tensor, approximate: str = "none") -> Tensor:
-    return elementwise.gelu(self, approximate)
-
-
 def add(self: Tensor, other: Any, *, alpha: Any = 1) -> Tensor:
     return elementwise.add(self, other if alpha == 1 else other * alpha)
 
@@ -77,40 +56,12 @@ def div(self: Tensor, other: Any) -> Tensor:
     return elementwise.div(self, other)
 
 
-def pow(self: Tensor, exponent: Any) -> Tensor:  # noqa: A001 - torch's name
-    return elementwise.pow(self, exponent)
-
-
 def addcmul(self: Tensor, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
     return self + tensor1 * tensor2 * value
 
 
 def addcdiv(self: Tensor, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
     return self + tensor1 / tensor2 * value
-
-
-def clamp(self: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
-    return mathops.clamp(self, min, max)
-
-
-def sqrt(self: Tensor) -> Tensor:
-    return mathops.sqrt(self)
-
-
-def abs(self: Tensor) -> Tensor:  # noqa: A001 - torch's name
-    return mathops.abs(self)
-
-
-def sign(self: Tensor) -> Tensor:
-    return mathops.sign(self)
-
-
-def sin(self: Tensor) -> Tensor:
-    return mathops.sin(self)
-
-
-def cos(self: Tensor) -> Tensor:
-    return mathops.cos(self)
 
 
 def norm(self: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False,
@@ -354,10 +305,15 @@ def new_tensor(self: Tensor, data: Any, *, dtype: Any = None, device: Any = None
 
 # The method name -> the function; core.py attaches these to Tensor.
 METHODS: dict[str, Any] = {
-    "exp": exp, "log": log, "tanh": tanh, "sigmoid": sigmoid, "relu": relu, "gelu": gelu,
-    "add": add, "sub": sub, "mul": mul, "div": div, "pow": pow, "addcmul": addcmul,
-    "addcdiv": addcdiv, "clamp": clamp, "clip": clamp, "sqrt": sqrt, "abs": abs, "sign": sign,
-    "sin": sin, "cos": cos, "norm": norm, "where": where, "trace": trace, "clone": clone,
+    # the op itself where its signature is torch's method's (self first): Tensor.exp is
+    # elementwise.exp
+    "exp": elementwise.exp, "log": elementwise.log, "tanh": elementwise.tanh,
+    "sigmoid": elementwise.sigmoid, "relu": elementwise.relu, "gelu": elementwise.gelu,
+    "pow": elementwise.pow, "clamp": mathops.clamp, "clip": mathops.clamp,
+    "sqrt": mathops.sqrt, "abs": mathops.abs, "sign": mathops.sign, "sin": mathops.sin,
+    "cos": mathops.cos,
+    "add": add, "sub": sub, "mul": mul, "div": div, "addcmul": addcmul, "addcdiv": addcdiv,
+    "norm": norm, "where": where, "trace": trace, "clone": clone,
     "masked_fill": masked_fill,
     "eq": eq, "ne": ne, "all": all, "any": any,
     "sum": sum, "mean": mean, "max": max, "min": min, "argmax": argmax, "argmin": argmin,
