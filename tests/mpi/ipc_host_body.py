@@ -12,7 +12,7 @@ from minidist import comm
 from minidist.comm.algorithms.cuda_ipc import close_ipc, ipc_state
 from minidist.comm.errors import CollectiveMismatch
 from minidist.comm.ops import reference_reduce
-from minidist.comm.transports.shm_window import shm_node
+from minidist.comm.transports.shm_window import shm_close, shm_node
 
 comm.init_process_group(backend="mpi")
 group = comm.get_default_group()
@@ -42,5 +42,9 @@ if world > 1:
     assert state.plans_built <= 2 * 5 * 4 + 2, state.plans_built  # per half x shape, no more
     close_ipc(group.transport)  # what destroy_process_group does (collective)
     assert shm_node(group.transport).user_windows == [], "IPC windows left after close_ipc"
+    # python -m minidist.tune frees the node's windows (shm_close) before it destroys the group:
+    # the IPC state made before that must still close cleanly in destroy_process_group
+    group.all_reduce(np.ones(10, np.float32), algorithm="ipc_host")
+    shm_close(group.transport)
 print(f"[rank {rank}] ipc_host ok", flush=True)
 comm.destroy_process_group()

@@ -245,7 +245,10 @@ class ShmNode:
         return w
 
     def release(self, w: SharedWindow) -> None:
-        """Free ``w``, a window of ``alloc`` (collective), and forget it."""
+        """Free ``w``, a window of ``alloc`` (collective), and forget it; nothing to do when
+        ``free`` released every window first (``shm_close`` before ``destroy_process_group``)."""
+        if w not in self.user_windows:
+            return
         self.user_windows.remove(w)
         self.owners = self.owners - {id(w.slots[self.rank].base)}
         w.free()
