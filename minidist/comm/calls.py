@@ -30,6 +30,7 @@ With no observer, a call costs its number and its tag.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import zlib
 from typing import Any, Callable, Iterator, NamedTuple, Protocol
 
@@ -122,31 +123,21 @@ def call_spec(collective: str, text: str, count: int = 0, dtype: Any = None,
                     signature(collective, op, dtype, count, root, algorithm), shared)
 
 
+@dataclasses.dataclass(eq=False)
 class Call:
-    """One collective call as its observers see it (the ledger keeps it as an entry).
+    """One collective call as its observers see it (the ledger keeps it as an entry)."""
 
-    Attributes:
-        spec: its ``CallSpec``. stream: the caller's ``tag``. seq: its number on the stream.
-        tag: its message tag. shape: the caller's array shape (None without one).
-        label: the caller's label (``label=``), or None.
-        t0, t1: ``perf_counter`` at start and end (set by the ledger; t1 None while running).
-        status: None while running or done; a failure status once it failed (the ledger's).
-    """
-
-    t0: float                   # set by the observers that time it (the ledger)
-    t1: float | None = None     # the end time (the ledger); None while running
+    spec: CallSpec              # what the call is
+    stream: int                 # the caller's ``tag``
+    seq: int                    # its number on the stream
+    tag: int                    # its message tag
+    shape: Any                  # the caller's array shape (None without one)
+    label: str | None           # the caller's label (``label=``), or None
+    t0: float = 0.0             # ``perf_counter`` at start (set by the observer that times it)
+    t1: float | None = None     # ... and at the end; None while running
     status: Any = None          # None while running or done; a failure status once it failed
     error: str | None = None    # the first line of the error, once it failed (status is set)
-    site: tuple                 # the caller's (code, byte offset), set by the ledger
-
-    def __init__(self, spec: CallSpec, stream: int, seq: int, tag: int, shape: Any,
-                 label: str | None) -> None:
-        self.spec = spec
-        self.stream = stream
-        self.seq = seq
-        self.tag = tag
-        self.shape = shape
-        self.label = label
+    site: tuple = ()            # the caller's (code, byte offset), set by the ledger
 
 
 class CollectiveObserver(Protocol):
