@@ -11,7 +11,8 @@
     .venv/bin/python benchmarks/ddp_scaling.py --amp --quick  # + AMP rows: the cost of loss scaling
     .venv/bin/python benchmarks/ddp_scaling.py --models large --quick --paired 200
         # the reference workload only, + DDP's overhead step by step (plain and DDP steps
-        # alternate: the ratio holds up on a machine shared with other jobs)
+        # alternate: the ratio holds up on a machine shared with other jobs), and its floor
+        # without overlap: the buckets' all-reduce and NaN/inf check, each timed alone
     .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --models large --quick --hooks 300
         # + one DDP model whose comm hook changes every step: what the default (one
         # all-reduce AVG) costs beside the division folded into backward and the textbook
@@ -219,16 +220,38 @@ def paired_steps(model_name: str, pairs: int, warmup: int) -> dict:
             if i >= warmup:
                 wall[side].append(t)
                 cpu[side].append(c)
+    reduce_s, check_s = bucket_work(sides[1][0], max(pairs // 4, 5))
     sides[1][0].close(release_buffers=True)
     ratios = [d / p for p, d in zip(wall[0], wall[1])]
     cpu_ratios = [d / p for p, d in zip(cpu[0], cpu[1])]
     med = np.array([statistics.median(wall[0]), statistics.median(wall[1]),
-                    statistics.median(ratios), statistics.median(cpu_ratios)])
+                    statistics.median(ratios), statistics.median(cpu_ratios), reduce_s, check_s])
     comm.all_reduce(med, op="max")
+    plain, reduce_, check = float(med[0]), float(med[4]), float(med[5])
     return {"model": model_name, "n": comm.get_world_size(), "pairs": pairs,
-            "plain_ms": float(med[0]) * 1e3, "ddp_ms": float(med[1]) * 1e3,
+            "plain_ms": plain * 1e3, "ddp_ms": float(med[1]) * 1e3,
             "ratio": float(med[2]), "cpu_ratio": float(med[3]),
+            "allreduce_ms": reduce_ * 1e3, "finite_check_ms": check * 1e3,
+            "floor_ratio": (plain + reduce_ + check) / plain,
             "overlap": auto_overlap(comm.get_world_size())}
+
+
+def bucket_work(ddp: DistributedDataParallel, repeats: int) -> tuple[float, float]:
+    """The work a DDP step adds that no code change can remove without overlap (medians, s):
+    the default hook's all-reduce of every bucket (after a barrier: no rank waits for a slower
+    one) and the NaN/inf check of every bucket, each run alone, outside a step."""
+    reduce_s, check_s = [], []
+    for _ in range(repeats):
+        comm.barrier()
+        t0 = time.perf_counter()
+        for b in ddp.buckets:
+            b.all_reduce(b.buffer, "avg")  # what avg_allreduce_hook calls
+        t1 = time.perf_counter()
+        for b in ddp.buckets:
+            all_finite_fast(b.buffer)
+        reduce_s.append(t1 - t0)
+        check_s.append(time.perf_counter() - t1)
+    return statistics.median(reduce_s), statistics.median(check_s)
 
 
 AVERAGING_HOOKS = {"avg_allreduce_hook (the default: one all-reduce AVG)": avg_allreduce_hook,
@@ -392,6 +415,10 @@ def overhead_lines(results: list[dict]) -> list[str]:
             lines.append(f"# n={r['n']} {r['model']} paired ({r['pairs']} alternating steps): "
                          f"plain {r['plain_ms']:.2f} ms, DDP {r['ddp_ms']:.2f} ms; median of "
                          f"per-pair DDP/plain {r['ratio']:.3f}x, CPU time {r['cpu_ratio']:.3f}x")
+            lines.append(f"#   of which alone: the buckets' all-reduce {r['allreduce_ms']:.2f} ms,"
+                         f" their NaN/inf check {r['finite_check_ms']:.2f} ms: a DDP step without"
+                         f" overlap can be no faster than (plain + both) / plain = "
+                         f"{r['floor_ratio']:.3f}x")
         for r in res.get("hooks", []):
             lines.append(f"# n={r['n']} {r['model']}, one DDP model, its comm hook changed every "
                          f"step ({r['rounds']} rounds):")

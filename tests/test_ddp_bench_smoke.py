@@ -74,3 +74,17 @@ def test_ddp_scaling_times_the_averaging_hooks_on_one_model(tmp_path):
     default = block["hooks"][next(iter(block["hooks"]))]
     assert default["over_default_ms"] == 0 and all(h["ms"] > 0 for h in block["hooks"].values())
     assert "its comm hook changed every step (2 rounds)" in res.stdout
+
+
+@pytest.mark.mpi
+def test_ddp_scaling_paired_steps_and_the_floor_without_overlap(tmp_path):
+    res = run_mpi(2, [BENCH, "--quick", "--models", "large", "--steps", "2", "--warmup", "1",
+                      "--rounds", "1", "--paired", "4", "--out", tmp_path], timeout_s=90,
+                  env={"MINIDIST_TIMEOUT_S": "30"})
+    assert res.returncode == 0, res.report()
+    (pair,) = json.loads((tmp_path / "ddp_scaling_n2.json").read_text())["paired"]
+    assert pair["plain_ms"] > 0 and pair["ddp_ms"] > 0 and pair["ratio"] > 0
+    assert pair["allreduce_ms"] > 0 and pair["finite_check_ms"] > 0
+    want = 1 + (pair["allreduce_ms"] + pair["finite_check_ms"]) / pair["plain_ms"]
+    assert abs(pair["floor_ratio"] - want) < 1e-9
+    assert "can be no faster than (plain + both) / plain" in res.stdout
