@@ -148,10 +148,9 @@ def all_finite_fast(buf: Any) -> bool:
     ``buf.sum()`` here and no boolean temporary like ``isfinite(buf).all()``): a NaN or inf
     element makes it NaN/inf, and the squares are >= 0, so nothing cancels. It can also overflow
     for finite values above ~1e19 (float32): a false "maybe", which the exact search clears.
-    float16 is summed in float32 (no half-precision BLAS); integers are always finite.
+    float16 is summed in float32 (no half-precision BLAS). Integers are always finite (the
+    product may wrap around, but ``isfinite`` of an integer is True).
     """
-    if buf.dtype.kind != "f":
-        return True
     with np.errstate(over="ignore", invalid="ignore"):  # overflow = "maybe", not a warning
         return bool(np.isfinite(buf.dot(buf) if buf.dtype.itemsize >= 4 else
                                 buf.sum(dtype=np.float32)))
