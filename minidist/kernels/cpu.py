@@ -1,6 +1,6 @@
 """Numba CPU kernels for mixed precision: each fused op reads its input once.
 
-    from minidist.kernels import cpu        # imports numba (~1 s); minidist.kernels does it lazily
+    from minidist.kernels import cpu        # imports numba (slow); minidist.kernels does it lazily
     found = cpu.unscale_and_check(grads32, grads32, 1 / 65536)    # fp32 in place
     found = cpu.unscale_and_check(grads16, master32, 1 / 65536)   # fp16 grads -> fp32 master
 
@@ -26,10 +26,10 @@ Each loop is compiled twice from one source: with ``prange`` (Numba's thread poo
 ``numba.get_num_threads()`` threads) for arrays of ``PARALLEL_MIN_NUMEL`` elements and more,
 and as a plain loop for shorter ones, where waking the pool would cost more than the work.
 The pool is used only when ``NUMBA_NUM_THREADS`` is set in the environment (the user chose a
-thread count): the loops are memory-bound, so a second thread gained ~15 % on an idle 2-core
-machine (docs/benchmarks.md), while Numba's default of one thread per core, in processes that
-already share the cores (MPI ranks, other jobs), made a 1.86M-float unscale take 8-13 ms
-instead of 0.13 ms.
+thread count): the loops are memory-bound, so a second thread gains little on an idle machine
+(docs/benchmarks.md), while Numba's default of one thread per core, in processes that already
+share the cores (MPI ranks, other jobs), makes every call wait for threads that have no core
+to run on: many times slower than one thread (``benchmarks/amp_kernels.py`` measures both).
 
 Numba has no float16 on the CPU (any float16 array raises ``NotImplementedError``), so fp16
 arrays come in as ``.view(np.uint16)`` and are converted with integer code here, branch-free so
@@ -152,7 +152,7 @@ def _compile_loops(parallel: bool) -> _Loops:
         return found > 0
 
     # A separate loop for dst is src: with two array arguments LLVM guards its vector loop with
-    # a runtime overlap test that equal pointers fail, and in place ran 3x slower, scalar.
+    # a runtime overlap test that equal pointers fail, and in place ran scalar (slower).
     @jit
     def unscale_f32(src: Any, dst: Any, inv_scale: Any) -> bool:  # pragma: no cover
         found = 0
@@ -183,9 +183,9 @@ PARALLEL_LOOPS = _compile_loops(parallel=True)
 SERIAL_LOOPS = _compile_loops(parallel=False)
 
 PARALLEL_MIN_NUMEL = 1 << 18
-"""Arrays shorter than this run on one thread: 256 Ki elements take one core ~20-100 us, about
-what waking the other threads costs on a busy machine (a 1000-element call: 0.3 us serial,
-20-70 us through the thread pool under load)."""
+"""Arrays shorter than this run on one thread: below it, one core finishes the loop in about
+the time that waking the other threads costs on a busy machine (``benchmarks/amp_kernels.py``
+times both)."""
 
 
 THREADS_REQUESTED = "NUMBA_NUM_THREADS" in os.environ
@@ -289,7 +289,7 @@ def unscale_and_check_(src: np.ndarray, dst: np.ndarray, inv_scale: float,
 
 def foreach_unscale_and_check_(srcs: list[np.ndarray], dsts: list[np.ndarray],
                                inv_scale: float, found_inf: np.ndarray) -> None:
-    """:func:`unscale_and_check_` over pairs of buffers (a CPU call costs ~1 us: a loop)."""
+    """:func:`unscale_and_check_` over pairs of buffers (on the CPU a loop over the pairs)."""
     bad = False
     inv = np.float32(inv_scale)
     for src, dst in zip(srcs, dsts):

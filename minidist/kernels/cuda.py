@@ -40,8 +40,9 @@ A view records only a pointer, a size and a dtype, so a plan is valid for whatev
 holds that memory now: a buffer freed and reallocated at the same address with the same size
 and dtype is the same plan, anything else is a new one. Persistent buffers (DDP buckets,
 ``MasterWeights``' flat buffers, the scaler's scale/tracker/flags) hit the cache every step.
-Temporary arrays work too, on the slower path: a new address builds a plan (~0.2 ms: the view,
-the configuration); the caches keep the ``PLAN_CACHE_SIZE`` most recent plans.
+Temporary arrays work too, on the slower path: a new address builds a plan (the view, the
+configuration: benchmarks/gpu_check.py times it); the caches keep the ``PLAN_CACHE_SIZE`` most
+recent plans.
 ``MINIDIST_CUDA_LAUNCH=dispatcher`` launches through Numba's dispatcher every time (to compare).
 
 **Which Numba.** ``MINIDIST_CUDA_JIT=auto`` (default) uses numba-cuda (``from numba import

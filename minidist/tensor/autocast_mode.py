@@ -30,7 +30,7 @@ cast (as in torch: float64 is not "eligible"). Outside autocast nothing is cast,
 cost of this module is one thread-local lookup per listed op.
 
 On a GPU (CuPy) a float16 matmul is a real half-precision cuBLAS GEMM. On the CPU NumPy has no
-float16 BLAS (a float16 matmul is ~200x slower than float32), so ``linalg.mm`` EMULATES it:
+float16 BLAS (a float16 matmul is far slower than float32), so ``linalg.mm`` EMULATES it:
 the float16 operands are widened to float32 (exactly), multiplied with float32 BLAS, and the
 product is rounded back to float16. Values, overflow to inf, underflow and rounding then behave
 as a device's float16 GEMM with float32 accumulation does; only the speed differs.

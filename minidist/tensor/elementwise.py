@@ -219,7 +219,7 @@ def erf(x: Any) -> Any:
     """Vectorized error function (via ``erfc_abs``): |error| < 1.2e-7, float32 resolution.
 
     Computed in float32 or wider and returned in x's dtype. NumPy has no erf and SciPy is not a
-    dependency; ``math.erf`` per element would be ~100x slower.
+    dependency; ``math.erf`` per element would be orders of magnitude slower.
     """
     xp = backend.get_array_module(x)
     z = x.astype(numpy.float32) if x.dtype == numpy.float16 else x

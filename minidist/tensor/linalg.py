@@ -40,7 +40,7 @@ def mm(a: Any, b: Any, out: Any = None, scale: float = 1.0) -> Any:
     and ``scale`` are for 2-D operands (gradients of 2-D weights).
 
     float16 @ float16 on the CPU is computed in float32 and rounded: NumPy multiplies float16
-    matrices without BLAS (~200x slower than float32). The emulation widens both operands
+    matrices without BLAS (far slower than float32). The emulation widens both operands
     exactly, uses float32 BLAS (float32 accumulation, like a device's half-precision GEMM) and
     rounds the product to float16, overflowing to inf where a device would; ``scale`` is
     applied in float32 before that rounding. On a GPU, CuPy runs the real float16 GEMM.

@@ -6,7 +6,7 @@
 What ``cross_entropy`` runs for CuPy arrays (class-index targets, no class weights, no label
 smoothing). The NumPy formulas of ``losses.cross_entropy_on_device`` take about ten CuPy
 calls forward (max, subtract, exp, sum, log, arange, gather, where, ...) and as many backward,
-each ~10-30 us of host time; these kernels do each direction in one launch, one thread per
+each a launch with its own host cost; these kernels do each direction in one launch, one thread per
 row forward (it walks its row three times: max, sum of exp, the target's logit) and one
 thread per element backward::
 

@@ -80,7 +80,7 @@ def _byte_view(buf: Any, what: str, prefix: str) -> memoryview:
                          f"backend='mpi' with a CUDA-aware MPI.")
     if buf.ndim:
         try:
-            return memoryview(buf).cast("B")  # C-contiguous only; 2x faster than .view(uint8)
+            return memoryview(buf).cast("B")  # C-contiguous only; cheaper than .view(uint8)
         except (TypeError, ValueError):  # not contiguous, or a dtype without a buffer format
             pass
     if not buf.flags.c_contiguous:
