@@ -415,6 +415,8 @@ def overhead_lines(results: list[dict]) -> list[str]:
             lines.append(f"# n={r['n']} {r['model']} paired ({r['pairs']} alternating steps): "
                          f"plain {r['plain_ms']:.2f} ms, DDP {r['ddp_ms']:.2f} ms; median of "
                          f"per-pair DDP/plain {r['ratio']:.3f}x, CPU time {r['cpu_ratio']:.3f}x")
+            if "floor_ratio" not in r:  # (results saved before the floor was measured)
+                continue
             lines.append(f"#   of which alone: the buckets' all-reduce {r['allreduce_ms']:.2f} ms,"
                          f" their NaN/inf check {r['finite_check_ms']:.2f} ms: a DDP step without"
                          f" overlap can be no faster than (plain + both) / plain = "
