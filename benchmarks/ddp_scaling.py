@@ -190,10 +190,16 @@ def batch_of(model_name: str) -> tuple[Tensor, np.ndarray, Any]:
 
 def paired_steps(model_name: str, pairs: int, warmup: int) -> dict:
     """DDP's overhead measured step by step: a plain model and a DDP model (overlap "auto")
-    of the same n processes take turns, one step each, ``pairs`` times (the order rotates).
-    A burst of load from other jobs then hits both sides of a round alike, so the median of
-    the per-round ratios resolves a few percent where whole-configuration medians on a
-    shared machine cannot. Returns medians (max over ranks) and the median ratios."""
+    of the same n processes take turns, two steps each (the second timed), ``pairs`` times
+    (the order rotates). A burst of load from other jobs then hits both sides of a round
+    alike, so the median of the per-round ratios resolves a few percent where
+    whole-configuration medians on a shared machine cannot. Only the second step is timed:
+    right after the other model's step, a model's weights and gradients are out of cache, and
+    a warm step compared with a cold one would measure the cache, not DDP (the per-round
+    ratios then split into two clusters, and their median lands in either). Each step is
+    timed on the slowest rank (the job's pace). Returns
+    the medians of those steps and of their per-pair ratios (the CPU-time ratio: max over
+    ranks of each rank's median), and ``bucket_work``'s floor."""
     x, y, loss_fn = batch_of(model_name)
     sides = []
     for kind in ("plain", "ddp"):
@@ -203,6 +209,10 @@ def paired_steps(model_name: str, pairs: int, warmup: int) -> dict:
 
     def step(side: int) -> tuple[float, float]:
         net, opt = sides[side]
+        # Untimed: the ranks start each step together, as consecutive DDP steps do (each
+        # leaves its all-reduce together). Without it a DDP step would also wait out how far
+        # apart the ranks drifted during the unsynchronized plain step before it.
+        comm.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         loss_fn(net(x), y).backward()
         opt.step()
@@ -211,27 +221,36 @@ def paired_steps(model_name: str, pairs: int, warmup: int) -> dict:
 
     wall: list[list[float]] = [[], []]
     cpu: list[list[float]] = [[], []]
+    in_step: list[float] = []  # the DDP side's exposed communication (``wait_s``)
     for i in range(warmup + pairs):
         if i == warmup:
             comm.barrier()
         for j in range(2):  # rotate who goes first
             side = (i + j) % 2
-            t, c = step(side)
+            step(side)  # untimed: the timed step below finds its model in cache, as a training
+            t, c = step(side)  # step does after the step before it (a cold step is slower)
             if i >= warmup:
                 wall[side].append(t)
                 cpu[side].append(c)
+                if side == 1:
+                    in_step.append(sides[1][0].last_step_stats["wait_s"])
     reduce_s, check_s = bucket_work(sides[1][0], max(pairs // 4, 5))
     sides[1][0].close(release_buffers=True)
-    ratios = [d / p for p, d in zip(wall[0], wall[1])]
+    # Per step, the slowest rank's time: a job moves at the pace of its slowest rank, and a
+    # DDP step takes as long on every rank, so a faster rank's own plain step is no baseline.
+    slowest = np.array(wall, dtype=np.float64)  # [side][pair]
+    comm.all_reduce(slowest, op="max")
+    ratios = slowest[1] / slowest[0]
     cpu_ratios = [d / p for p, d in zip(cpu[0], cpu[1])]
-    med = np.array([statistics.median(wall[0]), statistics.median(wall[1]),
-                    statistics.median(ratios), statistics.median(cpu_ratios), reduce_s, check_s])
+    med = np.array([np.median(slowest[0]), np.median(slowest[1]), np.median(ratios),
+                    statistics.median(cpu_ratios), reduce_s, check_s, statistics.median(in_step)])
     comm.all_reduce(med, op="max")
     plain, reduce_, check = float(med[0]), float(med[4]), float(med[5])
     return {"model": model_name, "n": comm.get_world_size(), "pairs": pairs,
             "plain_ms": plain * 1e3, "ddp_ms": float(med[1]) * 1e3,
             "ratio": float(med[2]), "cpu_ratio": float(med[3]),
             "allreduce_ms": reduce_ * 1e3, "finite_check_ms": check * 1e3,
+            "allreduce_in_step_ms": float(med[6]) * 1e3,
             "floor_ratio": (plain + reduce_ + check) / plain,
             "overlap": auto_overlap(comm.get_world_size())}
 
@@ -420,7 +439,9 @@ def overhead_lines(results: list[dict]) -> list[str]:
             lines.append(f"#   of which alone: the buckets' all-reduce {r['allreduce_ms']:.2f} ms,"
                          f" their NaN/inf check {r['finite_check_ms']:.2f} ms: a DDP step without"
                          f" overlap can be no faster than (plain + both) / plain = "
-                         f"{r['floor_ratio']:.3f}x")
+                         f"{r['floor_ratio']:.3f}x; inside a DDP step, from its last gradient "
+                         f"to the end of the reduction (both, and waiting for the slower rank): "
+                         f"{r['allreduce_in_step_ms']:.2f} ms")
         for r in res.get("hooks", []):
             lines.append(f"# n={r['n']} {r['model']}, one DDP model, its comm hook changed every "
                          f"step ({r['rounds']} rounds):")

@@ -85,6 +85,7 @@ def test_ddp_scaling_paired_steps_and_the_floor_without_overlap(tmp_path):
     (pair,) = json.loads((tmp_path / "ddp_scaling_n2.json").read_text())["paired"]
     assert pair["plain_ms"] > 0 and pair["ddp_ms"] > 0 and pair["ratio"] > 0
     assert pair["allreduce_ms"] > 0 and pair["finite_check_ms"] > 0
+    assert pair["allreduce_in_step_ms"] > 0  # the DDP side's exposed communication
     want = 1 + (pair["allreduce_ms"] + pair["finite_check_ms"]) / pair["plain_ms"]
     assert abs(pair["floor_ratio"] - want) < 1e-9
     assert "can be no faster than (plain + both) / plain" in res.stdout
