@@ -431,7 +431,8 @@ def overhead_lines(results: list[dict]) -> list[str]:
                          f"CPU time {ddp['cpu_ms'] / plain['cpu_ms']:.3f}x "
                          f"(overlap={'on' if ddp['overlap'] else 'off'}, as 'auto' picks)")
         for r in res.get("paired", []):
-            lines.append(f"# n={r['n']} {r['model']} paired ({r['pairs']} alternating steps): "
+            lines.append(f"# n={r['n']} {r['model']} paired ({r['pairs']} rounds, two steps per "
+                         f"side, the second timed): "
                          f"plain {r['plain_ms']:.2f} ms, DDP {r['ddp_ms']:.2f} ms; median of "
                          f"per-pair DDP/plain {r['ratio']:.3f}x, CPU time {r['cpu_ratio']:.3f}x")
             if "floor_ratio" not in r:  # (results saved before the floor was measured)
