@@ -64,9 +64,7 @@ def test_ddp_scaling_benchmark_amp_rows(tmp_path):
 
 @pytest.mark.mpi
 def test_ddp_scaling_times_the_averaging_hooks_on_one_model(tmp_path):
-    res = run_mpi(2, [BENCH, "--quick", "--models", "large", "--steps", "2", "--warmup", "1",
-                      "--rounds", "1", "--hooks", "2", "--out", tmp_path], timeout_s=90,
-                  env={"MINIDIST_TIMEOUT_S": "30"})
+    res = run_large_model(tmp_path, "--hooks", "2")
     assert res.returncode == 0, res.report()
     (block,) = json.loads((tmp_path / "ddp_scaling_n2.json").read_text())["hooks"]
     names = [name.split()[0] for name in block["hooks"]]
@@ -78,9 +76,7 @@ def test_ddp_scaling_times_the_averaging_hooks_on_one_model(tmp_path):
 
 @pytest.mark.mpi
 def test_ddp_scaling_paired_steps_and_the_floor_without_overlap(tmp_path):
-    res = run_mpi(2, [BENCH, "--quick", "--models", "large", "--steps", "2", "--warmup", "1",
-                      "--rounds", "1", "--paired", "4", "--out", tmp_path], timeout_s=90,
-                  env={"MINIDIST_TIMEOUT_S": "30"})
+    res = run_large_model(tmp_path, "--paired", "4")
     assert res.returncode == 0, res.report()
     (pair,) = json.loads((tmp_path / "ddp_scaling_n2.json").read_text())["paired"]
     assert pair["plain_ms"] > 0 and pair["ddp_ms"] > 0 and pair["ratio"] > 0
@@ -89,3 +85,10 @@ def test_ddp_scaling_paired_steps_and_the_floor_without_overlap(tmp_path):
     want = 1 + (pair["allreduce_ms"] + pair["finite_check_ms"]) / pair["plain_ms"]
     assert abs(pair["floor_ratio"] - want) < 1e-9
     assert "can be no faster than (plain + both) / plain" in res.stdout
+
+
+def run_large_model(tmp_path, *extra):
+    """The benchmark on the large model only, tiny, under mpiexec -n 2, with ``extra`` options."""
+    return run_mpi(2, [BENCH, "--quick", "--models", "large", "--steps", "2", "--warmup", "1",
+                       "--rounds", "1", *extra, "--out", tmp_path], timeout_s=90,
+                   env={"MINIDIST_TIMEOUT_S": "30"})
