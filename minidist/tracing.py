@@ -17,13 +17,14 @@ Who records what: the tape records ``backward`` (minidist/tensor/autograd.py), D
 ``forward`` and each bucket (minidist/ddp/), the Trainer the ``step`` and ``optimizer.step``.
 Events from DDP's communication thread go to the communication lane.
 
-The API is tiny, and tracing off costs one ``None`` check per call site::
+The API is tiny. A span around a block of the code it times is one line there, and with
+tracing off it is a shared do-nothing context::
 
-    tr = trace.tracer()                     # the active Tracer, or None when tracing is off
-    if tr is not None:
-        t0 = tr.now()
+    with trace.span("backward"):            # the tape (autograd.run_backward)
         ...
-        tr.complete("forward", t0, tr.now(), lane=trace.COMPUTE, args={"step": 3})
+    tr = trace.tracer()                     # the active Tracer, or None when tracing is off
+    if tr is not None:                      # events that are not one block: instants, counters
+        tr.instant("bucket 0 ready", args={"step": 3})
 
 Times are ``time.perf_counter()`` seconds, written as microseconds on the wall clock (one
 offset taken at start), so the ranks of one node line up exactly and ranks on different nodes
@@ -33,6 +34,7 @@ as well as their clocks agree.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import sys
@@ -137,6 +139,34 @@ class Tracer:
         os.replace(tmp, self.path)
         self._flushed = len(data["traceEvents"])
         return self.path
+
+
+class Span:
+    """One ``complete`` event from entering the ``with`` block to leaving it (also on an
+    exception); made by ``span``."""
+
+    __slots__ = ("tracer", "name", "lane", "args", "t0")
+
+    def __init__(self, tracer: Tracer, name: str, lane: str, args: dict[str, Any] | None) -> None:
+        self.tracer, self.name, self.lane, self.args = tracer, name, lane, args
+        self.t0 = 0.0
+
+    def __enter__(self) -> Span:
+        self.t0 = self.tracer.now()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.tracer.complete(self.name, self.t0, self.tracer.now(), lane=self.lane, args=self.args)
+
+
+_OFF = contextlib.nullcontext()  # what ``span`` returns while tracing is off
+
+
+def span(name: str, lane: str = COMPUTE, args: dict[str, Any] | None = None
+         ) -> Span | contextlib.nullcontext:
+    """``with span("forward"): ...`` records the block as one span on ``lane`` of the active
+    Tracer; with tracing off it is a do-nothing context (one check, no event)."""
+    return _OFF if active is None else Span(active, name, lane, args)
 
 
 def tracer() -> Tracer | None:

@@ -60,7 +60,7 @@ from minidist.ddp.grad_checks import unused_param_indices
 from minidist.ddp.observers import StepStats
 from minidist.ddp.reducer import Reducer
 from minidist.ddp.sync_batchnorm import SyncBatchNorm
-from minidist.ddp.timeline import StepTrace
+from minidist.ddp.timeline import StepTrace, follow_tracer
 from minidist.logger import get_logger, rank_prefix
 from minidist.tensor.grad_mode import is_grad_enabled
 
@@ -257,27 +257,18 @@ class DistributedDataParallel(ModulePassThrough):
             if self._buffer_packs and sync_buffers:
                 broadcast_buffer_packs(self._buffer_packs, self.process_group)
             return self.module(*args, **kwargs)
-        tr = trace.active  # the step timeline (minidist/tracing.py); None when tracing is off
-        t0 = tr.now() if tr is not None else 0.0
-        if tr is not None and (self._trace is None or self._trace.tracer is not tr):
-            if self._trace is not None:
-                self.reducer.remove_observer(self._trace)
-            self._trace = StepTrace(tr, self.bucket_algorithms, self.reducer.overlap)
-            self._trace.step = self.reducer.num_syncs
-            self.reducer.add_observer(self._trace)
-        if self._join is not None and self.reducer.require_sync:
-            self._join.count_active(self, 1)
-        if self._buffer_packs and sync_buffers:
-            broadcast_buffer_packs(self._buffer_packs, self.process_group)
-        self.reducer.prepare_for_forward()
-        out = self.module(*args, **kwargs)
-        self.reducer.watch_output(out)
-        if self.find_unused_parameters and self.reducer.require_sync:
-            self.reducer.mark_unused(unused_param_indices(out, self._params,
-                                                          lambda t: getattr(t, "inputs", ())))
-        if tr is not None:
-            tr.complete("forward", t0, tr.now(), args={"step": self.reducer.num_syncs,
-                                                       "sync": self.reducer.require_sync})
+        self._trace = follow_tracer(self._trace, self.reducer, self.bucket_algorithms)
+        with trace.span("forward", args={"step": self.reducer.num_syncs, "sync": synced}):
+            if self._join is not None and self.reducer.require_sync:
+                self._join.count_active(self, 1)
+            if self._buffer_packs and sync_buffers:
+                broadcast_buffer_packs(self._buffer_packs, self.process_group)
+            self.reducer.prepare_for_forward()
+            out = self.module(*args, **kwargs)
+            self.reducer.watch_output(out)
+            if self.find_unused_parameters and self.reducer.require_sync:
+                self.reducer.mark_unused(unused_param_indices(out, self._params,
+                                                              lambda t: getattr(t, "inputs", ())))
         return out
 
     __call__ = forward

@@ -1,6 +1,7 @@
 """What DistributedDataParallel records on the step timeline (minidist/tracing.py, MINIDIST_TRACE).
 
-A Reducer observer (observers.py), registered while a Tracer is active::
+A Reducer observer (observers.py), registered by ``follow_tracer`` (DDP's forward asks it every
+step) while a Tracer is active::
 
     compute lane        bucket k ready, bucket k launch (instants)   wait for all-reduce (span)
     communication lane  all_reduce bucket k (span: bytes, algorithm, busbw), bucket k done
@@ -62,4 +63,23 @@ class StepTrace(StepStats):
         self.step += 1
 
 
-__all__ = ["StepTrace"]
+def follow_tracer(current: StepTrace | None, reducer: Any,
+                  algorithms: Sequence[str]) -> StepTrace | None:
+    """The StepTrace a DDP model's Reducer should carry now (DDP's forward asks every step).
+
+    Tracing may start (or restart) at any time after the model was built: on the first step
+    under a new Tracer, a StepTrace for it replaces ``current`` among the Reducer's observers.
+    Otherwise ``current`` is returned unchanged (None while tracing was never on).
+    """
+    tr = trace.active
+    if tr is None or (current is not None and current.tracer is tr):
+        return current
+    if current is not None:
+        reducer.remove_observer(current)
+    new = StepTrace(tr, algorithms, reducer.overlap)
+    new.step = reducer.num_syncs
+    reducer.add_observer(new)
+    return new
+
+
+__all__ = ["StepTrace", "follow_tracer"]

@@ -197,18 +197,15 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
     seed = _seed(root, gradient)
     callbacks: list[Callable[[], None]] = []
     _running.frames.append(callbacks)
-    tr = trace.active  # the step timeline (minidist/tracing.py); None when tracing is off
-    t0 = tr.now() if tr is not None else 0.0
     writing.flags.append(True)  # ops may write into .grad (grad_destination.py)
     try:
-        _walk(root, seed, retain_graph, _accumulate, _fire_hooks)
-        for callback in callbacks:  # a callback may queue more: they join the end of the list
-            callback()
+        with trace.span("backward"):  # the step timeline (minidist/tracing.py); off: nothing
+            _walk(root, seed, retain_graph, _accumulate, _fire_hooks)
+            for callback in callbacks:  # a callback may queue more: they join the end
+                callback()
     finally:  # an error in the walk drops the queued callbacks
         _running.frames.pop()
         writing.flags.pop()
-        if tr is not None:
-            tr.complete("backward", t0, tr.now())
 
 
 def grad(outputs: Tensor, inputs: Sequence[Tensor], grad_outputs: Any = None,

@@ -82,3 +82,17 @@ def test_trainer_trace_dir_writes_the_timeline(group, tmp_path):
     assert names.count("forward") == names.count("backward") == names.count("optimizer.step") == 4
     assert names.count("bucket 0 done") == 4  # one rank: nothing to all-reduce, no such event
     assert names.count("all_reduce bucket 0") == 0
+
+
+def test_span_records_its_block_even_when_it_raises_and_nothing_when_off(tmp_path):
+    with trace.span("off"):  # no tracer: a do-nothing context
+        pass
+    tr = trace.start(tmp_path, rank=0, world_size=1)
+    with trace.span("block", lane=trace.COMM, args={"k": 1}) as s:
+        assert isinstance(s, trace.Span)
+    with pytest.raises(ValueError):
+        with trace.span("failed"):
+            raise ValueError("inside the block")
+    names = {e["name"]: e for e in tr.events}
+    assert "off" not in names and names["block"]["tid"] == 1 and names["block"]["args"] == {"k": 1}
+    assert names["failed"]["ph"] == "X" and names["failed"]["dur"] >= 0
