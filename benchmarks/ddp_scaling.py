@@ -257,14 +257,15 @@ def paired_steps(model_name: str, pairs: int, warmup: int) -> dict:
 
 def bucket_work(ddp: DistributedDataParallel, repeats: int) -> tuple[float, float]:
     """The work a DDP step adds that no code change can remove without overlap (medians, s):
-    the default hook's all-reduce of every bucket (after a barrier: no rank waits for a slower
-    one) and the NaN/inf check of every bucket, each run alone, outside a step."""
+    the model's comm hook on every bucket (after a barrier: no rank waits for a slower one)
+    and the NaN/inf check of every bucket, each run alone, outside a step."""
+    reducer = ddp.reducer
     reduce_s, check_s = [], []
     for _ in range(repeats):
         comm.barrier()
         t0 = time.perf_counter()
         for b in ddp.buckets:
-            b.all_reduce(b.buffer, "avg")  # what avg_allreduce_hook calls
+            reducer.comm_hook(reducer.hook_state, b)  # the default: one all-reduce AVG
         t1 = time.perf_counter()
         for b in ddp.buckets:
             all_finite_fast(b.buffer)
