@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from procs import REPO, run_mpi
+from procs import REPO, run_mpi, run_python
 
 BENCH = REPO / "benchmarks" / "ddp_scaling.py"
 
@@ -92,3 +92,36 @@ def run_large_model(tmp_path, *extra):
     return run_mpi(2, [BENCH, "--quick", "--models", "large", "--steps", "2", "--warmup", "1",
                        "--rounds", "1", *extra, "--out", tmp_path], timeout_s=90,
                    env={"MINIDIST_TIMEOUT_S": "30"})
+
+
+AB = REPO / "benchmarks" / "ddp_overhead_ab.py"
+
+
+def in_a_git_checkout() -> bool:
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.mpi
+def test_ddp_overhead_ab_runs_the_old_commit_from_its_own_copy(tmp_path):
+    if not in_a_git_checkout():
+        pytest.skip("needs a git checkout (the old side is exported with git archive)")
+    res = run_python([AB, "--old", "HEAD", "--rounds", "2", "--pairs", "1", "--warmup", "0",
+                      "--out", tmp_path], timeout_s=120, env={"MINIDIST_TIMEOUT_S": "30"})
+    assert res.returncode == 0, res.report()
+    data = json.loads((tmp_path / "ddp_overhead_ab.json").read_text())
+    assert [r["first"] for r in data["rounds"]] == ["old", "new"]  # the order flips
+    for r in data["rounds"]:
+        assert r["new"]["minidist"] == str(REPO)  # this checkout
+        assert r["old"]["minidist"] != str(REPO)  # the exported commit, not the editable install
+        assert all(r[s]["plain_ms"] > 0 and r[s]["ratio"] > 0 for s in ("old", "new"))
+    assert "median ratio: old" in res.stdout
+
+
+def test_ddp_overhead_ab_names_a_bad_commit_in_one_line(tmp_path):
+    if not in_a_git_checkout():
+        pytest.skip("needs a git checkout")
+    res = run_python([AB, "--old", "no-such-commit", "--out", tmp_path], timeout_s=30)
+    assert res.returncode == 1, res.report()
+    assert "--old 'no-such-commit' is not a commit of this repository" in res.stderr
+    assert "Traceback" not in res.stderr

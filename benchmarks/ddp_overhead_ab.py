@@ -1,0 +1,210 @@
+"""DDP's overhead, this checkout against an older commit, alternated in one window.
+
+    .venv/bin/python benchmarks/ddp_overhead_ab.py --old v1.0           # 4 rounds, n=2
+    .venv/bin/python benchmarks/ddp_overhead_ab.py --old HEAD~20 --rounds 6 --momentum 0.9
+
+Did a change make DDP slower? On a machine shared with other jobs, two runs of the same code
+differ by more than most changes do, so one run per side decides nothing. This script runs
+the old and the new code one after the other, ``--rounds`` times each, the order flipping every
+round, and compares them round by round::
+
+    round 1:  old job, new job        each job: n ranks, one plain model and one DDP(model)
+    round 2:  new job, old job                   of the same processes, taking turns
+    round 3:  old job, new job        result:    the median over the rounds, per side, of
+    ...                                          the job's DDP step / plain step
+
+A job measures as ``ddp_scaling.py --paired`` does: the 784-1024-1024-10 MLP (batch 64 per
+rank, SGD); each round of a job takes two steps per side and times the second (a step right
+after the other model's finds its weights out of cache); an untimed barrier starts each timed
+step; a step counts at its slowest rank; the job's ratio is the median of its per-round
+ratios. The job uses only the public API (``nn``, ``optim``, ``DistributedDataParallel``), so
+any commit with DDP runs it.
+
+The old code is ``git archive <rev> minidist`` unpacked into a temporary folder; its jobs
+import minidist from there (the venv's editable install of this checkout is set aside for
+them). The new code is this working tree, uncommitted changes included.
+
+Output: a table on stdout, ``ddp_overhead_ab.json`` and ``.txt`` in ``--out`` (default
+runs/bench/, git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import LOCAL_RESULTS, REPO, shown  # noqa: E402
+
+LAYERS = (784, 1024, 1024, 10)
+BATCH = 64
+
+
+def use_library(folder: str) -> None:
+    """Import minidist from ``folder`` (an unpacked older commit) instead of this checkout:
+    drop the editable install's finder, which would otherwise answer first."""
+    sys.meta_path[:] = [f for f in sys.meta_path
+                        if not type(f).__module__.startswith("__editable__")
+                        and not getattr(f, "__module__", "").startswith("__editable__")]
+    sys.path.insert(0, folder)
+
+
+def job(pairs: int, warmup: int, momentum: float) -> dict[str, Any] | None:
+    """One side's measurement (every rank runs it; rank 0 returns the result)."""
+    import numpy as np
+
+    import minidist
+    from minidist import comm, nn, optim
+    from minidist.ddp import DistributedDataParallel
+    from minidist.tensor import Tensor
+
+    comm.init_process_group()
+    rng = np.random.default_rng(comm.get_rank())
+    x = Tensor(rng.normal(size=(BATCH, LAYERS[0])).astype(np.float32))
+    y = rng.integers(0, LAYERS[-1], BATCH)
+    loss_fn = nn.CrossEntropyLoss()
+    sides = []
+    for use_ddp in (False, True):
+        minidist.manual_seed(0)
+        layers: list[Any] = []
+        for d_in, d_out in zip(LAYERS, LAYERS[1:]):
+            layers += [nn.Linear(d_in, d_out), nn.ReLU()]
+        model = nn.Sequential(*layers[:-1])
+        net = DistributedDataParallel(model) if use_ddp else model
+        sides.append((net, optim.SGD(model.parameters(), lr=0.01, momentum=momentum)))
+
+    def step(side: int) -> float:
+        net, opt = sides[side]
+        comm.barrier()  # untimed: the ranks start each timed step together
+        t0 = time.perf_counter()
+        loss_fn(net(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        return time.perf_counter() - t0
+
+    times: list[list[float]] = [[], []]
+    for i in range(warmup + pairs):
+        for j in range(2):  # the order rotates
+            side = (i + j) % 2
+            step(side)  # untimed: the timed step finds its model in cache
+            t = step(side)
+            if i >= warmup:
+                times[side].append(t)
+    slowest = np.array(times, dtype=np.float64)
+    comm.all_reduce(slowest, op="max")  # each step at its slowest rank
+    rank = comm.get_rank()
+    comm.destroy_process_group()
+    if rank != 0:
+        return None
+    return {"minidist": str(Path(minidist.__file__).resolve().parent.parent),
+            "plain_ms": float(np.median(slowest[0])) * 1e3,
+            "ddp_ms": float(np.median(slowest[1])) * 1e3,
+            "ratio": float(np.median(slowest[1] / slowest[0]))}
+
+
+def export(rev: str, into: Path) -> str:
+    """``rev``'s minidist package, unpacked into ``into``; returns the full commit id."""
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                            capture_output=True, text=True)
+    if commit.returncode != 0:
+        sys.exit(f"ddp_overhead_ab: --old {rev!r} is not a commit of this repository "
+                 f"({commit.stderr.strip()}). Pass a commit id, tag or branch, e.g. HEAD~10.")
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit.stdout.strip(),
+                              "minidist"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return commit.stdout.strip()
+
+
+def run_side(args: argparse.Namespace, library: Path | None, out: Path) -> dict[str, Any]:
+    cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(args.n), sys.executable,
+           __file__, "--job-out", str(out), "--pairs", str(args.pairs),
+           "--warmup", str(args.warmup), "--momentum", str(args.momentum)]
+    cmd += ["--library", str(library)] if library else []
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    job_ = subprocess.run(cmd, env=env, timeout=args.timeout)
+    if job_.returncode != 0:
+        sys.exit(f"ddp_overhead_ab: the {'old' if library else 'new'} side's job failed "
+                 f"(exit {job_.returncode}; its output is above).")
+    res = json.loads(out.read_text())
+    out.unlink()
+    return res
+
+
+def table(rounds: list[dict[str, Any]], old: str) -> str:
+    lines = [f"# DDP step / plain step at n={rounds[0]['n']}: old = {old[:10]}, new = this "
+             "checkout",
+             "# round  first  old plain ms  old DDP ms  old ratio  new plain ms  new DDP ms  "
+             "new ratio"]
+    for r in rounds:
+        o, n = r["old"], r["new"]
+        lines.append(f"  {r['round']:5d}  {r['first']:>5}  {o['plain_ms']:12.2f}  "
+                     f"{o['ddp_ms']:10.2f}  {o['ratio']:9.3f}x {n['plain_ms']:12.2f}  "
+                     f"{n['ddp_ms']:10.2f}  {n['ratio']:9.3f}x")
+    med = {s: statistics.median(r[s]["ratio"] for r in rounds) for s in ("old", "new")}
+    lines.append(f"# median ratio: old {med['old']:.3f}x, new {med['new']:.3f}x; "
+                 f"new / old = {med['new'] / med['old']:.3f}")
+    return "\n".join(lines)
+
+
+def driver(args: argparse.Namespace) -> None:
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="ddp_ab_") as tmp:
+        old = export(args.old, Path(tmp))
+        for k in range(args.rounds):
+            order = ("old", "new") if k % 2 == 0 else ("new", "old")
+            row: dict[str, Any] = {"round": k + 1, "first": order[0], "n": args.n}
+            for side in order:
+                print(f"# round {k + 1}: {side}", flush=True)
+                row[side] = run_side(args, Path(tmp) if side == "old" else None,
+                                     out_dir / ".ddp_overhead_ab.tmp.json")
+            rounds.append(row)
+    text = table(rounds, old)
+    print(text)
+    meta = {"command": " ".join(["python benchmarks/ddp_overhead_ab.py", *sys.argv[1:]]),
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
+            "old": old, "rounds": rounds}
+    (out_dir / "ddp_overhead_ab.json").write_text(json.dumps(meta, indent=2))
+    (out_dir / "ddp_overhead_ab.txt").write_text(f"# {meta['command']}  ({meta['machine']})\n"
+                                                 + text + "\n")
+    print(f"# wrote {shown(out_dir / 'ddp_overhead_ab.json')} and ddp_overhead_ab.txt")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--old", help="the commit to compare with (id, tag, branch); required")
+    p.add_argument("--rounds", type=int, default=4, help="jobs per side, alternated")
+    p.add_argument("--pairs", type=int, default=150, help="timed rounds per job")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("-n", type=int, default=2, help="ranks per job")
+    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default: none, "
+                   "as ddp_scaling.py)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per job")
+    p.add_argument("--out", default=str(LOCAL_RESULTS), help="folder for the JSON/text results")
+    p.add_argument("--job-out", help=argparse.SUPPRESS)
+    p.add_argument("--library", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.job_out:
+        if args.library:
+            use_library(args.library)
+        res = job(args.pairs, args.warmup, args.momentum)
+        if res is not None:
+            Path(args.job_out).write_text(json.dumps(res))
+    elif not args.old:
+        p.error("--old is required: the commit to compare this checkout with (e.g. HEAD~10)")
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()
