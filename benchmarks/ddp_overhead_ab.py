@@ -52,9 +52,8 @@ BATCH = 64
 def use_library(folder: str) -> None:
     """Import minidist from ``folder`` (an unpacked older commit) instead of this checkout:
     drop the editable install's finder, which would otherwise answer first."""
-    sys.meta_path[:] = [f for f in sys.meta_path
-                        if not type(f).__module__.startswith("__editable__")
-                        and not getattr(f, "__module__", "").startswith("__editable__")]
+    sys.meta_path[:] = [f for f in sys.meta_path  # (a finder class or instance: its module)
+                        if not getattr(f, "__module__", "").startswith("__editable__")]
     sys.path.insert(0, folder)
 
 
@@ -130,10 +129,10 @@ def run_side(args: argparse.Namespace, library: Path | None, out: Path) -> dict[
            "--warmup", str(args.warmup), "--momentum", str(args.momentum)]
     cmd += ["--library", str(library)] if library else []
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    job_ = subprocess.run(cmd, env=env, timeout=args.timeout)
-    if job_.returncode != 0:
+    done = subprocess.run(cmd, env=env, timeout=args.timeout)
+    if done.returncode != 0:
         sys.exit(f"ddp_overhead_ab: the {'old' if library else 'new'} side's job failed "
-                 f"(exit {job_.returncode}; its output is above).")
+                 f"(exit {done.returncode}; its output is above).")
     res = json.loads(out.read_text())
     out.unlink()
     return res

@@ -65,8 +65,8 @@ _ADDRESSES: dict[int, tuple[Any, int]] = {}
 
 def _address(a: Any) -> int:
     """``a``'s data address; remembered per array object (an array's data never moves), since
-    reading it is a Python-level call and a step reads four per tensor: parameters and state are the same
-    objects every step, so only new gradients are read."""
+    reading it is a Python-level call and a step reads four per tensor: parameters and state
+    are the same objects every step, so only new gradients are read."""
     entry = _ADDRESSES.get(id(a))
     if entry is not None and entry[0]() is a:
         return entry[1]
