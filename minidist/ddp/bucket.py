@@ -235,13 +235,6 @@ class Bucket:
         """Names of parameters whose gradient has not been reported this step (for errors)."""
         return [n for n, done in zip(self.names, self._done) if not done]
 
-    def is_slot_done(self, k: int) -> bool:
-        """Whether gradient ``k`` (slot k) was already reported this step.
-
-        Not the bucket's READY state: that is ``state is BucketState.READY`` (every slot done).
-        """
-        return self._done[k]
-
     def mark_slot_done(self, k: int) -> bool:
         """Record that gradient ``k`` of this bucket is complete; True if it was the last one
         (the bucket is then READY; a second report of the same slot changes nothing)."""

@@ -280,14 +280,12 @@ class Reducer:
 
     def _grad_ready(self, i: int) -> None:
         bucket, k = self._slot[i]
-        if bucket.is_slot_done(k):  # a second report is ignored
-            return
         p, view = self.params[i], bucket.views[k]
         g = None if p.grad is None else p.grad.array
         if g is not view:  # no gradient (an unused parameter), or one assigned after
             view[...] = 0 if g is None else g  # forward: into the slot, one pass
             p.grad = view
-        if not bucket.mark_slot_done(k):
+        if not bucket.mark_slot_done(k):  # more to come (a second report changes nothing)
             return
         # Launch ready buckets strictly in index order (the same order on every rank).
         while (self._next_launch < len(self.buckets)
