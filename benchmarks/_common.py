@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import socket
 import statistics
 import subprocess
@@ -34,6 +35,23 @@ def shown(path: str | os.PathLike) -> str:
         return str(resolved.relative_to(REPO))
     except ValueError:
         return str(path)
+
+
+def mpiexec_path() -> str:
+    """The ``mpiexec`` beside this Python (the venv's, from the mpich wheel), else the one on
+    PATH; without either, exit with a line that says how to get one."""
+    here = Path(sys.executable).parent / "mpiexec"
+    found = str(here) if here.exists() else shutil.which("mpiexec")
+    if found is None:
+        raise SystemExit(f"{Path(sys.argv[0]).name}: no mpiexec; install the mpich wheel "
+                         "(.venv/bin/pip install mpich) or run ./test.sh once")
+    return found
+
+
+def one_thread_env() -> dict[str, str]:
+    """This environment with one BLAS/OpenMP thread per process: ranks that share the
+    machine's cores must not each start a thread per core."""
+    return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 
 def parse_bytes(text: str) -> int:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import LOCAL_RESULTS, REPO, shown  # noqa: E402
+from _common import LOCAL_RESULTS, REPO, mpiexec_path, one_thread_env, shown  # noqa: E402
 
 LAYERS = (784, 1024, 1024, 10)
 BATCH = 64
@@ -124,12 +124,11 @@ def export(rev: str, into: Path) -> str:
 
 
 def run_side(args: argparse.Namespace, library: Path | None, out: Path) -> dict[str, Any]:
-    cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(args.n), sys.executable,
+    cmd = [mpiexec_path(), "-n", str(args.n), sys.executable,
            __file__, "--job-out", str(out), "--pairs", str(args.pairs),
            "--warmup", str(args.warmup), "--momentum", str(args.momentum)]
     cmd += ["--library", str(library)] if library else []
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    done = subprocess.run(cmd, env=env, timeout=args.timeout)
+    done = subprocess.run(cmd, env=one_thread_env(), timeout=args.timeout)
     if done.returncode != 0:
         sys.exit(f"ddp_overhead_ab: the {'old' if library else 'new'} side's job failed "
                  f"(exit {done.returncode}; its output is above).")

@@ -86,7 +86,7 @@ from minidist.ddp.grad_checks import all_finite_fast  # noqa: E402
 from minidist.tensor import Tensor  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from _common import LOCAL_RESULTS, shown  # noqa: E402
+from _common import LOCAL_RESULTS, mpiexec_path, one_thread_env, shown  # noqa: E402
 MODELS = {"small": (64, [256], 10), "large": (784, [1024, 1024], 10)}
 BATCH = 64
 
@@ -481,16 +481,15 @@ def driver(args: argparse.Namespace) -> None:
     results = []
     for n in args.sizes:
         out = Path(args.out) / f".ddp_scaling_n{n}.tmp.json"
-        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n), sys.executable,
+        cmd = [mpiexec_path(), "-n", str(n), sys.executable,
                __file__, "--worker-out", str(out), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--out", args.out,
                "--models", *args.models, "--paired", str(args.paired)] \
             + (["--quick"] if args.quick else []) \
             + (["--hooks", str(args.hooks)] if args.hooks else []) \
             + (["--amp"] if args.amp else []) + (["--trace", args.trace] if args.trace else [])
-        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         print(f"# running n={n}: {' '.join(cmd[:3])} ...", flush=True)
-        subprocess.run(cmd, check=True, env=env, timeout=600)
+        subprocess.run(cmd, check=True, env=one_thread_env(), timeout=600)
         results.append(json.loads(out.read_text()))
         out.unlink()
     text = table(results)

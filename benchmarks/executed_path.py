@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,7 +44,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from _common import LOCAL_RESULTS, shown  # noqa: E402
+from _common import LOCAL_RESULTS, mpiexec_path, shown  # noqa: E402
 
 # The budget of one default step: at most this many distinct lines, files, instrumentation %.
 TARGETS = {"lines": 280, "files": 14, "instrumentation_pct": 5.0}
@@ -131,15 +130,6 @@ def rank_main(out_dir: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- driver
-def mpiexec_path() -> str:
-    here = Path(sys.executable).parent / "mpiexec"
-    found = str(here) if here.exists() else shutil.which("mpiexec")
-    if found is None:
-        raise SystemExit("executed_path.py: no mpiexec; install the mpich wheel "
-                         "(.venv/bin/pip install mpich) or run ./test.sh once")
-    return found
-
-
 def measure(n: int = 2, timeout_s: float = 300) -> dict:
     """Launch ``n`` ranks under mpiexec; return {rank: [executed lines of each traced step]}."""
     env = dict(os.environ)

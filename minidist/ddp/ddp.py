@@ -259,14 +259,14 @@ class DistributedDataParallel(ModulePassThrough):
             return self.module(*args, **kwargs)
         self._trace = follow_tracer(self._trace, self.reducer, self.bucket_algorithms)
         with trace.span("forward", args={"step": self.reducer.num_syncs, "sync": synced}):
-            if self._join is not None and self.reducer.require_sync:
+            if self._join is not None and synced:
                 self._join.count_active(self, 1)
             if self._buffer_packs and sync_buffers:
                 broadcast_buffer_packs(self._buffer_packs, self.process_group)
             self.reducer.prepare_for_forward()
             out = self.module(*args, **kwargs)
             self.reducer.watch_output(out)
-            if self.find_unused_parameters and self.reducer.require_sync:
+            if self.find_unused_parameters and synced:
                 self.reducer.mark_unused(unused_param_indices(out, self._params,
                                                               lambda t: getattr(t, "inputs", ())))
         return out
