@@ -38,8 +38,8 @@ from typing import Any, Callable, Sequence
 from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.tensor.core import Tensor, as_array, error
-from minidist.tensor.grad_destination import (GradDestination, claim_grad_destination,
-                                              scale_of, store_first, writing)
+from minidist.tensor.grad_destination import (GradDestination, capturing, claim_grad_destination,
+                                              scale_of, store_first)
 
 _handle_ids = itertools.count()
 
@@ -197,7 +197,6 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
     seed = _seed(root, gradient)
     callbacks: list[Callable[[], None]] = []
     _running.frames.append(callbacks)
-    writing.flags.append(True)  # ops may write into .grad (grad_destination.py)
     try:
         with trace.span("backward"):  # the step timeline (minidist/tracing.py); off: nothing
             _walk(root, seed, retain_graph, _accumulate, _fire_hooks)
@@ -205,7 +204,6 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
                 callback()
     finally:  # an error in the walk drops the queued callbacks
         _running.frames.pop()
-        writing.flags.pop()
 
 
 def grad(outputs: Tensor, inputs: Sequence[Tensor], grad_outputs: Any = None,
@@ -234,11 +232,11 @@ def grad(outputs: Tensor, inputs: Sequence[Tensor], grad_outputs: Any = None,
             captured[key] = g if captured[key] is None else captured[key] + g
 
     seed = _seed(outputs, grad_outputs)
-    writing.flags.append(False)  # no op may claim a destination or adopt into .grad here
+    capturing.depth += 1  # no op may claim a destination or adopt into .grad meanwhile
     try:
         _walk(outputs, seed, retain_graph, capture, lambda leaf: None)
     finally:
-        writing.flags.pop()
+        capturing.depth -= 1
     return tuple(captured[id(t)] for t in inputs)
 
 

@@ -16,9 +16,9 @@ can compute a leaf's whole gradient in one go ask it the other two::
 
 A claimed destination (or an adopted array) becomes ``leaf.grad`` at once, so the walk finds
 the op's result already in place (``g is leaf.grad``) and adds nothing; a second use of the
-same leaf in the same op gets no claim and is added onto it. Claims and adoption happen only
-while a backward that writes ``.grad`` runs (``writing.flags``): ``autograd.grad()`` returns
-gradients and never touches ``.grad`` or a destination.
+same leaf in the same op gets no claim and is added onto it. Claims and adoption are off while
+``autograd.grad()`` runs (``capturing``): it returns gradients and never touches ``.grad`` or
+a destination.
 """
 
 from __future__ import annotations
@@ -83,23 +83,24 @@ class GradDestination:
                 f"scale={self.scale})")
 
 
-class _Writing(threading.local):
-    """Per thread: one flag per backward running on it (innermost last): does it write
-    ``.grad`` (``run_backward``: True) or only return gradients (``grad()``: False)?"""
+class _Capturing(threading.local):
+    """Per thread: how many ``autograd.grad()`` walks are running on it. While one is, no op
+    may claim a destination or adopt an array into ``.grad``: ``grad()`` only returns
+    gradients. Outside of it (``backward()``) claims are on."""
 
     def __init__(self) -> None:
-        self.flags: list[bool] = []
+        self.depth = 0
 
 
-writing = _Writing()
+capturing = _Capturing()
 
 
 def claim_grad_destination(tensor: Tensor) -> GradDestination | None:
     """For an op's backward: the buffer to write ``tensor``'s gradient into, or None.
 
-    Non-None only while a backward that writes ``.grad`` is running (not ``grad()``),
-    ``tensor`` is a leaf with a ``GradDestination`` and its ``.grad`` is None. The buffer
-    becomes ``tensor.grad`` at once (so a second claim in this backward gets None). The op
+    Non-None only when ``tensor`` is a leaf with a ``GradDestination``, its ``.grad`` is None
+    and no ``autograd.grad()`` walk is running (``capturing``). The buffer becomes
+    ``tensor.grad`` at once (so a second claim in this backward gets None). The op
     MUST write ``scale * gradient`` into ``dest.buffer`` and return ``dest.buffer`` itself
     as that input's gradient; the walk then finds it in place::
 
@@ -107,7 +108,7 @@ def claim_grad_destination(tensor: Tensor) -> GradDestination | None:
         gw = mm(g2.T, x2) if dest is None else mm(g2.T, x2, out=dest.buffer, scale=dest.scale)
     """
     dest = tensor._grad_dest
-    if dest is None or tensor._grad is not None or not writing.flags[-1]:
+    if dest is None or tensor._grad is not None or capturing.depth:
         return None
     tensor._grad = dest.buffer
     return dest
@@ -132,9 +133,10 @@ def write_leaf_grad(leaf: Tensor, compute: Callable[[Any, float], Any]) -> Any:
 
 def adopt_grad(tensor: Tensor, g: Any) -> Any:
     """For an op's backward: ``g``, a fresh array only this op made, becomes ``tensor.grad``
-    without a copy when it is the leaf's first gradient of a backward that writes ``.grad``
-    (and has the leaf's dtype). Returns ``g`` (the op returns it as usual)."""
-    if (tensor._grad is None and tensor._grad_dest is None and writing.flags[-1]
+    without a copy when it is the leaf's first gradient of a ``backward()`` (not of an
+    ``autograd.grad()`` walk) and has the leaf's dtype. Returns ``g`` (the op returns it as
+    usual)."""
+    if (tensor._grad is None and tensor._grad_dest is None and not capturing.depth
             and g.dtype == tensor.array.dtype and g.shape == tensor.array.shape):
         tensor._grad = g
     return g
@@ -161,5 +163,5 @@ def scale_of(leaf: Tensor) -> float:
     return 1.0 if dest is None else dest.scale
 
 
-__all__ = ["GradDestination", "adopt_grad", "claim_grad_destination", "scale_of",
-           "store_first", "write_leaf_grad", "writing"]
+__all__ = ["GradDestination", "adopt_grad", "capturing", "claim_grad_destination", "scale_of",
+           "store_first", "write_leaf_grad"]

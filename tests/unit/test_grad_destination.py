@@ -136,6 +136,21 @@ def test_autograd_grad_does_not_touch_destinations():
     assert w.grad is None and (flat == 7).all() and not np.shares_memory(gw, flat)
 
 
+def test_a_failed_autograd_grad_leaves_backward_writing_in_place():
+    # grad() turns the in-place writes off while it walks, and on again even when it raises
+    x = Tensor(RNG.normal(size=(2, 512)).astype(np.float32))
+    w = leaf(512, 512)
+    reserve(w)
+    used = linear(x, w).sum()
+    used.backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        grad(used, [w])  # the graph was freed by that backward
+    w.grad = None
+    out = linear(x, w).sum()
+    assert peak_bytes(out.backward) < w.array.nbytes // 8  # the GEMM wrote into the buffer
+    assert w.grad.array is w.grad_destination.buffer
+
+
 def test_bad_destinations_are_refused():
     w = leaf(3, 4)
     with pytest.raises(ValueError, match="shape"):
