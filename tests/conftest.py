@@ -1,6 +1,8 @@
 """Shared test set-up: one BLAS thread per process, `tests/` importable (procs.py helpers),
-and the `group` fixture: a single-process (local) process group for one test."""
+the library's bytecode compiled once, and the `group` fixture: a single-process (local)
+process group for one test."""
 
+import compileall
 import os
 import sys
 
@@ -8,6 +10,15 @@ for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_k, "1")
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+# The suite starts many Python processes (ranks, launchers, example scripts). Where
+# PYTHONDONTWRITEBYTECODE is set, as on many CI images, none of them saves the bytecode it
+# compiles, so each one compiles every minidist module it imports again, and the tests that
+# start processes spend much of their time doing so. Compiled once here, into the usual
+# __pycache__ folders (git-ignored), every process just loads it.
+for _d in ("minidist", "tests"):
+    compileall.compile_dir(os.path.join(os.path.dirname(os.path.dirname(__file__)), _d),
+                           quiet=2)  # (a read-only checkout: nothing written, nothing said)
 
 
 import pytest  # noqa: E402
