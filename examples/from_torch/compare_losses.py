@@ -9,7 +9,8 @@ libraries draw different numbers from the same seed, so a seed is a different in
 in each). Prints, per reported step, the mean and the range over seeds for each, and
 ``within``: whether minidist's mean lies inside torch's range over seeds widened by that
 range's width on each side, i.e. whether the two differ by no more than seeds of one library
-differ among themselves. Writes the numbers to ``--json`` if given. Needs torch.
+differ among themselves. Writes the numbers to ``--json`` and each run's output to ``--logs``
+(``<library>-seed<k>.txt``) if given. Needs torch.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ HERE = Path(__file__).resolve().parent
 PATTERNS = {"word_lm": r"epoch (\d+): loss ([0-9.]+)", "resnet_cnn": r"step (\d+): loss ([0-9.]+)"}
 
 
-def run(pair: str, library: str, seed: int, env_extra: dict[str, str]) -> dict[int, float]:
-    """One two-rank run; returns {step or epoch: loss} as rank 0 printed them."""
+def run(pair: str, library: str, seed: int, env_extra: dict[str, str],
+        logs: Path | None = None) -> dict[int, float]:
+    """One two-rank run; returns {step or epoch: loss} as rank 0 printed them (and writes
+    what it printed to ``logs/<library>-seed<seed>.txt`` if ``logs`` is given)."""
     env = dict(os.environ, SEED=str(seed), OMP_NUM_THREADS="1", **env_extra)
     env.pop("MINIDIST_LAUNCHER", None)
     if library == "torch":
@@ -39,12 +42,17 @@ def run(pair: str, library: str, seed: int, env_extra: dict[str, str]) -> dict[i
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"{library}-seed{seed}.txt").write_text(out.stdout)
     return {int(s): float(v) for s, v in re.findall(PATTERNS[pair], out.stdout)}
 
 
-def compare(pair: str, seeds: list[int], env_extra: dict[str, str]) -> list[dict]:
+def compare(pair: str, seeds: list[int], env_extra: dict[str, str],
+            logs: Path | None = None) -> list[dict]:
     """Per reported step: each library's mean and range over ``seeds``, and ``within``."""
-    runs = {lib: [run(pair, lib, s, env_extra) for s in seeds] for lib in ("torch", "minidist")}
+    runs = {lib: [run(pair, lib, s, env_extra, logs) for s in seeds]
+            for lib in ("torch", "minidist")}
     rows = []
     for step in sorted(runs["torch"][0]):
         t = [r[step] for r in runs["torch"]]
@@ -64,11 +72,12 @@ def main() -> None:
     p.add_argument("pair", choices=sorted(PATTERNS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--json", help="write the rows here")
+    p.add_argument("--logs", type=Path, help="write each run's output into this folder")
     args = p.parse_args()
     extra = {}
     if args.pair == "word_lm":  # where its torch.save(model) writes
         extra = {"SAVE_TO": str(Path(os.environ.get("TMPDIR", "/tmp")) / "word_lm_cmp.pt")}
-    rows = compare(args.pair, args.seeds, extra)
+    rows = compare(args.pair, args.seeds, extra, args.logs)
     print(f"# {args.pair}, seeds {args.seeds}: loss mean [min, max] over seeds")
     print(f"# {'step':>5}  {'torch':>24}  {'minidist':>24}  within")
     for r in rows:
