@@ -16,9 +16,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 # compiles, so each one compiles every minidist module it imports again, and the tests that
 # start processes spend much of their time doing so. Compiled once here, into the usual
 # __pycache__ folders (git-ignored), every process just loads it.
+from procs import REPO  # noqa: E402
+
 for _d in ("minidist", "tests"):
-    compileall.compile_dir(os.path.join(os.path.dirname(os.path.dirname(__file__)), _d),
-                           quiet=2)  # (a read-only checkout: nothing written, nothing said)
+    compileall.compile_dir(REPO / _d, quiet=2)  # (read-only checkout: nothing written or said)
 
 
 import pytest  # noqa: E402
