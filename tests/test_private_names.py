@@ -21,6 +21,8 @@ ALLOWED: dict[tuple[str, str], str] = {
                                     "split into one module per op family, which all build nodes",
     ("minidist.tensor.*", "_grad_dest"): "the tape's fields on Tensor (core.py), which the "
                                          "backward walk (autograd.py) reads",
+    ("minidist.tensor.*", "_grad"): "the tape's fields on Tensor (core.py), as above: the walk "
+                                    "accumulates into it, grad_destination.py installs it",
     ("minidist.tensor.*", "_parents"): "the tape's fields on Tensor (core.py), as above",
     ("minidist.tensor.*", "_op"): "the tape's fields on Tensor (core.py), as above",
     ("minidist.optim.sgd", "_required"): "torch's sentinel for a required argument "

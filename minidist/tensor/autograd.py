@@ -21,7 +21,7 @@ Backward:
 
 Leaves with a reserved gradient buffer (``GradDestination``, DDP's bucket slots) and the ops
 that write a gradient in place live beside the walk, in grad_destination.py: the walk only
-asks it where a leaf's first gradient goes (``store_first``).
+hands it a leaf's first gradient (``store_first``).
 
     run_backward(loss)
       |-- walk the tape; hooks fire as leaves complete; a hook may call queue_callback(fn)
@@ -162,14 +162,14 @@ def _topological_order(root: Tensor) -> list[Tensor]:
 def _accumulate(leaf: Tensor, g: Any) -> None:
     """``leaf.grad += g`` in place (contract 1); the first contribution is stored.
 
-    The first gradient of a leaf goes where ``grad_destination.store_first`` says: its
-    reserved buffer, or a copy the leaf owns. An op that wrote the gradient in place
+    The first gradient of a leaf is stored by ``grad_destination.store_first``: into its
+    reserved buffer, or as a copy the leaf owns. An op that wrote the gradient in place
     (``claim_grad_destination``, ``adopt_grad``) returned ``leaf.grad`` itself: nothing to add.
     """
     if g.shape != leaf.array.shape:  # an op's backward broke its contract; not a user error
         raise AssertionError(f"gradient of shape {g.shape} for a leaf of shape {leaf.array.shape}")
     if leaf._grad is None:
-        leaf._grad = store_first(leaf, g)
+        store_first(leaf, g)
     elif g is not leaf._grad:
         scale = scale_of(leaf)
         xp = backend.get_array_module(leaf._grad)

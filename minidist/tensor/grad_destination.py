@@ -12,7 +12,7 @@ can compute a leaf's whole gradient in one go ask it the other two::
                   # into the reserved buffer (claimed), else a fresh array that IS .grad
 
     in the walk, for any other op's gradient:
-        leaf.grad = store_first(leaf, g)              # into the buffer (one pass), or a copy
+        store_first(leaf, g)                          # into the buffer (one pass), or a copy
 
 A claimed destination (or an adopted array) becomes ``leaf.grad`` at once, so the walk finds
 the op's result already in place (``g is leaf.grad``) and adds nothing; a second use of the
@@ -44,14 +44,20 @@ class GradDestination:
         leaf.grad is an array ->  leaf.grad += scale * gradient    (in place, never rebound)
 
     So ``zero_grad(set_to_none=True)`` costs nothing and loses nothing: the next backward
-    fills the same buffer again. DDP reserves each parameter's slot of its bucket (scale 1);
-    its opt-in fast path ``hooks.prescaled_allreduce_hook`` sets ``scale = 1/n`` to fold the
-    average into this write.
+    fills the same buffer again, and ``leaf.grad`` is the same Tensor again (``grad``, as
+    torch's bucket views: no new object per step). DDP reserves each parameter's slot of
+    its bucket (scale 1); its opt-in fast path ``hooks.prescaled_allreduce_hook`` sets
+    ``scale = 1/n`` to fold the average into this write.
 
     Args:
         buffer: a writable, C-contiguous float array of the leaf's shape (its dtype may differ
             from the leaf's: the write casts).
         scale: every gradient contribution is multiplied by it (1.0: stored as computed).
+
+    Attributes:
+        grad: the Tensor over ``buffer`` that ``leaf.grad`` returns while the buffer is the
+            gradient. Made once; made anew only if ``leaf.grad.data = t`` moved it off the
+            buffer (``_install``).
 
     Example::
 
@@ -63,9 +69,14 @@ class GradDestination:
         >>> (w * 4.0).sum().backward()
         >>> bool(np.shares_memory(w.grad, flat)), flat.tolist()
         (True, [2.0, 2.0, 2.0, 2.0, 2.0, 2.0])
+        >>> g = w.grad
+        >>> w.grad = None                               # zero_grad(set_to_none=True)
+        >>> (w * 4.0).sum().backward()
+        >>> w.grad is g                                 # the same Tensor, the same memory
+        True
     """
 
-    __slots__ = ("buffer", "scale")
+    __slots__ = ("buffer", "scale", "grad")
 
     def __init__(self, buffer: Any, scale: float = 1.0) -> None:
         flags = getattr(buffer, "flags", None)
@@ -77,6 +88,7 @@ class GradDestination:
                 "slice of a flat float buffer, reshaped to the tensor's shape."))
         self.buffer = buffer
         self.scale = float(scale)
+        self.grad = Tensor(buffer)  # shares the buffer (as detach)
 
     def __repr__(self) -> str:
         return (f"GradDestination(shape={tuple(self.buffer.shape)}, dtype={self.buffer.dtype}, "
@@ -110,8 +122,17 @@ def claim_grad_destination(tensor: Tensor) -> GradDestination | None:
     dest = tensor._grad_dest
     if dest is None or tensor._grad is not None or capturing.depth:
         return None
-    tensor._grad = dest.buffer
+    _install(tensor, dest)
     return dest
+
+
+def _install(leaf: Tensor, dest: GradDestination) -> None:
+    """``dest.buffer`` becomes ``leaf.grad``, shown as ``dest.grad`` (the same Tensor every
+    backward). A ``dest.grad`` that ``leaf.grad.data = t`` moved off the buffer is replaced:
+    reused, ``.grad`` would adopt ``t`` again instead of this backward's gradient."""
+    if dest.grad.array is not dest.buffer:
+        dest.grad = Tensor(dest.buffer)
+    leaf._grad, leaf._grad_view = dest.buffer, dest.grad
 
 
 def write_leaf_grad(leaf: Tensor, compute: Callable[[Any, float], Any]) -> Any:
@@ -142,18 +163,19 @@ def adopt_grad(tensor: Tensor, g: Any) -> Any:
     return g
 
 
-def store_first(leaf: Tensor, g: Any) -> Any:
-    """The array that becomes ``leaf.grad`` for its first contribution ``g``: its reserved
-    buffer holding ``scale * g``, else a copy of ``g`` the leaf owns (an op may keep ``g``)."""
+def store_first(leaf: Tensor, g: Any) -> None:
+    """Make ``leaf.grad`` hold its first contribution ``g``: its reserved buffer, written with
+    ``scale * g`` (``_install``), else a copy of ``g`` the leaf owns (an op may keep ``g``)."""
     dest = leaf._grad_dest
     if dest is None:
-        return g.astype(leaf.array.dtype, copy=True)
+        leaf._grad = g.astype(leaf.array.dtype, copy=True)
+        return
     xp = backend.get_array_module(dest.buffer)
     if dest.scale == 1.0:
         xp.copyto(dest.buffer, g, casting="unsafe")
     else:
         xp.multiply(g, dest.scale, out=dest.buffer, casting="unsafe")
-    return dest.buffer
+    _install(leaf, dest)
 
 
 def scale_of(leaf: Tensor) -> float:

@@ -103,6 +103,40 @@ def test_other_ops_copy_into_the_destination_scaled():
     assert w.grad.array is w.grad_destination.buffer
 
 
+@pytest.mark.parametrize("op", ["linear", "elementwise"])  # claimed in the op / stored by the walk
+def test_grad_is_the_same_tensor_every_backward(op):
+    x = Tensor(RNG.normal(size=(5, 7)).astype(np.float32))
+    w = leaf(3, 7)
+    reserve(w)
+    run = (lambda: linear(x, w).sum().backward()) if op == "linear" else \
+        (lambda: (w * 2.0).sum().backward())
+    run()
+    g = w.grad
+    assert g is w.grad_destination.grad and g.array is w.grad_destination.buffer
+    for _ in range(2):
+        w.grad = None                                 # zero_grad(set_to_none=True)
+        run()
+        assert w.grad is g                            # no new Tensor per step (torch's bucket views)
+
+
+def test_a_grad_tensor_moved_off_its_destination_is_not_reused():
+    x = Tensor(RNG.normal(size=(5, 7)).astype(np.float32))
+    w = leaf(3, 7)
+    reserve(w)
+    linear(x, w).sum().backward()
+    expected = w.grad.array.copy()
+    old = w.grad
+    moved = np.full((3, 7), 5.0, np.float32)
+    old.data = Tensor(moved)                          # torch's way to swap a gradient's storage
+    assert w.grad.array is moved                      # adopted while it is w's gradient
+    w.grad = None
+    old.data = Tensor(moved)                          # and a stale Tensor moved after zero_grad
+    linear(x, w).sum().backward()
+    assert w.grad is not old and w.grad.array is w.grad_destination.buffer
+    np.testing.assert_allclose(w.grad, expected, rtol=1e-6)
+    assert (moved == 5.0).all()
+
+
 def test_a_leaf_used_twice_gets_both_contributions():
     w = leaf(4, 4)
     w2 = Tensor(w.array, requires_grad=True)
