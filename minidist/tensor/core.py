@@ -186,7 +186,8 @@ class Tensor:
         ``backward`` adds into that array IN PLACE and never rebinds it, so it may be a view into
         a larger buffer (DDP buckets: ``p.grad.array`` is that view, no copy); its dtype may
         differ from the tensor's (cast on add). The same Tensor comes back while the array is
-        the same; ``p.grad.data = t`` (torch's way to swap the storage) is kept.
+        the same (a ``grad_destination``'s buffer: its Tensor, the same object every step);
+        ``p.grad.data = t`` (torch's way to swap the storage) is kept.
         """
         g = self._grad
         if g is None:
