@@ -12,7 +12,8 @@
     .venv/bin/python benchmarks/ddp_scaling.py --models large --quick --paired 200
         # the reference workload only, + DDP's overhead step by step (plain and DDP steps
         # alternate: the ratio holds up on a machine shared with other jobs), and its floor
-        # without overlap: the buckets' all-reduce and NaN/inf check, each timed alone
+        # without overlap: the buckets' all-reduce and NaN/inf check, each timed alone, and
+        # the all-reduce's bytes moved by NumPy alone (what an ideal all-reduce would cost)
     .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --models large --quick --hooks 300
         # + one DDP model whose comm hook changes every step: what the default (one
         # all-reduce AVG) costs beside the division folded into backward and the textbook
@@ -234,7 +235,7 @@ def paired_steps(model_name: str, pairs: int, warmup: int) -> dict:
                 cpu[side].append(c)
                 if side == 1:
                     in_step.append(sides[1][0].last_step_stats["wait_s"])
-    reduce_s, check_s = bucket_work(sides[1][0], max(pairs // 4, 5))
+    reduce_s, check_s, traffic_s = bucket_work(sides[1][0], max(pairs // 4, 5))
     sides[1][0].close(release_buffers=True)
     # Per step, the slowest rank's time: a job moves at the pace of its slowest rank, and a
     # DDP step takes as long on every rank, so a faster rank's own plain step is no baseline.
@@ -243,24 +244,29 @@ def paired_steps(model_name: str, pairs: int, warmup: int) -> dict:
     ratios = slowest[1] / slowest[0]
     cpu_ratios = [d / p for p, d in zip(cpu[0], cpu[1])]
     med = np.array([np.median(slowest[0]), np.median(slowest[1]), np.median(ratios),
-                    statistics.median(cpu_ratios), reduce_s, check_s, statistics.median(in_step)])
+                    statistics.median(cpu_ratios), reduce_s, check_s, statistics.median(in_step),
+                    traffic_s])
     comm.all_reduce(med, op="max")
-    plain, reduce_, check = float(med[0]), float(med[4]), float(med[5])
+    plain, reduce_, check, traffic = float(med[0]), float(med[4]), float(med[5]), float(med[7])
     return {"model": model_name, "n": comm.get_world_size(), "pairs": pairs,
             "plain_ms": plain * 1e3, "ddp_ms": float(med[1]) * 1e3,
             "ratio": float(med[2]), "cpu_ratio": float(med[3]),
             "allreduce_ms": reduce_ * 1e3, "finite_check_ms": check * 1e3,
             "allreduce_in_step_ms": float(med[6]) * 1e3,
             "floor_ratio": (plain + reduce_ + check) / plain,
+            "numpy_traffic_ms": traffic * 1e3,
+            "numpy_floor_ratio": (plain + traffic + check) / plain,
             "overlap": auto_overlap(comm.get_world_size())}
 
 
-def bucket_work(ddp: DistributedDataParallel, repeats: int) -> tuple[float, float]:
+def bucket_work(ddp: DistributedDataParallel, repeats: int) -> tuple[float, float, float]:
     """The work a DDP step adds that no code change can remove without overlap (medians, s):
     the model's comm hook on every bucket (after a barrier: no rank waits for a slower one)
-    and the NaN/inf check of every bucket, each run alone, outside a step."""
+    and the NaN/inf check of every bucket, each run alone, outside a step; and, for scale,
+    the all-reduce's memory traffic moved by NumPy alone (``numpy_traffic``)."""
     reducer = ddp.reducer
-    reduce_s, check_s = [], []
+    traffic = traffic_arrays(ddp.buckets, comm.get_world_size())
+    reduce_s, check_s, traffic_s = [], [], []
     for _ in range(repeats):
         comm.barrier()
         t0 = time.perf_counter()
@@ -271,7 +277,34 @@ def bucket_work(ddp: DistributedDataParallel, repeats: int) -> tuple[float, floa
             all_finite_fast(b.buffer)
         reduce_s.append(t1 - t0)
         check_s.append(time.perf_counter() - t1)
-    return statistics.median(reduce_s), statistics.median(check_s)
+        comm.barrier()  # both ranks at once, as in the all-reduce: they share the memory bus
+        t2 = time.perf_counter()
+        numpy_traffic(traffic)
+        traffic_s.append(time.perf_counter() - t2)
+    return statistics.median(reduce_s), statistics.median(check_s), statistics.median(traffic_s)
+
+
+def traffic_arrays(buckets: list, n: int) -> list[tuple[list, list]]:
+    """Private arrays for ``numpy_traffic``: per bucket, n sources of 1/n of it and n - 1
+    destinations."""
+    out = []
+    for b in buckets:
+        part = -(-b.buffer.size // n)
+        out.append(([np.ones(part, b.buffer.dtype) for _ in range(n)],
+                     [np.empty(part, b.buffer.dtype) for _ in range(n - 1)]))
+    return out
+
+
+def numpy_traffic(arrays: list[tuple[list, list]]) -> None:
+    """One rank's share of the shared-memory all-reduce's bytes, moved by NumPy alone: its
+    1/n of each bucket summed from the n ranks' copies, then written to the n - 1 others.
+    No barrier, no plan, no bookkeeping: what the reduction costs if only the bytes did."""
+    for srcs, dsts in arrays:
+        acc = srcs[0]
+        for src in srcs[1:]:
+            np.add(acc, src, out=acc)
+        for dst in dsts:
+            dst[...] = acc
 
 
 AVERAGING_HOOKS = {"avg_allreduce_hook (the default: one all-reduce AVG)": avg_allreduce_hook,
@@ -444,6 +477,10 @@ def overhead_lines(results: list[dict]) -> list[str]:
                          f"{r['floor_ratio']:.3f}x; inside a DDP step, from its last gradient "
                          f"to the end of the reduction (both, and waiting for the slower rank): "
                          f"{r['allreduce_in_step_ms']:.2f} ms")
+            if "numpy_floor_ratio" in r:
+                lines.append(f"#   the all-reduce's bytes moved by NumPy alone (no barrier, no "
+                             f"bookkeeping): {r['numpy_traffic_ms']:.2f} ms; even then "
+                             f"(plain + that + check) / plain = {r['numpy_floor_ratio']:.3f}x")
         for r in res.get("hooks", []):
             lines.append(f"# n={r['n']} {r['model']}, one DDP model, its comm hook changed every "
                          f"step ({r['rounds']} rounds):")
