@@ -265,7 +265,6 @@ def bucket_work(ddp: DistributedDataParallel, repeats: int) -> tuple[float, floa
     and the NaN/inf check of every bucket, each run alone, outside a step; and, for scale,
     the all-reduce's memory traffic moved by NumPy alone (``numpy_traffic``)."""
     reducer = ddp.reducer
-    traffic = traffic_arrays(ddp.buckets, comm.get_world_size())
     reduce_s, check_s, traffic_s = [], [], []
     for _ in range(repeats):
         comm.barrier()
@@ -277,6 +276,7 @@ def bucket_work(ddp: DistributedDataParallel, repeats: int) -> tuple[float, floa
             all_finite_fast(b.buffer)
         reduce_s.append(t1 - t0)
         check_s.append(time.perf_counter() - t1)
+    traffic = traffic_arrays(ddp.buckets, comm.get_world_size())  # made (and touched) only now
     for _ in range(repeats):  # a loop of its own: its arrays do not evict the buckets above
         comm.barrier()  # both ranks at once, as in the all-reduce: they share the memory bus
         t0 = time.perf_counter()
