@@ -52,6 +52,7 @@ from minidist.checkpoint.resume import (agree_on_checkpoint, no_checkpoint_error
                                         refuse_used_folder, restore)
 from minidist.data import DataLoader, DistributedSampler, random_split
 from minidist.ddp import DistributedDataParallel, check_manifest
+from minidist.kernels import jit_cache
 from minidist.logger import get_logger, rank_prefix
 from minidist.optim import LinearWarmup, WarmupCosine
 from minidist.tensor import Tensor, no_grad
@@ -336,7 +337,7 @@ class Trainer:
         last = cfg.epochs if cfg.stop_after_epochs is None else min(
             cfg.epochs, first_epoch + cfg.stop_after_epochs)  # counted from this run's start
         for epoch in range(self.start_epoch, last):
-            t0 = time.perf_counter()
+            t0, kernels_before = time.perf_counter(), jit_cache.stats()
             loader.set_epoch(epoch)
             loss, acc, seen = self._train_epoch(loader, epoch)
             if self._stopped:  # stop_after_steps, mid-epoch: the checkpoint is written
@@ -358,7 +359,8 @@ class Trainer:
             if self.scaler.is_enabled():
                 line += (f"  scale {self.scaler.get_scale():g} (skipped "
                          f"{self.scaler.skipped_steps})")
-            self._log(line + f"  {seen / elapsed:,.0f} samples/s  {elapsed:.2f}s")
+            self._log(line + f"  {seen / elapsed:,.0f} samples/s  {elapsed:.2f}s"
+                      + _compile_note(kernels_before, jit_cache.stats()))
             every = cfg.checkpoint_every_n_epochs
             if every and ((epoch + 1) % every == 0 or epoch + 1 == last):
                 self.save_checkpoint(epoch + 1)
@@ -616,3 +618,13 @@ def _progress(done: int, total: int, epoch: int, loss: float, width: int = 30) -
     sys.stderr.write(f"\repoch {epoch + 1} [{'#' * filled}{'.' * (width - filled)}] "
                      f"{done}/{total} loss {loss:.4f}")
     sys.stderr.flush()
+
+
+def _compile_note(before: jit_cache.Stats, after: jit_cache.Stats) -> str:
+    """What an epoch line adds when its time includes compiling the fused kernels (this
+    process compiled, or waited for another process of the machine compiling them): the
+    first epoch of the first run on a machine; later runs load them from the disk cache."""
+    if after.compiles == before.compiles and after.waited == before.waited:
+        return ""
+    return (f"  (incl. {after.seconds - before.seconds:.2f}s compiling fused kernels for "
+            "this machine, once)")

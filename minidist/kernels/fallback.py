@@ -23,12 +23,15 @@ the rehearsal of its signature succeeded, is a bug and propagates.
 
 A backend module provides ``check_usable()`` (raise if it cannot run here) and may provide
 ``signature(op, *args)`` (what selects a compiled specialization; default: dtypes and aliasing)
-and ``rehearse(op, *args)`` (default: ``op`` on ``private_copies(args)``).
+and ``rehearse(op, *args)`` (default: ``op`` on ``private_copies(args)``), and
+``compile_guard(op, *args)``, the context manager the rehearsal runs in (``kernels/jit_cache.py``:
+one process of the machine compiles at a time, the time is counted).
 ``MINIDIST_KERNELS=reference`` chooses the reference for every backend on purpose (no warning).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib
 import threading
@@ -175,10 +178,13 @@ class CompiledBackend:
     @staticmethod
     def _rehearse(module: ModuleType, op: str, args: tuple[Any, ...]) -> None:
         rehearse = getattr(module, "rehearse", None)
-        if rehearse is not None:
-            rehearse(op, *args)
-        else:
-            getattr(module, op)(*private_copies(args))
+        guard = getattr(module, "compile_guard", None)
+        with guard(op, *args) if guard is not None else contextlib.nullcontext():
+            # e.g. one process of the machine compiling at a time (jit_cache.py)
+            if rehearse is not None:
+                rehearse(op, *args)
+            else:
+                getattr(module, op)(*private_copies(args))
 
     def give_up(self, reason: str) -> None:
         """Use the reference from now on, and say so once."""

@@ -30,6 +30,7 @@ is long (``PARALLEL_MIN_NUMEL``); otherwise one thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Any, NamedTuple
@@ -40,11 +41,11 @@ from numba import njit, prange
 from numba.core.errors import NumbaError
 from numba.extending import overload
 
-from minidist.kernels import optim_math
+from minidist.kernels import jit_cache, optim_math
 from minidist.kernels.fallback import private_copies
 
 __all__ = ["flat_step", "multi_step", "loops_for", "COMPILE_ERRORS", "check_usable",
-           "signature", "rehearse"]
+           "signature", "rehearse", "compile_guard"]
 
 COMPILE_ERRORS: tuple[type[BaseException], ...] = (NumbaError,)
 """Errors that mean "Numba cannot compile this here" (the caller falls back to NumPy)."""
@@ -69,7 +70,13 @@ class Loops(NamedTuple):
 
 
 def _compile_loops(entry: Any, parallel: bool) -> Loops:
-    """Both loops of ``entry``, from its element function, with ``prange`` or ``range``."""
+    """Both loops of ``entry``, from its element function, with ``prange`` or ``range``: from
+    the module ``jit_cache`` writes for it (compiled once per machine, then loaded from Numba's
+    disk cache), else built here in memory (compiled in every process)."""
+    cached = jit_cache.loops_module(entry.element, len(entry.state))
+    if cached is not None:
+        return (Loops(cached.flat_parallel, cached.multi_parallel) if parallel
+                else Loops(cached.flat, cached.multi))
     loop_range = prange if parallel else range
     jit = njit(parallel=parallel, error_model="numpy")
     element = njit(error_model="numpy")(entry.element)
@@ -122,6 +129,18 @@ def _parallel(numel: int) -> bool:
 
 
 signature = optim_math.signature  # the fallback's per-signature rehearsal key
+jit_cache.watch_compiles()
+
+
+def compile_guard(op: str, entry: Any, *args: Any) -> Any:
+    """The context the fallback rehearses (compiles) ``op`` in: ``jit_cache.compile_guard``
+    for loops cached on disk (one process of the machine compiles at a time), else none."""
+    module = jit_cache.loops_module(entry.element, len(entry.state))
+    if module is None:
+        return contextlib.nullcontext()
+    parallel = _parallel(args[0].size if op == "flat_step" else int(args[2]))
+    variant = "parallel" if parallel else "serial"
+    return jit_cache.compile_guard(module, f"{op}-{variant}-{args[0].dtype.char}")
 
 
 def check_usable() -> None:
@@ -129,10 +148,10 @@ def check_usable() -> None:
 
 
 def flat_step(entry: Any, p: np.ndarray, g: np.ndarray, states: tuple[np.ndarray, ...],
-              scalars: tuple[Any, ...]) -> None:
+              scalars: tuple[Any, ...], parallel: bool | None = None) -> None:
     """One step of ``entry`` in place on one flat run (1-D arrays: the parameters, their
-    gradients, and one array per state name)."""
-    if _parallel(p.size):
+    gradients, and one array per state name); ``parallel``: the variant (default: by size)."""
+    if _parallel(p.size) if parallel is None else parallel:
         with _PARALLEL_LOCK:
             loops_for(entry, True).flat(p, g, states, scalars)
     else:
@@ -140,10 +159,10 @@ def flat_step(entry: Any, p: np.ndarray, g: np.ndarray, states: tuple[np.ndarray
 
 
 def multi_step(entry: Any, base: np.ndarray, table: np.ndarray, max_numel: int,
-               scalars: tuple[Any, ...]) -> None:
+               scalars: tuple[Any, ...], parallel: bool | None = None) -> None:
     """One step of ``entry`` for every tensor of a multi-tensor table: ONE compiled call (row
     k of ``table``: offsets of p, g and each state array in ``base``, then the numel)."""
-    if _parallel(int(max_numel)):
+    if _parallel(int(max_numel)) if parallel is None else parallel:
         with _PARALLEL_LOCK:
             loops_for(entry, True).multi(base, table, scalars)
     else:
@@ -152,9 +171,11 @@ def multi_step(entry: Any, base: np.ndarray, table: np.ndarray, max_numel: int,
 
 def rehearse(op: str, entry: Any, *args: Any) -> None:
     """Compile and run ``op`` on private data: small copies of the arrays, or for a
-    multi-tensor op a small private table (a copy of the real one would point past it)."""
+    multi-tensor op a small private table (a copy of the real one would point past it), in
+    the variant (threads or not) that the real call will run."""
     if op == "flat_step":
-        flat_step(entry, *private_copies(args))
+        p, g, states, scalars = private_copies(args)
+        flat_step(entry, p, g, states, scalars, parallel=_parallel(args[0].size))
         return
     base, table = optim_math.rehearsal_table(np, args[0].dtype, 2 + len(entry.state), 67)
-    multi_step(entry, base, table, 67, args[3])
+    multi_step(entry, base, table, 67, args[3], parallel=_parallel(int(args[2])))

@@ -37,8 +37,8 @@ import numpy as np
 
 from minidist import xp as backend
 
-__all__ = ["sqrt", "make_update", "make_columns", "flat_step_reference", "multi_step_reference",
-           "rehearsal_table", "signature"]
+__all__ = ["sqrt", "make_update", "make_columns", "update_source", "columns_source",
+           "flat_step_reference", "multi_step_reference", "rehearsal_table", "signature"]
 
 
 # ----------------------------------------------------------------- what element functions call
@@ -75,6 +75,18 @@ def sqrt(x: Any) -> Any:
 def make_update(element: Any, n_state: int) -> Any:
     """``update(i, p, g, states, scalars)``: element ``i`` of one flat run, in place, by
     ``element`` with ``n_state`` state arrays (``states``, a tuple)."""
+    return _define("update", update_source(n_state), {"element": element})
+
+
+def make_columns(n_state: int) -> Any:
+    """``columns(base, row, n) -> (p, g, states)``: the arrays of one multi-tensor table row
+    (``row``: the element offsets of p, g and each state array in ``base``), ``n`` long."""
+    return _define("columns", columns_source(n_state), {})
+
+
+def update_source(n_state: int) -> list[str]:
+    """The lines of ``make_update``'s function (it calls a global ``element``); optim_cpu.py
+    also writes them into a module of its own, which Numba can cache on disk."""
     names = [f"s{k}" for k in range(n_state)]
     lines = ["def update(i, p, g, states, scalars):"]
     if names:
@@ -83,16 +95,14 @@ def make_update(element: Any, n_state: int) -> Any:
     lines.append(f"    new = element(p[i], g[i], {reads}*scalars)")
     lines += [f"    {name}[i] = new[{k + 1}]" for k, name in enumerate(names)]
     lines.append("    p[i] = new[0]")
-    return _define("update", lines, {"element": element})
+    return lines
 
 
-def make_columns(n_state: int) -> Any:
-    """``columns(base, row, n) -> (p, g, states)``: the arrays of one multi-tensor table row
-    (``row``: the element offsets of p, g and each state array in ``base``), ``n`` long."""
+def columns_source(n_state: int) -> list[str]:
+    """The lines of ``make_columns``'s function."""
     spans = [f"base[row[{c}]:row[{c}] + n]" for c in range(2 + n_state)]
     states = "".join(f"{span}, " for span in spans[2:])
-    return _define("columns", ["def columns(base, row, n):",
-                               f"    return {spans[0]}, {spans[1]}, ({states})"], {})
+    return ["def columns(base, row, n):", f"    return {spans[0]}, {spans[1]}, ({states})"]
 
 
 def _define(name: str, lines: list[str], namespace: dict[str, Any]) -> Any:
