@@ -1,9 +1,7 @@
 """The course (examples/course/, docs/course.md): every step's check passes at n = 2 and 3,
-the exercise solutions are right, and step 6 runs DDP over the threads transport."""
+and step 6 runs DDP over the threads transport. The tasks and their solutions are checked by
+tests/test_course_tasks.py (task 2.1 runs solutions/ring_any_count.py's ring)."""
 
-import runpy
-
-import numpy as np
 import pytest
 
 from procs import REPO, run_env_ranks, run_mpi
@@ -41,22 +39,6 @@ def test_step6_ddp_over_thread_ranks_in_one_process():
     assert result.stdout.count("check: DDP parameters equal NaiveDataParallel") == 3
     assert "(threads)" in result.stdout
     assert "no launcher detected" not in result.stderr, result.stderr  # it is one process
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_exercise_2_1_ring_for_any_count(n):
-    from minidist.comm.transports.threads import run_threads
-
-    ring = runpy.run_path(str(COURSE / "solutions" / "ring_any_count.py"))["ring_all_reduce"]
-    world = np.random.default_rng(0).normal(size=(n, 13))
-    for numel in [0, 1, n - 1, n, n + 1, 13]:
-        def body(t):
-            buf = world[t.rank, :numel].copy()
-            ring(t, buf)
-            return buf
-
-        for got in run_threads(n, body, timeout_s=20):
-            np.testing.assert_allclose(got, world[:, :numel].sum(axis=0), rtol=1e-12)
 
 
 def test_course_doc_snippets_run(tmp_path):
