@@ -109,3 +109,10 @@ setattr(cuda, "amp", _cuda_amp)  # noqa: B010 - cuda declares no such name
 _sys.modules["minidist.cuda.amp"] = _cuda_amp
 setattr(nn, "parallel", _nn_parallel)  # noqa: B010 - nn declares no such name
 _sys.modules["minidist.nn.parallel"] = _nn_parallel
+
+# torch.serialization (the allow-list of weights_only loads) and torch.nn.modules.batchnorm's
+# SyncBatchNorm: checkpoint and ddp sit above nn, so the root attaches them (as above).
+from minidist.checkpoint import safe_globals as serialization  # noqa: E402
+
+_sys.modules["minidist.serialization"] = serialization
+setattr(getattr(nn.modules, "batchnorm"), "SyncBatchNorm", SyncBatchNorm)  # noqa: B009,B010

@@ -39,7 +39,9 @@ The package, one concept per module (each imports only those above it):
     folder.py     file names, listing, stale temporary files
     integrity.py  the CRC-32 trailer, the non-finite check, the messages for damaged files
     store.py      save_checkpoint, load_checkpoint, prune_checkpoints, check_state_dict
-    pickled.py    whole objects (a Module) pickled for save, unpickled by load on request
+    safe_globals.py  torch.serialization's allow-list (safe_globals, add_safe_globals)
+    pickled.py    whole objects (a Module, a dataclass config) pickled for save; load
+                  unpickles allow-listed classes only, unless weights_only=False
     serialize.py  save, load: torch.save/torch.load for state dicts, NOT collective
     resume.py     which checkpoint every rank resumes from (collective), and the Trainer's
                   restore from it

@@ -25,28 +25,36 @@ META_KEY = "__meta__.json"  # the npz entry that holds the JSON tree (as uint8 b
 FORMAT_VERSION = 1
 
 
-def encode(obj: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
-    """Turn a state tree into JSON-able data; arrays go into ``arrays`` under ``path``."""
+def encode(obj: Any, path: str, arrays: dict[str, np.ndarray], devices: bool = False) -> Any:
+    """Turn a state tree into JSON-able data; arrays go into ``arrays`` under ``path``.
+
+    With ``devices``, a device (CuPy) array's entry also records where it was
+    (``"__device__": "cuda:0"``) for ``load``'s ``map_location``; decode ignores it."""
     if isinstance(obj, np.generic) or backend.is_device_array(obj) or isinstance(obj, np.ndarray):
         key = path or "root"
         host = np.asarray(backend.to_host(obj))
         arrays[key] = host if host.ndim == 0 else np.ascontiguousarray(host)
-        return {"__array__": key, "__scalar__": True} if isinstance(obj, np.generic) else {
+        entry = {"__array__": key, "__scalar__": True} if isinstance(obj, np.generic) else {
             "__array__": key}
+        if devices and backend.is_device_array(obj):
+            entry["__device__"] = str(backend.device_of(obj))
+        return entry
     if isinstance(obj, Mapping):
         if all(isinstance(k, str) for k in obj) and not any(k.startswith("__") for k in obj):
-            return {k: encode(v, f"{path}/{k}" if path else k, arrays) for k, v in obj.items()}
+            return {k: encode(v, f"{path}/{k}" if path else k, arrays, devices)
+                    for k, v in obj.items()}
         items = []
         for k, v in obj.items():
             if not isinstance(k, (str, int, float, bool)) and k is not None:
                 raise TypeError(f"save_checkpoint: dict key {k!r} at {path or '<root>'} has type "
                                 f"{type(k).__name__}; use str or int keys.")
-            items.append([k, encode(v, f"{path}/{k}" if path else str(k), arrays)])
+            items.append([k, encode(v, f"{path}/{k}" if path else str(k), arrays, devices)])
         return {"__items__": items}
     if isinstance(obj, tuple):
-        return {"__tuple__": [encode(v, f"{path}/{i}", arrays) for i, v in enumerate(obj)]}
+        return {"__tuple__": [encode(v, f"{path}/{i}", arrays, devices)
+                              for i, v in enumerate(obj)]}
     if isinstance(obj, list):
-        return [encode(v, f"{path}/{i}", arrays) for i, v in enumerate(obj)]
+        return [encode(v, f"{path}/{i}", arrays, devices) for i, v in enumerate(obj)]
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     raise TypeError(f"save_checkpoint: value at {path or '<root>'} has type {type(obj).__name__}, "

@@ -9,21 +9,28 @@ holds a ``Module`` cannot be, so it is pickled, as torch does, into the same npz
 Unpickling runs code named in the file, so ``load`` refuses such a file unless the caller says
 ``weights_only=False`` (torch 2.6+ defaults to ``weights_only=True`` for the same reason).
 
-Tensors are pickled as their data, gradient and ``requires_grad``: the tape, hooks (DDP's
-gradient hooks among them) and gradient destinations belong to the running process and are
-left out, so ``model.module`` of a DistributedDataParallel saves as a plain model.
+Tensors are pickled as their data, gradient, ``requires_grad`` and the device they were on:
+the tape, hooks (DDP's gradient hooks among them) and gradient destinations belong to the
+running process and are left out, so ``model.module`` of a DistributedDataParallel saves as a
+plain model. ``load`` puts each Tensor where ``map_location`` sends its saved device.
+
+Any other object that is not data (a dataclass config, a function) is pickled the same way, as
+torch does; with ``weights_only`` on, the unpickler rebuilds only the allow-listed classes
+(safe_globals.py), so such a file loads with ``weights_only=False`` or an allow-list entry.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from minidist import xp as backend
+from minidist.checkpoint.safe_globals import is_allowed
+from minidist.logger import rank_prefix
 from minidist.nn import Module
 from minidist.tensor import Tensor
 
@@ -41,8 +48,10 @@ def holds_module(obj: Any) -> bool:
     return False
 
 
-def rebuild_tensor(cls: type, data: Any, grad: Any, requires_grad: bool) -> Tensor:
-    """Unpickle a Tensor or Parameter: its data, gradient and requires_grad, nothing else."""
+def rebuild_tensor(cls: type, data: Any, grad: Any, requires_grad: bool,
+                   device: str = "cpu") -> Tensor:
+    """Unpickle a Tensor or Parameter: its data, gradient and requires_grad, nothing else
+    (``device``, where it was saved, is read by the unpickler of ``loads``)."""
     t = cls(data, requires_grad=requires_grad)
     if grad is not None:
         t.grad = grad
@@ -50,41 +59,66 @@ def rebuild_tensor(cls: type, data: Any, grad: Any, requires_grad: bool) -> Tens
 
 
 class TensorPickler(pickle.Pickler):
-    """A Pickler that stores each Tensor as ``rebuild_tensor(cls, data, grad, requires_grad)``
-    (arrays on the host), leaving out what only the running process can use."""
+    """A Pickler that stores each Tensor as ``rebuild_tensor(cls, data, grad, requires_grad,
+    device)`` (arrays on the host), leaving out what only the running process can use."""
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, Tensor):
             grad = None if obj.grad is None else obj.grad.array
             return (rebuild_tensor, (type(obj), np.asarray(backend.to_host(obj.array)),
                                      None if grad is None else np.asarray(backend.to_host(grad)),
-                                     obj.requires_grad))
+                                     obj.requires_grad, str(obj.device)))
         return NotImplemented
 
 
 def dumps(obj: Any) -> np.ndarray:
     """``obj`` pickled, as a uint8 array for the npz container."""
     buf = io.BytesIO()
-    TensorPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    try:
+        TensorPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise TypeError(f"save: cannot pickle what the tree holds ({type(e).__name__}: {e}). "
+                        "Store data (arrays, numbers, strings, lists, dicts), module-level "
+                        "classes and functions, or convert objects with their state_dict()."
+                        ) from e
     return np.frombuffer(buf.getvalue(), dtype=np.uint8)
 
 
-def loads(payload: np.ndarray, map_location: Any) -> Any:
-    """Unpickle; with a CUDA ``map_location`` move every top-level Module or Tensor there."""
-    obj = pickle.loads(payload.tobytes())
-    if map_location is None or backend.device(map_location).type == "cpu":
+class _Unpickler(pickle.Unpickler):
+    """Rebuilds each Tensor on the device ``place(saved device)`` names; with ``weights_only``
+    only the allow-listed globals (safe_globals.py) are rebuilt."""
+
+    def __init__(self, file: Any, place: Callable[[str], Any], weights_only: bool,
+                 name: str) -> None:
+        super().__init__(file)
+        self.place, self.weights_only, self.name = place, weights_only, name
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name == "rebuild_tensor":
+            return self.rebuild
+        obj = super().find_class(module, name)
+        if self.weights_only and not is_allowed(module, name, obj):
+            raise pickle.UnpicklingError(
+                f"{rank_prefix()} load: weights_only load of {self.name} refused the global "
+                f"{module}.{name}: unpickling it runs code the file names. If you trust the "
+                "file, pass weights_only=False, or allow this global: minidist.serialization."
+                f"add_safe_globals([{name}]) or the minidist.serialization.safe_globals([{name}])"
+                " context manager (torch.serialization's names).")
         return obj
-    return move_objects(obj, map_location)
+
+    def rebuild(self, cls: type, data: Any, grad: Any, requires_grad: bool,
+                device: str = "cpu") -> Tensor:
+        target = self.place(device)
+        if target is not None and backend.device(target).type != "cpu":
+            data = backend.move(data, target)
+            grad = None if grad is None else backend.move(grad, target)
+        return rebuild_tensor(cls, data, grad, requires_grad)
 
 
-def move_objects(obj: Any, where: Any) -> Any:
-    if isinstance(obj, (Module, Tensor)):
-        return obj.to(where)
-    if isinstance(obj, dict):
-        return {k: move_objects(v, where) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(move_objects(v, where) for v in obj)
-    return obj
+def loads(payload: np.ndarray, place: Callable[[str], Any], weights_only: bool = False,
+          name: str = "<file>") -> Any:
+    """Unpickle; each Tensor goes to ``place(the device it was saved from)`` (None: the host)."""
+    return _Unpickler(io.BytesIO(payload.tobytes()), place, weights_only, name).load()
 
 
 __all__ = ["PICKLE_KEY", "holds_module", "rebuild_tensor", "TensorPickler", "dumps", "loads"]

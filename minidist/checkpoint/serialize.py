@@ -13,9 +13,11 @@ None, and lists, tuples and dicts of them. ``load`` returns arrays where torch r
 ``Module.load_state_dict`` and the optimizers' ``load_state_dict`` take arrays.
 
 A tree that holds a whole ``Module`` (``minidist.save(model, f)``, as ``torch.save(model)``)
-is pickled instead, in the same container, and ``load`` unpickles it only with
-``weights_only=False``, as torch 2.6+ (pickled.py). ``map_location`` also takes torch's dict
-form (``{"cuda:0": "cpu"}``).
+or another object that is not data (a dataclass config) is pickled instead, in the same
+container, and ``load`` unpickles it with only allow-listed classes unless
+``weights_only=False``, as torch 2.6+ (pickled.py, safe_globals.py). Each array records the
+device it was saved from, so ``map_location``'s dict form (``{"cuda:0": "cuda:1"}``) moves
+what torch's would and leaves the rest on the CPU.
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -68,11 +69,14 @@ def save(obj: Any, f: PathOrFile, **torch_kwargs: Any) -> None:
     """
     arrays: dict[str, np.ndarray] = {}
     meta: dict[str, Any] = {"format_version": FORMAT_VERSION, "checksum": "none"}
-    if pickled.holds_module(obj):
+    if not pickled.holds_module(obj):
+        try:
+            meta["state"] = encode(_untensor(obj), "", arrays, devices=True)
+        except TypeError:  # an object that is not data (a dataclass config): pickle, as torch
+            arrays.clear()
+    if "state" not in meta:
         meta["pickled"] = True
         arrays[pickled.PICKLE_KEY] = pickled.dumps(obj)
-    else:
-        meta["state"] = encode(_untensor(obj), "", arrays)
     if META_KEY in arrays:
         raise ValueError(f"{rank_prefix()} save: the key {META_KEY!r} is reserved.")
     arrays[META_KEY] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
@@ -89,30 +93,44 @@ def save(obj: Any, f: PathOrFile, **torch_kwargs: Any) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _move_all(obj: Any, where: Any) -> Any:
-    if isinstance(obj, np.ndarray) and obj.ndim > 0 or backend.is_device_array(obj):
-        return backend.move(obj, where)
-    if isinstance(obj, dict):
-        return {k: _move_all(v, where) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_move_all(v, where) for v in obj)
-    return obj
+def _placement(map_location: Any) -> Callable[[str], Any]:
+    """torch's ``map_location`` as a function: saved device -> where the array goes (None:
+    the host, as stored).
 
-
-def _one_location(map_location: Any) -> Any:
-    """``map_location`` as one device (or None); torch's dict form names its target(s)."""
+    None keeps every array on the host; a device (``"cuda:1"``, ``minidist.device``) takes
+    every array there; a dict ``{saved: target}`` moves the arrays saved on ``saved`` and
+    leaves the others where they were saved, as torch: ``{"cuda:0": "cuda:1"}`` keeps the
+    arrays saved from the CPU on the CPU, so nothing needs a GPU unless one was saved there.
+    """
+    if map_location is None:
+        return lambda saved: None
     if isinstance(map_location, Mapping):
-        targets = {str(backend.device(v)) for v in map_location.values()}
-        if len(targets) > 1:
-            raise ValueError(f"{rank_prefix()} load: map_location={map_location!r} sends "
-                             f"arrays to {sorted(targets)}; minidist stores arrays on the host, "
-                             "so it takes one target device: map every entry to the same one.")
-        return next(iter(targets), None)
-    if map_location is not None and not isinstance(map_location, (str, backend.device)):
+        table = {str(backend.device(k)): str(backend.device(v)) for k, v in map_location.items()}
+        return lambda saved: table.get(saved, saved)
+    if not isinstance(map_location, (str, backend.device)):
         raise TypeError(f"{rank_prefix()} load: map_location={map_location!r}; pass None, "
                         "'cpu', 'cuda:N', a minidist.device or a dict of them (functions are "
                         "not supported).")
-    return map_location
+    target = str(backend.device(map_location))
+    return lambda saved: target
+
+
+def _place_arrays(tree: Any, arrays: dict[str, np.ndarray], place: Callable[[str], Any]) -> None:
+    """Move each array of the stored tree to ``place(the device it was saved from)``."""
+    if isinstance(tree, dict):
+        if "__array__" in tree:
+            target = place(tree.get("__device__", "cpu"))
+            key = tree["__array__"]
+            if target is not None and backend.device(target).type != "cpu" \
+                    and arrays[key].ndim > 0 and not tree.get("__scalar__"):
+                arrays[key] = backend.move(arrays[key], target)
+            return
+        for v in (tree["__items__"] if "__items__" in tree else tree.get(
+                "__tuple__", tree.values())):
+            _place_arrays(v, arrays, place)
+    elif isinstance(tree, list):
+        for v in tree:
+            _place_arrays(v, arrays, place)
 
 
 def load(f: PathOrFile, map_location: Any = None, weights_only: bool | None = None,
@@ -121,24 +139,26 @@ def load(f: PathOrFile, map_location: Any = None, weights_only: bool | None = No
 
     Args:
         f: a path, or a binary file object opened for reading.
-        map_location: None or ``"cpu"`` (NumPy arrays, as stored), or a CUDA device
+        map_location: None or ``"cpu"`` (NumPy arrays, as stored), a CUDA device
             (``"cuda:0"``, ``minidist.device(...)``) to put every array there, or torch's
-            dict ``{saved device: target}`` whose targets are all one device (arrays are
-            stored on the host, so that device is where they all go).
-        weights_only: a file holding a pickled object (a whole Module) loads only with
-            ``weights_only=False``, as torch 2.6+; data files load either way.
+            dict ``{saved device: target}``: arrays saved on a device the dict names go to its
+            target, the others stay where they were saved (the CPU's on the CPU), as torch.
+        weights_only: a pickled file (a whole Module, or a tree holding a dataclass or other
+            object) unpickles only allow-listed classes unless ``weights_only=False``, as torch
+            2.6+ (``minidist.serialization.safe_globals``); data files load either way.
         torch_kwargs: torch's other options are accepted and ignored.
 
     Raises:
         FileNotFoundError: ``f`` is a path that does not exist.
         ValueError: the file is not one minidist wrote (or from a newer format).
-        pickle.UnpicklingError: a pickled file without ``weights_only=False``.
+        pickle.UnpicklingError: a pickled file that names a class not allow-listed, without
+            ``weights_only=False``.
     """
     name = str(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", "<file object>")
     if isinstance(f, (str, os.PathLike)) and not Path(f).is_file():
         raise FileNotFoundError(f"{rank_prefix()} load: {name} does not exist. Check the path "
                                 "(relative paths start at the current directory).")
-    map_location = _one_location(map_location)
+    place = _placement(map_location)
     try:
         with np.load(f, allow_pickle=False) as z:
             if META_KEY not in z.files:
@@ -153,14 +173,7 @@ def load(f: PathOrFile, map_location: Any = None, weights_only: bool | None = No
         raise ValueError(f"{rank_prefix()} load: {name} has format version "
                          f"{meta.get('format_version')}; this minidist reads {FORMAT_VERSION}.")
     if meta.get("pickled"):
-        if weights_only is not False:
-            raise pickle.UnpicklingError(
-                f"{rank_prefix()} load: {name} holds a pickled object (a whole Module saved "
-                "with minidist.save(model, f)). Unpickling runs code the file names, so, as in "
-                "torch 2.6+, pass weights_only=False if you trust the file, or save and load "
-                "model.state_dict() instead.")
-        return pickled.loads(arrays[pickled.PICKLE_KEY], map_location)
-    state = decode(meta["state"], arrays)
-    if map_location is None or backend.device(map_location).type == "cpu":
-        return state
-    return _move_all(state, map_location)
+        return pickled.loads(arrays[pickled.PICKLE_KEY], place,
+                             weights_only=weights_only is not False, name=name)
+    _place_arrays(meta["state"], arrays, place)
+    return decode(meta["state"], arrays)

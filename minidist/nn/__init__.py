@@ -33,6 +33,7 @@ from minidist.nn.transformer import (Transformer, TransformerDecoder, Transforme
                                      TransformerEncoder, TransformerEncoderLayer)
 from minidist.nn.module import IncompatibleKeys, Module, Parameter, StateDictError
 from minidist.tensor import manual_seed
+from minidist.nn import modules  # torch's nn.modules.<file>.<Class> paths (after the classes)
 
 __all__ = [
     "Module", "Parameter", "StateDictError", "IncompatibleKeys", "Linear", "Conv2d", "MaxPool2d",

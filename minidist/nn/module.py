@@ -285,6 +285,12 @@ class Module:
                 if shape != t.shape:
                     problems.append(f"size mismatch for {key}: copying a param with shape {shape} "
                                     f"from checkpoint, the shape in current model is {t.shape}.")
+        if problems and unexpected and all(k.startswith("module.") for k in unexpected):
+            problems.append("The checkpoint's keys start with \"module.\": it holds a "
+                            "DistributedDataParallel's state dict. Load it into the DDP "
+                            "wrapper, or strip the prefix first with nn.modules.utils."
+                            "consume_prefix_in_state_dict_if_present(state_dict, \"module.\")"
+                            " (or save ddp.module.state_dict()).")
         if problems:
             raise StateDictError(error(
                 "load_state_dict", f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"

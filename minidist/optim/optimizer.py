@@ -13,7 +13,10 @@ number is the key of the per-parameter state and of ``state_dict()``, exactly to
      "param_groups": [{"lr": 0.1, "momentum": 0.9, ..., "params": [0, 1]},
                       {"lr": 0.01, ...,                "params": [2, 3]}]}
 
-Values are plain arrays and numbers, so a checkpoint stores them without pickle.
+Values are plain arrays and numbers, so a checkpoint stores them without pickle. A torch-style
+optimizer that keeps Tensors (``state["mu"] = torch.zeros_like(p)``) gets copies of them in
+``state_dict()``, and ``load_state_dict`` gives it Tensors back, from Tensors or arrays (a
+file stores arrays), so its next ``mu.mul_(...)`` works.
 
 An optimizer with a fused kernel (``fused=True``) is written differently: its update is one
 element function registered as a ``FusedStep`` (``minidist.optim.registry``), and the class
@@ -67,6 +70,7 @@ from minidist.logger import get_logger, rank_prefix
 from minidist.optim import fused
 from minidist.optim.options import run_closure
 from minidist.optim.registry import FusedStep
+from minidist.tensor import Tensor
 
 log = get_logger(__name__)
 
@@ -233,9 +237,14 @@ class Optimizer:
         state = {}
         for i, s in self.state.items():
             if s:  # entries only read (``self.state[p]`` creates them) are not state
-                state[i] = {k: (v.copy() if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0
-                                else v) for k, v in s.items()}
+                state[i] = {k: _copy_value(v) for k, v in s.items()}
         return {"state": state, "param_groups": groups}
+
+    def _keeps_tensors(self) -> bool:
+        """True for a torch-style optimizer (its own ``step()``, no declared ``state_keys``):
+        torch keeps such state as Tensors (``torch.zeros_like(p)``), so arrays loaded into it
+        become Tensors; minidist's own optimizers keep arrays (their kernels read arrays)."""
+        return self.state_keys is None and type(self).step is not Optimizer.step
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore state saved by ``state_dict()``; arrays are copied onto each parameter's device.
@@ -279,15 +288,35 @@ class Optimizer:
                                  f"{type(self).__name__} keeps {list(self.state_keys or ())}. "
                                  "Load a "
                                  f"checkpoint of the same optimizer type.")
-            new_state[index_of[id(p)]] = {k: self._load_value(name, sid, k, v, p) for k, v in s.items()}
+            live = self.state.get(index_of[id(p)]) or {}
+            new_state[index_of[id(p)]] = {
+                k: self._load_value(name, sid, k, v, p, self._wants_tensor(v, live.get(k)))
+                for k, v in s.items()}
         for saved, group in zip(saved_groups, self.param_groups):
             for k, v in saved.items():
                 if k != "params":
                     group[k] = tuple(v) if isinstance(v, list) else v
         self.state = ParamState(self, new_state)
 
+    def _wants_tensor(self, value: Any, live: Any) -> bool:
+        """Whether a loaded state value becomes a Tensor: it is one, the live state holds one
+        under that key, or (no live value) the optimizer keeps Tensors (``_keeps_tensors``)."""
+        if isinstance(value, Tensor) or isinstance(live, Tensor):
+            return True
+        return live is None and self._keeps_tensors()
+
     @staticmethod
-    def _load_value(name: str, sid: int, key: str, value: Any, p: Any) -> Any:
+    def _load_value(name: str, sid: int, key: str, value: Any, p: Any,
+                    as_tensor: bool = False) -> Any:
+        if isinstance(value, Tensor):
+            value = value.array
+        is_array = hasattr(value, "shape") and not isinstance(value, numpy.generic)
+        if as_tensor and is_array:  # torch's rule: floating state takes the parameter's dtype
+            xp = backend.get_array_module(p.array)
+            arr = xp.array(xp.asarray(value), copy=True)
+            if arr.dtype.kind == "f" and p.array.dtype.kind == "f" and key != "step":
+                arr = arr.astype(p.array.dtype)
+            return Tensor(arr)
         if key == "step":
             return int(value)
         if not hasattr(value, "shape") or getattr(value, "ndim", 0) == 0:
@@ -306,6 +335,13 @@ class Optimizer:
             opts = ", ".join(f"{k}={v}" for k, v in g.items() if k != "params")
             lines.append(f"  group {i}: {len(g['params'])} params, {opts}")
         return "\n".join(lines + [")"])
+
+
+def _copy_value(v: Any) -> Any:
+    """A state value as ``state_dict`` returns it: arrays and Tensors copied, numbers as they are."""
+    if isinstance(v, Tensor):
+        return Tensor(v.array.copy())
+    return v.copy() if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0 else v
 
 
 class ParamState(dict):

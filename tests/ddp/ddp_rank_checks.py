@@ -221,7 +221,7 @@ def main() -> None:
         lambda: loss_fn(ddp(Tensor(xs[0, 0, :B])), ys[0, 0, :B]).backward(), RuntimeError)
     ddp.close()
 
-    # 8. wrapper API: state_dict keys without "module.", grads are bucket views
+    # 8. wrapper API: state_dict keys with torch's "module." prefix, grads are bucket views
     model = Net()
     ddp = DistributedDataParallel(model)
     res["state_dict_keys"] = list(ddp.state_dict())

@@ -71,5 +71,5 @@ def test_errors_name_what_went_wrong(summary):
 
 
 def test_wrapper_api(summary):
-    assert summary["state_dict_keys"] == ["w1", "b1", "w2", "b2"]
+    assert summary["state_dict_keys"] == ["module.w1", "module.b1", "module.w2", "module.b2"]
     assert summary["grads_are_views"]

@@ -49,19 +49,21 @@ def test_missing_file_and_foreign_file_raise_clearly(tmp_path):
     (tmp_path / "torch.pt").write_bytes(b"\x80\x02not a zip")
     with pytest.raises(ValueError, match="not a file minidist.save wrote"):
         minidist.load(tmp_path / "torch.pt")
-    with pytest.raises(TypeError, match="cannot store as data"):
-        minidist.save({"f": print}, tmp_path / "bad.npz")
+    with pytest.raises(TypeError, match="cannot pickle"):
+        minidist.save({"f": lambda: 0}, tmp_path / "bad.npz")    # torch.save refuses it too
     with pytest.raises(TypeError, match="map_location"):
         minidist.save({}, tmp_path / "ok.npz") or minidist.load(tmp_path / "ok.npz",
                                                                 map_location=lambda s, loc: s)
 
 
 def test_map_location_dict_as_the_ddp_tutorial_passes_it(tmp_path):
+    """torch's dict moves only the arrays saved on a device it names: these were saved from
+    the CPU, so they stay there whatever the dict says, and no GPU is needed."""
     minidist.save({"w": np.ones(2, np.float32)}, tmp_path / "w.pt")
-    state = minidist.load(tmp_path / "w.pt", map_location={"cuda:0": "cpu"})
-    np.testing.assert_array_equal(state["w"], np.ones(2))
-    with pytest.raises(ValueError, match="one target device"):
-        minidist.load(tmp_path / "w.pt", map_location={"cuda:0": "cpu", "cuda:1": "cuda:0"})
+    for where in ({"cuda:0": "cpu"}, {"cuda:0": "cuda:1"}, {"cuda:0": "cpu", "cuda:1": "cuda:0"}):
+        state = minidist.load(tmp_path / "w.pt", map_location=where)
+        assert isinstance(state["w"], np.ndarray)
+        np.testing.assert_array_equal(state["w"], np.ones(2))
 
 
 def test_whole_module_pickles_and_loads_only_with_weights_only_false(tmp_path):
