@@ -57,7 +57,7 @@ from minidist.checkpoint import CheckpointError
 from minidist.data import find_idx_files, load_dataset
 from minidist.data.datasets import DOWNLOAD_FROM
 from minidist.ddp import DistributedDataParallel, ZeroRedundancyOptimizer
-from minidist.tensor import Tensor, no_grad
+from minidist.tensor import Tensor, no_grad, use_deterministic_algorithms
 from minidist.trainer import Trainer, TrainerConfig, TrainingDiverged
 
 
@@ -94,6 +94,7 @@ class Config:
     device: str | None = None
     zero: bool = False
     allow_nonfinite: bool = False
+    deterministic: bool = False
 
 
 # One help line per Config field (`--help` appends the default); test_examples checks that
@@ -141,6 +142,8 @@ HELP = {
     "zero": "ZeRO-1: each rank keeps 1/world-size of the optimizer state (docs/memory.md)",
     "allow_nonfinite": "train on when a step's gradient goes NaN/inf (default: stop the run "
                        "there, in one line naming the step and the parameters)",
+    "deterministic": "the same bits on any machine: products and exp/log in a fixed order "
+                     "(md.use_deterministic_algorithms; slower, README.md quotes this mode)",
 }
 
 CHOICES = {"model": ["mlp", "cnn"], "optimizer": ["sgd", "adamw"],
@@ -336,6 +339,7 @@ def main(argv: list[str] | None = None) -> float:
                          f"{world} python examples/train.py); this job runs {backend_name}: use "
                          "--algorithm auto, ring, tree, rd, hier or direct")
     nn.manual_seed(cfg.seed)                   # the same initial weights on every rank
+    use_deterministic_algorithms(cfg.deterministic)  # --deterministic: any machine's bits
     kwargs = {} if cfg.dataset == "synthetic" else {"flatten": cfg.model == "mlp"}
     train_set = load_dataset(cfg.dataset, root=cfg.data_root, split="train", **kwargs)
     test_set = load_dataset(cfg.dataset, root=cfg.data_root, split="test", **kwargs)

@@ -23,6 +23,10 @@ from minidist import nn
 from minidist import tensor  # the package, callable as torch's tensor(data, dtype=None, ...)
 from minidist.tensor import Tensor, no_grad, is_grad_enabled, manual_seed, initial_seed, seed
 from minidist.tensor import enable_grad, set_grad_enabled
+# deterministic mode: the same bits on any machine (minidist/tensor/deterministic.py)
+from minidist.tensor import (are_deterministic_algorithms_enabled,
+                             is_deterministic_algorithms_warn_only_enabled,
+                             use_deterministic_algorithms)
 from minidist.tensor import (arange, as_tensor, empty, empty_like, from_numpy, full, full_like,
                              ones, ones_like, rand, rand_like, randint, randn, randn_like, zeros,
                              zeros_like)

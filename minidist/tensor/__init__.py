@@ -46,6 +46,9 @@ from minidist.tensor.functional import (dropout, dropout2d, embedding, layer_nor
                                         softmax)
 from minidist.tensor.losses import cross_entropy, mse_loss, nll_loss
 from minidist.tensor.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from minidist.tensor.deterministic import (are_deterministic_algorithms_enabled,
+                                           is_deterministic_algorithms_warn_only_enabled,
+                                           use_deterministic_algorithms)
 from minidist.tensor.linalg import linear, matmul
 from minidist.tensor.random import default_generator, initial_seed, manual_seed, seed
 from minidist.tensor.reduce import max, mean, min, sum, topk  # noqa: A004
@@ -73,7 +76,8 @@ __all__ = [
     "randn", "randint", "arange", "zeros_like", "ones_like", "empty_like", "full_like",
     "rand_like", "randn_like", "flatten", "topk", "multinomial", "float16", "float32", "float64",
     "int32", "int64", "bfloat16", "uint8", "int8", "int16", "dtype", "clamp", "cos", "norm",
-    "sin", "sqrt", "trace", "where", "diagonal", "narrow",
+    "sin", "sqrt", "trace", "where", "diagonal", "narrow", "use_deterministic_algorithms",
+    "are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled",
 ]
 
 # torch's dtype names (dtypes.py): minidist.float32 == numpy.float32, printed minidist.float32.

@@ -21,6 +21,7 @@ import numpy
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, error, is_floating
+from minidist.tensor.deterministic import array_math
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
@@ -172,14 +173,14 @@ def rpow(a: Tensor, base: Any) -> Tensor:
 def exp(a: Tensor) -> Tensor:
     """``e ** a``."""
     (a,) = autocast_args("exp", a)
-    out = backend.get_array_module(a.array).exp(a.array)
+    out = array_math(backend.get_array_module(a.array)).exp(a.array)
     return Tensor._make(out, (a,), lambda g: (g * out,), "exp")
 
 
 def log(a: Tensor) -> Tensor:
     """Natural log."""
     (a,) = autocast_args("log", a)
-    out = backend.get_array_module(a.array).log(a.array)
+    out = array_math(backend.get_array_module(a.array)).log(a.array)
     return Tensor._make(out, (a,), lambda g: (g / a.array,), "log")
 
 

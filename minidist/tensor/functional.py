@@ -19,6 +19,8 @@ from minidist import xp as backend
 from minidist.tensor import random
 from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, error
+from minidist.tensor import deterministic
+from minidist.tensor.deterministic import OFF
 from minidist.tensor.reduce import normalize_axes
 
 
@@ -35,7 +37,8 @@ def softmax(x: Tensor, dim: int | None = -1, *, axis: int | None = None) -> Tens
     (x,) = autocast_args("softmax", x)
     xp = backend.get_array_module(x.array)
     (ax,) = normalize_axes("softmax", axis, x.ndim)
-    e = xp.exp(x.array - x.array.max(axis=ax, keepdims=True))
+    math = xp if deterministic.state is OFF else deterministic.array_math(xp)
+    e = math.exp(x.array - x.array.max(axis=ax, keepdims=True))
     out = e / e.sum(axis=ax, keepdims=True)
     return Tensor._make(out, (x,), lambda g: (out * (g - (g * out).sum(axis=ax, keepdims=True)),),
                         "softmax")
@@ -48,8 +51,9 @@ def log_softmax(x: Tensor, dim: int | None = -1, *, axis: int | None = None) -> 
     xp = backend.get_array_module(x.array)
     (ax,) = normalize_axes("log_softmax", axis, x.ndim)
     shifted = x.array - x.array.max(axis=ax, keepdims=True)
-    out = shifted - xp.log(xp.exp(shifted).sum(axis=ax, keepdims=True))
-    return Tensor._make(out, (x,), lambda g: (g - xp.exp(out) * g.sum(axis=ax, keepdims=True),),
+    math = xp if deterministic.state is OFF else deterministic.array_math(xp)
+    out = shifted - math.log(math.exp(shifted).sum(axis=ax, keepdims=True))
+    return Tensor._make(out, (x,), lambda g: (g - math.exp(out) * g.sum(axis=ax, keepdims=True),),
                         "log_softmax")
 
 

@@ -27,6 +27,8 @@ from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor import dtypes
 from minidist.tensor.core import Tensor, error, is_floating
+from minidist.tensor import deterministic
+from minidist.tensor.deterministic import OFF
 from minidist.tensor.elementwise import broadcast_message, unbroadcast
 from minidist.tensor.grad_destination import write_leaf_grad
 
@@ -62,12 +64,13 @@ def mm(a: Any, b: Any, out: Any = None, scale: float = 1.0) -> Any:
             return out
     if scale != 1.0:  # the average folded into a weight gradient (DDP's prescaled hook)
         return _scaled_mm(a, b, out, scale)
+    math = xp if deterministic.state is OFF else deterministic.array_math(xp)
     if out is None:
-        return xp.matmul(a, b)
+        return math.matmul(a, b)
     if out.dtype == xp.result_type(a, b):
-        xp.matmul(a, b, out=out)
+        math.matmul(a, b, out=out)
     else:
-        xp.copyto(out, xp.matmul(a, b), casting="unsafe")
+        xp.copyto(out, math.matmul(a, b), casting="unsafe")
     return out
 
 

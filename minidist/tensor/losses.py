@@ -33,6 +33,8 @@ from minidist.envvars import env
 from minidist.tensor import xent_cupy
 from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, as_array, error
+from minidist.tensor import deterministic
+from minidist.tensor.deterministic import OFF
 from minidist.tensor.functional import log_softmax
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -122,9 +124,10 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None,  # noqa: A002 
                                       label_smoothing)
     rows = xp.arange(n)
     shifted = logits.array - logits.array.max(axis=1, keepdims=True)
-    e = xp.exp(shifted)
+    math = xp if deterministic.state is OFF else deterministic.array_math(xp)
+    e = math.exp(shifted)
     sumexp = e.sum(axis=1, keepdims=True)
-    losses = xp.log(sumexp[:, 0]) - shifted[rows, t]
+    losses = math.log(sumexp[:, 0]) - shifted[rows, t]
     out = losses.mean() if reduction == "mean" else (losses.sum() if reduction == "sum"
                                                        else losses)
 
