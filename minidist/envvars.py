@@ -147,6 +147,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
     Variable("MINIDIST_KERNELS", _choice("auto", "reference"), "auto",
              "auto (compiled kernels where they work) or reference (NumPy/CuPy only)"),
     Variable("MINIDIST_AUTH_TOKEN", _text, "", "any text (a shared secret)"),
+    Variable("MINIDIST_RUN_ID", _text, "", "any text (the job's name, the same on every rank)"),
     Variable("MINIDIST_RENDEZVOUS_PORT", _whole(1, 65535), None,
              "a TCP port, 1-65535, the same on every rank"),
     Variable("MINIDIST_TCP_LISTEN_ADDR", _text, None, "an address of this host"),

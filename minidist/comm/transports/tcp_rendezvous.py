@@ -13,11 +13,19 @@ Rendezvous (once, when the TCP transport is made)::
 Safety: strangers cannot join or crash a job. Every connection, to MASTER_PORT or a data port,
 opens with a handshake (MAGIC, then an HMAC challenge-response over nonces from both sides,
 keyed by ``MINIDIST_AUTH_TOKEN``, empty if unset); a connection that does not complete it within
-``HANDSHAKE_S`` (an HTTP request, random bytes, silence) is logged and dropped, and rank 0 goes
-on waiting for the real ranks (it serves several connections at once, so one silent client
-delays nobody). Ranks with different tokens both fail at once. Every length read from the wire
-is checked against a bound (``MAX_JSON_BYTES`` here; tcp.py bounds the data messages) before
-anything is allocated. Rank 0 listens on ``MASTER_ADDR`` only, every other rank on the
+``HANDSHAKE_S`` in all (an HTTP request, random bytes, silence, a byte a second), or answers
+with a wrong HMAC (another token, forged or replayed bytes), is a stranger: one warning naming
+its address, and the rank goes on waiting for the real ranks (it serves several connections at
+once, so one silent client delays nobody). A rank started with another token fails at once on
+its own side (it checks the server's HMAC). Every length read from the wire is checked against
+a bound (``MAX_JSON_BYTES`` here; tcp.py bounds the data messages) before anything is
+allocated.
+
+Job identity: each registration carries the job's run id (``MINIDIST_RUN_ID``; the launcher's
+``--rdzv-id``, torchrun's ``TORCHELASTIC_RUN_ID``). Rank 0 refuses a rank of another job with
+one line naming both ids (the refused rank raises it), so two jobs on one port never swap
+ranks. Rank 0 keeps MASTER_PORT open until the mesh is built: a rank that registers for a slot
+already taken learns at once who took it, and rank 0 logs the conflict. Rank 0 listens on ``MASTER_ADDR`` only, every other rank on the
 interface that reaches rank 0 (``MINIDIST_TCP_LISTEN_ADDR=0.0.0.0`` binds all interfaces on
 purpose); listeners set ``SO_REUSEADDR``, so a job can reuse a port right after the previous one
 ended. Without a token the handshake only proves a peer speaks minidist's protocol: on a shared
@@ -63,6 +71,7 @@ MAC_BYTES = 32                  # HMAC-SHA256
 
 # How long one connection may take to say who it is (raise it on a slow network).
 HANDSHAKE_S = float(env("MINIDIST_TCP_HANDSHAKE_S"))
+NO_ID = "(none)"  # how a job without a run id is named in messages
 
 
 class _Stranger(Exception):
@@ -73,22 +82,37 @@ def _auth_key() -> bytes:
     return str(env("MINIDIST_AUTH_TOKEN")).encode()
 
 
+def run_id() -> str:
+    """This job's identity in the rendezvous: MINIDIST_RUN_ID, else torchrun's run id, else ""."""
+    mine = str(env("MINIDIST_RUN_ID") or "")
+    if not mine:
+        mine = os.environ.get("TORCHELASTIC_RUN_ID", "")
+        mine = "" if mine == "none" else mine  # torchrun's default when --rdzv-id is not given
+    return mine
+
+
 def _mac(key: bytes, role: bytes, a: bytes, b: bytes) -> bytes:
     return hmac.new(key, role + a + b, "sha256").digest()
 
 
-def _recv_bytes(sock: socket.socket, n: int) -> bytes:
+def _recv_bytes(sock: socket.socket, n: int, until: float | None = None) -> bytes:
     buf = bytearray(n)
-    _recv_exact(sock, memoryview(buf))
+    _recv_exact(sock, memoryview(buf), until)
     return bytes(buf)
 
 
 # ---------------------------------------------------------------- small socket helpers
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` from a blocking ``sock`` (handshake, rendezvous); ConnectionError on EOF."""
+def _recv_exact(sock: socket.socket, view: memoryview, until: float | None = None) -> None:
+    """Fill ``view`` from a blocking ``sock`` (handshake, rendezvous); ConnectionError on EOF.
+    ``until`` (time.monotonic()): socket.timeout once it passes, however the bytes trickle in."""
     got, n = 0, len(view)
     while got < n:
+        if until is not None:
+            left = until - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("time is up")
+            sock.settimeout(left)
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise ConnectionError("connection closed by peer")
@@ -100,12 +124,12 @@ def _send_json(sock: socket.socket, obj: Any) -> None:
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
-def _recv_json(sock: socket.socket) -> Any:
-    nbytes = _LEN.unpack(_recv_bytes(sock, _LEN.size))[0]
+def _recv_json(sock: socket.socket, until: float | None = None) -> Any:
+    nbytes = _LEN.unpack(_recv_bytes(sock, _LEN.size, until))[0]
     if nbytes > MAX_JSON_BYTES:
         raise _Stranger(f"announced a {nbytes}-byte rendezvous message (limit {MAX_JSON_BYTES})")
     try:
-        return json.loads(_recv_bytes(sock, nbytes))
+        return json.loads(_recv_bytes(sock, nbytes, until))
     except ValueError as e:  # JSON or UTF-8 errors
         raise _Stranger(f"sent a malformed rendezvous message ({e})") from None
 
@@ -127,7 +151,10 @@ class Mesh:
         self.timeout_s = float(timeout_s)
         self._started, self._said_waiting = time.monotonic(), False  # see _say_waiting
         self._socks: dict[int, socket.socket] = {}
-        self._listener: Any = None  # my data port (rank 0 also serves MASTER_PORT)
+        self._listener: Any = None  # my data port
+        self._master: Any = None    # rank 0: MASTER_PORT, open until the mesh is built
+        self.run_id = run_id()
+        self._taken: dict[int, str] = {}  # rank 0: rank -> address it registered from
 
     def connect(self) -> dict[int, socket.socket]:
         """Rendezvous, then connect to every peer: ``{peer: socket}`` (blocking sockets).
@@ -143,6 +170,9 @@ class Mesh:
                 if s is not None:
                     s.close()
             raise
+        finally:
+            if self._master is not None:
+                self._master.close()
         return self._socks
 
     def _listen(self, host: str, port: int) -> socket.socket:
@@ -234,28 +264,34 @@ class Mesh:
                             f"MINIDIST_AUTH_TOKEN differs between this rank and {who} (or is set "
                             f"on only one of them). Set the same token on every rank.")
 
-    def _handshake_server(self, sock: socket.socket, deadline: float) -> None:
-        """Check a new connection's proof, within HANDSHAKE_S; raise _Stranger to drop it."""
-        sock.settimeout(min(HANDSHAKE_S, self._deadline_left(deadline, "the handshake")))
+    def _handshake_server(self, sock: socket.socket, deadline: float) -> float:
+        """Check a new connection's proof; raise _Stranger to drop it. The connection has
+        HANDSHAKE_S in all, for the handshake and its first message: returns that time limit
+        (a ``time.monotonic()`` value) for the caller's read of the first message."""
+        limit = min(HANDSHAKE_S, self._deadline_left(deadline, "the handshake"))
+        until = time.monotonic() + limit
         key = _auth_key()
         try:
-            magic = _recv_bytes(sock, len(MAGIC))
+            magic = _recv_bytes(sock, len(MAGIC), until)
             if magic != MAGIC:
                 raise _Stranger(f"did not open with minidist's handshake (first bytes "
                                 f"{magic!r})")
-            nonce_c = _recv_bytes(sock, NONCE_BYTES)
+            nonce_c = _recv_bytes(sock, NONCE_BYTES, until)
             nonce_s = secrets.token_bytes(NONCE_BYTES)
+            sock.settimeout(max(until - time.monotonic(), 1e-3))
             sock.sendall(MAGIC + nonce_s + _mac(key, b"server", nonce_c, nonce_s))
-            mac_c = _recv_bytes(sock, MAC_BYTES)
+            mac_c = _recv_bytes(sock, MAC_BYTES, until)
         except socket.timeout:
-            raise _Stranger(f"did not complete the handshake within {sock.gettimeout():g}s"
-                            ) from None
+            raise _Stranger(f"did not complete the handshake within {limit:g}s "
+                            f"(MINIDIST_TCP_HANDSHAKE_S)") from None
         except OSError as e:
             raise _Stranger(f"closed the connection during the handshake ({e})") from None
         if not hmac.compare_digest(mac_c, _mac(key, b"client", nonce_s, nonce_c)):
-            raise CommError(f"{self.prefix} rendezvous: a peer failed authentication: its "
-                            f"MINIDIST_AUTH_TOKEN differs from this rank's (or is set on only "
-                            f"one of them). Set the same token on every rank.")
+            # Another token, or forged or replayed bytes (the nonce is fresh): a stranger. A
+            # rank with another token fails on its own side, where it checks our HMAC.
+            raise _Stranger("failed authentication: its HMAC does not match this job's "
+                            "MINIDIST_AUTH_TOKEN (another token, or forged or replayed bytes)")
+        return until
 
     def _drop(self, where: str, addr: Any, reason: Any) -> None:
         log.warning("%s %s: dropped a connection from %s:%s that is not a rank of this job: %s",
@@ -264,75 +300,114 @@ class Mesh:
     def _rendezvous(self) -> dict[int, tuple[str, int]]:
         """Register with rank 0 and get every rank's (host, data port)."""
         deadline = time.monotonic() + self.timeout_s
-        master = None
         if self.rank == 0:
-            master = self._listen(self._listen_host(self.master_addr), self.master_port)
+            self._master = self._listen(self._listen_host(self.master_addr), self.master_port)
             self._listener = self._listen(self._listen_host(self.master_addr), 0)
-        try:
-            if master is None:
-                s = self._connect(self.master_addr, self.master_port, deadline,
-                                  "rank 0 did not accept a connection")
-                with s:
-                    s.settimeout(self._deadline_left(deadline, "no answer from rank 0"))
-                    self._handshake_client(s, f"rank 0 at {self.master_addr}:{self.master_port}")
-                    # Listen on the interface that reaches rank 0: peers reach us there too.
-                    host = s.getsockname()[0]
-                    self._listener = self._listen(self._listen_host(host), 0)
-                    _send_json(s, {"rank": self.rank, "world_size": self.size,
-                                   "host": host, "port": self._listener.getsockname()[1]})
-                    waited = time.monotonic()
-                    while not select.select([s], [], [], self._say_waiting(
-                            deadline, self._deadline_left(
-                                deadline, "registered with rank 0, but its address table (sent "
-                                "once every rank has registered) did not come"),
-                            lambda: "rank 0's address table (it waits until every rank has "
-                                    "registered)", waited))[0]:
-                        pass
-                    try:
-                        reply = _recv_json(s)
-                    except socket.timeout:
-                        raise CommTimeout(
-                            f"{self.prefix} rendezvous: registered with rank 0 at "
-                            f"{self.master_addr}:{self.master_port} but the address table did "
-                            f"not come within {self.timeout_s:g}s: not all {self.size} ranks "
-                            f"started. Start every rank (same WORLD_SIZE/MASTER_PORT), or raise "
-                            f"MINIDIST_TIMEOUT_S.") from None
-                    except (ConnectionError, _Stranger):
-                        raise CommError(
-                            f"{self.prefix} rendezvous: rank 0 at {self.master_addr}:"
-                            f"{self.master_port} closed the connection before sending the address "
-                            f"table: rank 0 failed (see its log), or another job owns that "
-                            f"port. Check rank 0's error, or pick another MASTER_PORT.") from None
-                if "error" in reply:
-                    raise CommError(f"{self.prefix} rendezvous: {reply['error']}")
-                return {int(r): (h, int(p)) for r, (h, p) in reply["table"].items()}
-            return self._serve_rendezvous(master, self._listener.getsockname()[1], deadline)
-        finally:
-            if master is not None:
-                master.close()
+            if not self.run_id and self.size > 1:
+                log.warning("%s rendezvous: this job has no identity (MINIDIST_RUN_ID unset): "
+                            "a rank of another job started on MASTER_PORT=%s could join it; "
+                            "set the same MINIDIST_RUN_ID on every rank, or start them with "
+                            "python -m minidist.launch", self.prefix, self.master_port)
+        if self._master is None:
+            s = self._connect(self.master_addr, self.master_port, deadline,
+                              "rank 0 did not accept a connection")
+            with s:
+                s.settimeout(self._deadline_left(deadline, "no answer from rank 0"))
+                self._handshake_client(s, f"rank 0 at {self.master_addr}:{self.master_port}")
+                # Listen on the interface that reaches rank 0: peers reach us there too.
+                host = s.getsockname()[0]
+                self._listener = self._listen(self._listen_host(host), 0)
+                _send_json(s, {"rank": self.rank, "world_size": self.size,
+                               "host": host, "port": self._listener.getsockname()[1],
+                               "run_id": self.run_id})
+                waited = time.monotonic()
+                while not select.select([s], [], [], self._say_waiting(
+                        deadline, self._deadline_left(
+                            deadline, "registered with rank 0, but its address table (sent "
+                            "once every rank has registered) did not come"),
+                        lambda: "rank 0's address table (it waits until every rank has "
+                                "registered)", waited))[0]:
+                    pass
+                try:
+                    reply = _recv_json(s)
+                except socket.timeout:
+                    raise CommTimeout(
+                        f"{self.prefix} rendezvous: registered with rank 0 at "
+                        f"{self.master_addr}:{self.master_port} but the address table did "
+                        f"not come within {self.timeout_s:g}s: not all {self.size} ranks "
+                        f"started. Start every rank (same WORLD_SIZE/MASTER_PORT), or raise "
+                        f"MINIDIST_TIMEOUT_S.") from None
+                except (ConnectionError, _Stranger):
+                    raise CommError(
+                        f"{self.prefix} rendezvous: rank 0 at {self.master_addr}:"
+                        f"{self.master_port} closed the connection before sending the address "
+                        f"table: rank 0 failed (see its log), or another job owns that "
+                        f"port. Check rank 0's error, or pick another MASTER_PORT.") from None
+            if "error" in reply:
+                raise CommError(f"{self.prefix} rendezvous: {reply['error']}")
+            return {int(r): (h, int(p)) for r, (h, p) in reply["table"].items()}
+        return self._serve_rendezvous(self._master, self._listener.getsockname()[1],
+                                      deadline)
 
     def _registration(self, conn: socket.socket, deadline: float) -> tuple[int, int, str, int]:
-        """Handshake, then read one rank's (rank, world_size, host, port); _Stranger if bad."""
-        self._handshake_server(conn, deadline)
+        """Handshake, then read one rank's (rank, world_size, host, port); _Stranger if bad,
+        or if it belongs to another job (it is told so first)."""
+        until = self._handshake_server(conn, deadline)
         try:
-            msg = _recv_json(conn)
+            msg = _recv_json(conn, until)
         except socket.timeout:
-            raise _Stranger(f"sent no registration within {conn.gettimeout():g}s") from None
+            raise _Stranger(f"sent no registration within {HANDSHAKE_S:g}s of connecting "
+                            f"(MINIDIST_TCP_HANDSHAKE_S)") from None
         except OSError as e:
             raise _Stranger(f"closed the connection before registering ({e})") from None
         try:
             r, n, host, port = msg["rank"], msg["world_size"], msg["host"], msg["port"]
+            theirs = msg.get("run_id", "")
             if not (isinstance(r, int) and isinstance(n, int) and isinstance(host, str)
-                    and isinstance(port, int)):
+                    and isinstance(port, int) and isinstance(theirs, str)):
                 raise TypeError
-        except (TypeError, KeyError):
+        except (TypeError, KeyError, AttributeError):
             raise _Stranger(f"sent a registration that is not minidist's: {str(msg)[:80]!r}"
                             ) from None
+        if theirs != self.run_id:
+            line = (f"rank {r} of job {theirs or NO_ID!r} tried to join job "
+                    f"{self.run_id or NO_ID!r} at {self.master_addr}:{self.master_port}; "
+                    f"refused. Two jobs share this MASTER_PORT: give each job its own port, "
+                    f"and one MINIDIST_RUN_ID (launcher: --rdzv-id) to all ranks of a job.")
+            self._tell(conn, line)
+            raise _Stranger(line)
         return r, n, host, port
 
-    def _accept_ranks(self, listener: socket.socket, handle: Any, deadline: float,
-                      what: Any, where: str) -> Any:
-        """Accept connections on ``listener``, several at once; yield ``(conn, handle(conn))``.
+    @staticmethod
+    def _tell(conn: socket.socket, error: str) -> None:
+        """Send a registering rank the reason it is refused (it raises it), if it listens."""
+        try:
+            conn.settimeout(1.0)
+            _send_json(conn, {"error": error})
+        except OSError:
+            pass
+
+    def _late_registration(self, conn: socket.socket, deadline: float) -> None:
+        """Rank 0 during the mesh: a rank registers although every slot is taken. Tell it who
+        took its slot, log it, drop it (_Stranger): the job goes on, or times out naming it."""
+        r, n, host, port = self._registration(conn, deadline)
+        peer = conn.getpeername()
+        taken = self._taken.get(r)
+        line = (f"rank {r} registered from {peer[0]}:{peer[1]}, but rank {r} of this job "
+                f"already registered from {taken}, and the job is building its mesh. If that "
+                f"was not your rank {r}, another process took its slot (anyone on this host "
+                f"can, without MINIDIST_AUTH_TOKEN): set MINIDIST_AUTH_TOKEN on every rank (the "
+                f"launcher sets one), or check that RANK is unique." if taken is not None else
+                f"rank {r} (WORLD_SIZE={n}) registered from {peer[0]}:{peer[1]} after every "
+                f"rank 0..{self.size - 1} of this job had registered: it is not a rank of this "
+                f"job. Check RANK, WORLD_SIZE and MASTER_PORT.")
+        self._tell(conn, line)
+        raise _Stranger(line)
+
+    def _accept_ranks(self, listeners: dict[socket.socket, tuple[Any, str]], deadline: float,
+                      what: Any) -> Any:
+        """Accept connections on ``listeners`` (socket -> (handle, where: a name for the
+        logs)), several at once; yield ``(conn, handle(conn))``.
 
         Each accepted connection gets a thread of its own that runs ``handle`` (the handshake
         and the first message, bounded by HANDSHAKE_S), so a silent client delays nobody::
@@ -351,12 +426,12 @@ class Mesh:
         pending: dict[socket.socket, Any] = {}  # accepted, still being checked, under state
         wake_r, wake_w = socket.socketpair()
 
-        def check(conn: socket.socket, addr: Any) -> None:
+        def check(conn: socket.socket, addr: Any, handle: Any, where: str) -> None:
             out: tuple[Any, ...]
             try:
-                out = (conn, addr, handle(conn), None)
+                out = (conn, addr, where, handle(conn), None)
             except BaseException as e:  # handed to the main thread
-                out = (conn, addr, None, e)
+                out = (conn, addr, where, None, e)
             with state:
                 pending.pop(conn, None)
                 if open_[0]:
@@ -371,7 +446,7 @@ class Mesh:
         try:
             while True:
                 while results:
-                    conn, addr, value, error = results.popleft()
+                    conn, addr, where, value, error = results.popleft()
                     if isinstance(error, _Stranger):
                         self._drop(where, addr, error)
                         conn.close()
@@ -382,29 +457,31 @@ class Mesh:
                         yield conn, value
                 left = self._deadline_left(deadline, what())
                 left = self._say_waiting(deadline, left, lambda: f"the other ranks ({what()} yet)")
-                ready, _, _ = select.select([listener, wake_r], [], [], left)
+                ready, _, _ = select.select([*listeners, wake_r], [], [], left)
                 if wake_r in ready:
                     wake_r.recv(4096)
-                if listener in ready:
+                for listener in ready:
+                    if listener is wake_r:
+                        continue
                     try:
                         conn, addr = listener.accept()
                     except (BlockingIOError, socket.timeout):
                         continue
                     with state:
-                        pending[conn] = addr
-                    threading.Thread(target=check, args=(conn, addr), daemon=True,
-                                     name=f"minidist-tcp-accept-{self.rank}").start()
+                        pending[conn] = (addr, listeners[listener][1])
+                    threading.Thread(target=check, args=(conn, addr, *listeners[listener]),
+                                     daemon=True, name=f"minidist-tcp-accept-{self.rank}").start()
         finally:
             with state:
                 open_[0] = False
                 leftover = list(results)
                 results.clear()
                 silent = list(pending.items())
-            for conn, addr, _, error in leftover:  # checked, but after every rank arrived
+            for conn, addr, where, _, error in leftover:  # checked after every rank arrived
                 if isinstance(error, _Stranger):
                     self._drop(where, addr, error)
                 conn.close()
-            for conn, addr in silent:  # its thread closes it once the read fails
+            for conn, (addr, where) in silent:  # its thread closes it once the read fails
                 self._drop(where, addr, "was still silent when every rank had arrived")
                 try:
                     conn.shutdown(socket.SHUT_RDWR)
@@ -428,8 +505,9 @@ class Mesh:
             return (f"ranks {sorted(set(range(self.size)) - set(table))} did not register "
                     f"with rank 0")
 
-        arrivals = self._accept_ranks(master, lambda c: self._registration(c, deadline),
-                                      deadline, missing, "rendezvous")
+        arrivals = self._accept_ranks(
+            {master: (lambda c: self._registration(c, deadline), "rendezvous")}, deadline,
+            missing)
         try:
             for conn, (r, n, host, port) in (arrivals if self.size > 1 else ()):
                 conns.append(conn)
@@ -439,9 +517,10 @@ class Mesh:
                     error = (f"world size mismatch: rank {r} has WORLD_SIZE={n} but rank 0 has "
                              f"WORLD_SIZE={self.size}. Start every rank with the same WORLD_SIZE.")
                 elif not 0 <= r < self.size or r in table:
+                    first = f"; rank {r} from {self._taken[r]}" if r in self._taken else ""
                     error = (f"rank {r} registered twice or is out of range [0, {self.size - 1}] "
-                             f"(already registered: {sorted(table)}). Give every process a "
-                             f"distinct RANK in 0..WORLD_SIZE-1.")
+                             f"(already registered: {sorted(table)}{first}). Give every process "
+                             f"a distinct RANK in 0..WORLD_SIZE-1.")
                 if error is not None:
                     for c in conns:  # tell everyone, so no rank waits for a table that won't come
                         try:
@@ -450,6 +529,8 @@ class Mesh:
                             pass
                     raise CommError(f"{self.prefix} rendezvous: {error}")
                 table[r] = (host, port)
+                peer = conn.getpeername()
+                self._taken[r] = f"{peer[0]}:{peer[1]}"
                 if len(table) == self.size:
                     break
             for c in conns:
@@ -462,9 +543,9 @@ class Mesh:
 
     def _hello(self, s: socket.socket, deadline: float) -> int:
         """A data connection's handshake and rank; _Stranger unless a higher, new rank."""
-        self._handshake_server(s, deadline)
+        until = self._handshake_server(s, deadline)
         try:
-            peer = _LEN.unpack(_recv_bytes(s, _LEN.size))[0]
+            peer = _LEN.unpack(_recv_bytes(s, _LEN.size, until))[0]
         except socket.timeout:
             raise _Stranger("sent no rank after the handshake") from None
         except OSError as e:
@@ -473,6 +554,15 @@ class Mesh:
             raise _Stranger(f"says it is rank {peer}, but this rank waits for ranks "
                             f"{sorted(set(range(self.rank + 1, self.size)) - set(self._socks))}")
         return peer
+
+    def _mesh_missing(self) -> str:
+        """Who has not connected to this rank's data port yet, and from where it registered."""
+        late = sorted(set(range(self.rank + 1, self.size)) - set(self._socks))
+        where = ", ".join(f"rank {r} registered from {self._taken[r]}" for r in late
+                          if r in self._taken)
+        return (f"higher ranks {late} did not connect"
+                + (f" ({where}; if that was not your rank, set MINIDIST_AUTH_TOKEN)"
+                   if where else ""))
 
     def _build_mesh(self, table: dict[int, tuple[str, int]]) -> None:
         """Connect to every lower rank, accept every higher rank (one socket per pair)."""
@@ -490,9 +580,12 @@ class Mesh:
                 raise
             self._socks[peer] = s
         if len(self._socks) < self.size - 1:
-            arrivals = self._accept_ranks(self._listener, lambda c: self._hello(c, deadline),
-                                          deadline, lambda: "higher ranks did not connect",
-                                          "data port")
+            listeners: dict[socket.socket, tuple[Any, str]] = {
+                self._listener: (lambda c: self._hello(c, deadline), "data port")}
+            if self._master is not None:  # a rank late for the rendezvous learns who is in
+                listeners[self._master] = (lambda c: self._late_registration(c, deadline),
+                                           "rendezvous")
+            arrivals = self._accept_ranks(listeners, deadline, self._mesh_missing)
             try:
                 for s, peer in arrivals:
                     if peer in self._socks:  # two connections claimed the same rank
