@@ -41,9 +41,15 @@ else:
 
     @pytest.mark.parametrize("task", PARAMS)
     def test_stub_fails_and_teaches(task):
-        with pytest.raises(TaskFailed) as info:
+        try:
             run_task(task, EXERCISES)
-        text = str(info.value)
+        except TaskFailed as e:
+            text = str(e)
+        else:
+            pytest.fail(f"task {task.id}: the stub in examples/course/exercises/step{task.step}.py "
+                        "passes its check, and a shipped stub must fail it. Solved it there? "
+                        "Check your answers with COURSE_ANSWERS=mine (docs/course.md, 'Tasks'); "
+                        "`git diff examples/course/exercises` shows your edits.")
         for part in (f"task {task.id} ", "examples/course/exercises/", "\n  expected: ",
                      "\n  got:      ", "\n  revisit:  step "):
             assert part in text, f"{part!r} missing from the message:\n{text}"
