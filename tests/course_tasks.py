@@ -329,19 +329,27 @@ def check_2_1(m: Any) -> None:
       "step 2: n-1 reduce-scatter steps (send chunk (r-s)%n right, add chunk (r-s-1)%n from the "
       "left), then n-1 all-gather steps that copy instead of add")
 def check_2_2(m: Any) -> None:
+    from minidist.viz import Recorder
     for n in (2, 3, 4):
         for per in (1, 3):
             world = np.random.default_rng(n).normal(size=(n, n * per))
             total = world.sum(axis=0)
+            halves = Recorder(), Recorder()
 
             def body(t: Any) -> tuple:
                 buf = world[t.rank].copy()
-                m.reduce_scatter(t, buf)
+                m.reduce_scatter(halves[0].wrap(t), buf)
                 after = buf.copy()
-                m.all_gather(t, buf)
+                m.all_gather(halves[1].wrap(t), buf)
                 return after, buf
 
-            for r, (after, buf) in enumerate(threads(n, body)):
+            results = threads(n, body)
+            for name, rec in zip(("reduce_scatter", "all_gather"), halves):
+                if len(rec.sent_by(0)) != n - 1:
+                    raise Miss(f"{name} on {n} ranks to send n-1 = {n - 1} messages per rank "
+                               "(half of the ring's 2(n-1))",
+                               f"rank 0 sent {len(rec.sent_by(0))}")
+            for r, (after, buf) in enumerate(results):
                 c = (r + 1) % n
                 mine = after.reshape(n, -1)[c]
                 if not np.allclose(mine, total.reshape(n, -1)[c], rtol=1e-12, atol=1e-12):
