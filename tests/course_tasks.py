@@ -34,7 +34,7 @@ from procs import REPO
 COURSE = REPO / "examples" / "course"
 EXERCISES = COURSE / "exercises"
 SOLUTIONS = COURSE / "solutions"
-TIMEOUT_S = 60  # per run_threads: a wrong answer that deadlocks fails instead of hanging
+TIMEOUT_S = 20  # per run_threads: an answer that deadlocks fails in seconds instead of hanging
 
 
 class TaskFailed(AssertionError):
@@ -125,6 +125,9 @@ def run_task(t: Task, folder: Path) -> None:
                      if Path(f.filename).resolve() == path.resolve()]
             at = f" (at {_shown(path)}:{where[-1].lineno})" if where else ""
             expected, got = t.expect, f"{type(root).__name__}: {root}{at}"
+            if isinstance(root, TimeoutError):  # run_threads' deadline: a rank never finished
+                got += (" -- a rank waited for a message no rank sent (every recv needs its "
+                        "send, in the same order on both sides)")
         raise TaskFailed(
             f"task {t.id} ({t.title}), {_shown(path)}: {t.functions}\n"
             f"  expected: {expected}\n  got:      {got}\n  revisit:  {t.revisit}") from e
