@@ -9,17 +9,19 @@ Used by benchmarks/allreduce.py (and any later benchmark); no minidist imports h
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 # The published results (quoted in docs/): regenerate them with ``--out benchmarks/results``.
@@ -82,10 +84,143 @@ def human(nbytes: int) -> str:
 
 
 def stats(samples_s: list[float]) -> dict:
-    """Median / min / max / mean of samples in seconds, returned in microseconds."""
+    """Median / min / max / mean / quartiles of samples in seconds, returned in microseconds;
+    ``spread`` is the interquartile range over the median (0.1: the middle half of the samples
+    lies within 10 % of the median's size)."""
     us = [s * 1e6 for s in samples_s]
+    q1, med, q3 = (statistics.quantiles(us, n=4, method="inclusive") if len(us) > 1
+                   else (us[0], us[0], us[0]))
     return {"median_us": statistics.median(us), "min_us": min(us), "max_us": max(us),
-            "mean_us": statistics.fmean(us), "samples": len(us)}
+            "mean_us": statistics.fmean(us), "q1_us": q1, "q3_us": q3,
+            "spread": (q3 - q1) / med if med > 0 else 0.0, "samples": len(us)}
+
+
+# ---------------------------------------------------------------- launch, flags, Ctrl-C
+
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK", "SLURM_PROCID")
+
+
+def launch_rank() -> int:
+    """This process's rank as its launcher set it (mpiexec, torchrun-style env, SLURM), read
+    before any process group exists; 0 when launched alone."""
+    for var in _RANK_VARS:
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def usage_error(message: str) -> NoReturn:
+    """End a benchmark over a bad flag: ONE line (on the launch's rank 0 only, so a job of N
+    ranks does not print it N times), exit code 2 as argparse uses, no traceback."""
+    if launch_rank() == 0:
+        print(f"{Path(sys.argv[0]).name}: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line from rank 0 (``usage_error``) instead of the usage
+    block once per rank."""
+
+    def error(self, message: str) -> NoReturn:
+        usage_error(f"{message} (see --help)")
+
+
+class StopRequest:
+    """Ctrl-C as a request to stop and keep what was measured.
+
+    Installed before ``init_process_group`` (minidist then leaves SIGINT to the script): the
+    first SIGINT only sets ``requested``; the ranks ask ``agreed(group)`` at points of the
+    sweep they all reach, so they stop together, at the same place, and rank 0 can write what
+    it has. A second Ctrl-C raises KeyboardInterrupt, which ends the job at once (one line,
+    exit 130) without saving.
+    """
+
+    exit_code = 128 + signal.SIGINT  # 130, as a shell reports a Ctrl-C'd command
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def agreed(self, group: Any) -> bool:
+        """True on every rank when any rank was asked to stop (a collective: every rank calls
+        it at the same points)."""
+        import numpy
+
+        if group.size == 1:
+            return self.requested
+        flag = numpy.array([1 if self.requested else 0], numpy.int64)
+        return bool(group.all_gather(flag).max())
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGINT, self.previous)
+
+
+class Stopped(Exception):
+    """Raised inside a sweep when the ranks agreed to stop (``StopRequest``)."""
+
+
+# ---------------------------------------------------------------- a busy machine
+
+BUSY_LOAD_PER_CORE = 0.5  # other processes' load per core above which timings are not quiet
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_note(load: float | None, cores: int | None = None) -> str | None:
+    """One sentence when the machine was busy before the benchmark started (its ranks are not
+    in a load average taken at their start), else None."""
+    cores = cores or os.cpu_count() or 1
+    if load is None or load <= BUSY_LOAD_PER_CORE * cores:
+        return None
+    return (f"load average {load:.1f} on {cores} cores before the run: other processes compete "
+            f"for the cores, so times are slower and noisier than on a quiet machine")
+
+
+class Eta:
+    """Time left in a size sweep, from the sizes measured so far.
+
+    The wall time of one call at ``nbytes`` is modelled as ``a + b * nbytes``. ``a`` (latency,
+    barrier, Python) is read off the sizes done. ``b`` (seconds per byte) is read off the sizes
+    done where bytes cost at least as much as the latency (``b * nbytes >= a``); until the
+    sweep gets there it is ``prior_s_per_byte``, which the caller measures on this machine
+    under its present load (benchmarks/allreduce.py: one call of every algorithm at a few
+    MiB). Extrapolating the bytes moved by the small sizes instead (all latency, nearly no
+    bytes) predicted days for a sweep of minutes.
+    """
+
+    def __init__(self, prior_s_per_byte: float) -> None:
+        self.prior = prior_s_per_byte
+        self.points: list[tuple[int, float]] = []  # (nbytes, seconds per call)
+
+    def done(self, nbytes: int, calls: int, seconds: float) -> None:
+        self.points.append((nbytes, seconds / max(calls, 1)))
+
+    def model(self) -> tuple[float, float]:
+        """(a seconds, b seconds per byte) fitted to the sizes done."""
+        if not self.points:
+            return 0.0, self.prior
+        a = statistics.median(w for _, w in self.points[:3])
+        seen = [(w - a) / s for s, w in self.points if s > 0 and self.prior * s >= a]
+        b = max(statistics.median(seen), self.prior / 4) if seen else self.prior
+        a = max(0.0, statistics.median(w - b * s for s, w in self.points))
+        return a, b
+
+    def left(self, todo: Sequence[tuple[int, int]]) -> float:
+        """Seconds for the ``(nbytes, calls)`` still to run."""
+        a, b = self.model()
+        return sum(calls * (a + b * nbytes) for nbytes, calls in todo)
 
 
 class Table:

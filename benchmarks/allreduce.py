@@ -45,7 +45,6 @@ X and prints the on/off ratio of the medians per size (both measured interleaved
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -56,10 +55,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from _common import (LOCAL_RESULTS, Table, human, machine_info, parse_bytes, shown, sizes,
-                     stats, write_json)
+from _common import (LOCAL_RESULTS, Eta, Parser, StopRequest, Stopped, Table, busy_note,
+                     human, load_average, machine_info, parse_bytes,
+                     shown, sizes, stats, usage_error, write_json)
 
 DEFAULT_ALGOS = "ring,tree,rd,direct,mpi,auto,shm,shm_zc,mpi_zc,auto_zc"
+# What --algorithms takes (each also as X_zc and X-off; see known_algorithms): the CPU
+# algorithms of the registry, auto, and MPI's Allreduce called directly. The GPU algorithms
+# (cuda_ipc, host_copy, ipc_host) are benchmarks/gpu_allreduce.py's.
+PUBLIC_ALGOS = ("ring", "tree", "rd", "direct", "mpi", "shm", "hier", "auto", "mpi_raw")
 TUNING_MODULE = Path(__file__).resolve().parent.parent / "minidist/comm/algorithms/tuning.py"
 
 
@@ -84,7 +88,7 @@ class Args:
 
 
 def parse_args(argv: list[str] | None = None) -> Args | tuple:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--min-bytes", default="8", help="smallest message (e.g. 8, 4K, 1M)")
     p.add_argument("--max-bytes", default="64M", help="largest message (default 64M)")
     p.add_argument("--step", type=int, default=None, help="size factor per step (2; 4 w/ quick)")
@@ -128,13 +132,52 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
     algos = [x.strip() for x in a.algorithms.split(",") if x.strip()]
     if a.ledger_compare:
         algos += [x + "-off" for x in algos if not x.endswith("-off") and x != RAW_MPI]
-    if step < 2:
-        raise SystemExit(f"--step must be >= 2, got {step}")
-    if a.burst < 1:
-        raise SystemExit(f"--burst must be >= 1, got {a.burst}")
-    return Args(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes), step, iters, warmup, algos,
-                a.dtype, a.op, Path(a.out), a.name, a.backend, not a.no_plot, a.ledger_compare,
-                a.burst, a.backend == "tcp" and not a.no_gloo, a.note)
+    for flag, value, least in (("--step", step, 2), ("--burst", a.burst, 1),
+                               ("--iters", iters, 1), ("--warmup", warmup, 0)):
+        if value is not None and value < least:
+            usage_error(f"{flag} must be >= {least}, got {value}")
+    unknown = [x for x in algos if x not in known_algorithms()]
+    if unknown or not algos:
+        what = "unknown " + ", ".join(map(repr, unknown)) if unknown else "empty"
+        usage_error(f"--algorithms: {what}; choose from {', '.join(PUBLIC_ALGOS)} (X_zc: X on "
+                    "a buffer in the shared-memory window; X-off: X with no ledger entry)")
+    if a.backend not in ("mpi", "tcp"):
+        usage_error(f"--backend {a.backend}: use mpi (under mpiexec) or tcp (torchrun-style env)")
+    if a.op not in OPS:
+        usage_error(f"--op {a.op}: use one of {', '.join(OPS)}")
+    try:
+        dtype = np.dtype(a.dtype)
+    except TypeError:
+        usage_error(f"--dtype {a.dtype}: not a NumPy type; use e.g. float32, float64, int32")
+    try:
+        lo, hi = parse_bytes(a.min_bytes), parse_bytes(a.max_bytes)
+    except ValueError as e:
+        usage_error(str(e))
+    size_range(lo, hi, dtype)
+    return Args(lo, hi, step, iters, warmup, algos, dtype.name, a.op, Path(a.out), a.name,
+                a.backend, not a.no_plot, a.ledger_compare, a.burst,
+                a.backend == "tcp" and not a.no_gloo, a.note)
+
+
+OPS = ("sum", "avg", "max", "min", "prod")
+
+
+def size_range(lo: int, hi: int, dtype: np.dtype) -> None:
+    """Refuse (one line) a size range with nothing to measure or a size that is not a whole
+    number of elements (the row would be labelled with bytes it does not move)."""
+    item = dtype.itemsize
+    if lo > hi:
+        usage_error(f"--min-bytes {human(lo)} is above --max-bytes {human(hi)}: nothing to "
+                    "measure; give a --min-bytes <= --max-bytes")
+    if hi < item:
+        usage_error(f"--max-bytes {human(hi)} holds no {dtype.name} element ({item} bytes "
+                    f"each); use --max-bytes {item} or more")
+    if lo % item:
+        near = " or ".join(str(x) for x in dict.fromkeys((lo // item * item or item,
+                                                         (lo // item + 1) * item)))
+        usage_error(f"--min-bytes {lo} is not a whole number of {dtype.name} elements ({item} "
+                    f"bytes each), so its rows would move fewer bytes than they are labelled "
+                    f"with; use {near}")
 
 
 # ---------------------------------------------------------------- running one point
@@ -227,7 +270,8 @@ def identical_everywhere(group: Any, buf: np.ndarray) -> bool:
 
 
 def time_interleaved(group: Any, runs: list[tuple[Callable, np.ndarray]], base: np.ndarray,
-                     op: str, iters: int, warmup: int, burst: int = 1) -> list[list[float]]:
+                     op: str, iters: int, warmup: int, burst: int = 1,
+                     stop: Callable[[], bool] | None = None) -> list[list[float]]:
     """Per-call seconds (slowest rank) of every ``(run, buf)``, ``iters`` calls each, INTERLEAVED:
     iteration i runs every algorithm once, in a random order (seeded by i: the same on every
     rank), each after restoring its input and a barrier. Load from other jobs then hits all
@@ -235,7 +279,11 @@ def time_interleaved(group: Any, runs: list[tuple[Callable, np.ndarray]], base: 
     absolute times drift by 30 %; the shuffle keeps one algorithm from always running after the
     same other one (a warm cache left by the predecessor made e.g. shm look 15 % faster than
     auto running the very same shm code). ``burst`` > 1: each sample is that many calls back to
-    back (the buffer keeps accumulating), divided by ``burst``."""
+    back (the buffer keeps accumulating), divided by ``burst``.
+
+    ``stop`` (a collective, ``StopRequest.agreed``) is asked after the warm-up and about ten
+    times per size, between iterations; when it says so, ``Stopped`` leaves the size on every
+    rank at the same iteration."""
     barrier = barrier_fn(group)
     k = len(runs)
     local = np.empty((k, iters))
@@ -243,7 +291,10 @@ def time_interleaved(group: Any, runs: list[tuple[Callable, np.ndarray]], base: 
         for run, buf in runs:
             buf[...] = base
             run(buf, op)
+    every = max(1, iters // 10)
     for i in range(iters):
+        if stop is not None and i % every == 0 and stop():
+            raise Stopped
         for j in np.random.default_rng(i).permutation(k):
             run, buf = runs[j]
             buf[...] = base
@@ -253,6 +304,29 @@ def time_interleaved(group: Any, runs: list[tuple[Callable, np.ndarray]], base: 
                 run(buf, op)
             local[j, i] = (time.perf_counter() - t0) / burst
     return group.all_gather(local.reshape(-1)).max(axis=0).reshape(k, iters).tolist()
+
+
+PROBE_BYTES = 4 << 20  # the time-left estimate's per-byte cost is measured at this size
+
+
+def probe_seconds_per_byte(group: Any, runs: list[tuple[Callable, Any]], full: np.ndarray,
+                           op: str, nbytes: int) -> float:
+    """Seconds per byte of one call at ``nbytes``, as the sweep times it (restore the input,
+    barrier, call), averaged over the algorithms, under the machine's present load: what the
+    large sizes will cost, known before the sweep reaches them (for ``Eta``). Each algorithm
+    runs twice; the second call is timed."""
+    barrier = barrier_fn(group)
+    count = nbytes // full.dtype.itemsize
+    spent = 0.0
+    for timed in (False, True):
+        for run, buf in runs:
+            t0 = time.perf_counter()
+            buf[:count] = full[:count]
+            barrier()
+            run(buf[:count], op)
+            if timed:
+                spent += time.perf_counter() - t0
+    return spent / len(runs) / max(nbytes, 1)
 
 
 OURS = ("ring", "tree", "rd", "direct", "shm", "hier")  # "our own algorithms": auto's targets
@@ -284,7 +358,10 @@ def unavailable(group: Any, name: str) -> str | None:
     return None
 
 
-def sweep(args: Args, group: Any, gloo: Callable | None = None) -> dict:
+def sweep(args: Args, group: Any, gloo: Callable | None = None,
+          stop: Callable[[], bool] | None = None) -> dict:
+    """Measure every size; ``stop`` (collective) ends it early, keeping the sizes done
+    (``out["interrupted"]`` then says how many of how many)."""
     n, rank = group.size, group.rank
     skipped = {a: why for a in args.algorithms if (why := unavailable(group, a)) is not None}
     if rank == 0:
@@ -318,79 +395,101 @@ def sweep(args: Args, group: Any, gloo: Callable | None = None) -> dict:
             base_algorithm(a) == row for a in args.algorithms)]
     table = Table([("size(B)", 10, "d"), ("count", 9, "d"), ("algorithm", 9, "s"),
                    ("median(us)", 11, ".1f"), ("min(us)", 10, ".1f"), ("max(us)", 10, ".1f"),
-                   ("algbw(GB/s)", 11, ".3f"), ("busbw(GB/s)", 11, ".3f"),
+                   ("spread", 6, ".2f"), ("algbw(GB/s)", 11, ".3f"), ("busbw(GB/s)", 11, ".3f"),
                    *[(title, 7, ".2f") for title, _, _ in ratios], ("#wrong", 6, "d")])
     if rank == 0:
         print(f"# minidist all_reduce benchmark: n={n}, dtype={dtype.name}, op={args.op}, "
-              f"backend={group.backend}; timings interleaved; "
-              + "; ".join(f"'{title}' = {what}" for title, _, what in ratios), flush=True)
+              f"backend={group.backend}; timings interleaved; 'spread' = interquartile range / "
+              "median; " + "; ".join(f"'{title}' = {what}" for title, _, what in ratios),
+              flush=True)
         print(table.header(), flush=True)
     rows = []
     plain = np.empty(max_count, dtype)
-    # progress on stderr (the table stays clean): the work of a size ~ bytes x iterations
-    work = [nb * (args.iters or default_iters(nb)) * len(args.algorithms) for nb in points]
-    t_start, done = time.perf_counter(), 0
-    for i, nbytes in enumerate(points):
-        count = nbytes // dtype.itemsize
-        base = full[:count]
-        ref = base.copy()
-        runners["direct"](ref, args.op)
-        iters = args.iters or default_iters(nbytes)
-        point, runs = [], []
-        for name in args.algorithms:
-            run = runners[name]
-            buf = shared[:count] if name.removesuffix("-off").endswith("_zc") else plain[:count]
-            buf[...] = base
-            run(buf, args.op)
-            wrong = count_wrong(buf, ref, n)
-            same = identical_everywhere(group, buf)
-            wrong = int(group.all_gather(np.array([wrong])).max()) + (0 if same else 1)
-            row = {"nbytes": nbytes, "count": count, "algorithm": name, "wrong": wrong,
-                   "identical": same}
-            if name != "gloo" and base_algorithm(name) == "auto":
-                row["chose"] = group.auto_choice(buf)[0]
-            point.append(row)
-            runs.append((run, buf))
-        for row, samples in zip(point, time_interleaved(group, runs, base, args.op, iters,
-                                                         args.warmup, args.burst)):
-            st = stats(samples)
-            algbw = nbytes / st["median_us"] / 1e3
-            row.update(st, algbw_GBps=algbw,
-                       busbw_GBps=algbw * 2 * (n - 1) / n if n > 1 else 0.0)
-        mpi = next((r for r in point if r["algorithm"] == "mpi"), None)
-        raw = next((r for r in point if r["algorithm"] == RAW_MPI), None)
-        gloo_row = next((r for r in point if r["algorithm"] == "gloo"), None)
-        for r in point:
-            r["ratio_to_mpi"] = r["median_us"] / mpi["median_us"] if mpi else None
-            r["ratio_to_mpi_raw"] = r["median_us"] / raw["median_us"] if raw else None
-            r["ratio_to_gloo"] = r["median_us"] / gloo_row["median_us"] if gloo_row else None
-            best = (best_of_ours(point, r["algorithm"].removesuffix("-off").endswith("_zc"))
-                    if base_algorithm(r["algorithm"]) == "auto" else None)
-            r["ratio_to_best_ours"] = r["median_us"] / best["median_us"] if best else None
-            r["best_ours"] = best["algorithm"] if best else None
-            if rank == 0:
-                print(table.row(nbytes, count, r["algorithm"], r["median_us"], r["min_us"],
-                                r["max_us"], r["algbw_GBps"], r["busbw_GBps"],
-                                *[r[key] for _, key, _ in ratios], r["wrong"]),
-                      flush=True)
-        rows += point
-        done += work[i]
-        if rank == 0 and i + 1 < len(points):
-            spent = time.perf_counter() - t_start
-            left = spent / done * (sum(work) - done)
-            print(f"# progress: {i + 1}/{len(points)} sizes in {spent:.0f} s; about "
-                  f"{left:.0f} s left (from the bytes moved so far)", file=sys.stderr,
-                  flush=True)
+    # progress on stderr (the table stays clean): time left from a per-call model of the sizes
+    # done (Eta); calls per size: warm-up and timed calls, the check, the oracle
+    calls = [((args.warmup + (args.iters or default_iters(nb))) * args.burst + 1)
+             * len(args.algorithms) + 1 for nb in points]
+    probe = min(max(points), PROBE_BYTES) // dtype.itemsize * dtype.itemsize
+    per_byte = probe_seconds_per_byte(group, [(runners[a], shared if a.removesuffix(
+        "-off").endswith("_zc") else plain) for a in args.algorithms], full, args.op, probe)
+    eta = Eta(per_byte) if rank == 0 else None
+    progress: list[dict] = []
+    t_start, sizes_done = time.perf_counter(), 0
+    try:
+        for i, nbytes in enumerate(points):
+            if stop is not None and stop():
+                raise Stopped
+            t_size = time.perf_counter()
+            count = nbytes // dtype.itemsize
+            base = full[:count]
+            ref = base.copy()
+            runners["direct"](ref, args.op)
+            iters = args.iters or default_iters(nbytes)
+            point, runs = [], []
+            for name in args.algorithms:
+                run = runners[name]
+                buf = shared[:count] if name.removesuffix("-off").endswith("_zc") else plain[:count]
+                buf[...] = base
+                run(buf, args.op)
+                wrong = count_wrong(buf, ref, n)
+                same = identical_everywhere(group, buf)
+                wrong = int(group.all_gather(np.array([wrong])).max()) + (0 if same else 1)
+                row = {"nbytes": nbytes, "count": count, "algorithm": name, "wrong": wrong,
+                       "identical": same}
+                if name != "gloo" and base_algorithm(name) == "auto":
+                    row["chose"] = group.auto_choice(buf)[0]
+                point.append(row)
+                runs.append((run, buf))
+            timed = time_interleaved(group, runs, base, args.op, iters, args.warmup, args.burst,
+                                     stop)
+            for row, samples in zip(point, timed):
+                st = stats(samples)
+                algbw = nbytes / st["median_us"] / 1e3
+                row.update(st, algbw_GBps=algbw,
+                           busbw_GBps=algbw * 2 * (n - 1) / n if n > 1 else 0.0)
+            mpi = next((r for r in point if r["algorithm"] == "mpi"), None)
+            raw = next((r for r in point if r["algorithm"] == RAW_MPI), None)
+            gloo_row = next((r for r in point if r["algorithm"] == "gloo"), None)
+            for r in point:
+                r["ratio_to_mpi"] = r["median_us"] / mpi["median_us"] if mpi else None
+                r["ratio_to_mpi_raw"] = r["median_us"] / raw["median_us"] if raw else None
+                r["ratio_to_gloo"] = r["median_us"] / gloo_row["median_us"] if gloo_row else None
+                best = (best_of_ours(point, r["algorithm"].removesuffix("-off").endswith("_zc"))
+                        if base_algorithm(r["algorithm"]) == "auto" else None)
+                r["ratio_to_best_ours"] = r["median_us"] / best["median_us"] if best else None
+                r["best_ours"] = best["algorithm"] if best else None
+                if rank == 0:
+                    print(table.row(nbytes, count, r["algorithm"], r["median_us"], r["min_us"],
+                                    r["max_us"], r["spread"], r["algbw_GBps"], r["busbw_GBps"],
+                                    *[r[key] for _, key, _ in ratios], r["wrong"]),
+                          flush=True)
+            rows += point
+            sizes_done = i + 1
+            if eta is not None:
+                eta.done(nbytes, calls[i], time.perf_counter() - t_size)
+                if i + 1 < len(points):
+                    spent = time.perf_counter() - t_start
+                    left = eta.left(list(zip(points[i + 1:], calls[i + 1:])))
+                    progress.append({"sizes_done": i + 1, "elapsed_s": spent, "left_s": left,
+                                     "size_s": time.perf_counter() - t_size})
+                    print(f"# progress: {i + 1}/{len(points)} sizes in {spent:.0f} s; about "
+                          f"{left:.0f} s left", file=sys.stderr, flush=True)
+    except Stopped:
+        pass
     out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend, "note": args.note,
            "nodes": group.topology.num_nodes, "skipped": skipped, "burst": args.burst,
-           "rows": rows,
-           "crossover_ring_tree": crossover(rows, "ring", "tree")}
+           "interrupted": ({"sizes_done": sizes_done, "sizes_planned": len(points)}
+                           if sizes_done < len(points) else None),
+           "progress": progress, "probe_s_per_byte": per_byte, "rows": rows,
+           "crossover_ring_tree": crossover(rows, "ring", "tree"),
+           "ring_vs_tree": crossover_claim(rows, "ring", "tree")}
     out["auto_vs_best"] = auto_vs_best(rows)
-    if rank == 0 and out["auto_vs_best"]:
+    summaries = rank == 0 and not out["interrupted"]  # Ctrl-C: one line, from main
+    if summaries and out["auto_vs_best"]:
         print(auto_table(out["auto_vs_best"]), flush=True)
     if args.ledger_compare:
         out["ledger_overhead"] = ledger_overhead(rows)
-        if rank == 0:
+        if summaries:
             print(ledger_table(out["ledger_overhead"]), flush=True)
     return out
 
@@ -482,6 +581,38 @@ def crossover(rows: list[dict], fast_big: str, fast_small: str) -> int | None:
         else:
             break
     return cross
+
+
+def crossover_claim(rows: list[dict], fast_big: str, fast_small: str) -> dict:
+    """The crossover (``crossover``) and whether the rows it rests on support it: at every
+    size from it up, ``fast_big``'s interquartile range must lie below ``fast_small``'s.
+    ``overlaps``: the sizes from the crossover up where the two ranges overlap (the medians'
+    order there is as likely noise as a difference); ``firm``: a crossover and no overlap."""
+    cross = crossover(rows, fast_big, fast_small)
+    by = {(r["nbytes"], r["algorithm"]): r for r in rows}
+    overlaps = []
+    if cross is not None:
+        for nbytes in sorted({r["nbytes"] for r in rows if r["nbytes"] >= cross}):
+            big, small = by.get((nbytes, fast_big)), by.get((nbytes, fast_small))
+            if big is not None and small is not None and not big.get("q3_us", big["median_us"]) \
+                    < small.get("q1_us", small["median_us"]):
+                overlaps.append(nbytes)
+    return {"size": cross, "firm": cross is not None and not overlaps, "overlaps": overlaps}
+
+
+def crossover_line(claim: dict, fast_big: str, fast_small: str) -> str:
+    """The printed verdict: a firm crossover, one marked uncertain (naming the sizes whose
+    interquartile ranges overlap), or none."""
+    cross = claim["size"]
+    if cross is None:
+        return f"# {fast_big} never faster than {fast_small} at the largest sizes measured"
+    if claim["firm"]:
+        return (f"# {fast_big} faster than {fast_small} from {human(cross)} up (interquartile "
+                "ranges apart at every one of those sizes)")
+    where = ", ".join(human(s) for s in claim["overlaps"])
+    return (f"# {fast_big} vs {fast_small}: uncertain; the medians say {fast_big} is faster "
+            f"from {human(cross)} up, but the interquartile ranges overlap at {where}, so this "
+            "run cannot tell (rerun on a quieter machine, or with more --iters)")
 
 
 def plot_title(result: dict) -> str:
@@ -671,44 +802,29 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(args, tuple):
         fit(args[1], args[2], args[3])
         return 0
+    load_start = load_average()  # before the ranks load the machine themselves
+    stop = StopRequest()  # before the group: minidist then leaves Ctrl-C to this script
     from minidist.comm.api import destroy_process_group, init_process_group
 
     group = init_process_group(backend=args.backend)
     gloo = None
+    result: dict = {}
     try:
-        unknown = [a for a in args.algorithms if a not in known_algorithms()]
-        if unknown:
-            raise SystemExit(f"unknown algorithms {unknown}; use some of {known_algorithms()}")
         if args.gloo:
             gloo = start_gloo(group)
             if gloo is not None:
                 args.algorithms = [*args.algorithms, "gloo"]
         if group.size < 2 and group.rank == 0:
             print("# note: one rank; every all_reduce is a no-op (run under ./mpirun.sh -n 2)")
+        busy = busy_note(load_start)
+        if busy and group.rank == 0:
+            print(f"# note: {busy}", flush=True)
         t0 = time.perf_counter()
-        result = sweep(args, group, gloo)
-        if group.rank == 0:
-            mpi_lib = ""
-            comm = getattr(group.transport, "comm", None)
-            if comm is not None:
-                from mpi4py import MPI
-                mpi_lib = MPI.Get_library_version().splitlines()[0].strip()
-            extra = {"mpi_library": mpi_lib}
-            if gloo is not None:
-                import torch
-                extra["torch"] = torch.__version__
-            result = {"machine": machine_info(extra),
-                      "command": " ".join(sys.argv), "elapsed_s": time.perf_counter() - t0,
-                      **result}
-            stem = args.name or default_stem(group)
-            path = write_json(args.out / f"{stem}.json", result)
-            png = plot(result, args.out / f"{stem}.png") if args.plot else None
-            measured = {r["algorithm"] for r in result["rows"]}
-            if {"ring", "tree"} <= measured:  # else there is nothing to compare
-                cross = result["crossover_ring_tree"]
-                print(f"# ring faster than tree from {human(cross)} up" if cross else
-                      "# ring never faster than tree at the largest sizes measured")
-            print(f"# wrote {shown(path)}" + (f" and {shown(png)}" if png else ""), flush=True)
+        result = sweep(args, group, gloo, stop=lambda: stop.agreed(group))
+        result["elapsed_s"] = time.perf_counter() - t0
+        result["load_average"] = {"start": load_start, "end": load_average()}
+        stem = args.name or default_stem(group)
+        extra = library_versions(group, gloo)
     finally:
         if group.backend == "mpi":
             from minidist.comm.algorithms.shm import shm_close
@@ -716,8 +832,63 @@ def main(argv: list[str] | None = None) -> int:
         if gloo is not None:
             import torch.distributed as td
             td.destroy_process_group()
+        rank = group.rank
         destroy_process_group()
-    return 0
+        stop.restore()
+    if rank == 0:  # after the group is gone: no peer waits (and warns) while this one writes
+        report(args, stem, extra, result)
+    return StopRequest.exit_code if result.get("interrupted") else 0
+
+
+def library_versions(group: Any, gloo: Callable | None) -> dict:
+    """The MPI library's name and version (and torch's, with gloo) for the JSON."""
+    extra = {"mpi_library": ""}
+    if getattr(group.transport, "comm", None) is not None:
+        from mpi4py import MPI
+        extra["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
+    if gloo is not None:
+        import torch
+        extra["torch"] = torch.__version__
+    return extra
+
+
+NOISY_SPREAD = 0.25  # a row whose interquartile range exceeds this fraction of its median
+
+
+def report(args: Args, stem: str, extra: dict, result: dict) -> None:
+    """Rank 0, after the sweep: write the JSON (+ plot) and print the verdicts, or after a
+    Ctrl-C write what was measured and print one line."""
+    noisy = [r for r in result["rows"] if r["spread"] > NOISY_SPREAD]
+    result.update({"machine": machine_info(extra), "command": " ".join(sys.argv),
+                   "noisy_rows": {"threshold": NOISY_SPREAD, "count": len(noisy),
+                                  "of": len(result["rows"])}})
+    result = {k: result[k] for k in ("machine", "command", "elapsed_s", "load_average")} | result
+    load = result["load_average"]
+    interrupted = result["interrupted"]
+    if interrupted and not result["rows"]:
+        print("# interrupted (Ctrl-C) before the first size was measured: nothing to save",
+              file=sys.stderr, flush=True)
+        return
+    path = write_json(args.out / f"{stem}.json", result)
+    png = plot(result, args.out / f"{stem}.png") if args.plot else None
+    files = shown(path) + (f" and {shown(png)}" if png else "")
+    if interrupted:
+        print(f"# interrupted (Ctrl-C) after {interrupted['sizes_done']} of "
+              f"{interrupted['sizes_planned']} sizes: wrote the rows measured so far to {files}",
+              file=sys.stderr, flush=True)
+        return
+    if noisy:
+        worst = max(noisy, key=lambda r: r["spread"])
+        print(f"# noisy: {len(noisy)} of {len(result['rows'])} rows have an interquartile range "
+              f"above {NOISY_SPREAD:.0%} of their median (widest: {worst['algorithm']} at "
+              f"{human(worst['nbytes'])}, {worst['spread']:.2f}); compare those rows with care")
+    busy = busy_note(load["start"])
+    if busy:
+        print(f"# note: {busy}")
+    measured = {r["algorithm"] for r in result["rows"]}
+    if {"ring", "tree"} <= measured:  # else there is nothing to compare
+        print(crossover_line(result["ring_vs_tree"], "ring", "tree"))
+    print(f"# wrote {files}", flush=True)
 
 
 def default_stem(group: Any) -> str:
@@ -730,9 +901,9 @@ def default_stem(group: Any) -> str:
 
 
 def known_algorithms() -> list[str]:
-    from minidist.comm.algorithms import ALGORITHMS
-
-    plain = [*ALGORITHMS, "auto"]
+    """Every row name ``--algorithms`` takes: the public algorithms, their ``_zc`` twins (a
+    buffer in the shared-memory window) and ``-off`` twins (no ledger entry), and mpi_raw."""
+    plain = [a for a in PUBLIC_ALGOS if a != RAW_MPI]
     names = plain + [a + "_zc" for a in plain]
     return names + [a + "-off" for a in names] + [RAW_MPI]
 

@@ -26,7 +26,10 @@ Models (float32, SGD lr 0.01, synthetic data, batch 64 PER RANK):
 Per configuration: warm-up steps, a barrier, then the median over timed steps of one full
 step (forward, backward with its bucket all-reduces, optimizer step, zero_grad). "exposed comm"
 is the time backward spent WAITING for reductions after its last gradient was written (what
-overlap did not hide); compute = step - exposed comm. "plain" rows run the model without DDP
+overlap did not hide); compute = step - exposed comm. "step / n=1 plain step" is a ratio of
+STEP TIMES, not a speed-up: 1.30x at n=2 means each step takes 1.30 times the one-process
+plain step, while the two ranks together process 2 / 1.30 = 1.54 times the samples per second
+(the samples/s column). "plain" rows run the model without DDP
 (no communication at all): at n=1 the baseline of the 1.25x target; at n>1, n independent
 copies side by side, which shows what the machine itself loses when n processes share its
 cores and memory bandwidth. "cpu" is the median CPU time of this process per step (all its
@@ -419,8 +422,8 @@ def worker(args: argparse.Namespace) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["# model  n  config                 step [ms]  compute [ms]  exposed comm [ms]"
-             "  samples/s  vs n=1 plain  peak mem [MiB]  cpu [ms]"]
+    lines = ["# model  n  config                 step [ms]  step / n=1 plain step  compute [ms]"
+             "  exposed comm [ms]  samples/s  peak mem [MiB]  cpu [ms]"]
     base = {r["model"]: r["step_ms"] for res in results for r in res["rows"]
             if r["n"] == 1 and not r["ddp"]}
     for res in results:
@@ -432,8 +435,8 @@ def table(results: list[dict]) -> str:
                 + (f" {r['algorithm']}" if "algorithm" in r else ""))
             ratio = (f"{r['step_ms'] / base[r['model']]:.2f}x" if r["model"] in base else "-")
             lines.append(f"  {r['model']:<6} {r['n']}  {cfg:<22} {r['step_ms']:9.2f}  "
-                         f"{r['compute_ms']:12.2f}  {r['exposed_comm_ms']:17.2f}  "
-                         f"{r['samples_per_s']:9.0f}  {ratio:>11}  "
+                         f"{ratio:>21}  {r['compute_ms']:12.2f}  {r['exposed_comm_ms']:17.2f}  "
+                         f"{r['samples_per_s']:9.0f}  "
                          f"{r.get('peak_mem_mib', float('nan')):14.1f}  "
                          f"{r.get('cpu_ms', float('nan')):8.2f}")
     for res in results:

@@ -1,12 +1,20 @@
 """Draw one DDP step from a real step timeline: compute and communication lanes per rank.
 
-    .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
-    .venv/bin/python benchmarks/plot_trace.py /tmp/tr/n2/trace.json --out docs/img/ddp_step_trace.png
+    MINIDIST_TRACE=runs/trace ./mpirun.sh -n 2 python examples/train.py --epochs 1
+    .venv/bin/python benchmarks/plot_trace.py runs/trace        # -> runs/bench/ddp_step_trace.png
 
-The trace is the merged Chrome-trace JSON that ``--trace`` writes (minidist/tracing.py). For
-overlap on and overlap off (one panel each) this picks, among the timed steps of the "large"
-model on rank 0, the step of median duration, and the step of every other rank that overlaps
-it most, and draws them on one time axis::
+    .venv/bin/python benchmarks/ddp_scaling.py --sizes 2 --quick --rounds 1 --trace /tmp/tr
+    .venv/bin/python benchmarks/plot_trace.py /tmp/tr/n2/trace.json \
+        --out docs/img/ddp_step_trace.png
+
+The input is a step timeline (minidist/tracing.py): a trace folder (its merged ``trace.json``,
+or its ``trace-rank<r>.json`` files merged on the fly) or one such JSON file. A training
+run's trace (``MINIDIST_TRACE``, ``TrainerConfig(trace_dir=...)``) gives one panel: the step
+of median duration on rank 0, leaving out the first step (it includes compiling and first
+touches), beside the same step of every other rank. A trace of
+``ddp_scaling.py --trace`` holds several configurations: one panel for overlap on and one for
+overlap off, among the timed steps of the "large" model (``--model``), each rank-0 step of
+median duration with the step of every other rank that overlaps it most, on one time axis::
 
     rank 0 compute        [forward][backward......[wait]][opt]
     rank 0 communication              [bucket 0][bucket 1]
@@ -23,6 +31,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Callable
 
 COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer.step": "#55a868",
           "wait for all-reduce": "#c44e52", "all_reduce": "#8172b3"}
@@ -33,22 +42,45 @@ def spans(events: list, pid: int, name: str) -> list:
             and (e["name"] == name or e["name"].startswith(name + " "))]
 
 
-def pick_steps(events: list, model: str, overlap: bool) -> dict:
-    """{pid: step span}: rank 0's median step of this config and the others' matching ones."""
+def is_step(e: dict) -> bool:
+    return e.get("ph") == "X" and e["name"].startswith("step ")
+
+
+def from_ddp_scaling(events: list) -> bool:
+    """True for a ``ddp_scaling.py --trace`` trace (its steps name their configuration)."""
+    return any(is_step(e) and "model" in e.get("args", {}) for e in events)
+
+
+def config_step(model: str, overlap: bool) -> Callable[[dict], bool]:
+    """A timed DDP step of one ``ddp_scaling.py`` configuration."""
     def matches(e: dict) -> bool:
         a = e.get("args", {})
-        return (e["name"].startswith("step ") and a.get("model") == model and a.get("ddp")
+        return (is_step(e) and a.get("model") == model and bool(a.get("ddp"))
                 and a.get("overlap") == overlap and "bucket_cap_mb" not in a and a["i"] >= 1)
+    return matches
+
+
+def training_step(e: dict) -> bool:
+    """A step of a training run's trace, after its first (compiling, first touches)."""
+    return is_step(e) and e.get("args", {}).get("step", 0) >= 1
+
+
+def pick_steps(events: list, matches: Callable[[dict], bool], what: str) -> dict:
+    """{pid: step span}: rank 0's median step among those ``matches`` accepts, and the other
+    ranks' steps that overlap it most."""
     pids = sorted({e["pid"] for e in events})
     mine = sorted((e for e in events if e["pid"] == pids[0] and matches(e)),
                   key=lambda e: e["dur"])
     if not mine:
-        raise SystemExit(f"plot_trace: no timed step of model={model!r} overlap={overlap} in "
-                         "the trace; run benchmarks/ddp_scaling.py --trace first.")
+        raise SystemExit(f"plot_trace: no {what} in the trace; record one with "
+                         "MINIDIST_TRACE=dir (a training run of two steps or more) or "
+                         "benchmarks/ddp_scaling.py --trace dir.")
     ref = mine[len(mine) // 2]
     chosen = {pids[0]: ref}
     for pid in pids[1:]:
         cands = [e for e in events if e["pid"] == pid and matches(e)]
+        if not cands:
+            continue
         chosen[pid] = max(cands, key=lambda e: min(e["ts"] + e["dur"], ref["ts"] + ref["dur"])
                           - max(e["ts"], ref["ts"]))
     return chosen
@@ -103,14 +135,40 @@ def draw(ax, events: list, steps: dict, title: str) -> None:
     ax.grid(axis="x", alpha=0.3)
 
 
+def load_events(path: Path) -> list:
+    """The events of a trace file, or of a trace folder (its ``trace.json``, else its per-rank
+    files merged here); one line and exit 2 when it holds none."""
+    if path.is_dir():
+        merged = path / "trace.json"
+        files = [merged] if merged.exists() else sorted(path.glob("trace-rank*.json"))
+        if not files:
+            raise SystemExit(f"plot_trace: {path} holds no trace.json or trace-rank*.json; "
+                             f"record one with MINIDIST_TRACE={path}")
+    elif path.exists():
+        files = [path]
+    else:
+        raise SystemExit(f"plot_trace: {path} does not exist")
+    events: list = []
+    for f in files:
+        try:
+            events += json.loads(f.read_text())["traceEvents"]
+        except (ValueError, KeyError, TypeError):
+            raise SystemExit(f"plot_trace: {f} is not a step timeline (Chrome-trace JSON with "
+                             "traceEvents, as minidist/tracing.py writes)") from None
+    return events
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("trace", help="merged trace.json from ddp_scaling.py --trace")
+    p.add_argument("trace", help="a trace folder (MINIDIST_TRACE=dir) or its trace.json, or "
+                                 "the merged trace.json of ddp_scaling.py --trace")
     p.add_argument("--out", default="runs/bench/ddp_step_trace.png",
                    help="the PNG (default runs/bench/, git-ignored; the docs' picture: "
                         "--out docs/img/ddp_step_trace.png)")
-    p.add_argument("--model", default="large", choices=["small", "large"])
+    p.add_argument("--model", default="large", choices=["small", "large"],
+                   help="which model of a ddp_scaling.py trace (default large)")
     args = p.parse_args()
+    events = load_events(Path(args.trace))
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -120,14 +178,20 @@ def main() -> None:
         print("plot_trace: matplotlib is not installed (pip install \"minidist[bench]\"); "
               "no picture drawn.")
         return
-    events = json.loads(Path(args.trace).read_text())["traceEvents"]
-    n = len({e["pid"] for e in events})
-    fig, axes = plt.subplots(2, 1, figsize=(10, 1.2 + 1.1 * n * 2), constrained_layout=True)
-    for ax, overlap in zip(axes, (True, False)):
-        steps = pick_steps(events, args.model, overlap)
+    n = len({e["pid"] for e in events if e.get("ph") != "M"})
+    if from_ddp_scaling(events):
+        panels = [(config_step(args.model, overlap),
+                   f"timed step of model={args.model!r} overlap={overlap}",
+                   f"one DDP step, model '{args.model}', n={n}, "
+                   f"overlap={'on' if overlap else 'off'}") for overlap in (True, False)]
+    else:
+        panels = [(training_step, "step after the first", f"one training step, n={n}")]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 1.2 + 1.1 * n * len(panels)),
+                             constrained_layout=True, squeeze=False)
+    for ax, (matches, what, title) in zip(axes[:, 0], panels):
+        steps = pick_steps(events, matches, what)
         ms = statistics.median(s["dur"] for s in steps.values()) / 1e3
-        draw(ax, events, steps, f"one DDP step, model '{args.model}', n={n}, "
-                                f"overlap={'on' if overlap else 'off'} (step {ms:.1f} ms)")
+        draw(ax, events, steps, f"{title} (step {ms:.1f} ms)")
     handles = [Patch(color=c, label=k.replace("all_reduce", "all-reduce of a bucket"))
                for k, c in COLORS.items()]
     fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize=8)

@@ -44,3 +44,61 @@ def test_published_results_name_no_machine_paths():
         if path.suffix in (".txt", ".json"):
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 assert not machine_path.search(line), f"{path.name}:{n}: {line}"
+
+
+def _bench_module(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_time_left_is_within_2x_from_the_first_size_of_a_latency_then_bandwidth_sweep():
+    """A sweep like allreduce.py's (8 B .. 64 MiB, 200 calls per algorithm at small sizes, down
+    to 10 at the largest): per call 50 us + 0.5 ns/B. The prior is the per-byte cost of one call
+    at 4 MiB (latency included, as the benchmark's probe measures it). Extrapolating the bytes
+    moved so far said days after the first size; the model stays within 2x throughout."""
+    common = _bench_module("_common")
+    allreduce = _bench_module("allreduce")
+    a, b = 50e-6, 0.5e-9
+    points = common.sizes(8, 64 << 20)
+    calls = [(3 + allreduce.default_iters(s)) * 10 + 11 for s in points]
+    seconds = [c * (a + b * s) for s, c in zip(points, calls)]
+    eta = common.Eta((a + b * (4 << 20)) / (4 << 20))
+    for i, (s, c, t) in enumerate(zip(points[:-1], calls, seconds)):
+        eta.done(s, c, t)
+        left, truth = eta.left(list(zip(points[i + 1:], calls[i + 1:]))), sum(seconds[i + 1:])
+        assert truth / 2 <= left <= truth * 2, (i, s, left, truth)
+
+
+def _row(nbytes, algorithm, q1, median, q3):
+    return {"nbytes": nbytes, "algorithm": algorithm, "q1_us": q1, "median_us": median,
+            "q3_us": q3}
+
+
+def test_a_crossover_whose_rows_overlap_is_marked_uncertain():
+    allreduce = _bench_module("allreduce")
+    apart = [_row(1024, "ring", 50, 60, 70), _row(1024, "tree", 20, 30, 40),
+             _row(2048, "ring", 50, 60, 70), _row(2048, "tree", 80, 90, 100),
+             _row(4096, "ring", 60, 70, 80), _row(4096, "tree", 120, 130, 140)]
+    claim = allreduce.crossover_claim(apart, "ring", "tree")
+    assert claim == {"size": 2048, "firm": True, "overlaps": []}
+    assert allreduce.crossover_line(claim, "ring", "tree").startswith(
+        "# ring faster than tree from 2 KiB up")
+    # busy machine: the medians still cross at 2 KiB, but at 4 KiB the ranges overlap
+    noisy = apart[:4] + [_row(4096, "ring", 60, 70, 200), _row(4096, "tree", 100, 130, 300)]
+    claim = allreduce.crossover_claim(noisy, "ring", "tree")
+    assert claim == {"size": 2048, "firm": False, "overlaps": [4096]}
+    line = allreduce.crossover_line(claim, "ring", "tree")
+    assert "uncertain" in line and "overlap at 4 KiB" in line and "faster than tree from" \
+        not in line, line
+
+
+def test_stats_report_the_spread_and_a_busy_machine_is_named():
+    common = _bench_module("_common")
+    st = common.stats([1e-3, 2e-3, 3e-3, 4e-3, 5e-3])
+    assert (st["q1_us"], st["median_us"], st["q3_us"]) == (2000, 3000, 4000)
+    assert st["spread"] == 2000 / 3000
+    assert common.busy_note(0.1, cores=2) is None
+    assert common.busy_note(11.0, cores=2).startswith("load average 11.0 on 2 cores")

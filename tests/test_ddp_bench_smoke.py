@@ -51,6 +51,27 @@ def test_ddp_scaling_trace_and_its_picture(tmp_path):
 
 
 @pytest.mark.mpi
+def test_plot_trace_draws_the_trace_of_the_readmes_minidist_trace_command(tmp_path):
+    """README: ``MINIDIST_TRACE=runs/trace ./mpirun.sh -n 2 python examples/train.py``; the
+    folder it fills (trace-rank*.json, and trace.json from the Trainer) is plot_trace's input,
+    as is the merged file itself."""
+    trace_dir = tmp_path / "trace"
+    res = run_mpi(2, [REPO / "examples" / "train.py", "--epochs", "1"], timeout_s=120,
+                  env={"MINIDIST_TRACE": str(trace_dir), "MINIDIST_TIMEOUT_S": "60"})
+    assert res.returncode == 0, res.report()
+    for target in (trace_dir, trace_dir / "trace.json"):
+        png = tmp_path / f"{target.name}.png"
+        plot = run_python([REPO / "benchmarks" / "plot_trace.py", target, "--out", png],
+                          timeout_s=60)
+        assert plot.returncode == 0, plot.report()
+        if importlib.util.find_spec("matplotlib") is None:
+            assert "matplotlib is not installed" in plot.stdout
+        else:
+            assert png.stat().st_size > 10_000, plot.report()
+            assert "# one training step, n=2 " in plot.stdout and "rank 1:" in plot.stdout
+
+
+@pytest.mark.mpi
 def test_ddp_scaling_benchmark_amp_rows(tmp_path):
     res = run_mpi(2, [BENCH, "--quick", "--amp", "--steps", "2", "--warmup", "1", "--rounds", "1",
                       "--out", tmp_path], timeout_s=90, env={"MINIDIST_TIMEOUT_S": "30"})
