@@ -1,0 +1,39 @@
+"""The import contracts in pyproject.toml ([tool.importlinter]) hold, checked by import-linter's
+``lint-imports``; and they bite: a copy of the package with one upward import breaks them."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from procs import REPO
+
+
+def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).parent / "lint-imports"
+    if not exe.exists():
+        pytest.fail("lint-imports is not installed: pip install -e '.[test]' (the [test] extra "
+                    "brings import-linter)")
+    return subprocess.run([str(exe), "--no-cache"], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"})
+
+
+def test_the_contracts_hold():
+    result = lint_imports(REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
+
+
+def test_an_upward_import_breaks_them(tmp_path):
+    """tensor importing comm (a lower layer reaching up) is reported, with the import named."""
+    shutil.copytree(REPO / "minidist", tmp_path / "minidist",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.npz"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    core = tmp_path / "minidist" / "tensor" / "core.py"
+    core.write_text(core.read_text() + "\nfrom minidist.comm import errors  # noqa: E402\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "layers import downward BROKEN" in result.stdout, result.stdout[-3000:]
+    assert "minidist.tensor.core -> minidist.comm.errors" in result.stdout, result.stdout[-3000:]
