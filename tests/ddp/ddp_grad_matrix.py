@@ -66,6 +66,7 @@ class Block:
 BLOCKS = [Block(lay, fu, ov) for lay, fu, ov in
           itertools.product(LAYOUTS, (False, True), (True, False))]
 SUBCASES = list(itertools.product(ACCUMS, USERS))
+MPI_BLOCKS = [b for b in BLOCKS if b.layout in ("two", "out_of_order", "rank_order")]
 
 
 def forward_order(layout: str, rank: int) -> list[int]:

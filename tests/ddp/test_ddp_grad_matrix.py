@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ddp_grad_matrix import BLOCKS, SUBCASES, check_block, run_block
+from ddp_grad_matrix import BLOCKS, MPI_BLOCKS, SUBCASES, check_block, run_block
 from procs import REPO, run_mpi
 from minidist import comm
 from minidist.comm.transports.threads import run_threads
@@ -22,11 +22,11 @@ def test_ddp_grads_match_one_process(group, block):
 
 @pytest.mark.mpi
 def test_ddp_grads_match_one_process_under_mpiexec():
-    # One launch runs every case of the matrix on two real ranks (MPI transport, the
+    # One launch runs the cases with several buckets on two real ranks (MPI transport, the
     # shared-memory all-reduce); each rank checks its own gradients against the oracle.
     job = run_mpi(2, [REPO / "tests" / "ddp" / "grad_matrix_rank_script.py"], timeout_s=120)
     assert job.returncode == 0, job.report()
     line = next(s for s in job.stdout.splitlines() if s.startswith("RESULT "))
     res = json.loads(line[len("RESULT "):])
-    assert res["world_size"] == 2 and res["cases"] == len(BLOCKS) * len(SUBCASES)
+    assert res["world_size"] == 2 and res["cases"] == len(MPI_BLOCKS) * len(SUBCASES)
     assert not res["problems"], "\n".join(res["problems"])
