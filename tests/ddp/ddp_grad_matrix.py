@@ -12,10 +12,11 @@ The oracle runs the same schedule on a plain model in ONE process, without DDP, 
 rank's shard (the same forward, the same assignments, the same backward calls), and averages
 the ranks' gradients with NumPy. At two ranks that average is one addition and one exact
 halving, whatever order an all-reduce adds in, so DDP must match it BIT FOR BIT. Each case
-also checks, where no gradient is assigned, the gradient of one process on the full batch
-(rtol 1e-12, float64: only the summation order differs), the buckets' launch order
-(0, 1, 2, ... on every rank) and, after an unsynced micro-step, that every rank holds its
-own local gradient (nothing was averaged yet).
+also checks the buckets' launch order (0, 1, 2, ... on every rank), that one synced backward
+ran, and, after an unsynced micro-step, that every rank holds its own local gradient (nothing
+was averaged yet). Where no gradient is assigned and every rank runs the same forward, the
+gradients are compared with one process on the full batch too (rtol 1e-12, float64: only
+the summation order differs).
 
 Layouts (parameters w0 b0 [unused] w1 b1 w2 b2; buckets are planned from the last one)::
 
