@@ -1,6 +1,7 @@
 """Communicating layers checked on thread ranks against NumPy formulas that share no code with
-them: SyncBatchNorm's running statistics (the variance unbiased over the GLOBAL batch) and
-ZeRO-1's tail (the last N mod n elements of a bucket) at n = 2 and 4."""
+them: SyncBatchNorm's running statistics (the variance unbiased over the GLOBAL batch; also
+against torch's BatchNorm2d on the whole batch where torch is installed) and ZeRO-1's tail
+(the last N mod n elements of a bucket) at n = 2 and 4."""
 
 import numpy as np
 import pytest
@@ -36,6 +37,23 @@ def test_sync_batchnorm_running_stats_match_numpy(group):
     for got_mean, got_var in run_threads(2, body, timeout_s=60):
         np.testing.assert_allclose(got_mean, mean, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(got_var, var, rtol=1e-5)
+
+
+def test_sync_batchnorm_running_stats_match_torch_batchnorm_on_the_whole_batch(group):
+    torch = pytest.importorskip("torch")
+    c, rng = 3, np.random.default_rng(5)
+    shards = [(rng.normal(size=(2 + r, c, 2, 2)) * 2 - 1).astype(np.float32) for r in range(2)]
+
+    def body(t):
+        bn = SyncBatchNorm(c, process_group=comm.new_group_from_transport(t))
+        bn(Tensor(shards[t.rank]))
+        return bn.running_mean.array.copy(), bn.running_var.array.copy()
+
+    ref = torch.nn.BatchNorm2d(c)
+    ref(torch.from_numpy(np.concatenate(shards)))
+    for got_mean, got_var in run_threads(2, body, timeout_s=60):
+        np.testing.assert_allclose(got_mean, ref.running_mean.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got_var, ref.running_var.numpy(), rtol=1e-5)
 
 
 class Affine(Module):

@@ -1,6 +1,7 @@
 """Behaviours checked a second time against oracles that share no code with what they check
 (NumPy formulas, a straight run): the sampler's saved order and its epoch-dependent shuffle,
-the global generator restored on resume, -inf in the AMP unscale check."""
+the global generator restored on resume, -inf in the AMP unscale check (also against torch's
+unscale where torch is installed)."""
 
 import numpy as np
 import pytest
@@ -123,3 +124,16 @@ def test_grad_scaler_skips_a_step_with_negative_inf():
     scaler.update()
     assert all(np.array_equal(b, p.array) for b, p in zip(before, model.parameters()))
     assert scaler.get_scale() == 512.0                        # backed off by 0.5
+
+
+def test_unscale_flags_negative_inf_like_torch():
+    torch = pytest.importorskip("torch")
+    inv = torch.tensor([1 / 512], dtype=torch.float32)
+    for n, pos in ((1, 0), (17, 16), (1000, 333)):
+        src = np.linspace(-3, 3, n).astype(np.float32)
+        src[pos] = -np.inf
+        g, found_t = torch.from_numpy(src.copy()), torch.zeros(1)
+        torch._amp_foreach_non_finite_check_and_unscale_([g], found_t, inv)
+        dst = np.empty(n, np.float32)
+        assert kernels.unscale_and_check(src, dst, 1 / 512) is (found_t.item() == 1.0) is True
+        assert np.array_equal(dst, g.numpy())
