@@ -102,3 +102,16 @@ def test_stats_report_the_spread_and_a_busy_machine_is_named():
     assert st["spread"] == 2000 / 3000
     assert common.busy_note(0.1, cores=2) is None
     assert common.busy_note(11.0, cores=2).startswith("load average 11.0 on 2 cores")
+
+
+def test_benchmarks_readme_names_every_published_result_and_every_script():
+    """benchmarks/README.md says what each file in benchmarks/results/ is and which question
+    each script answers: a new result or script without a line there fails here."""
+    readme = (BENCH / "README.md").read_text()
+    def named(p):  # a folder as "name/", a file by its stem and an extension ("x.json")
+        ending = "/" if p.is_dir() else r"\.(?!py\b)\w"
+        return re.search(rf"(?<![\w.]){re.escape(p.name.split('.')[0])}{ending}", readme)
+    missing = [p.name for p in sorted((BENCH / "results").iterdir()) if not named(p)]
+    assert not missing, f"benchmarks/README.md does not say what these are: {missing}"
+    scripts = [p.name for p in sorted(BENCH.glob("*.py")) if p.name != "_common.py"]
+    assert not [s for s in scripts if f"`{s}" not in readme], scripts
