@@ -90,7 +90,8 @@ from minidist.ddp.grad_checks import all_finite_fast  # noqa: E402
 from minidist.tensor import Tensor  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from _common import LOCAL_RESULTS, mpiexec_path, one_thread_env, shown  # noqa: E402
+from _common import (LOCAL_RESULTS, Parser, mpiexec_path, one_thread_env, shown,  # noqa: E402
+                     usage_error)
 MODELS = {"small": (64, [256], 10), "large": (784, [1024, 1024], 10)}
 BATCH = 64
 
@@ -553,7 +554,7 @@ def result_stem(args: argparse.Namespace) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--steps", type=int, default=15, help="timed steps per round")
     p.add_argument("--rounds", type=int, default=3, help="round-robin passes over the configs")
@@ -576,6 +577,11 @@ def main() -> None:
                    "into DIR/n<N>/ (Chrome trace / Perfetto JSON; see minidist/tracing.py)")
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args()
+    for flag, values, least in (("--sizes", args.sizes, 1), ("--steps", [args.steps], 1),
+                                ("--rounds", [args.rounds], 1), ("--warmup", [args.warmup], 0),
+                                ("--paired", [args.paired], 0), ("--hooks", [args.hooks], 0)):
+        if min(values) < least:
+            usage_error(f"{flag} must be >= {least}, got {min(values)}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     launched = comm.detect_launch().launcher != "single"
     if args.worker_out or launched:

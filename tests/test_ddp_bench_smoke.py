@@ -51,6 +51,14 @@ def test_ddp_scaling_trace_and_its_picture(tmp_path):
 
 
 @pytest.mark.mpi
+def test_ddp_scaling_bad_flag_is_one_line_once(tmp_path):
+    res = run_mpi(2, [BENCH, "--steps", "0", "--out", tmp_path], timeout_s=60)
+    assert res.returncode == 2, res.report()
+    assert (res.stdout + res.stderr).splitlines() == [
+        "ddp_scaling.py: --steps must be >= 1, got 0"], res.report()
+
+
+@pytest.mark.mpi
 def test_plot_trace_draws_the_trace_of_the_readmes_minidist_trace_command(tmp_path):
     """README: ``MINIDIST_TRACE=runs/trace ./mpirun.sh -n 2 python examples/train.py``; the
     folder it fills (trace-rank*.json, and trace.json from the Trainer) is plot_trace's input,
