@@ -23,6 +23,15 @@ called straight on the communicator (no minidist code: the floor for small messa
 prints the table, the ring/tree crossover, and writes ``results/allreduce_n{N}.json`` (+ ``.png``
 when matplotlib is there).
 
+On a busy machine (benchmarks/README.md): each row keeps its quartiles and ``spread``
+(interquartile range / median); the JSON keeps the load average at the start and the end, and a
+note says when other processes loaded the cores before the run. The crossover is claimed only
+when ring's and tree's interquartile ranges are apart at every size from it up, else printed as
+uncertain. The time left (stderr) models a call as latency + a cost per byte, probed before the
+sweep at ``PROBE_BYTES``. Ctrl-C: the ranks agree to stop after the current iteration, rank 0
+writes the sizes finished (JSON and plot), prints one line, exit code 130. A flag that cannot
+work is one line from rank 0, exit code 2, before any process group starts.
+
 TCP backend beside torch's gloo, in one run (torchrun-style environment, e.g. the launcher)::
 
     python -m minidist.launch --standalone --nproc-per-node 2 benchmarks/allreduce.py \
