@@ -30,6 +30,13 @@ def test_allreduce_benchmark_tiny(tmp_path):
     assert all(r["wrong"] == 0 and r["identical"] for r in data["rows"]), res.stdout
     assert all(r["ratio_to_mpi"] > 0 for r in data["rows"])
     assert "busbw(GB/s)" in res.stdout and "#wrong" in res.stdout
+    # what a reader needs to judge the numbers on a busy machine
+    assert all(r["q1_us"] <= r["median_us"] <= r["q3_us"] and r["spread"] >= 0
+               for r in data["rows"])
+    assert data["load_average"]["start"] >= 0 and data["load_average"]["end"] >= 0
+    assert [p["sizes_done"] for p in data["progress"]] == [1, 2]
+    assert data["probe_s_per_byte"] > 0 and data["interrupted"] is None
+    assert data["ring_vs_tree"]["size"] == data["crossover_ring_tree"]
 
     # --fit reads that JSON and writes constants select.load_model() accepts.
     fit_out = tmp_path / "fit.json"
