@@ -19,6 +19,13 @@ spellings (``--nproc_per_node``) are accepted too. What the launcher guarantees:
        |                                       rank's code, naming it and its last line
        '  the launcher exits for any reason -> SIGKILL to every rank's process group
 
+A job of its own: on one node the ranks get a fresh secret, ``MINIDIST_AUTH_TOKEN`` (unless
+the environment sets one), so nobody else on the machine can join or end the job, and a run id,
+``MINIDIST_RUN_ID`` (``--rdzv-id``, torchrun's flag; made up when not given), so a rank of
+another job on the same port is refused. With ``--nnodes`` above 1 the nodes must share both:
+without a token the launcher says so in one line at start (export the same
+``MINIDIST_AUTH_TOKEN`` and pass the same ``--rdzv-id`` on every node).
+
 ``--standalone`` picks a free port and keeps it reserved until the job ends (see
 ``reserve_port``), so no other program can take it between the pick and rank 0's bind.
 
@@ -39,6 +46,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -98,6 +106,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="rendezvous port on the master (default 29500)")
     p.add_argument("--standalone", action="store_true",
                    help="one node: rendezvous on 127.0.0.1 at a free port (ignores --master-*)")
+    p.add_argument("--rdzv-id", "--rdzv_id", default=None,
+                   help="the job's identity in the rendezvous (MINIDIST_RUN_ID of every rank): "
+                        "a rank of another job is refused; the same on every node (default: "
+                        "MINIDIST_RUN_ID, else a fresh one on one node)")
     p.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
                    help="after a failure, stop the group and start it again, up to this many "
                         "times (torchrun's elastic restarts; default 0)")
@@ -122,6 +134,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.master_port = args.reservation.getsockname()[1]
     else:
         args.reservation = None
+    one_node = args.nnodes == 1
+    if args.rdzv_id is None:
+        args.rdzv_id = os.environ.get("MINIDIST_RUN_ID") or (
+            f"launch-{secrets.token_hex(4)}" if one_node else "")
+    # A secret only this job's ranks know: nobody else on this machine can join or end it.
+    given = os.environ.get("MINIDIST_AUTH_TOKEN")
+    args.auth_token = given or (secrets.token_hex(16) if one_node else None)
     return args
 
 
@@ -155,6 +174,10 @@ def rank_env(args: argparse.Namespace, local_rank: int,
                MINIDIST_LAUNCHER="launch",
                TORCHELASTIC_RESTART_COUNT=str(getattr(args, "restart_count", 0)),
                TORCHELASTIC_MAX_RESTARTS=str(getattr(args, "max_restarts", 0)))
+    if getattr(args, "rdzv_id", None):
+        env["MINIDIST_RUN_ID"] = args.rdzv_id
+    if getattr(args, "auth_token", None):
+        env["MINIDIST_AUTH_TOKEN"] = args.auth_token
     return env
 
 
@@ -470,6 +493,11 @@ def run_with_restarts(args: argparse.Namespace) -> int:
     number (0 first) and the same rendezvous port; a script that saves checkpoints resumes
     from its last one (``TrainerConfig(resume="if_present")``). Returns the last attempt's code.
     """
+    if getattr(args, "auth_token", "") is None:
+        say(f"no MINIDIST_AUTH_TOKEN: anyone who reaches {args.master_addr}:{args.master_port} "
+            f"can join or end this {args.nnodes}-node job; export the same secret on every "
+            f"node (MINIDIST_AUTH_TOKEN=$(python3 -c 'import secrets; "
+            f"print(secrets.token_hex(16))')) and pass the same --rdzv-id.")
     try:
         for attempt in range(args.max_restarts + 1):
             args.restart_count = attempt

@@ -70,6 +70,87 @@ def test_ranks_get_torchrun_env_and_prefixed_output():
         assert f"[rank {r}] SUM 1" in out, out
 
 
+def test_each_job_gets_its_own_secret_and_run_id():
+    """On one node the launcher gives its ranks a MINIDIST_AUTH_TOKEN and a MINIDIST_RUN_ID of
+    their own (none in the environment here), a new run id per job, the same for all ranks;
+    and no rank 0 warning about a job without identity."""
+    run_ids = []
+    for _ in range(2):
+        job = _launch(["--standalone", "--nproc-per-node", "2", BODY, "env"],
+                      env={"MINIDIST_AUTH_TOKEN": "", "MINIDIST_RUN_ID": ""})
+        out, err = _finish(job)
+        assert job.returncode == 0, out + err
+        envs = [dict(kv.split("=", 1) for kv in line.split()) for line in
+                re.findall(r"^\[rank \d\] ENV (.*)$", out, flags=re.M)]
+        assert len(envs) == 2 and all(e["TOKEN"] == "set" for e in envs), out
+        assert envs[0]["RUN_ID"] == envs[1]["RUN_ID"] != "None", out
+        assert "no identity" not in err, err
+        run_ids.append(envs[0]["RUN_ID"])
+    assert run_ids[0] != run_ids[1]
+    job = _launch(["--standalone", "--rdzv-id", "digits-7", BODY, "env"])
+    out, _ = _finish(job)
+    assert "RUN_ID=digits-7" in out, out
+
+
+def test_a_stranger_cannot_take_a_launched_rank_s_slot(port, tmp_path):
+    """While rank 0 of a launched job waits alone, a process without the job's secret registers
+    as rank 1: it is dropped (it never gets the address table) and the real rank 1 joins."""
+    import json
+    import socket
+    import struct
+
+    from minidist.comm.transports import tcp_rendezvous as tcp
+
+    go = tmp_path / "go"
+    job = _launch(["--nproc-per-node", "2", "--master-port", port, BODY, "late"],
+                  env={"GO_FILE": str(go), "MINIDIST_AUTH_TOKEN": "", "MINIDIST_TIMEOUT_S": "20"})
+    try:
+        deadline, s = time.monotonic() + 30, None
+        while s is None and time.monotonic() < deadline:
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            except OSError:
+                time.sleep(0.1)
+        assert s is not None, "rank 0 never listened"
+        with s:
+            nonce_c = os.urandom(tcp.NONCE_BYTES)
+            s.sendall(tcp.MAGIC + nonce_c)
+            reply = s.recv(len(tcp.MAGIC) + tcp.NONCE_BYTES + tcp.MAC_BYTES, socket.MSG_WAITALL)
+            nonce_s = reply[len(tcp.MAGIC):len(tcp.MAGIC) + tcp.NONCE_BYTES]
+            msg = json.dumps({"rank": 1, "world_size": 2, "host": "127.0.0.1", "port": 1})
+            try:
+                s.sendall(tcp._mac(b"", b"client", nonce_s, nonce_c)
+                          + struct.pack("<I", len(msg)) + msg.encode())
+                table = s.recv(4096)
+            except OSError:
+                table = b""
+        go.touch()
+        out, err = _finish(job, timeout_s=60)
+    finally:
+        go.touch()
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert table == b"", table  # dropped, not handed the job's addresses
+    assert job.returncode == 0 and "[rank 1] SUM 1" in out, out + err
+    assert "failed authentication" in err, err
+
+
+def test_several_nodes_without_a_token_say_so_in_one_line(tmp_path):
+    """Across nodes the launcher cannot make up a shared secret: it sets none, and says once
+    how to share one."""
+    from minidist.launch import parse_args, rank_env
+
+    script = tmp_path / "nothing.py"
+    script.write_text("pass\n")
+    flags = ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", str(script)]
+    env = rank_env(parse_args(flags), 0, base={})
+    assert "MINIDIST_AUTH_TOKEN" not in env and "MINIDIST_RUN_ID" not in env
+    job = _launch(flags, env={"MINIDIST_AUTH_TOKEN": "", "MINIDIST_RUN_ID": ""})
+    out, err = _finish(job, timeout_s=30)
+    notice = [line for line in err.splitlines() if "no MINIDIST_AUTH_TOKEN" in line]
+    assert job.returncode == 0 and len(notice) == 1 and "--rdzv-id" in notice[0], err
+
+
 def test_train_example_runs_under_the_launcher():
     job = _launch(["--nproc-per-node", "2", "--standalone", TRAIN, "--epochs", "2"])
     out, err = _finish(job, timeout_s=150)

@@ -134,6 +134,15 @@ def _recv_json(sock: socket.socket, until: float | None = None) -> Any:
         raise _Stranger(f"sent a malformed rendezvous message ({e})") from None
 
 
+def _address(conn: socket.socket) -> str:
+    """``host:port`` of the other end of ``conn`` (``?`` once it has gone)."""
+    try:
+        host, port = conn.getpeername()[:2]
+    except OSError:
+        return "?"
+    return f"{host}:{port}"
+
+
 class Mesh:
     """One rank's part of the rendezvous and the mesh (see the module docstring).
 
@@ -391,14 +400,13 @@ class Mesh:
         """Rank 0 during the mesh: a rank registers although every slot is taken. Tell it who
         took its slot, log it, drop it (_Stranger): the job goes on, or times out naming it."""
         r, n, host, port = self._registration(conn, deadline)
-        peer = conn.getpeername()
-        taken = self._taken.get(r)
-        line = (f"rank {r} registered from {peer[0]}:{peer[1]}, but rank {r} of this job "
+        peer, taken = _address(conn), self._taken.get(r)
+        line = (f"rank {r} registered from {peer}, but rank {r} of this job "
                 f"already registered from {taken}, and the job is building its mesh. If that "
                 f"was not your rank {r}, another process took its slot (anyone on this host "
                 f"can, without MINIDIST_AUTH_TOKEN): set MINIDIST_AUTH_TOKEN on every rank (the "
                 f"launcher sets one), or check that RANK is unique." if taken is not None else
-                f"rank {r} (WORLD_SIZE={n}) registered from {peer[0]}:{peer[1]} after every "
+                f"rank {r} (WORLD_SIZE={n}) registered from {peer} after every "
                 f"rank 0..{self.size - 1} of this job had registered: it is not a rank of this "
                 f"job. Check RANK, WORLD_SIZE and MASTER_PORT.")
         self._tell(conn, line)
@@ -529,8 +537,7 @@ class Mesh:
                             pass
                     raise CommError(f"{self.prefix} rendezvous: {error}")
                 table[r] = (host, port)
-                peer = conn.getpeername()
-                self._taken[r] = f"{peer[0]}:{peer[1]}"
+                self._taken[r] = _address(conn)
                 if len(table) == self.size:
                     break
             for c in conns:
