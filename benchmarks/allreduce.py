@@ -73,7 +73,7 @@ DEFAULT_ALGOS = "ring,tree,rd,direct,mpi,auto,shm,shm_zc,mpi_zc,auto_zc"
 # algorithms of the registry, auto, and MPI's Allreduce called directly. The GPU algorithms
 # (cuda_ipc, host_copy, ipc_host) are benchmarks/gpu_allreduce.py's.
 PUBLIC_ALGOS = ("ring", "tree", "rd", "direct", "mpi", "shm", "hier", "auto", "mpi_raw")
-TUNING_MODULE = Path(__file__).resolve().parent.parent / "minidist/comm/algorithms/tuning.py"
+SHIPPED_TABLE = Path(__file__).resolve().parent.parent / "minidist/comm/algorithms/auto_defaults.json"
 
 
 @dataclass
@@ -126,15 +126,16 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
     p.add_argument("--fit", nargs="+", metavar="JSON", help="fit select.py constants and exit")
     p.add_argument("--fit-out", default=str(LOCAL_RESULTS / "allreduce_fit.json"))
     p.add_argument("--markdown", nargs="+", metavar="JSON", help="print result tables and exit")
-    p.add_argument("--emit-module", action="store_true",
-                   help="with --fit: also write minidist/comm/algorithms/tuning.py")
+    p.add_argument("--emit-defaults", action="store_true",
+                   help="with --fit: also write the shipped table of auto "
+                        "(minidist/comm/algorithms/auto_defaults.json)")
     a = p.parse_args(argv)
     if a.markdown:
         for path in a.markdown:
             print(markdown(json.loads(Path(path).read_text())) + "\n")
         raise SystemExit(0)
     if a.fit:
-        return ("fit", a.fit, Path(a.fit_out), TUNING_MODULE if a.emit_module else None)
+        return ("fit", a.fit, Path(a.fit_out), SHIPPED_TABLE if a.emit_defaults else None)
     step = a.step or (4 if a.quick else 2)
     iters = a.iters if a.iters is not None else (20 if a.quick else None)
     warmup = a.warmup if a.warmup is not None else (1 if a.quick else 3)
@@ -725,21 +726,14 @@ def size_rules(times: dict[int, dict[str, float]], tol: float = TOLERANCE) -> li
     return fit_rules(times, tol)
 
 
-def write_module(path: Path, data: dict) -> None:
-    """Write the fit as a Python module (``DATA = {...}``) that select.py loads at import."""
-    import pprint
-
-    body = pprint.pformat({k: data[k] for k in ("model", "rules")},
-                          width=99, compact=True, sort_dicts=False)
-    tmp = path.with_suffix(".py.tmp")  # then rename: a concurrent import never sees half a file
-    tmp.write_text(
-        '"""Tuned all-reduce selection for this machine: generated, do not edit by hand.\n\n'
-        "Regenerate (repeated runs per world size; see docs/benchmarks.md):\n"
-        "  ./mpirun.sh -n N python benchmarks/allreduce.py --name allreduce_nN_runI  (I=1..3)\n"
-        "  python benchmarks/allreduce.py --fit benchmarks/results/allreduce_n*_run*.json "
-        "--emit-module\n"
-        f"Source: {', '.join(data['source'])}.\nFormat: see select.load_model." + '"""\n\n'
-        f"DATA = {body}\n")
+def write_defaults(path: Path, data: dict) -> None:
+    """Write the fit as the shipped table of "auto" (JSON package data that select.py loads at
+    import; ``python -m minidist.tune`` replaces it on a user's machine)."""
+    about = json.loads(path.read_text()).get("about", "") if path.exists() else ""
+    table = {"format": 1, "about": about, "source": data["source"],
+             "model": data["model"], "rules": data["rules"]}
+    tmp = path.with_suffix(".json.tmp")  # then rename: a concurrent import never sees half a file
+    tmp.write_text(json.dumps(table, indent=1) + "\n")
     os.replace(tmp, path)
 
 
@@ -778,8 +772,8 @@ def fit(paths: list[str], out: Path, module: Path | None = None) -> dict:
             "note": "fitted by benchmarks/allreduce.py --fit; load with select.load_model()"}
     write_json(out, data)
     if module is not None:
-        write_module(module, data)
-        print(f"# wrote {shown(module)} (select.py loads it at import)")
+        write_defaults(module, data)
+        print(f"# wrote {shown(module)} (the shipped table: select.py loads it at import)")
     print(f"# fitted constants (gamma = {gamma:.3e} us/B from a NumPy add) -> {shown(out)}")
     print("# algorithm   alpha(us)   beta(us/B)   median |rel err|")
     for name, a, b, e in report:

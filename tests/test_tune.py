@@ -98,3 +98,27 @@ def test_help_and_docs_agree_on_the_ranges():
     doc = (REPO / "docs" / "benchmarks.md").read_text()
     assert "--full   # up to 32 MiB" in doc and "64 MiB" not in doc.split(
         "## Tuning auto for your machine")[1].split("\n## ")[0]
+
+
+def test_show_in_one_process_names_the_table_in_use_and_where_it_came_from(tmp_path):
+    from minidist.comm.algorithms import calibrate
+
+    env = {"MINIDIST_CACHE_DIR": str(tmp_path)}
+    shipped = run_python(["-m", "minidist.tune", "--show", "--world-size", "4"], timeout_s=60,
+                         env=env)
+    assert shipped.returncode == 0, shipped.report()
+    assert ("# auto on mpi, n=4: shipped table (minidist/comm/algorithms/auto_defaults.json)"
+            in shipped.stdout), shipped.stdout
+    assert f"cache folder: {tmp_path}" in shipped.stdout
+
+    key = calibrate.cache_key("mpi", 3)  # a calibration of this host, as minidist.tune writes
+    path = tmp_path / calibrate.cache_path("mpi", 3).name
+    calibrate.save({"format": calibrate.FORMAT, "key": key, "rules": {"3": [[None, "tree"]]},
+                    "model": {}}, path)
+    mine = run_python(["-m", "minidist.tune", "--show"], timeout_s=60, env=env)
+    assert mine.returncode == 0, mine.report()
+    assert f"# auto on mpi, n=3: calibration {path}" in mine.stdout, mine.stdout
+    assert "   1 MiB         tree" in mine.stdout  # its rule, beside the shipped pick
+    off = run_python(["-m", "minidist.tune", "--show"], timeout_s=60,
+                     env={**env, "MINIDIST_TUNE": "0"})
+    assert "n=3: shipped table" in off.stdout and "MINIDIST_TUNE=0" in off.stdout, off.stdout

@@ -3,6 +3,7 @@
     info = detect_launch()            # reads os.environ (or pass a dict, as the tests do)
     info.launcher, info.rank, info.world_size, info.local_rank, info.master_addr, info.master_port
     backend = default_backend(info)   # "mpi" | "tcp" | "local"  (what backend="auto" picks)
+    cores_per_rank(ranks_on_this_node(world_size))   # what defaults decide from (see below)
 
 Checked in this order (the first that matches wins):
 
@@ -21,6 +22,11 @@ names the rendezvous address.
 
 A wrong value raises ValueError naming the variable and the fix (``WORLD_SIZE='four'``,
 ``RANK=4`` with ``WORLD_SIZE=4``, a ``WORLD_SIZE`` that disagrees with ``mpiexec -n``).
+
+What the process can see of its machine, for defaults that depend on it (``overlap="auto"``,
+spinning or yielding while waiting): ``ranks_on_this_node`` (the launcher's local size) and
+``cores_per_rank`` (this process's CPU affinity, shared by those ranks unless a launcher pinned
+each rank to cores of its own). The measurements behind each rule are in docs/perf_notes.md.
 """
 
 from __future__ import annotations
@@ -104,7 +110,9 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     elif "PMI_RANK" in env:
         launcher, rank_var, size_var = "hydra", "PMI_RANK", "PMI_SIZE"
         local = _int(env, "MPI_LOCALRANKID", None)
-        local = _int(env, "PMI_LOCAL_RANK", 0) if local is None else local
+        local = _int(env, "PMI_LOCAL_RANK", None) if local is None else local
+        # srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE but no local rank: SLURM's variable has it
+        local = _int(env, "SLURM_LOCALID", 0) if local is None else local
     elif "PMIX_RANK" in env:
         launcher, rank_var, size_var = "pmix", "PMIX_RANK", "PMIX_SIZE"
         local = _int(env, "PMIX_LOCAL_RANK", 0)
@@ -236,3 +244,42 @@ def warn_if_single(info: LaunchInfo) -> None:
         log.warning("no launcher detected (no OMPI_*/PMI_*/PMIX_*/RANK/SLURM_* variables): "
                     "running as a single process. Use `./mpirun.sh -n 4 python ...` or "
                     "`python -m minidist.launch --nproc-per-node 4 ...` for several ranks.")
+
+
+# ---------------------------------------------------------------- what this process can see
+
+LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                   "SLURM_NTASKS_PER_NODE")
+
+
+def ranks_on_this_node(world_size: int, env: Mapping[str, str] | None = None) -> int:
+    """The ranks of the job on this node: ``LOCAL_WORLD_SIZE`` (torchrun, minidist.launch),
+    ``MPI_LOCALNRANKS`` (MPICH), ``OMPI_COMM_WORLD_LOCAL_SIZE`` (Open MPI),
+    ``SLURM_NTASKS_PER_NODE``, else ``world_size`` (one node assumed)."""
+    env = os.environ if env is None else env
+    for name in LOCAL_SIZE_VARS:
+        value = str(env.get(name, "")).strip()
+        if value.isdigit() and int(value) >= 1:
+            return int(value)
+    return max(int(world_size), 1)
+
+
+def available_cores() -> int:
+    """The cores this process may run on: its CPU affinity (what ``taskset``, a launcher's
+    binding or a container's cpuset allow), else ``os.cpu_count()``."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):  # no affinity call here (macOS)
+        return os.cpu_count() or 1
+
+
+def cores_per_rank(local_ranks: int, cores: int | None = None,
+                   machine_cores: int | None = None) -> float:
+    """How many cores each of the ``local_ranks`` ranks of this node can count on. A process
+    pinned to fewer cores than the machine has (a launcher's binding) owns them; otherwise the
+    ranks share the cores this process may run on. Below 1: more ranks than cores."""
+    cores = available_cores() if cores is None else cores
+    machine = (os.cpu_count() or cores) if machine_cores is None else machine_cores
+    if cores < machine:
+        return float(cores)
+    return cores / max(int(local_ranks), 1)

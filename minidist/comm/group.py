@@ -62,6 +62,9 @@ from minidist.logger import debug_level, get_logger
 log = get_logger(__name__)
 
 
+_AUTO_SOURCES_SAID: set[tuple[str, int, str]] = set()  # (source, n, transport) logged already
+
+
 class ProcessGroup:
     """The ranks of one transport and the collectives over them.
 
@@ -117,8 +120,10 @@ class ProcessGroup:
             self.calls.add(ConsistencyCheck(self))
         if debug_level() >= 1:
             self.calls.add(DebugLog(self, self._explainer))
-            log.debug("auto uses the %s (n=%d, transport %s)", self.auto_source(), self.size,
-                      transport.name)
+        said = (self.auto_source(), self.size, transport.name)
+        if said not in _AUTO_SOURCES_SAID:  # once per process and table (debug level)
+            _AUTO_SOURCES_SAID.add(said)
+            log.debug("auto uses the %s (n=%d, transport %s)", *said)
 
     # -- helpers -----------------------------------------------------------------------------
     def where(self, call: str) -> str:

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from minidist import xp as backend
+from minidist.comm.env import cores_per_rank, ranks_on_this_node
 from minidist.logger import rank_prefix
 
 
@@ -45,36 +46,29 @@ def check_device_ids(module: Any, device_ids: Any, output_device: Any) -> None:
                          "the same device (or leave output_device=None).")
 
 
-_LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
-
-
 def auto_overlap(world_size: int, cpus: int | None = None, env: Any = None) -> bool:
-    """What ``overlap="auto"`` picks, from where the communication time goes (measured on a
-    2-vCPU VM, docs/how_ddp_works.md)::
+    """What ``overlap="auto"`` picks, from the cores each rank of this node can count on
+    (``comm.env.cores_per_rank``: this process's CPU affinity and the ranks on this node)::
 
-        ranks on this node x 2 <= cores  ->  True:  the comm thread gets a core of its own, so
-                                             the all-reduce runs beside backward
-        ranks on this node > cores       ->  True:  oversubscribed; most of the "comm" time is
-                                             waiting for descheduled peers, and a comm thread
-                                             lets backward go on meanwhile (n=4 on 2 vCPUs:
-                                             1-10% faster in every run)
-        otherwise (about a core a rank)  ->  False: the shared-memory all-reduce is CPU work
-                                             (adds, copies) that can only time-slice with
-                                             backward on the same core; the thread adds
-                                             hand-offs and GIL switches (n=2 on 2 vCPUs: on
-                                             vs off within noise, off ahead in most runs)
+        2 or more cores per rank  ->  True:  the comm thread gets a core of its own, so the
+                                      all-reduce runs beside backward
+        fewer cores than ranks    ->  True:  oversubscribed; much of the "comm" time is waiting
+                                      for descheduled peers, and a comm thread lets backward
+                                      go on meanwhile
+        otherwise (about a core   ->  False: the all-reduce is CPU work (adds, copies) that can
+        a rank)                              only time-slice with backward on the same core;
+                                             the thread adds hand-offs and GIL switches
 
-    Ranks on this node: ``LOCAL_WORLD_SIZE`` (torchrun), ``MPI_LOCALNRANKS`` (MPICH),
-    ``OMPI_COMM_WORLD_LOCAL_SIZE`` (Open MPI), else ``world_size`` (one node assumed).
+    The measurements behind each rule: docs/perf_notes.md ("overlap=auto"). ``cpus``: the
+    cores to assume for this process (default: its affinity); ``env``: the launcher's
+    variables (default ``os.environ``; ``comm.env.ranks_on_this_node`` reads them).
     """
     if world_size <= 1:
         return False
-    env = os.environ if env is None else env
-    local = next((int(env[v]) for v in _LOCAL_SIZE_VARS if str(env.get(v, "")).isdigit()),
-                 world_size)
-    local = max(local, 1)
-    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
-    return 2 * local <= cpus or local > cpus
+    local = ranks_on_this_node(world_size, os.environ if env is None else env)
+    per_rank = (cores_per_rank(local) if cpus is None
+                else cores_per_rank(local, cores=cpus, machine_cores=cpus))
+    return per_rank >= 2 or per_rank < 1
 
 
 __all__ = ["auto_overlap", "check_device_ids"]

@@ -157,3 +157,24 @@ def test_the_fit_adds_no_rule_past_the_measured_sizes():
     _, rules, _ = calibrate.fit(times, 2)
     assert rules["2"][-1] == [None, "ring"] and all(u is None or u <= 2 << 20
                                                     for u, _ in rules["2"])
+
+
+def test_the_shipped_table_is_package_data_not_a_module(tmp_path, monkeypatch, caplog):
+    import importlib.util
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    data = json.loads(select.DEFAULTS_FILE.read_text())
+    assert select.SHIPPED == data and set(data["rules"]) <= set(select.RULES)
+    assert select.source() == "shipped table (minidist/comm/algorithms/auto_defaults.json)"
+    assert importlib.util.find_spec("minidist.comm.algorithms.tuning") is None
+    root = Path(select.__file__).parents[3]
+    package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]
+    assert "*.json" in package_data["minidist.comm.algorithms"]  # installed with the wheel
+
+    monkeypatch.setattr(select, "DEFAULTS_FILE", tmp_path / "missing.json")
+    with caplog.at_level(logging.WARNING, logger="minidist"):
+        assert select._load_shipped() == {}
+    assert "cannot read the shipped table" in caplog.text and "minidist.tune" in caplog.text

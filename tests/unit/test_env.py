@@ -1,5 +1,7 @@
 """Launcher detection from environment dicts (pure: no processes started)."""
 
+import os
+
 import pytest
 
 from minidist.comm.env import LaunchInfo, default_backend, detect_launch
@@ -42,6 +44,12 @@ def test_slurm_and_precedence():
     # srun + MPI sets PMI_* too: MPI wins; a torchrun under sbatch: torchrun wins over SLURM
     info = detect_launch({"SLURM_PROCID": "0", "PMI_RANK": "0", "PMI_SIZE": "1"})
     assert info.launcher == "hydra"
+    # srun --mpi=pmi2: PMI_RANK/PMI_SIZE without a PMI local rank; SLURM_LOCALID gives it
+    info = detect_launch({"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "PMI_RANK": "3",
+                          "PMI_SIZE": "4"})
+    assert (info.launcher, info.rank, info.local_rank) == ("hydra", 3, 1)
+    assert detect_launch({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0",
+                          "SLURM_LOCALID": "1"}).local_rank == 0   # mpiexec's own wins
     assert detect_launch({"SLURM_PROCID": "0", "RANK": "0", "WORLD_SIZE": "1",
                           "MASTER_PORT": "1"}).launcher == "torchrun"
 
@@ -81,3 +89,16 @@ def test_log_prefix_comes_from_the_launcher_before_init(monkeypatch):
     assert log.rank_prefix() == "[rank 2/3]"
     log.set_rank(1, 4)
     assert log.rank_prefix() == "[rank 1/4]"
+
+
+def test_cores_per_rank_reads_the_affinity_and_the_ranks_on_this_node():
+    from minidist.comm.env import available_cores, cores_per_rank, ranks_on_this_node
+
+    assert ranks_on_this_node(8, {"MPI_LOCALNRANKS": "4"}) == 4
+    assert ranks_on_this_node(8, {"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}) == 2
+    assert ranks_on_this_node(3, {}) == 3                       # one node assumed
+    assert cores_per_rank(4, cores=2, machine_cores=2) == 0.5   # shared: oversubscribed
+    assert cores_per_rank(2, cores=8, machine_cores=8) == 4.0
+    assert cores_per_rank(4, cores=1, machine_cores=8) == 1.0   # pinned: its own core
+    assert cores_per_rank(2, cores=4, machine_cores=16) == 4.0  # pinned to four
+    assert 1 <= available_cores() <= (os.cpu_count() or 1)

@@ -4,7 +4,8 @@
     ./mpirun.sh -n 2 python -m minidist.tune      # MPI transport, 2 ranks: a few seconds
     python -m minidist.launch --nproc-per-node 2 -m minidist.tune   # TCP transport
 
-The shipped table (``tuning.py``) was fitted on one development machine. A calibration times
+The shipped table (``auto_defaults.json``, package data) was fitted on one development
+machine, so it suits machines like that one only. A calibration times
 every candidate algorithm of this machine, transport and world size at a sweep of message
 sizes (interleaved, each call after a barrier; a call's time is the slowest rank's), then fits
 the same two things the shipped table holds:
@@ -55,6 +56,7 @@ from minidist.comm.algorithms import select
 from minidist.comm.algorithms.cuda_ipc import cuda_ipc_available
 from minidist.comm.algorithms.host_copy import DEVICE_CANDIDATES
 from minidist.logger import get_logger
+from minidist.user_cache import user_cache_dir
 from minidist.version import __version__
 from minidist.envvars import env
 
@@ -91,12 +93,9 @@ class Calibration:
 # ---------------------------------------------------------------- the cache
 
 def cache_dir() -> Path:
-    """``MINIDIST_CACHE_DIR``, else ``$XDG_CACHE_HOME/minidist``, else ``~/.cache/minidist``."""
-    env = os.environ.get("MINIDIST_CACHE_DIR", "").strip()
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "minidist"
+    """``MINIDIST_CACHE_DIR``, else ``$XDG_CACHE_HOME/minidist``, else ``~/.cache/minidist``
+    (``minidist.user_cache``: the compiled kernels live there too)."""
+    return user_cache_dir()
 
 
 def cache_key(transport: str, world_size: int) -> dict:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from minidist import xp as backend
+from minidist.comm.env import cores_per_rank, ranks_on_this_node
 from minidist.comm.failure import shm_files
 from minidist.comm.errors import CommError, CommTimeout
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, Request, SideChannel, Transport,
@@ -217,8 +218,8 @@ class MPITransport(Transport):
         self._side_sends: list = []  # (request, buffer) of side messages in flight
         self.side_channel = _MPISideChannel(self)
         self._cuda_aware_now: bool | None = None  # decided on the first device buffer
-        self.spin_tests = (OVERSUBSCRIBED_SPIN_TESTS if self.size > (os.cpu_count() or 1)
-                           else SPIN_TESTS)
+        self.spin_tests = (OVERSUBSCRIBED_SPIN_TESTS
+                           if cores_per_rank(ranks_on_this_node(self.size)) < 1 else SPIN_TESTS)
         self.mpi = MPIHandles(MPI, self.comm, self.side, self._host_view, self._machine_key,
                               self._split_by_color, MPI.COMM_WORLD.Get_rank(), self.spin_tests)
 

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from minidist.comm.env import cores_per_rank
 from minidist.comm.errors import CommError, CommTimeout
 from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Transport, wait_until
 
@@ -126,7 +127,7 @@ class ShmNode:
                 f"{prefix} all_reduce(algorithm=\"shm\"): the ranks span several nodes (this "
                 f"node holds {sizes} of {comm.Get_size()} ranks); shared memory reaches only one "
                 f"node. Use algorithm='ring' or 'auto'.")
-        self.spins = 0 if self.size > (os.cpu_count() or 1) else SPINS_BEFORE_YIELD
+        self.spins = 0 if cores_per_rank(self.size) < 1 else SPINS_BEFORE_YIELD
         # Per rank: a flag line, then two header rows used alternately by successive calls, so
         # a fast rank writing the next call's header never overwrites one a slow rank still reads.
         self.control = SharedWindow(self.comm, 2 * LINE + 2 * HEADER_INTS * 8, self.arrive)
