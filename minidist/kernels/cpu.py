@@ -38,8 +38,10 @@ even with NumPy's NaN rule; it gave NumPy's ``astype(np.float16)`` bits for all 
 inputs (``MINIDIST_EXHAUSTIVE=1`` in tests/unit/test_kernels.py).
 
 No ``fastmath``: it lets LLVM assume there are no inf/NaN, and ``isfinite`` then folds to True
-(the check silently disappears). ``cache=True`` stores the machine code next to this file, so a
-second process (every MPI rank, every test process) loads it instead of compiling.
+(the check silently disappears). ``cache=True`` stores the machine code next to this file (or,
+where this folder is read-only, in Numba's user-wide cache folder), so a second process (every
+MPI rank, every later run) loads it instead of compiling; the ranks of a job take turns
+compiling (``compile_guard``, kernels/jit_cache.py).
 
 The element logic is ``reference.unscale_element`` / ``reference.update_scale_rule``, compiled
 here with ``njit(inline="always")``: one definition for NumPy, CPU and CUDA.
@@ -47,6 +49,7 @@ here with ``njit(inline="always")``: one definition for NumPy, CPU and CUDA.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from typing import Any, NamedTuple
@@ -55,12 +58,13 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from minidist.kernels import reference
+from minidist.kernels import jit_cache, reference
 from minidist.kernels.fallback import default_signature, private_copies
 
 __all__ = ["unscale_and_check", "unscale_and_check_", "foreach_unscale_and_check_",
            "update_scale_", "master_to_model", "check_usable", "signature", "rehearse"]
 
+jit_cache.watch_compiles()  # counted, and said once (rank 0, INFO)
 _unscale_element = njit(inline="always")(reference.unscale_element)
 _update_scale_rule = njit(inline="always")(reference.update_scale_rule)
 
@@ -228,6 +232,13 @@ def _numel(args: tuple[Any, ...]) -> int:
 def signature(op: str, *args: Any) -> Any:
     """What selects compiled code: the op, dtypes, aliasing, and serial vs prange loops."""
     return (default_signature(op, args), _loops(_numel(args)) is PARALLEL_LOOPS)
+
+
+def compile_guard(op: str, *args: Any) -> Any:
+    """The context the fallback rehearses (compiles) ``op`` in: one process of the machine
+    compiles a signature at a time, the others load it from Numba's cache (jit_cache.py)."""
+    key = hashlib.sha256(repr(signature(op, *args)).encode()).hexdigest()[:10]
+    return jit_cache.compile_guard(__file__, f"{op}-{key}")
 
 
 def rehearse(op: str, *args: Any) -> None:

@@ -2,7 +2,7 @@
 
     from minidist.kernels import jit_cache
     module = jit_cache.loops_module(element, n_state)   # an entry's loops, cacheable (or None)
-    with jit_cache.compile_guard(module, "multi_step-serial-f"):   # one process compiles
+    with jit_cache.compile_guard(module.__file__, "multi_step-serial-f"):   # one compiles
         first_call_of_that_signature()
     jit_cache.stats()                     # compiles, seconds in first calls, waits: this process
 
@@ -33,8 +33,10 @@ call of a signature that no process has cached yet, so one rank compiles and wri
 while the others wait, then load it. Numba writes each file to a temporary name and renames
 it, so a reader never sees half a file, but two processes adding different signatures to one
 index at once could number their data files alike; the lock rules that out. A marker file
-per signature and kind of CPU (``<module>.<signature>.<cpu>.ok``), written after the first
-call succeeded, lets later runs skip the lock: they only read.
+per source file, signature and kind of CPU (``marker_path``), written after the first call
+succeeded, lets later runs skip the lock: they only read. The AMP kernels of ``cpu.py`` are
+plain ``cache=True`` functions (Numba caches them beside that file, or in its own user-wide
+folder where the package folder is read-only) and take turns the same way.
 
 Said once per process: rank 0 logs "compiling fused kernels for this machine (once)" at INFO
 when a first call compiles here or waits for another process compiling. The Trainer's epoch
@@ -44,6 +46,7 @@ line reads ``stats()`` and says when its time includes compiling.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -220,22 +223,40 @@ def _machine() -> str:
     return hashlib.sha256(repr(magic).encode()).hexdigest()[:12]
 
 
+@functools.lru_cache(maxsize=None)
+def _file_hash(path: str, mtime_ns: int, size: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+
+
+def marker_path(source: str, what: str) -> Path:
+    """``kernels/<file>-<its content hash>.<what>.<cpu>.ok``: "the kernels of ``source``
+    (a module's file) for signature ``what`` are in Numba's cache for this kind of CPU"."""
+    st = os.stat(source)
+    digest = _file_hash(source, st.st_mtime_ns, st.st_size)
+    return kernels_dir() / f"{Path(source).stem}-{digest}.{what}.{_machine()}.ok"
+
+
 @contextlib.contextmanager
-def compile_guard(module: ModuleType, what: str) -> Iterator[None]:
+def compile_guard(source: str, what: str) -> Iterator[None]:
     """Around the first call of one kernel signature (``what``, e.g. "multi_step-serial-f")
-    of a generated ``module``: it compiles, or loads from Numba's cache. A marker file beside
-    the module, written after the first successful call on this kind of CPU, says "cached":
-    then no lock. Without it, an exclusive ``flock`` on ``kernels/.compile.lock`` lets one
-    process of the machine compile at a time; one that had to wait finds the marker of the
-    process it waited for and loads. The time is added to ``stats().seconds``."""
+    of the Numba functions in file ``source`` (``cache=True``): it compiles, or loads from
+    Numba's cache. A marker file (``marker_path``), written after the first successful call on
+    this kind of CPU, says "cached": then no lock. Without it, an exclusive ``flock`` on
+    ``kernels/.compile.lock`` lets one process of the machine compile at a time; one that had
+    to wait finds the marker of the process it waited for and loads. The time is added to
+    ``stats().seconds``."""
     global _seconds, _waited
     t0 = time.perf_counter()
-    marker = Path(str(module.__file__)).with_suffix(f".{what}.{_machine()}.ok")
+    try:
+        marker = marker_path(source, what)
+    except OSError:  # the source is gone: no marker, no lock
+        marker = None
     handle = None
-    if not marker.exists():
+    if marker is not None and not marker.exists():
         try:
             import fcntl
 
+            marker.parent.mkdir(parents=True, exist_ok=True)
             handle = open(kernels_dir() / ".compile.lock", "a+b")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -251,7 +272,7 @@ def compile_guard(module: ModuleType, what: str) -> Iterator[None]:
                 handle = None
     try:
         yield
-        if handle is not None:
+        if handle is not None and marker is not None:
             marker.touch()
     finally:
         if handle is not None:

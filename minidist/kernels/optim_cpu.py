@@ -140,7 +140,7 @@ def compile_guard(op: str, entry: Any, *args: Any) -> Any:
         return contextlib.nullcontext()
     parallel = _parallel(args[0].size if op == "flat_step" else int(args[2]))
     variant = "parallel" if parallel else "serial"
-    return jit_cache.compile_guard(module, f"{op}-{variant}-{args[0].dtype.char}")
+    return jit_cache.compile_guard(str(module.__file__), f"{op}-{variant}-{args[0].dtype.char}")
 
 
 def check_usable() -> None:

@@ -23,7 +23,7 @@ def compiled(stderr: str) -> list[tuple[str, str, str]]:
 @pytest.mark.mpi
 def test_a_second_run_of_the_main_job_compiles_no_kernel(tmp_path):
     env = {"MINIDIST_CACHE_DIR": str(tmp_path), "MINIDIST_LOG_LEVEL": "DEBUG"}
-    args = ["examples/train.py", "--epochs", "2", "--hidden", "32"]
+    args = ["examples/train.py", "--epochs", "2", "--hidden", "32", "--amp"]  # + AMP kernels
     first = run_mpi(2, args, timeout_s=120, env=env)
     assert first.returncode == 0, first.report()
     done = compiled(first.stderr)
