@@ -120,3 +120,17 @@ from minidist.checkpoint import safe_globals as serialization  # noqa: E402
 
 _sys.modules["minidist.serialization"] = serialization
 setattr(getattr(nn.modules, "batchnorm"), "SyncBatchNorm", SyncBatchNorm)  # noqa: B009,B010
+
+# torch's functions ported scripts call (minidist/tensor/torch_methods.py and the op modules
+# it names): torch's signatures, torch's meaning where NumPy's namesake differs
+from minidist.tensor import (Generator, argsort, cumprod, cumsum, einsum, gather,  # noqa: E402
+                             get_float32_matmul_precision, index_select, inference_mode,
+                             maximum, minimum, nonzero, prod, randperm, repeat_interleave,
+                             set_float32_matmul_precision, sort, std, take, var)
+from minidist.tensor import compile as compile  # noqa: A004,E402,F401 - torch's name
+from minidist.tensor.elementwise import relu, sigmoid, tanh  # noqa: E402
+from minidist.tensor.torch_methods import argmax, argmin, mean  # noqa: E402
+from minidist.tensor.torch_methods import max as max  # noqa: A004,E402,F401 - torch's names
+from minidist.tensor.torch_methods import min as min  # noqa: A004,E402,F401
+from minidist.tensor.torch_methods import sum as sum  # noqa: A004,E402,F401
+from minidist.tensor.switches import onnx  # noqa: E402 - torch.onnx (also minidist.onnx)

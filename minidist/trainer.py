@@ -536,7 +536,8 @@ class Trainer:
         self._log(f"resumed from {path}: epoch {self.start_epoch}, step {self.global_step}")
 
     def _autocast(self) -> amp.autocast:
-        return amp.autocast(self.device_type, enabled=self.config.amp)
+        # float16 with loss scaling on both devices (torch's CPU default would be bfloat16)
+        return amp.autocast(self.device_type, dtype=amp.float16, enabled=self.config.amp)
 
     def _amp_errstate(self) -> Any:
         """Under amp, NumPy's overflow/invalid warnings in float16 are expected: the scaler

@@ -3,7 +3,7 @@
     from minidist import amp
     scaler = amp.GradScaler()
     for x, y in loader:
-        with amp.autocast("cpu"):                  # "cuda" on a GPU; dtype=minidist.float16
+        with amp.autocast("cpu", dtype=amp.float16):   # "cuda" on a GPU (float16 there)
             loss = loss_fn(model(x), y)            # matmuls in float16, the loss in float32
         scaler.scale(loss).backward()
         scaler.step(opt)                           # skipped when a gradient is inf/NaN

@@ -1,7 +1,7 @@
 """``autocast``: run matmul/linear/conv in float16 and softmax/losses/reductions in float32.
 
     from minidist import amp
-    with amp.autocast("cpu"):                 # or "cuda"; dtype="float16" (minidist.float16)
+    with amp.autocast("cpu", dtype=minidist.float16):   # torch's CPU default is bfloat16
         logits = model(x)                     # Linear layers compute in float16
         loss = loss_fn(logits, y)             # cross_entropy computes in float32
     loss.backward()                           # outside: the backward follows the forward's dtypes
@@ -29,8 +29,10 @@ float16 = dtypes.float16
 
 
 def _check_dtype(device_type: str, dtype: Any) -> Any:
+    if dtype is None:  # torch's defaults: float16 on a GPU, bfloat16 on the CPU
+        dtype = numpy.float16 if device_type == "cuda" else dtypes.BFLOAT16_NUMPY
     try:
-        dt = numpy.dtype(dtype if dtype is not None else numpy.float16)
+        dt = numpy.dtype(dtype)
     except TypeError:
         dt = None
     if dt not in state.SUPPORTED_DTYPES:
@@ -43,7 +45,7 @@ def _check_dtype(device_type: str, dtype: Any) -> Any:
 
 
 class autocast:  # noqa: N801 - torch's name
-    """Context manager (and decorator) that runs eligible ops in float16 inside its block.
+    """Context manager (and decorator) that runs eligible ops in lower precision in its block.
 
     torch.autocast's signature and op policy (see ``minidist.tensor.autocast_mode``): matmul,
     linear and conv2d cast float32 inputs to float16; softmax, log_softmax, cross_entropy,
@@ -61,7 +63,9 @@ class autocast:  # noqa: N801 - torch's name
         device_type: "cpu" (NumPy arrays) or "cuda" (CuPy arrays): ops on arrays of the other
             device are left alone, as in torch.
         dtype: the lower-precision dtype: float16, or on the CPU bfloat16 (``ml_dtypes``;
-            its products are emulated with float32 BLAS as float16's are).
+            its products are emulated with float32 BLAS as float16's are). None (the
+            default) is torch's: float16 for "cuda", bfloat16 for "cpu"; pass
+            ``dtype=minidist.float16`` for float16 on the CPU.
         enabled: False makes the block a no-op (or turns autocast off inside another block).
 
     Attributes:
@@ -69,7 +73,8 @@ class autocast:  # noqa: N801 - torch's name
             model has no float16 path: nothing was cast).
     """
 
-    def __init__(self, device_type: str, dtype: Any = "float16", enabled: bool = True) -> None:
+    def __init__(self, device_type: str, dtype: Any = None, enabled: bool = True,
+                 cache_enabled: Any = None) -> None:
         if device_type not in state.DEVICE_TYPES:
             raise ValueError(f"{rank_prefix()} autocast: device_type={device_type!r}; use one "
                              f"of {state.DEVICE_TYPES}.")

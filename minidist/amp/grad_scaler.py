@@ -2,7 +2,7 @@
 
     scaler = amp.GradScaler()                       # init_scale 2**16, x2 every 2000 good steps
     for x, y in loader:
-        with amp.autocast("cpu"):
+        with amp.autocast("cpu", dtype=amp.float16):
             loss = loss_fn(model(x), y)
         scaler.scale(loss).backward()               # grads are scaled by S
         scaler.unscale_(opt)                        # optional: to clip the true gradients

@@ -4,7 +4,7 @@
     opt = amp.MasterWeights(optim.AdamW(model.parameters(), lr=1e-3))
     ddp = DistributedDataParallel(model)                   # AFTER: its buckets are float16
     scaler = amp.GradScaler()
-    with amp.autocast("cpu"):
+    with amp.autocast("cpu", dtype=amp.float16):
         loss = loss_fn(ddp(x), y)
     scaler.scale(loss).backward()      # float16 grads, all-reduced as float16 (half the bytes)
     scaler.step(opt)                   # unscale float16 -> float32 master grads, step, copy back

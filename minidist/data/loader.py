@@ -77,6 +77,11 @@ class DataLoader:
         worker_init_fn: called as ``worker_init_fn(worker_id)`` in each worker thread.
         prefetch_factor: batches in flight per worker (torch's default: 2).
         persistent_workers: keep the worker threads between passes (needs num_workers > 0).
+        multiprocessing_context: must stay None (the workers are threads).
+        generator: a ``minidist.Generator`` (or ``numpy.random.Generator``) to draw each
+            pass's shuffle from, as torch: each pass takes the generator's next permutation,
+            so a seeded generator gives the same sequence of orders run after run (without
+            it, the shuffle follows ``seed`` and the pass number).
         seed: base seed of the shuffle.
         device: "cpu" or "cuda" for the batches (default: ``minidist.xp.default_device()``).
 
@@ -89,7 +94,8 @@ class DataLoader:
                  sampler: DistributedSampler | None = None, batch_sampler: Any = None,
                  num_workers: int = 0, collate_fn: Callable[[list], Any] | None = None,
                  pin_memory: bool = False, drop_last: bool = False, timeout: float = 0,
-                 worker_init_fn: Callable[[int], None] | None = None, *,
+                 worker_init_fn: Callable[[int], None] | None = None,
+                 multiprocessing_context: Any = None, generator: Any = None, *,
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  seed: int = 0, device: str | None = None) -> None:
         if batch_size is None or batch_size < 1:
@@ -98,6 +104,9 @@ class DataLoader:
             raise ValueError("DataLoader: shuffle=True and a sampler were both given; the sampler "
                              "decides the order. Pass shuffle to the sampler instead "
                              "(DistributedSampler(..., shuffle=True)).")
+        if multiprocessing_context is not None:
+            raise ValueError("DataLoader: multiprocessing_context is not supported; the workers "
+                             "are threads (leave it None).")
         if batch_sampler is not None:
             raise ValueError("DataLoader: batch_sampler is not supported; pass sampler= and "
                              "batch_size= instead.")
@@ -115,7 +124,7 @@ class DataLoader:
         self.timeout, self.worker_init_fn = timeout, worker_init_fn
         self.prefetch_factor = 2 if prefetch_factor is None else int(prefetch_factor)
         self.persistent_workers = bool(persistent_workers)
-        self.seed, self.device = int(seed), device
+        self.seed, self.device, self.generator = int(seed), device, generator
         self.epoch = 0
         self._pool: ThreadPoolExecutor | None = None
         # mid-epoch position: the pass in progress and the batches it has yielded; a loaded
@@ -174,6 +183,8 @@ class DataLoader:
                 return self.sampler.local_indices()
             return np.fromiter(iter(self.sampler), dtype=np.int64)
         n = len(self.dataset)
+        if self.shuffle and self.generator is not None:  # torch's: the generator's next draws
+            return self.generator.permutation(n)
         if self.shuffle:
             return np.random.default_rng(self.seed + self.epoch).permutation(n)
         return np.arange(n)

@@ -10,10 +10,11 @@
 
 Modules: ``module`` (Module, Parameter, state_dict), ``layers`` (Linear, LayerNorm, Dropout,
 Dropout2d, Embedding, activations, Sequential, ModuleList, ModuleDict), ``conv`` (Conv2d,
-MaxPool2d, AvgPool2d, AdaptiveAvgPool2d), ``attention`` (MultiheadAttention), ``norm``
-(BatchNorm1d/2d, GroupNorm), ``rnn`` (RNN, LSTM, GRU), ``transformer`` (TransformerEncoderLayer,
-TransformerEncoder, TransformerDecoderLayer, TransformerDecoder, Transformer), ``losses``, ``init``,
-``functional``, ``utils`` (clip_grad_norm_).
+ConvTranspose2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d), ``attention``
+(MultiheadAttention), ``norm`` (BatchNorm1d/2d, GroupNorm), ``rnn`` (RNN, LSTM, GRU),
+``transformer`` (TransformerEncoderLayer, TransformerEncoder, TransformerDecoderLayer,
+TransformerDecoder, Transformer), ``losses``, ``init``, ``functional``, ``utils``
+(clip_grad_norm_), ``modules`` (torch's nn.modules.<file> paths).
 ``nn.SyncBatchNorm`` is attached by the package root: it communicates, so it lives in
 ``minidist/ddp/sync_batchnorm.py``, above comm.
 """
@@ -22,11 +23,12 @@ from __future__ import annotations
 
 from minidist.nn import functional, init, utils
 from minidist.nn.attention import MultiheadAttention
-from minidist.nn.conv import AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d
+from minidist.nn.conv import AdaptiveAvgPool2d, AvgPool2d, Conv2d, ConvTranspose2d, MaxPool2d
 from minidist.nn.layers import (GELU, Dropout, Dropout2d, Embedding, Flatten, Identity,
-                                LayerNorm, Linear, LogSoftmax, ModuleDict, ModuleList, ReLU,
-                                Sequential, Sigmoid, Softmax, Tanh)
-from minidist.nn.losses import CrossEntropyLoss, MSELoss, NLLLoss
+                                LayerNorm, LeakyReLU, Linear, LogSoftmax, ModuleDict, ModuleList,
+                                ReLU, Sequential, Sigmoid, Softmax, Tanh)
+from minidist.nn.losses import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, MSELoss,
+                               NLLLoss)
 from minidist.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm
 from minidist.nn.rnn import GRU, LSTM, RNN, RNNBase
 from minidist.nn.transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
@@ -42,5 +44,6 @@ __all__ = [
     "ModuleList", "ModuleDict", "Softmax", "LogSoftmax", "NLLLoss", "Embedding", "BatchNorm1d",
     "BatchNorm2d", "Dropout2d", "AvgPool2d", "AdaptiveAvgPool2d", "MultiheadAttention",
     "GroupNorm", "RNNBase", "RNN", "LSTM", "GRU", "TransformerEncoderLayer", "TransformerEncoder",
-    "TransformerDecoderLayer", "TransformerDecoder", "Transformer",
+    "TransformerDecoderLayer", "TransformerDecoder", "Transformer", "LeakyReLU",
+    "ConvTranspose2d", "BCELoss", "BCEWithLogitsLoss",
 ]

@@ -1,5 +1,5 @@
-"""Convolution and pooling layers on NCHW tensors: ``Conv2d``, ``MaxPool2d``, ``AvgPool2d``,
-``AdaptiveAvgPool2d`` (torch's signatures and init).
+"""Convolution and pooling layers on NCHW tensors: ``Conv2d``, ``ConvTranspose2d``,
+``MaxPool2d``, ``AvgPool2d``, ``AdaptiveAvgPool2d`` (torch's signatures and init).
 
     net = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                         nn.Flatten(), nn.Linear(16 * 4 * 4, 10))     # for 8x8 images
@@ -16,6 +16,7 @@ from minidist.nn.layers import empty_parameter, factory_dtype, place
 from minidist.nn.module import Module
 from minidist.tensor import Tensor, adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
 from minidist.tensor.conv import pair
+from minidist.tensor.conv_transpose import conv_transpose2d
 from minidist.tensor.core import error
 
 
@@ -49,6 +50,51 @@ class Conv2d(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return conv2d(x, self.weight, self.bias, self.stride, self.padding)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}")
+
+
+class ConvTranspose2d(Module):
+    """Transposed 2-D convolution (torch's ``nn.ConvTranspose2d``): weight (in_channels,
+    out_channels, kh, kw), bias (out_channels,); output size ``(H - 1) * stride - 2 * padding
+    + kernel_size + output_padding``, as torch.
+
+    Init as torch: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with torch's fan_in
+    of this weight layout, out_channels*kh*kw. ``groups`` and ``dilation`` must stay 1.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
+                 padding: Any = 0, output_padding: Any = 0, groups: int = 1, bias: bool = True,
+                 dilation: Any = 1, padding_mode: str = "zeros", device: Any = None,
+                 dtype: Any = None) -> None:
+        super().__init__()
+        dtype = factory_dtype(dtype)
+        if pair(dilation, "dilation") != (1, 1) or groups != 1 or padding_mode != "zeros":
+            raise ValueError(error("ConvTranspose2d", f"dilation={dilation}, groups={groups}, "
+                                   f"padding_mode={padding_mode!r}: only dilation=1, groups=1 "
+                                   "and padding_mode='zeros' are supported."))
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = pair(kernel_size, "kernel_size")
+        self.stride, self.padding = pair(stride, "stride"), pair(padding, "padding")
+        self.output_padding = pair(output_padding, "output_padding")
+        self.weight = empty_parameter(in_channels, out_channels, *self.kernel_size, dtype=dtype)
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # torch's default
+        if bias:
+            self.bias = empty_parameter(out_channels, dtype=dtype)
+            bound = 1.0 / math.sqrt(init.fan_in(self.weight))
+            init.uniform_(self.bias, -bound, bound)
+        else:
+            self.bias = None
+        place(self, device)
+
+    def forward(self, x: Tensor, output_size: Any = None) -> Tensor:
+        if output_size is not None:
+            raise ValueError(error("ConvTranspose2d", "output_size= is not supported; set "
+                                   "output_padding in the constructor instead."))
+        return conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding,
+                                self.output_padding)
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "

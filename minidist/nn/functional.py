@@ -14,6 +14,9 @@ from minidist.tensor import (Tensor, adaptive_avg_pool2d, avg_pool2d, conv2d, cr
                              embedding, gelu, layer_norm, linear, log_softmax, max_pool2d,
                              mse_loss, nll_loss, scaled_dot_product_attention, sigmoid, softmax,
                              tanh)
+from minidist.tensor.conv_transpose import conv_transpose2d
+from minidist.tensor.nn_ops import (binary_cross_entropy, binary_cross_entropy_with_logits,
+                                    leaky_relu, normalize, one_hot)
 
 
 def relu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
@@ -35,4 +38,6 @@ def dropout2d(input: Tensor, p: float = 0.5, training: bool = True,  # noqa: A00
 
 __all__ = ["adaptive_avg_pool2d", "avg_pool2d", "conv2d", "cross_entropy", "dropout", "dropout2d",
            "embedding", "gelu", "layer_norm", "linear", "log_softmax", "max_pool2d", "mse_loss",
-           "nll_loss", "relu", "scaled_dot_product_attention", "sigmoid", "softmax", "tanh"]
+           "nll_loss", "relu", "scaled_dot_product_attention", "sigmoid", "softmax", "tanh",
+           "conv_transpose2d", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+           "leaky_relu", "normalize", "one_hot"]

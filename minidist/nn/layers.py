@@ -17,6 +17,7 @@ from minidist.nn.module import Module, Parameter
 from minidist.tensor import (Tensor, dropout, dropout2d, embedding, layer_norm, linear,
                              log_softmax, softmax)
 from minidist.tensor.core import error
+from minidist.tensor.nn_ops import leaky_relu
 
 
 def empty_parameter(*shape: int, dtype: Any = numpy.float32) -> Parameter:
@@ -143,6 +144,22 @@ class ReLU(Module):
 
     def extra_repr(self) -> str:
         return "inplace=True" if self.inplace else ""
+
+
+class LeakyReLU(Module):
+    """``x`` where positive, ``negative_slope * x`` elsewhere (torch's ``nn.LeakyReLU``);
+    ``inplace=True`` is accepted (computed out of place, same values)."""
+
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False) -> None:
+        super().__init__()
+        self.negative_slope, self.inplace = negative_slope, inplace
+
+    def forward(self, x: Tensor) -> Tensor:
+        return leaky_relu(x, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace
+                                                          else "")
 
 
 class GELU(Module):

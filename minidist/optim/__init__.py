@@ -29,6 +29,7 @@ from minidist.optim.lr_scheduler import (
     LambdaLR,
     LinearWarmup,
     LRScheduler,
+    OneCycleLR,
     StepLR,
     WarmupCosine,
 )
@@ -37,4 +38,4 @@ from minidist.optim.registry import FUSED_STEPS, FusedStep, register
 from minidist.optim.sgd import SGD
 
 __all__ = ["Optimizer", "FusedStep", "FUSED_STEPS", "register", "SGD", "Adam", "AdamW", "Adadelta", "Adagrad", "RMSprop", "flatten_parameters", "clip_grad_norm_", "clip_grad_value_", "LRScheduler", "LambdaLR",
-           "LinearWarmup", "StepLR", "CosineAnnealingLR", "WarmupCosine"]
+           "LinearWarmup", "StepLR", "CosineAnnealingLR", "WarmupCosine", "OneCycleLR"]

@@ -236,3 +236,101 @@ class WarmupCosine(LRScheduler):
 
     def lr_at(self, base_lr: float, step: int) -> float:
         return base_lr * self.factor(base_lr, step)
+
+
+class OneCycleLR(LRScheduler):
+    """torch's ``OneCycleLR``: warm up from ``max_lr / div_factor`` to ``max_lr`` over
+    ``pct_start`` of the steps, then anneal to ``initial_lr / final_div_factor``; the
+    momentum (or Adam's beta1) cycles the other way, ``max_momentum`` -> ``base_momentum``
+    -> ``max_momentum``. ``three_phase`` adds torch's symmetric third phase. One ``step()`` per
+    batch; stepping past ``total_steps`` raises, as torch.
+
+    Args (torch's, in torch's order):
+        optimizer, max_lr (one rate or one per group), total_steps (or epochs and
+        steps_per_epoch), pct_start, anneal_strategy ("cos" or "linear"), cycle_momentum,
+        base_momentum, max_momentum, div_factor, final_div_factor, three_phase, last_epoch.
+    """
+
+    def __init__(self, optimizer: Optimizer, max_lr: Any, total_steps: int | None = None,
+                 epochs: int | None = None, steps_per_epoch: int | None = None,
+                 pct_start: float = 0.3, anneal_strategy: str = "cos",
+                 cycle_momentum: bool = True, base_momentum: Any = 0.85,
+                 max_momentum: Any = 0.95, div_factor: float = 25.0,
+                 final_div_factor: float = 1e4, three_phase: bool = False,
+                 last_epoch: int = -1) -> None:
+        name = f"{rank_prefix()} OneCycleLR"
+        if total_steps is None:
+            if epochs is None or steps_per_epoch is None:
+                raise ValueError(f"{name}: pass total_steps, or epochs and steps_per_epoch.")
+            total_steps = int(epochs) * int(steps_per_epoch)
+        if total_steps <= 0 or not 0 <= pct_start <= 1 or anneal_strategy not in ("cos",
+                                                                                 "linear"):
+            raise ValueError(f"{name}: need total_steps > 0 (got {total_steps}), 0 <= pct_start "
+                             f"<= 1 (got {pct_start}) and anneal_strategy 'cos' or 'linear' "
+                             f"(got {anneal_strategy!r}).")
+        self.total_steps, self.anneal_strategy = int(total_steps), anneal_strategy
+        groups = optimizer.param_groups
+        n = len(groups)
+
+        def per_group(v: Any) -> list[float]:
+            vs = list(v) if isinstance(v, (list, tuple)) else [v] * n
+            if len(vs) != n:
+                raise ValueError(f"{name}: got {len(vs)} values for {n} parameter groups.")
+            return [float(x) for x in vs]
+
+        if last_epoch == -1:
+            for g, top in zip(groups, per_group(max_lr)):
+                g["lr"] = top / div_factor  # the base class records it as initial_lr
+                g["max_lr"], g["min_lr"] = top, top / div_factor / final_div_factor
+        self.cycle_momentum = cycle_momentum
+        self.use_beta1 = cycle_momentum and "betas" in groups[0]
+        if cycle_momentum:
+            if not self.use_beta1 and "momentum" not in groups[0]:
+                raise ValueError(f"{name}: cycle_momentum=True needs an optimizer with "
+                                 "'momentum' or 'betas'; pass cycle_momentum=False.")
+            for g, lo, hi in zip(groups, per_group(base_momentum), per_group(max_momentum)):
+                if last_epoch == -1:
+                    self._set_momentum(g, hi)
+                g["base_momentum"], g["max_momentum"] = lo, hi
+        end1 = float(pct_start * self.total_steps) - 1
+        if three_phase:
+            self.phases = [(end1, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                           (float(2 * pct_start * self.total_steps) - 2, "max_lr", "initial_lr",
+                            "base_momentum", "max_momentum"),
+                           (self.total_steps - 1.0, "initial_lr", "min_lr", "max_momentum",
+                            "max_momentum")]
+        else:
+            self.phases = [(end1, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                           (self.total_steps - 1.0, "max_lr", "min_lr", "base_momentum",
+                            "max_momentum")]
+        super().__init__(optimizer, last_epoch)
+
+    def _set_momentum(self, group: dict[str, Any], value: float) -> None:
+        if self.use_beta1:
+            group["betas"] = (value, *tuple(group["betas"])[1:])
+        else:
+            group["momentum"] = value
+
+    def _anneal(self, start: float, end: float, pct: float) -> float:
+        if self.anneal_strategy == "cos":
+            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+        return (end - start) * pct + start
+
+    def get_lr(self) -> list[float]:
+        step = self.last_epoch
+        if step > self.total_steps:
+            raise ValueError(f"{rank_prefix()} OneCycleLR: tried to step {step} times; "
+                             f"total_steps is {self.total_steps} (as torch, stepping past "
+                             "the end raises). Pass a larger total_steps.")
+        lrs = []
+        for g in self.optimizer.param_groups:
+            start = 0.0
+            for i, (end, lr0, lr1, m0, m1) in enumerate(self.phases):
+                if step <= end or i == len(self.phases) - 1:
+                    pct = (step - start) / (end - start)
+                    lrs.append(self._anneal(g[lr0], g[lr1], pct))
+                    if self.cycle_momentum:
+                        self._set_momentum(g, self._anneal(g[m0], g[m1], pct))
+                    break
+                start = end
+        return lrs

@@ -60,6 +60,18 @@ from minidist.tensor.views import diagonal, narrow
 from minidist.tensor.weak import WeakIdKeyDictionary
 from minidist.tensor.shape import (cat, chunk, concatenate, flatten, split, stack, swapaxes,
                                    tril, triu)
+# torch's functions whose NumPy namesakes differ (indexing.py, statistics.py, einsum.py,
+# torch_methods.py), a Generator, inference_mode and the switches that change nothing here
+# (switches.py); the package root exports them as minidist.<name>
+from minidist.tensor.indexing import (argsort, gather, index_select, maximum, minimum, nonzero,
+                                      repeat_interleave, sort, take)
+from minidist.tensor.statistics import cumprod, cumsum, prod, std, var
+from minidist.tensor.einsum import einsum
+from minidist.tensor.creation import randperm
+from minidist.tensor.random import Generator
+from minidist.tensor.grad_mode import inference_mode
+from minidist.tensor.switches import (compile, get_float32_matmul_precision,  # noqa: A004
+                                     set_float32_matmul_precision)
 
 __all__ = [
     "Tensor", "WeakIdKeyDictionary", "GradDestination", "RemovableHandle", "queue_callback",

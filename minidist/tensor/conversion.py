@@ -92,8 +92,10 @@ def cpu(self: Tensor) -> Tensor:
     return elementwise.to_device(self, "cpu")
 
 
-def cuda(self: Tensor, device: Any = None) -> Tensor:
-    """This tensor on GPU ``device`` (default: the current GPU)."""
+def cuda(self: Tensor, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Tensor:
+    """This tensor on GPU ``device`` (default: the current GPU); ``non_blocking`` and torch's
+    ``memory_format`` are accepted (copies are synchronous). Without a GPU it raises
+    ``DeviceUnavailableError``, as a CPU-only torch raises."""
     return elementwise.to_device(self, backend.device("cuda", device)
                                  if isinstance(device, (int, type(None))) else device)
 

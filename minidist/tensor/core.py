@@ -293,12 +293,13 @@ class Tensor:
 
     def __getattr__(self, name: str) -> Any:
         """Only for names Tensor lacks: say so clearly when it is an array's (``p.grad.copy()``
-        from code written when ``.data``/``.grad`` were arrays)."""
+        from code written when ``.data``/``.grad`` were arrays), with torch's spelling where
+        NumPy's method means something else (``torch_methods.UNLIKE_NUMPY``)."""
         if not name.startswith("__") and hasattr(numpy.ndarray, name):
-            raise AttributeError(error(
-                f"Tensor.{name}", f"'Tensor' object has no attribute {name!r} (a NumPy array's). "
-                ".data and .grad are Tensors, as in torch: for the array use .array (NumPy or "
-                "CuPy, no copy) or .numpy() (on the host), e.g. p.grad.array."))
+            raise AttributeError(error(f"Tensor.{name}", torch_methods.unlike_numpy_message(
+                name) or f"'Tensor' object has no attribute {name!r} (a NumPy array's, with no "
+                "torch method of that name). .data and .grad are Tensors, as in torch: for the "
+                "array use .array (NumPy or CuPy, no copy) or .numpy() (on the host)."))
         raise AttributeError(f"'Tensor' object has no attribute {name!r}")
 
     # ---- Python's operators (their ops, with the backward, in elementwise, linalg, shape) ----
@@ -389,7 +390,8 @@ def attach_methods(cls: type, *tables: dict[str, Any]) -> None:
 # The op modules import Tensor from here, so they (and the method modules, which call them)
 # are imported after the class exists. Each method module ends with its METHODS table.
 from minidist.tensor import (autograd, conversion, elementwise, inplace_methods,  # noqa: E402
-                             linalg, mathops, methods)
+                             linalg, mathops, methods, torch_methods)
 from minidist.tensor import shape as shape_ops  # noqa: E402
 
-attach_methods(Tensor, methods.METHODS, inplace_methods.METHODS, conversion.METHODS)
+attach_methods(Tensor, methods.METHODS, inplace_methods.METHODS, conversion.METHODS,
+               torch_methods.METHODS)

@@ -22,7 +22,7 @@ import numpy
 
 from minidist import xp as backend
 from minidist.tensor.core import Tensor, as_array, error
-from minidist.tensor.random import default_generator
+from minidist.tensor.random import default_generator, host_generator
 
 FLOAT = numpy.dtype(numpy.float32)  # torch's default dtype
 
@@ -116,14 +116,23 @@ def randn(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool
     return _make(host, dtype or FLOAT, device, requires_grad)
 
 
-def randint(low: int, high: int | None = None, size: Any = (), dtype: Any = None,
-            device: Any = None) -> Tensor:
-    """Integers in [low, high) (``randint(high, size)`` means low=0), int64 as torch."""
+def randint(low: int, high: int | None = None, size: Any = (), *, generator: Any = None,
+            dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Integers in [low, high) (``randint(high, size)`` means low=0), int64 as torch; drawn
+    from ``generator`` (a ``minidist.Generator``) when given."""
     if isinstance(high, (tuple, list)):  # randint(high, size), torch's short form
         low, high, size = 0, low, high
     elif high is None:
         low, high = 0, low
-    host = default_generator().integers(low, high, _shape("randint", (size,)))
+    host = host_generator(generator).integers(low, high, _shape("randint", (size,)))
+    return _make(host, dtype or numpy.int64, device, False)
+
+
+def randperm(n: int, *, generator: Any = None, dtype: Any = None, device: Any = None,
+             requires_grad: bool = False) -> Tensor:
+    """torch's ``randperm``: a random permutation of ``0..n-1`` (int64), drawn from
+    ``generator`` (a ``minidist.Generator``) or the ``manual_seed`` generator."""
+    host = host_generator(generator).permutation(int(n))
     return _make(host, dtype or numpy.int64, device, False)
 
 

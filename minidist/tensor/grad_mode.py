@@ -79,3 +79,37 @@ class enable_grad(no_grad):  # noqa: N801 - torch's name
     def __enter__(self) -> None:
         self._prev = is_grad_enabled()
         _set(True)
+
+
+class inference_mode(no_grad):  # noqa: N801 - torch's name
+    """torch's ``inference_mode(mode=True)``: here the same as ``no_grad`` (no tape inside the
+    block; minidist has no separate inference tensors), ``mode=False`` changes nothing.
+
+        with minidist.inference_mode():
+            logits = model(x)
+
+        @minidist.inference_mode()        # or @minidist.inference_mode, as torch allows
+        def evaluate(model, loader): ...
+    """
+
+    def __new__(cls, mode: Any = True) -> Any:
+        if callable(mode):  # used bare as a decorator: @inference_mode
+            return cls()(mode)
+        return super().__new__(cls)
+
+    def __init__(self, mode: bool = True) -> None:
+        self.mode = bool(mode)
+
+    def __enter__(self) -> None:
+        self._prev = is_grad_enabled()
+        if self.mode:
+            _set(False)
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with inference_mode(self.mode):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+

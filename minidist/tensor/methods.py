@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from minidist import xp as backend
-from minidist.tensor import creation, elementwise, functional, mathops, reduce, views
+from minidist.tensor import creation, elementwise, functional, indexing, mathops, reduce, views
 from minidist.tensor import shape as shape_ops
 from minidist.tensor.core import Tensor, error
 
@@ -127,8 +127,10 @@ def mean(self: Tensor, axis: Any = None, keepdims: bool = False, *, dim: Any = N
 
 def max(self: Tensor, dim: int | None = None, keepdim: bool = False, *,  # noqa: A001
         axis: int | None = None, keepdims: bool = False) -> Any:
-    """torch's spelling ``x.max(dim)`` returns ``(values, indices)``; NumPy's
-    ``x.max(axis=1)`` and ``x.max()`` return the values only (a Tensor)."""
+    """torch's spelling ``x.max(dim)`` returns ``(values, indices)``, ``x.max(other)`` the
+    elementwise maximum; NumPy's ``x.max(axis=1)`` and ``x.max()`` the values (a Tensor)."""
+    if isinstance(dim, Tensor):
+        return indexing.maximum(self, dim)
     if dim is not None:
         return reduce.max_dim(self, dim, keepdim or keepdims)
     return reduce.max(self, axis, keepdims or keepdim)
@@ -136,7 +138,10 @@ def max(self: Tensor, dim: int | None = None, keepdim: bool = False, *,  # noqa:
 
 def min(self: Tensor, dim: int | None = None, keepdim: bool = False, *,  # noqa: A001
         axis: int | None = None, keepdims: bool = False) -> Any:
-    """Like ``max``: ``x.min(dim)`` gives ``(values, indices)``, ``x.min(axis=1)`` values."""
+    """Like ``max``: ``x.min(dim)`` gives ``(values, indices)``, ``x.min(other)`` the
+    elementwise minimum, ``x.min(axis=1)`` values."""
+    if isinstance(dim, Tensor):
+        return indexing.minimum(self, dim)
     if dim is not None:
         return reduce.min_dim(self, dim, keepdim or keepdims)
     return reduce.min(self, axis, keepdims or keepdim)

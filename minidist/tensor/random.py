@@ -18,6 +18,7 @@ seed, dropout masks one wants reproducible) needs a ``manual_seed``, as in torch
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy
 
@@ -68,3 +69,52 @@ def seed() -> int:
     new = _fresh_seed()
     manual_seed(new)
     return new
+
+
+class Generator(numpy.random.Generator):
+    """torch's ``Generator``: a random generator of its own, seeded apart from ``manual_seed``.
+
+        g = minidist.Generator().manual_seed(0)
+        perm = minidist.randperm(10, generator=g)
+        loader = DataLoader(data, shuffle=True, generator=g)
+
+    It IS a ``numpy.random.Generator`` (PCG64), so whatever takes one (``random_split``,
+    ``multinomial``) takes it too. The same seed draws other numbers than torch's generator.
+
+    Args:
+        device: torch's argument; the draws are made on the host whatever it says.
+    """
+
+    def __init__(self, device: Any = "cpu") -> None:
+        self._initial_seed = _fresh_seed()
+        super().__init__(numpy.random.PCG64(self._initial_seed))
+        self.device = device
+
+    def manual_seed(self, seed: int) -> Generator:
+        """Reseed in place; returns self (``g = Generator().manual_seed(0)``)."""
+        if int(seed) < 0:
+            raise ValueError(f"Generator.manual_seed: seed must be >= 0, got {seed}.")
+        self._initial_seed = int(seed)
+        self.bit_generator.state = numpy.random.PCG64(self._initial_seed).state
+        return self
+
+    def initial_seed(self) -> int:
+        return self._initial_seed
+
+    def seed(self) -> int:
+        """Reseed from the OS's random source; returns the new seed."""
+        self.manual_seed(_fresh_seed())
+        return self._initial_seed
+
+    def get_state(self) -> dict:
+        """The generator's state (``set_state`` takes it back)."""
+        return dict(self.bit_generator.state)
+
+    def set_state(self, state: dict) -> Generator:
+        self.bit_generator.state = state
+        return self
+
+
+def host_generator(generator: Any = None) -> numpy.random.Generator:
+    """``generator`` (a ``Generator`` or ``numpy.random.Generator``), or the ``manual_seed`` one."""
+    return default_generator() if generator is None else generator

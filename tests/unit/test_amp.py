@@ -23,10 +23,23 @@ def t32(*shape, seed=0, grad=False):
 # ---------------------------------------------------------------------- autocast
 
 
+def test_autocast_defaults_to_torchs_dtype_per_device():
+    """torch's defaults: bfloat16 on the CPU, float16 on a GPU (no GPU is needed to ask)."""
+    assert amp.autocast("cpu").fast_dtype == minidist.bfloat16
+    assert amp.autocast("cuda").fast_dtype == F16
+    x, w = t32(4, 6), t32(3, 6, seed=1)
+    with amp.autocast("cpu"):
+        assert minidist.tensor.linear(x, w).dtype == minidist.bfloat16
+    with amp.autocast("cpu", dtype=minidist.float16):
+        assert minidist.tensor.linear(x, w).dtype == F16
+    torch = pytest.importorskip("torch")
+    assert torch.autocast("cpu").fast_dtype == torch.bfloat16       # the behaviour copied
+
+
 def test_autocast_op_policy_output_dtypes():
     x, w, b = t32(4, 6), t32(3, 6, seed=1), t32(3, seed=2)
     img, k = t32(2, 1, 5, 5), t32(4, 1, 3, 3, seed=3)
-    with amp.autocast("cpu"):
+    with amp.autocast("cpu", dtype=F16):
         h = minidist.tensor.linear(x, w, b)
         assert h.dtype == F16                                     # lower precision
         assert (x @ w.T).dtype == F16
@@ -46,7 +59,7 @@ def test_autocast_op_policy_output_dtypes():
 def test_autocast_nests_restores_and_is_per_device_type():
     x = t32(2, 2)
     assert not amp.is_autocast_enabled("cpu")
-    with amp.autocast("cpu"):
+    with amp.autocast("cpu", dtype=F16):
         with amp.autocast("cpu", enabled=False):
             assert (x @ x).dtype == F32
         assert (x @ x).dtype == F16 and amp.get_autocast_dtype("cpu") == F16
@@ -55,7 +68,7 @@ def test_autocast_nests_restores_and_is_per_device_type():
         assert not amp.is_autocast_enabled("cuda")
     with amp.autocast("cuda"):
         assert (x @ x).dtype == F32
-    with pytest.raises(KeyError), amp.autocast("cpu"):
+    with pytest.raises(KeyError), amp.autocast("cpu", dtype=F16):
         raise KeyError("boom")
     assert not amp.is_autocast_enabled("cpu")                     # restored in finally
 
@@ -73,14 +86,14 @@ def test_autocast_nests_restores_and_is_per_device_type():
 
 def test_cpu_emulation_is_float16_rounding_of_float32_products():
     x, w, b = t32(5, 7), t32(3, 7, seed=1), t32(3, seed=2)
-    with amp.autocast("cpu") as ac:
+    with amp.autocast("cpu", dtype=F16) as ac:
         out = minidist.tensor.linear(x, w, b)
     assert ac.lower_precision_ops == 1
     r = lambda a: a.astype(np.float16).astype(np.float32)
     expect = (r(x.array) @ r(w.array).T).astype(np.float16) + b.array.astype(np.float16)
     np.testing.assert_array_equal(out.array, expect)
     big = Tensor(np.full((1, 2), 300.0, np.float32))               # 300*300*2 > 65504
-    with amp.autocast("cpu"):
+    with amp.autocast("cpu", dtype=F16):
         assert np.isinf((big @ big.T).array).all()                  # overflows as on a device
 
 
@@ -92,14 +105,14 @@ def test_autocast_gradients_flow_through_the_casts():
     nn.CrossEntropyLoss()(model(x), y).backward()
     ref = [p.grad.array.copy() for p in model.parameters()]
     model.zero_grad()
-    with amp.autocast("cpu"):
+    with amp.autocast("cpu", dtype=F16):
         loss = nn.CrossEntropyLoss()(model(x), y)
     loss.backward()
     for p, g in zip(model.parameters(), ref):
         assert p.grad.dtype == F32                                # fp32 param -> fp32 grad
         np.testing.assert_allclose(p.grad, g, rtol=0.05, atol=2e-3)
     xg = t32(3, 4, seed=5, grad=True)                             # and into the input
-    with amp.autocast("cpu"):
+    with amp.autocast("cpu", dtype=F16):
         (xg @ t32(4, 2, seed=6)).sum().backward()
     assert xg.grad.dtype == F32 and np.isfinite(xg.grad.array).all()
 
@@ -215,7 +228,7 @@ def test_a_skipped_step_changes_neither_parameters_nor_optimizer_state(opt_name)
         xb = x.array.copy()
         if bad:
             xb[2, 1] = np.inf
-        with amp.autocast("cpu"):
+        with amp.autocast("cpu", dtype=F16):
             loss = nn.CrossEntropyLoss()(model(Tensor(xb)), y)
         scaler.scale(loss).backward()
         params = [p.array.copy() for p in model.parameters()]
@@ -341,7 +354,7 @@ def test_master_weights_round_trip():
     scaler = amp.GradScaler()
     x, y = t32(6, 4), np.array([0, 1, 2, 0, 1, 2])
     for _ in range(3):
-        with amp.autocast("cpu"):
+        with amp.autocast("cpu", dtype=F16):
             loss = nn.CrossEntropyLoss()(model(x), y)
         scaler.scale(loss).backward()
         assert all(p.grad.dtype == F16 for p in model.parameters())
@@ -473,7 +486,7 @@ def autocast_and_scaler_steps(device, init_scale, steps):
     opt = optim.SGD([w], lr=0.1)
     history = []
     for _ in range(steps):
-        with amp.autocast(device):
+        with amp.autocast(device, dtype=F16):
             out = minidist.tensor.linear(x, w)
             assert out.dtype == F16 and backend.is_device_array(out.array) == (device == "cuda")
             loss = out.float().sum()

@@ -60,7 +60,7 @@ def test_amp_step_makes_only_the_scalers_host_transfer():
     x, y = batch()
     for step in range(3):
         with backend.count_host_transfers() as counts:
-            with amp.autocast("cpu"):
+            with amp.autocast("cpu", dtype=amp.float16):
                 loss = F.cross_entropy(model(x), y)
             opt.zero_grad()
             scaler.scale(loss).backward()
@@ -82,7 +82,7 @@ def test_sync_debug_mode_names_the_op_and_leaves_explicit_reads_alone():
         loss.backward()
         opt.step()
         assert np.isfinite(loss.item())       # asked for: never flagged
-        with amp.autocast("cpu"):
+        with amp.autocast("cpu", dtype=amp.float16):
             loss = F.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
         with pytest.raises(minidist.cuda.SyncDebugError, match="GradScaler.step"):

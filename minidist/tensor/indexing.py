@@ -1,0 +1,217 @@
+"""torch's indexing, sorting and repeating ops, with torch's meaning where NumPy's method of the
+same name differs: gather, take, index_select, sort, argsort, repeat, repeat_interleave,
+maximum/minimum, nonzero.
+
+    logits.gather(1, y[:, None])          # torch.gather: pick one entry per row
+    x.repeat(4, 1)                        # torch: tile (shape (1, 5) -> (4, 5)); NumPy's
+                                          #   ndarray.repeat repeats elements ((1, 5) -> (1, 20))
+    values, idx = x.sort(dim=1, descending=True)
+
+Gradients: gather/take/index_select scatter-add the output gradient back into zeros of the
+input's shape (repeated indices add up); sort's values are a gather of the input; repeat sums
+the tiles; maximum/minimum send the gradient to the larger/smaller input (half to each on a
+tie, as torch). Indices (argsort, sort's indices, nonzero) are int64 and off the tape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy
+
+from minidist import xp as backend
+from minidist.tensor.core import Tensor, error
+from minidist.tensor.elementwise import coerce, unbroadcast
+
+
+def _dim(op: str, dim: int, ndim: int) -> int:
+    if not -max(ndim, 1) <= dim < max(ndim, 1):
+        raise IndexError(error(op, f"dim {dim} is out of range for a {ndim}-d tensor "
+                               f"(valid: {-ndim}..{ndim - 1})."))
+    return dim % max(ndim, 1)
+
+
+def _index_array(index: Any, like: Any) -> Any:
+    xp = backend.get_array_module(like)
+    idx = index.array if isinstance(index, Tensor) else index
+    idx = xp.asarray(idx)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(error("index", f"indices must be integers (int64), got {idx.dtype}."))
+    return idx.astype(numpy.int64, copy=False)
+
+
+def _scatter_add(shape: tuple[int, ...], where: tuple, g: Any) -> Any:
+    """Zeros of ``shape`` with ``g`` added at ``where`` (repeated positions add up)."""
+    xp = backend.get_array_module(g)
+    out = xp.zeros(shape, dtype=g.dtype)
+    if xp is numpy:
+        numpy.add.at(out, where, g)
+    else:  # CuPy: its scatter_add is the same unbuffered add
+        import cupyx  # noqa: PLC0415 - only with CuPy
+
+        cupyx.scatter_add(out, where, g)
+    return out
+
+
+def gather(input: Tensor, dim: int, index: Any) -> Tensor:  # noqa: A002 - torch's name
+    """torch's ``gather``: ``out[i][j] = input[index[i][j]][j]`` for dim 0, and so on.
+
+    ``index`` has the input's number of dims and may be smaller than it in the other dims."""
+    x = input.array
+    d = _dim("gather", dim, x.ndim)
+    idx = _index_array(index, x)
+    if idx.ndim != x.ndim:
+        raise ValueError(error("gather", f"index has {idx.ndim} dims, the input {x.ndim}; "
+                               "they must have the same number of dims (add one with [:, None])."))
+    xp = backend.get_array_module(x)
+    grid = list(xp.ogrid[tuple(slice(0, n) for n in idx.shape)]) if idx.ndim else []
+    grid[d] = idx
+    where = tuple(grid)
+    out = x[where]
+    return Tensor._make(out, (input,), lambda g: (_scatter_add(x.shape, where, g),), "gather")
+
+
+def take(input: Tensor, index: Any) -> Tensor:  # noqa: A002
+    """torch's ``take``: the input as if flattened, at ``index`` (the result has its shape)."""
+    x = input.array
+    idx = _index_array(index, x)
+    flat = idx % max(x.size, 1)
+
+    def backward(g: Any) -> tuple:
+        return (_scatter_add((x.size,), (flat.reshape(-1),), g.reshape(-1)).reshape(x.shape),)
+
+    return Tensor._make(x.reshape(-1)[flat], (input,), backward, "take")
+
+
+def index_select(input: Tensor, dim: int, index: Any) -> Tensor:  # noqa: A002
+    """torch's ``index_select``: the entries ``index`` (1-D) of dim ``dim``."""
+    x = input.array
+    d = _dim("index_select", dim, x.ndim)
+    idx = _index_array(index, x).reshape(-1)
+    where = (slice(None),) * d + (idx,)
+
+    def backward(g: Any) -> tuple:
+        return (_scatter_add(x.shape, where, g),)
+
+    return Tensor._make(x[where], (input,), backward, "index_select")
+
+
+class SortResult(NamedTuple):
+    """torch's ``sort`` result: ``values, indices = x.sort(dim)``."""
+
+    values: Tensor
+    indices: Tensor
+
+
+def argsort(input: Tensor, dim: int = -1, descending: bool = False,  # noqa: A002
+            stable: bool = False) -> Tensor:
+    """torch's ``argsort``: indices that sort along ``dim`` (int64, off the tape); ties keep
+    their order (a stable sort, which torch's ``stable=False`` also allows)."""
+    x = input.array
+    xp = backend.get_array_module(x)
+    if x.ndim == 0:
+        return Tensor(xp.zeros((), dtype=numpy.int64))
+    d = _dim("argsort", dim, x.ndim)
+    if descending:
+        key = -x.astype(numpy.float64) if x.dtype.kind in "uib" else -x
+        idx = xp.argsort(key, axis=d, kind="stable")
+    else:
+        idx = xp.argsort(x, axis=d, kind="stable")
+    return Tensor(idx.astype(numpy.int64, copy=False))
+
+
+def sort(input: Tensor, dim: int = -1, descending: bool = False,  # noqa: A002
+         stable: bool = False) -> SortResult:
+    """torch's ``sort``: ``(values, indices)`` along ``dim`` (NumPy's ``ndarray.sort`` sorts in
+    place and returns None). The values are differentiable."""
+    idx = argsort(input, dim, descending, stable)
+    if input.ndim == 0:
+        return SortResult(input * 1, idx)
+    return SortResult(gather(input, dim, idx), idx)
+
+
+def repeat(input: Tensor, *sizes: Any) -> Tensor:  # noqa: A002
+    """torch's ``Tensor.repeat``: tile the tensor ``sizes[i]`` times along dim i (NumPy's
+    ``tile``; NumPy's ``ndarray.repeat`` repeats each element instead, torch's
+    ``repeat_interleave``). ``sizes`` may have more dims than the tensor (new leading dims)."""
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = tuple(sizes[0])
+    sizes = tuple(int(s) for s in sizes)
+    x = input.array
+    if len(sizes) < x.ndim:
+        raise ValueError(error("repeat", f"{len(sizes)} repeat sizes for a {x.ndim}-d tensor: "
+                               "give one per dim (more adds leading dims), as torch."))
+    xp = backend.get_array_module(x)
+    shape = (1,) * (len(sizes) - x.ndim) + tuple(x.shape)
+    out = xp.tile(x.reshape(shape), sizes)
+
+    def backward(g: Any) -> tuple:
+        split = [v for pair in zip(sizes, shape) for v in pair]
+        return (g.reshape(split).sum(axis=tuple(range(0, 2 * len(sizes), 2))).reshape(x.shape),)
+
+    return Tensor._make(out, (input,), backward, "repeat")
+
+
+def repeat_interleave(input: Tensor, repeats: Any, dim: int | None = None) -> Tensor:  # noqa: A002
+    """torch's ``repeat_interleave`` (NumPy's ``repeat``): each element ``repeats`` times along
+    ``dim`` (flattened when None); ``repeats`` an int or one count per element."""
+    x = input.array if dim is not None else input.array.reshape(-1)
+    d = 0 if dim is None else _dim("repeat_interleave", dim, x.ndim)
+    xp = backend.get_array_module(x)
+    reps = repeats.array if isinstance(repeats, Tensor) else repeats
+    out = xp.repeat(x, reps, axis=d)
+    src = xp.repeat(xp.arange(x.shape[d]), reps)
+    shape = input.array.shape
+
+    def backward(g: Any) -> tuple:
+        gx = xp.zeros(x.shape, dtype=g.dtype)
+        moved = xp.moveaxis(gx, d, 0)
+        if xp is numpy:
+            numpy.add.at(moved, src, xp.moveaxis(g, d, 0))
+        else:
+            import cupyx  # noqa: PLC0415
+
+            cupyx.scatter_add(moved, src, xp.moveaxis(g, d, 0))
+        return (gx.reshape(shape),)
+
+    return Tensor._make(out, (input,), backward, "repeat_interleave")
+
+
+def _extremum(op: str, a: Tensor, b: Any, pick: Any) -> Tensor:
+    b = coerce(b, a)
+    bt = b if isinstance(b, Tensor) else Tensor(b)
+    xa, xb = a.array, bt.array
+    out = pick(xa, xb)
+    a_wins = (xa > xb) if op == "maximum" else (xa < xb)
+
+    def backward(g: Any) -> tuple:
+        tie = (xa == xb) * 0.5
+        wa = a_wins + tie
+        wb = 1 - a_wins - tie
+        return unbroadcast(g * wa, xa.shape), unbroadcast(g * wb, xb.shape)
+
+    return Tensor._make(out, (a, bt), backward, op)
+
+
+def maximum(input: Tensor, other: Any) -> Tensor:  # noqa: A002
+    """Elementwise maximum (torch's ``maximum``, and ``x.max(other)``)."""
+    return _extremum("maximum", input, other, backend.get_array_module(input.array).maximum)
+
+
+def minimum(input: Tensor, other: Any) -> Tensor:  # noqa: A002
+    """Elementwise minimum (torch's ``minimum``, and ``x.min(other)``)."""
+    return _extremum("minimum", input, other, backend.get_array_module(input.array).minimum)
+
+
+def nonzero(input: Tensor, *, as_tuple: bool = False) -> Any:  # noqa: A002
+    """torch's ``nonzero``: an (n, ndim) int64 tensor of the non-zero positions (NumPy's
+    ``ndarray.nonzero`` returns a tuple of arrays: torch's ``as_tuple=True``)."""
+    xp = backend.get_array_module(input.array)
+    where = xp.nonzero(input.array)
+    if as_tuple:
+        return tuple(Tensor(w.astype(numpy.int64)) for w in where)
+    return Tensor(xp.stack(where, axis=-1).astype(numpy.int64).reshape(-1, input.array.ndim))
+
+
+__all__ = ["gather", "take", "index_select", "SortResult", "argsort", "sort", "repeat",
+           "repeat_interleave", "maximum", "minimum", "nonzero"]
