@@ -214,12 +214,16 @@ def loops_module(element: Any, n_state: int) -> ModuleType | None:
 
 # ----------------------------------------------------------------- first calls
 
+@functools.lru_cache(maxsize=None)
 def _machine() -> str:
     """A short hash of what Numba's cache key holds about this CPU (target triple, CPU name,
     features): a cache folder shared by machines (a home on NFS) keeps one marker per CPU."""
-    from numba.core.registry import cpu_target
+    try:
+        from numba.core.registry import cpu_target
 
-    magic = cpu_target.target_context.codegen().magic_tuple()
+        magic = cpu_target.target_context.codegen().magic_tuple()
+    except Exception:  # a Numba without these internals: one marker for every CPU
+        return "any-cpu"
     return hashlib.sha256(repr(magic).encode()).hexdigest()[:12]
 
 
