@@ -93,3 +93,55 @@ def manual_seed(seed: int) -> None:
 def manual_seed_all(seed: int) -> None:
     """``manual_seed`` on every GPU (each rank drives one GPU here: the same call)."""
     manual_seed(seed)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """False: minidist computes bfloat16 only on the CPU (CuPy has no bfloat16 arrays), so a
+    script's ``"bfloat16" if cuda.is_bf16_supported() else "float16"`` picks float16, which
+    runs on a GPU here; without a GPU torch answers False too."""
+    return False
+
+
+def _memory_pool() -> Any:
+    return backend.require_cuda().get_default_memory_pool() if backend.gpu_available() else None
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes of GPU memory held by arrays now (CuPy's memory pool); 0 without a GPU, as torch."""
+    pool = _memory_pool()
+    return 0 if pool is None else int(pool.used_bytes())
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes the memory pool holds from the GPU (used and cached); 0 without a GPU."""
+    pool = _memory_pool()
+    return 0 if pool is None else int(pool.total_bytes())
+
+
+_peak = {"allocated": 0, "reserved": 0}
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """The most ``memory_allocated`` seen by this function, ``memory_allocated`` itself or
+    ``reset_peak_memory_stats`` (CuPy keeps no peak of its own, so short peaks between two
+    such calls are missed; torch's allocator records every one); 0 without a GPU."""
+    _peak["allocated"] = max(_peak["allocated"], memory_allocated(device))
+    return _peak["allocated"]
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """As ``max_memory_allocated``, for ``memory_reserved``; 0 without a GPU."""
+    _peak["reserved"] = max(_peak["reserved"], memory_reserved(device))
+    return _peak["reserved"]
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Start the peaks again from the current values."""
+    _peak["allocated"], _peak["reserved"] = memory_allocated(device), memory_reserved(device)
+
+
+def empty_cache() -> None:
+    """Give the memory pool's cached blocks back to the GPU (a no-op without one, as torch)."""
+    pool = _memory_pool()
+    if pool is not None:  # pragma: no cover - needs a GPU
+        pool.free_all_blocks()

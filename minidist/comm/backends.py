@@ -5,7 +5,7 @@
     torch_backend_note("gloo", "mpi", info)              # one line: what a torch name runs as
 
 torch's names map onto minidist's transports (``TORCH_BACKENDS``): ``gloo`` is the TCP
-transport (under mpiexec/srun with no MASTER_PORT, the MPI transport, with a warning);
+transport (under mpiexec/srun with no MASTER_PORT, the MPI transport, said at INFO);
 ``nccl`` is the GPU path over whatever transport the launcher implies.
 """
 
@@ -97,14 +97,23 @@ def torch_backend_note(backend: str, chosen: str, info: LaunchInfo) -> None:
 
     ``gloo`` under mpiexec/srun takes rank and size from the launcher and meets over TCP at
     MASTER_PORT (or ``init_method``); with no port given it runs on MPI, which the launcher
-    already connected. That line is a warning from rank 0, so it shows at the default level.
+    already connected. That is the usual ported line under ``./mpirun.sh`` and works as the
+    user meant, so rank 0 says it at INFO (``MINIDIST_LOG_LEVEL=INFO`` shows it). Only where
+    the choice goes against the user's set-up, a ``MASTER_ADDR`` set for a TCP rendezvous
+    without ``MASTER_PORT``, is it a warning, shown at the default level.
     """
     if backend == "gloo":
         if chosen == "mpi":
-            if info.rank == 0:
-                log.warning("backend='gloo' under %s: running minidist's MPI transport (the "
-                            "launcher already connected the ranks); under torchrun-style "
-                            "variables gloo runs the TCP transport", info.launcher)
+            if info.rank == 0 and info.master_addr:
+                log.warning("backend='gloo' under %s: MASTER_ADDR=%s is set but MASTER_PORT is "
+                            "not, so the TCP rendezvous is not used: running minidist's MPI "
+                            "transport (the launcher already connected the ranks). Set "
+                            "MASTER_PORT for TCP, or unset MASTER_ADDR", info.launcher,
+                            info.master_addr)
+            elif info.rank == 0:
+                log.info("backend='gloo' under %s: running minidist's MPI transport (the "
+                         "launcher already connected the ranks); under torchrun-style "
+                         "variables gloo runs the TCP transport", info.launcher)
         else:
             log.info("backend='gloo': running minidist's TCP transport")
         return

@@ -45,6 +45,17 @@ def is_nccl_available() -> bool:
     return False
 
 
+def get_default_backend_for_device(device: Any) -> str:
+    """torch's answer: ``"gloo"`` for the CPU, ``"nccl"`` for CUDA (minidist runs "nccl" as GPU
+    arrays over its MPI or TCP transport; see ``init_process_group``)."""
+    kind = device.type if hasattr(device, "type") else str(device).split(":")[0]
+    names = {"cpu": "gloo", "cuda": "nccl"}
+    if kind not in names:
+        raise ValueError(f"get_default_backend_for_device: no default backend for device "
+                         f"type {kind!r}; minidist knows 'cpu' (gloo) and 'cuda' (nccl).")
+    return names[kind]
+
+
 def is_mpi_available() -> bool:
     """True when mpi4py imports (the MPI transport can run)."""
     try:
@@ -126,7 +137,8 @@ def broadcast_object_list(object_list: list, src: int = 0, group: Any = None,
 __all__ = [
     "ProcessGroup", "ReduceOp", "Work", "TORCH_NAMES", "algorithms", "all_gather",
     "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier", "broadcast",
-    "broadcast_object_list", "destroy_process_group", "get_backend", "get_rank",
+    "broadcast_object_list", "destroy_process_group", "get_backend",
+    "get_default_backend_for_device", "get_rank",
     "get_world_size", "init_process_group", "is_available", "is_gloo_available",
     "is_initialized", "is_mpi_available", "is_nccl_available", "new_group", "optim", "reduce",
     "reduce_scatter_tensor",

@@ -108,8 +108,13 @@ def round_(self: Tensor, decimals: int = 0) -> Tensor:
 
 
 def pin_memory(self: Tensor, device: Any = None) -> Tensor:
-    """torch's ``pin_memory()``: the same tensor (host arrays are copied to a GPU as they are;
-    page-locked memory is not modelled)."""
+    """torch's ``pin_memory()``: with a GPU, the same tensor (page-locked host memory is not
+    modelled; copies to the GPU are synchronous anyway); without one it raises, as torch."""
+    if not backend.gpu_available():
+        raise backend.DeviceUnavailableError(error(
+            "Tensor.pin_memory", "pinned memory needs a GPU (torch raises here too: 'Cannot "
+            "access accelerator device when none is available'). Call it only when "
+            "minidist.cuda.is_available()."))
     return self
 
 

@@ -289,3 +289,30 @@ def test_one_cycle_lr_without_torch():
     sched.step()
     with pytest.raises(ValueError, match="total_steps"):
         sched.step()
+
+
+def test_gpu_spellings_answer_as_torch_does_on_this_machine():
+    x = minidist.ones(2)
+    assert x.is_xpu is False and x.is_pinned() is False
+    assert minidist.distributed.get_default_backend_for_device("cpu") == "gloo"
+    assert minidist.distributed.get_default_backend_for_device("cuda:0") == "nccl"
+    assert minidist.cuda.is_bf16_supported() is False      # no bfloat16 on CuPy: pick float16
+    if minidist.cuda.is_available():                        # torch's meaning with a GPU
+        y = x.cuda(0, non_blocking=True).pin_memory()
+        assert y.is_cuda and minidist.cuda.max_memory_allocated() >= y.nbytes
+        minidist.cuda.reset_peak_memory_stats()
+        minidist.cuda.empty_cache()
+        return
+    for query in (minidist.cuda.max_memory_allocated, minidist.cuda.memory_allocated,
+                  minidist.cuda.max_memory_reserved, minidist.cuda.memory_reserved):
+        assert query() == 0
+    minidist.cuda.reset_peak_memory_stats(), minidist.cuda.empty_cache()
+    with pytest.raises(minidist.DeviceUnavailableError):
+        x.cuda(0, non_blocking=True)
+    with pytest.raises(minidist.DeviceUnavailableError, match="pinned memory needs a GPU"):
+        x.pin_memory()
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():                       # what a CPU-only torch answers
+        assert torch.cuda.max_memory_allocated() == 0 and not torch.cuda.is_bf16_supported()
+        with pytest.raises(RuntimeError):
+            torch.ones(2).pin_memory()
