@@ -192,16 +192,18 @@ class Eta:
     """Time left in a size sweep, from the sizes measured so far.
 
     The wall time of one call at ``nbytes`` is modelled as ``a + b * nbytes``. ``a`` (latency,
-    barrier, Python) is read off the sizes done. ``b`` (seconds per byte) is read off the sizes
-    done where bytes cost at least as much as the latency (``b * nbytes >= a``); until the
-    sweep gets there it is ``prior_s_per_byte``, which the caller measures on this machine
-    under its present load (benchmarks/allreduce.py: one call of every algorithm at a few
-    MiB). Extrapolating the bytes moved by the small sizes instead (all latency, nearly no
-    bytes) predicted days for a sweep of minutes.
+    barrier, Python) is read off the first sizes. ``b`` (seconds per byte) is
+    ``prior_s_per_byte``, which the caller measures at ``prior_bytes`` on this machine under its
+    present load before the sweep (benchmarks/allreduce.py: one call of every algorithm at the
+    largest size), until the sweep itself reaches a quarter of that size; from then on, the
+    largest size done gives it (the load may have changed since). The largest sizes take most
+    of a sweep's time and run beyond the caches, where a byte costs more than in them, so ``b``
+    comes from sizes like them. Extrapolating the bytes moved by the small sizes instead (all
+    latency, nearly no bytes) predicted days for a sweep of minutes.
     """
 
-    def __init__(self, prior_s_per_byte: float) -> None:
-        self.prior = prior_s_per_byte
+    def __init__(self, prior_s_per_byte: float, prior_bytes: int) -> None:
+        self.prior, self.prior_bytes = prior_s_per_byte, prior_bytes
         self.points: list[tuple[int, float]] = []  # (nbytes, seconds per call)
 
     def done(self, nbytes: int, calls: int, seconds: float) -> None:
@@ -212,9 +214,10 @@ class Eta:
         if not self.points:
             return 0.0, self.prior
         a = statistics.median(w for _, w in self.points[:3])
-        seen = [(w - a) / s for s, w in self.points if s > 0 and self.prior * s >= a]
-        b = max(statistics.median(seen), self.prior / 4) if seen else self.prior
-        a = max(0.0, statistics.median(w - b * s for s, w in self.points))
+        s_big, w_big = max(self.points)
+        b = self.prior
+        if 4 * s_big >= self.prior_bytes and w_big > a:
+            b = (w_big - a) / s_big
         return a, b
 
     def left(self, todo: Sequence[tuple[int, int]]) -> float:

@@ -316,26 +316,28 @@ def time_interleaved(group: Any, runs: list[tuple[Callable, np.ndarray]], base: 
     return group.all_gather(local.reshape(-1)).max(axis=0).reshape(k, iters).tolist()
 
 
-PROBE_BYTES = 4 << 20  # the time-left estimate's per-byte cost is measured at this size
+PROBE_BYTES = 64 << 20  # the time-left estimate's per-byte cost is measured up to this size
 
 
 def probe_seconds_per_byte(group: Any, runs: list[tuple[Callable, Any]], full: np.ndarray,
                            op: str, nbytes: int) -> float:
     """Seconds per byte of one call at ``nbytes``, as the sweep times it (restore the input,
     barrier, call), averaged over the algorithms, under the machine's present load: what the
-    large sizes will cost, known before the sweep reaches them (for ``Eta``). Each algorithm
-    runs twice; the second call is timed."""
+    large sizes, which take most of the sweep's time, will cost, known before the sweep
+    reaches them (for ``Eta``). Each algorithm first runs once on a few elements (a first call
+    may set things up) and on buffers already touched (no page faults in the timed call)."""
     barrier = barrier_fn(group)
     count = nbytes // full.dtype.itemsize
     spent = 0.0
-    for timed in (False, True):
-        for run, buf in runs:
-            t0 = time.perf_counter()
-            buf[:count] = full[:count]
-            barrier()
-            run(buf[:count], op)
-            if timed:
-                spent += time.perf_counter() - t0
+    for run, buf in runs:
+        buf[:count] = full[:count]
+        run(buf[:min(count, 256)], op)
+    for run, buf in runs:
+        t0 = time.perf_counter()
+        buf[:count] = full[:count]
+        barrier()
+        run(buf[:count], op)
+        spent += time.perf_counter() - t0
     return spent / len(runs) / max(nbytes, 1)
 
 
@@ -422,7 +424,7 @@ def sweep(args: Args, group: Any, gloo: Callable | None = None,
     probe = min(max(points), PROBE_BYTES) // dtype.itemsize * dtype.itemsize
     per_byte = probe_seconds_per_byte(group, [(runners[a], shared if a.removesuffix(
         "-off").endswith("_zc") else plain) for a in args.algorithms], full, args.op, probe)
-    eta = Eta(per_byte) if rank == 0 else None
+    eta = Eta(per_byte, probe) if rank == 0 else None
     progress: list[dict] = []
     t_start, sizes_done = time.perf_counter(), 0
     try:

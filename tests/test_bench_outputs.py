@@ -57,7 +57,7 @@ def _bench_module(name: str):
 def test_time_left_is_within_2x_from_the_first_size_of_a_latency_then_bandwidth_sweep():
     """A sweep like allreduce.py's (8 B .. 64 MiB, 200 calls per algorithm at small sizes, down
     to 10 at the largest): per call 50 us + 0.5 ns/B. The prior is the per-byte cost of one call
-    at 4 MiB (latency included, as the benchmark's probe measures it). Extrapolating the bytes
+    at 64 MiB (latency included, as the benchmark's probe measures it). Extrapolating the bytes
     moved so far said days after the first size; the model stays within 2x throughout."""
     common = _bench_module("_common")
     allreduce = _bench_module("allreduce")
@@ -65,7 +65,7 @@ def test_time_left_is_within_2x_from_the_first_size_of_a_latency_then_bandwidth_
     points = common.sizes(8, 64 << 20)
     calls = [(3 + allreduce.default_iters(s)) * 10 + 11 for s in points]
     seconds = [c * (a + b * s) for s, c in zip(points, calls)]
-    eta = common.Eta((a + b * (4 << 20)) / (4 << 20))
+    eta = common.Eta((a + b * (64 << 20)) / (64 << 20), 64 << 20)
     for i, (s, c, t) in enumerate(zip(points[:-1], calls, seconds)):
         eta.done(s, c, t)
         left, truth = eta.left(list(zip(points[i + 1:], calls[i + 1:]))), sum(seconds[i + 1:])
