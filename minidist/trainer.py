@@ -48,8 +48,8 @@ from minidist import amp, comm
 from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.checkpoint import checkpoint_path, save_checkpoint
-from minidist.checkpoint.resume import (agree_on_checkpoint, no_checkpoint_error,
-                                        refuse_used_folder, restore)
+from minidist.checkpoint.resume import (agree_on_checkpoint, check_writable,
+                                        no_checkpoint_error, refuse_used_folder, restore)
 from minidist.data import DataLoader, DistributedSampler, random_split
 from minidist.ddp import DistributedDataParallel, check_manifest
 from minidist.kernels import jit_cache
@@ -314,12 +314,19 @@ class Trainer:
                                      shuffle=cfg.shuffle, seed=cfg.seed)
         loader = DataLoader(train_dataset, batch_size=cfg.batch_size, sampler=sampler)
         self._preflight(len(train_dataset), len(loader))
+        if len(train_dataset) == 0:  # every rank alike (the pre-flight compared the lengths)
+            raise ValueError(f"{rank_prefix()} Trainer.fit: the training dataset is empty (0 "
+                             "samples), so there is nothing to train on. Check the data path "
+                             "and split (validation_split holds out a fraction of it).")
+        self._check_fp16_without_amp()
         steps_per_epoch = math.ceil(len(loader) / cfg.grad_accum_steps)
         self._build_schedule(steps_per_epoch * cfg.epochs, steps_per_epoch)
         if cfg.resume:
             self._resume()
         elif cfg.checkpoint_dir:  # a new run: its folder must not hold another run's files
             refuse_used_folder(cfg.checkpoint_dir, self.rank, self.world_size)
+        if cfg.checkpoint_dir:  # found now, not at the first save after an epoch
+            check_writable(cfg.checkpoint_dir, self.rank, self.world_size)
         first_epoch, self._first_step = self.start_epoch, self.global_step
         if self._loader_state is not None:  # a mid-epoch checkpoint: continue at its batch
             loader.load_state_dict(self._loader_state)
@@ -546,6 +553,24 @@ class Trainer:
         if not self.config.amp and self.config.allow_nonfinite:
             return contextlib.nullcontext()
         return np.errstate(over="ignore", invalid="ignore")
+
+    def _check_fp16_without_amp(self) -> None:
+        """float16 parameters without amp: an optimizer eps that is 0 in float16 (Adam's 1e-8)
+        divides by zero at the first step (NaN weights). Refused before step 0, naming it."""
+        if self.config.amp:
+            return
+        for group in self.optimizer.param_groups:
+            eps = group.get("eps")
+            half = [p for p in group["params"] if getattr(p, "dtype", None) == np.float16]
+            if half and isinstance(eps, float) and np.float16(eps) == 0:
+                tiny = float(np.finfo(np.float16).smallest_subnormal)
+                raise ValueError(
+                    f"{rank_prefix()} Trainer: {len(half)} parameter(s) are float16 and amp is "
+                    f"off, and {type(self.optimizer).__name__}'s eps={eps:g} rounds to 0 in "
+                    f"float16 (the smallest float16 is {tiny:.1e}), so the first step "
+                    "divides by zero and the weights turn NaN. Keep the parameters float32 and "
+                    "train with TrainerConfig(amp=True) (float16 compute, float32 weights), or "
+                    "give the optimizer eps >= 1e-4.")
 
     def _check_fp16_path(self, ac: amp.autocast) -> None:
         """amp=True on a model whose forward casts nothing to float16 is an error (once)."""

@@ -8,7 +8,9 @@
 How the ranks agree (rank 0 picks, everyone loads the same file or everyone raises)::
 
     rank 0: remove stale temp files; try checkpoint-N, N-1, ... until one loads
-            (each one skipped: one warning line naming it and why)
+            (each one skipped: one warning line naming it and why); once one loads, the
+            damaged ones skipped are renamed checkpoint-N.npz.damaged: kept for inspection,
+            never overwritten by the resumed run
     broadcast {path, error} from rank 0                -> the same choice everywhere
     ranks 1..N-1 load that path; all_gather who failed -> the same error everywhere
 
@@ -19,6 +21,9 @@ position, the GradScaler and the random generator.
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,14 +44,21 @@ def pick_checkpoint(directory: str | Path) -> tuple[dict | None, dict]:
     """Rank 0: (the newest loadable Trainer checkpoint, ``{"path", "error"}`` for the others)."""
     remove_stale_temp_files(directory)
     skipped = []
+    damaged: list[Path] = []
     for candidate in list_checkpoints(directory):
         try:
             loaded = load_checkpoint(candidate)
         except CheckpointError as e:
             why = e.reason
+            damaged.append(candidate)
         else:
             missing = [k for k in RESUME_KEYS if k not in loaded]
             if not missing:
+                for path in damaged:  # the resumed run would write these names again
+                    aside = set_aside(path)
+                    if aside is not None:
+                        log.warning("resume: set the damaged %s aside as %s (kept for "
+                                    "inspection)", path.name, aside)
                 return loaded, {"path": str(candidate), "error": None}
             why = f"it has no {missing[0]!r} entry, so Trainer did not write it"
         skipped.append(f"{candidate.name} ({why})")
@@ -55,6 +67,52 @@ def pick_checkpoint(directory: str | Path) -> tuple[dict | None, dict]:
              f"{'; '.join(skipped)}. Restore a copy, or move them aside to start fresh."
              if skipped else None)
     return None, {"path": None, "error": error}
+
+
+def set_aside(path: Path) -> Path | None:
+    """Rename a damaged checkpoint to ``<name>.damaged`` (``.damaged-2``, ... if taken): kept
+    for inspection, out of the resumed run's way (it would write the same name again), and
+    no longer listed as a checkpoint. None if it cannot be renamed (it stays where it is)."""
+    for k in range(1, 100):
+        aside = path.with_name(f"{path.name}.damaged" + (f"-{k}" if k > 1 else ""))
+        if aside.exists():
+            continue
+        try:
+            os.rename(path, aside)
+        except OSError as e:
+            log.warning("resume: could not set the damaged %s aside (%s); the run may write "
+                        "over it", path, e)
+            return None
+        return aside
+    return None
+
+
+def check_writable(directory: str | Path, rank: int, world_size: int) -> None:
+    """Before the first step: rank 0 (the writer) creates ``directory`` if needed and writes
+    and removes a probe file there, so an unwritable checkpoint_dir is found at the start, not
+    at the first save after an epoch of training. COLLECTIVE when ``world_size > 1``.
+
+    Raises:
+        CheckpointError: on every rank alike, naming the folder and why it cannot be written.
+    """
+    why: str | None = None
+    if rank == 0:
+        probe = Path(directory) / f".write-probe-{socket.gethostname()}-{os.getpid()}"
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            name = errno.errorcode.get(e.errno or 0, type(e).__name__)
+            why = f"{name}: {e.strerror or e}"
+    if world_size > 1:
+        why = comm.broadcast_object(why, src=0)
+    if why is not None:
+        raise CheckpointError(
+            f"{rank_prefix()} checkpoint_dir {directory} cannot be written ({why}); the first "
+            "checkpoint would fail after an epoch of training. Choose a folder this job can "
+            "write (examples/train.py: --checkpoint-dir), or free space on its disk.",
+            path=Path(directory), reason=why)
 
 
 def agree_on_checkpoint(directory: str | Path, rank: int, world_size: int
@@ -173,5 +231,5 @@ def restore(ckpt: dict, path: Path, world_size: int, model: Any, optimizer: Any,
     tensor_random.default_generator().bit_generator.state = ckpt["rng"]
 
 
-__all__ = ["RESUME_KEYS", "agree_on_checkpoint", "no_checkpoint_error", "pick_checkpoint",
-           "refuse_used_folder", "restore"]
+__all__ = ["RESUME_KEYS", "agree_on_checkpoint", "check_writable", "no_checkpoint_error",
+           "pick_checkpoint", "refuse_used_folder", "restore", "set_aside"]

@@ -14,6 +14,7 @@ save_checkpoint, on the writing rank::
 from __future__ import annotations
 
 import builtins
+import errno
 import io
 import json
 import os
@@ -56,18 +57,22 @@ def _write(path: Path, state: Mapping[str, Any], allow_nonfinite: bool) -> int:
     if found is not None:
         raise nonfinite_error(path, state, arrays, found)
     arrays[META_KEY] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp_files(path.parent)
     tmp = temp_path(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(path.parent)
         with open(tmp, "w+b") as f:
             np.savez(f, **arrays)
             append_trailer(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    except OSError as e:  # a full disk, a read-only file system, no permission: one error
+        _discard(tmp)
+        raise _write_error(path, e) from None
+    except BaseException:
+        _discard(tmp)
+        raise
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -77,6 +82,29 @@ def _write(path: Path, state: Mapping[str, Any], allow_nonfinite: bool) -> int:
     except OSError:
         pass
     return len(arrays) - 1
+
+
+def _discard(tmp: Path) -> None:
+    """Remove a half-written temp file, if it can be (on a read-only disk it cannot)."""
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _write_error(path: Path, e: OSError) -> CheckpointError:
+    """One line for a checkpoint the disk refused, naming the cause and the fix."""
+    name = errno.errorcode.get(e.errno or 0, type(e).__name__)
+    fix = {errno.ENOSPC: "free space on that disk, or choose a checkpoint_dir on another one",
+           errno.EDQUOT: "free space within your quota, or choose another checkpoint_dir",
+           errno.EROFS: "that file system is read-only: choose a writable checkpoint_dir",
+           errno.EACCES: "this process may not write there: choose a writable checkpoint_dir",
+           errno.EPERM: "this process may not write there: choose a writable checkpoint_dir",
+           }.get(e.errno or 0, "choose a checkpoint_dir this job can write")
+    return CheckpointError(
+        f"{rank_prefix()} save_checkpoint: could not write {path} ({name}: {e.strerror or e}); "
+        f"nothing was written and the previous checkpoints are kept. Fix: {fix}.",
+        path=path, reason=f"{name}: {e.strerror or e}")
 
 
 def _outcome(error: BaseException | None, rank: int) -> dict | None:
@@ -191,6 +219,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - zip, npy and JSON parsers raise many types
+        if "allow_pickle" in str(e):  # NumPy's advice would be to load it unsafely: no
+            raise damaged(path, "it holds pickled Python objects, which a minidist checkpoint "
+                                "never does (loading them could run any code, so it is "
+                                "refused)") from None
         reason = (f"array {e} is missing" if isinstance(e, KeyError) else
                   f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} while reading it")
         raise damaged(path, reason) from e
