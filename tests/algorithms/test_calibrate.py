@@ -178,3 +178,18 @@ def test_the_shipped_table_is_package_data_not_a_module(tmp_path, monkeypatch, c
     with caplog.at_level(logging.WARNING, logger="minidist"):
         assert select._load_shipped() == {}
     assert "cannot read the shipped table" in caplog.text and "minidist.tune" in caplog.text
+
+
+def test_a_group_says_once_at_debug_level_which_table_auto_uses(tmp_path, monkeypatch, caplog):
+    from minidist.comm import group as group_module
+    from minidist.comm import new_group_from_transport
+    from minidist.comm.transports.threads import run_threads
+
+    monkeypatch.setenv("MINIDIST_CACHE_DIR", str(tmp_path))  # a fresh machine: no calibration
+    monkeypatch.setattr(group_module, "_AUTO_SOURCES_SAID", set())
+    with caplog.at_level(logging.DEBUG, logger="minidist"):
+        run_threads(2, lambda t: [new_group_from_transport(t) for _ in range(3)] and None,
+                    timeout_s=60)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto uses")]
+    assert said == ["auto uses the shipped table (minidist/comm/algorithms/auto_defaults.json) "
+                    "(n=2, transport threads)"], said
