@@ -134,3 +134,6 @@ from minidist.tensor.torch_methods import max as max  # noqa: A004,E402,F401 - t
 from minidist.tensor.torch_methods import min as min  # noqa: A004,E402,F401
 from minidist.tensor.torch_methods import sum as sum  # noqa: A004,E402,F401
 from minidist.tensor.switches import onnx  # noqa: E402 - torch.onnx (also minidist.onnx)
+from minidist.tensor.more_methods import (amax, amin, bmm, expm1, flip, log1p,  # noqa: E402
+                                          logsumexp, mm, movedim, outer, roll, rsqrt, square,
+                                          tile, unbind)

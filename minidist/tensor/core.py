@@ -390,8 +390,8 @@ def attach_methods(cls: type, *tables: dict[str, Any]) -> None:
 # The op modules import Tensor from here, so they (and the method modules, which call them)
 # are imported after the class exists. Each method module ends with its METHODS table.
 from minidist.tensor import (autograd, conversion, elementwise, inplace_methods,  # noqa: E402
-                             linalg, mathops, methods, torch_methods)
+                             linalg, mathops, methods, more_methods, torch_methods)
 from minidist.tensor import shape as shape_ops  # noqa: E402
 
 attach_methods(Tensor, methods.METHODS, inplace_methods.METHODS, conversion.METHODS,
-               torch_methods.METHODS)
+               torch_methods.METHODS, more_methods.METHODS)

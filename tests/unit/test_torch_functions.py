@@ -83,6 +83,19 @@ OPS = {  # name -> (function of Tensors, input arrays); torch's spelling is the 
     "bce_logits": (lambda x, y: F.binary_cross_entropy_with_logits(
         x, y, pos_weight=minidist.tensor(np.array([0.5, 2.0, 1.0, 3.0]))),
         [a(3, 4), RNG.uniform(0, 1, (3, 4))]),
+    "log1p": (lambda x: x.log1p(), [RNG.uniform(0.1, 2, (3, 4))]),
+    "expm1": (lambda x: minidist.expm1(x), [a(3, 4)]),
+    "flip": (lambda x: x.flip(1), [a(3, 4)]),
+    "roll": (lambda x: minidist.roll(x, (1, -2), (0, 1)), [a(3, 4)]),
+    "amax_ties": (lambda x: x.amax(1), [np.array([[1.0, 3.0, 3.0], [2.0, 0.5, -1.0]])]),
+    "amin": (lambda x: minidist.amin(x, (0, 1), keepdim=True), [a(3, 4)]),
+    "logsumexp": (lambda x: x.logsumexp(dim=1), [a(3, 4)]),
+    "movedim": (lambda x: x.movedim(0, 2), [a(2, 3, 4)]),
+    "outer": (lambda x, y: minidist.outer(x, y), [a(3), a(4)]),
+    "tile": (lambda x: x.tile(2), [a(2, 3)]),
+    "rsqrt": (lambda x: x.rsqrt(), [RNG.uniform(0.5, 2, (3, 4))]),
+    "bmm": (lambda x, y: x.bmm(y), [a(2, 3, 4), a(2, 4, 2)]),
+    "unbind": (lambda x: x.unbind(1)[2], [a(3, 4)]),
 }
 
 
@@ -100,6 +113,10 @@ TORCH_SPELLING = {  # where torch's call differs from the minidist lambda above
     "einsum_implicit": lambda t, x: t.einsum("ij", x),
     "einsum_outer_sum": lambda t, x, y: t.einsum("ij,k->k", x, y),
     "var_corr0": lambda t, x: t.var(x, dim=0, correction=0),
+    "expm1": lambda t, x: t.expm1(x),
+    "roll": lambda t, x: t.roll(x, (1, -2), (0, 1)),
+    "amin": lambda t, x: t.amin(x, (0, 1), keepdim=True),
+    "outer": lambda t, x, y: t.outer(x, y),
     "gather": lambda t, x: x.gather(1, t.tensor(IDX)),
     "take": lambda t, x: x.take(t.tensor([0, 5, 5, 7])),
     "index_select": lambda t, x: x.index_select(1, t.tensor([3, 0, 3])),
@@ -172,7 +189,11 @@ def test_numpy_namesakes_match_torch():
                t.min(1).indices, (t > 0).any(1), t.cumsum(2), t.prod(0), t.take(
                    lib.tensor([0, 23])), lib.max(t, t * 0.5), lib.sum(t, 1, keepdim=True),
                lib.mean(t, dim=2), lib.argmax(t, dim=1), t.round(decimals=1),
-               t.repeat_interleave(2, dim=1), t.swapaxes(0, 2), t.mT, (t > 0).nonzero()]
+               t.repeat_interleave(2, dim=1), t.swapaxes(0, 2), t.mT, (t > 0).nonzero(),
+               t.lt(0), t.ge(t * 0), t.isfinite(), (t > 0).logical_not(), t.floor(),
+               t.amax((0, 2)), t.logsumexp(1), t.flip(0, 1), t.roll(1), t.unbind(2)[1],
+               t.movedim((0, 1), (2, 0)), t.type_as(t.int()), t[0].mm(t[1].T),
+               t.clamp_min(0.1), t.square(), t.tile((2, 1))]
         if lib is minidist:
             ours = got
         else:
