@@ -15,7 +15,8 @@ import pytest
 
 from procs import REPO, job_env
 
-MODULES = ["minidist.launch", "minidist.testing.cluster", "minidist.tune", "minidist.viz"]
+MODULES = ["minidist.launch", "minidist.testing.cluster", "minidist.testing.slurm", "minidist.tune",
+           "minidist.viz"]
 SHELL = ["mpirun.sh", "test.sh"]
 
 

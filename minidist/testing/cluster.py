@@ -144,7 +144,7 @@ def _kill_netns(ns: str, wait_s: float = 5.0) -> None:
 
 
 def cleanup_stale(verbose: bool = False) -> list[str]:
-    """Remove namespaces, links and /etc/netns folders of runs whose process is gone.
+    """Remove namespaces, links, /etc/netns and temporary folders of runs whose process is gone.
 
     Only names of this tool (``mdc`` + a pid + 2 hex digits) whose pid is not alive: a run in
     progress, here or in another process, is never touched. Returns what was removed.
@@ -172,6 +172,10 @@ def cleanup_stale(verbose: bool = False) -> list[str]:
             if dead(d.name):
                 shutil.rmtree(d, ignore_errors=True)
                 removed.append(f"{d}")
+    for d in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):  # a run's files (its sockets)
+        if d.is_dir() and dead(d.name):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(f"{d}")
     if verbose:
         for r in removed:
             print(f"[cluster] removed stale {r}", file=sys.stderr)
