@@ -129,21 +129,25 @@ class Parser(argparse.ArgumentParser):
 class StopRequest:
     """Ctrl-C as a request to stop and keep what was measured.
 
-    Installed before ``init_process_group`` (minidist then leaves SIGINT to the script): the
-    first SIGINT only sets ``requested``; the ranks ask ``agreed(group)`` at points of the
-    sweep they all reach, so they stop together, at the same place, and rank 0 can write what
-    it has. A second Ctrl-C raises KeyboardInterrupt, which ends the job at once (one line,
-    exit 130) without saving.
+    Installed before ``init_process_group`` (minidist then leaves SIGINT to the script) and
+    armed when the measuring starts: from then on the first SIGINT only sets ``requested``;
+    the ranks ask ``agreed(group)`` at points of the sweep they all reach, so they stop
+    together, at the same place, and rank 0 can write what it has. Before ``arm()``, and on a
+    second Ctrl-C, SIGINT raises KeyboardInterrupt, which ends the job at once (minidist's one
+    line, exit 130) without saving.
     """
 
     exit_code = 128 + signal.SIGINT  # 130, as a shell reports a Ctrl-C'd command
 
     def __init__(self) -> None:
-        self.requested = False
+        self.requested = self.armed = False
         self.previous = signal.signal(signal.SIGINT, self._on_sigint)
 
+    def arm(self) -> None:
+        self.armed = True
+
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.requested:
+        if self.requested or not self.armed:
             raise KeyboardInterrupt
         self.requested = True
 

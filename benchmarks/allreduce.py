@@ -73,7 +73,8 @@ DEFAULT_ALGOS = "ring,tree,rd,direct,mpi,auto,shm,shm_zc,mpi_zc,auto_zc"
 # algorithms of the registry, auto, and MPI's Allreduce called directly. The GPU algorithms
 # (cuda_ipc, host_copy, ipc_host) are benchmarks/gpu_allreduce.py's.
 PUBLIC_ALGOS = ("ring", "tree", "rd", "direct", "mpi", "shm", "hier", "auto", "mpi_raw")
-SHIPPED_TABLE = Path(__file__).resolve().parent.parent / "minidist/comm/algorithms/auto_defaults.json"
+SHIPPED_TABLE = (Path(__file__).resolve().parent.parent
+                 / "minidist/comm/algorithms/auto_defaults.json")
 
 
 @dataclass
@@ -825,6 +826,7 @@ def main(argv: list[str] | None = None) -> int:
         if busy and group.rank == 0:
             print(f"# note: {busy}", flush=True)
         t0 = time.perf_counter()
+        stop.arm()
         result = sweep(args, group, gloo, stop=lambda: stop.agreed(group))
         result["elapsed_s"] = time.perf_counter() - t0
         result["load_average"] = {"start": load_start, "end": load_average()}
