@@ -228,8 +228,11 @@ def test_layers_load_torchs_weights_and_match_its_outputs():
 def test_bce_refuses_logits_and_clamps_like_torch():
     with pytest.raises(RuntimeError, match="between 0 and 1"):
         F.binary_cross_entropy(minidist.tensor(np.array([1.5])), np.array([1.0]))
-    loss = F.binary_cross_entropy(minidist.tensor(np.array([0.0, 1.0])), np.array([1.0, 0.0]))
+    p = minidist.tensor(np.array([0.0, 1.0]), requires_grad=True)
+    loss = F.binary_cross_entropy(p, np.array([1.0, 0.0]))
     assert float(loss) == 100.0                                      # each log clamped at -100
+    loss.backward()                                                  # torch's: / max(p(1-p), 1e-12)
+    np.testing.assert_allclose(p.grad.array, [-0.5e12, 0.5e12])
 
 
 def test_generator_seeds_randperm_randint_the_loader_and_random_split():
