@@ -247,8 +247,8 @@ def compile_guard(source: str, what: str) -> Iterator[None]:
     Numba's cache. A marker file (``marker_path``), written after the first successful call on
     this kind of CPU, says "cached": then no lock. Without it, an exclusive ``flock`` on
     ``kernels/.compile.lock`` lets one process of the machine compile at a time; one that had
-    to wait finds the marker of the process it waited for and loads. The time is added to
-    ``stats().seconds``."""
+    to wait finds the marker of the process it waited for, lets the lock go and loads. The
+    time is added to ``stats().seconds``."""
     global _seconds, _waited
     t0 = time.perf_counter()
     try:
@@ -270,6 +270,8 @@ def compile_guard(source: str, what: str) -> Iterator[None]:
                     with _lock:
                         _waited += 1
                     _say_once()
+                    handle.close()  # loading only reads: the ranks load side by side
+                    handle = None
         except (ImportError, OSError):  # no flock here, or no writable folder: unlocked
             if handle is not None:
                 handle.close()
