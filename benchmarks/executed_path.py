@@ -62,14 +62,33 @@ def is_instrumentation(relpath: str) -> bool:
     return bool(INSTRUMENTATION_PARTS & set(p.parts[:-1])) or p.stem in INSTRUMENTATION_STEMS
 
 
+# The fast paths a default step takes in place of the textbook algorithm (docs/layout.md's walk
+# marks them, and the observers, as wings; the rest of the step is the spine).
+FAST_PATH_FILES = {"minidist/comm/algorithms/shm.py", "minidist/comm/transports/shm_window.py",
+                   "minidist/comm/algorithms/hier.py"}
+
+
+def wing_of(relpath: str) -> str | None:
+    """The wing a library file belongs to ("watch": an observer; "fast path"), or None for
+    the spine."""
+    if is_instrumentation(relpath):
+        return "watch"
+    return "fast path" if relpath in FAST_PATH_FILES else None
+
+
 def summarize(lines: list[tuple[str, int]]) -> dict:
-    """Counts of one rank's executed lines: total, per file, instrumentation share."""
+    """Counts of one rank's executed lines: total, per file, instrumentation share, spine and
+    wing lines."""
     per_file: dict[str, int] = {}
     for f, _ in lines:
         per_file[f] = per_file.get(f, 0) + 1
     instr = sum(n for f, n in per_file.items() if is_instrumentation(f))
+    wings = {f: w for f in per_file if (w := wing_of(f))}
     total = len(lines)
     return {"lines": total, "files": len(per_file),
+            "spine_lines": sum(n for f, n in per_file.items() if f not in wings),
+            "wing_lines": sum(n for f, n in per_file.items() if f in wings),
+            "wings": dict(sorted(wings.items())),
             "instrumentation_lines": instr,
             "instrumentation_pct": 100.0 * instr / total if total else 0.0,
             "per_file": dict(sorted(per_file.items(), key=lambda kv: (-kv[1], kv[0])))}
@@ -192,12 +211,18 @@ def main() -> None:
           f"{TARGETS['instrumentation_pct']:>8.1f}   "
           + ("met" if all(ok.values()) else
              "NOT met: " + ", ".join(k for k, v in ok.items() if not v)))
+    s0 = ranks[0]
+    print(f"# rank 0: spine {s0['spine_lines']} lines, wings {s0['wing_lines']} lines ("
+          + ", ".join(f"{w} {sum(s0['per_file'][f] for f, x in s0['wings'].items() if x == w)}"
+                      for w in sorted(set(s0["wings"].values()))) + ")")
     per_file = ranks[0]["per_file"]
     shown_files = per_file if args.files else dict(list(per_file.items())[:10])
     print(f"# rank 0, lines per file ({'all' if args.files else 'largest 10'}; "
-          "* = instrumentation)")
+          "* = instrumentation, [wing])")
     for f, cnt in shown_files.items():
-        print(f"  {cnt:>5}  {f}{'  *' if is_instrumentation(f) else ''}")
+        wing = wing_of(f)
+        print(f"  {cnt:>5}  {f}{'  *' if is_instrumentation(f) else ''}"
+              f"{f'  [{wing}]' if wing else ''}")
     extra = sorted({f for lines in waited.values() for f, _ in lines})
     if extra:
         print("# files of the lines only steps that waited ran (any rank): " + ", ".join(extra))

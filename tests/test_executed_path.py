@@ -2,6 +2,7 @@
 and little of it is instrumentation (the core and its observers, docs/layout.md)."""
 
 import json
+import re
 
 import pytest
 
@@ -32,3 +33,27 @@ def test_a_default_step_executes_a_short_path(tmp_path):
     long = {f: n for r in data["ranks"].values() for f in r["per_file"]
             if (n := len((REPO / f).read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, f"modules on the executed path over {MAX_MODULE_LINES} lines: {long}"
+    walk_matches_the_executed_files(data["ranks"]["0"])
+
+
+WALK_ENTRY = re.compile(r"^\s*\d+\.\s+`(minidist/[\w/]+\.py):[\w.]+`(.*)")
+WING_MARK = re.compile(r"\*\*\[wing: ([a-z ]+)\]\*\*")
+
+
+def walk_matches_the_executed_files(rank: dict) -> None:
+    """docs/layout.md's "Follow one gradient" names exactly the files one default step runs,
+    and marks as a wing exactly the files the script counts as wings (the same wing)."""
+    text = (REPO / "docs" / "layout.md").read_text()
+    start = text.index("## Follow one gradient")
+    section = text[start:text.find("\n## ", start + 1)]
+    named: dict[str, str | None] = {}
+    for line in section.splitlines():
+        if m := WALK_ENTRY.match(line):
+            mark = WING_MARK.search(m.group(2))
+            named.setdefault(m.group(1), mark.group(1) if mark else None)
+    ran = set(rank["per_file"])
+    assert set(named) == ran, (f"the walk names files the step does not run: "
+                               f"{sorted(set(named) - ran)}; the step runs files the walk "
+                               f"does not name: {sorted(ran - set(named))}")
+    wings = {f: w for f, w in named.items() if w}
+    assert wings == rank["wings"], f"wing marks differ: doc {wings}, script {rank['wings']}"

@@ -40,7 +40,8 @@ def test_the_path_is_listed_in_reading_order():
     entries = path_entries()
     assert len(entries) >= 10, entries
     assert entries[0][0] == "minidist/tensor/autograd.py", entries[0]
-    assert entries[-1][0].startswith("minidist/comm/transports/"), entries[-1]
+    assert any(m.startswith("minidist/comm/transports/") for m, _ in entries), entries
+    assert entries[-1][0].startswith("minidist/optim/"), entries[-1]
 
 
 def test_every_entry_exists():
