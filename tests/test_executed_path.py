@@ -51,7 +51,9 @@ def walk_matches_the_executed_files(rank: dict) -> None:
         if m := WALK_ENTRY.match(line):
             mark = WING_MARK.search(m.group(2))
             named.setdefault(m.group(1), mark.group(1) if mark else None)
-    ran = set(rank["per_file"])
+    # overlap="auto" runs the buckets on DDP's comm thread where the node has a spare core
+    # per rank (not on 2 cores at n=2): the walk names that file in its prose
+    ran = set(rank["per_file"]) - {"minidist/ddp/comm_thread.py"}
     assert set(named) == ran, (f"the walk names files the step does not run: "
                                f"{sorted(set(named) - ran)}; the step runs files the walk "
                                f"does not name: {sorted(ran - set(named))}")
