@@ -193,6 +193,7 @@ class DistributedDataParallel(ModulePassThrough):
                                overlap=overlap and self.world_size > 1,
                                find_unused_parameters=find_unused_parameters,
                                nonfinite_grads=nonfinite_grads, rank=self.rank)
+        self.reducer.forward_required = True  # calling the inner model is named at backward
         self._trace: StepTrace | None = None  # the step timeline's observer, while tracing
         self._stats: StepStats | None = None  # last_step_stats' observer, once read
         if comm_hook is not None:

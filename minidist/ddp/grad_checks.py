@@ -100,6 +100,18 @@ def missing_gradients_error(buckets: Sequence[Any], unreduced: Sequence[Any], st
         "step, run all but the last inside no_sync().")
 
 
+def bypassed_error(name: str, step: int) -> RuntimeError:
+    """A gradient reached a DDP parameter in a backward that no DDP forward prepared: the
+    inner model was called, so the buckets never saw this backward (Reducer's hook)."""
+    return RuntimeError(
+        f"{rank_prefix()} DistributedDataParallel: parameter {name!r} got a gradient in a "
+        f"backward (after step {step}) that did not follow a forward through the DDP wrapper: "
+        "the wrapped module was called directly (model(x) instead of ddp(x)), so this "
+        "gradient would not be averaged and the ranks' weights would drift apart in silence. "
+        "Call the wrapper (out = ddp(x)); for a forward outside training, use no_grad(). A "
+        "second backward over one forward's graph lands here too: run forward again.")
+
+
 def report_nonfinite(bad: list[str], step: int, started: str, policy: str, count: int) -> None:
     """Raise (``policy="raise"``), warn once, or count a step with NaN/inf averaged gradients."""
     msg = (f"{rank_prefix()} DistributedDataParallel: non-finite (NaN/inf) averaged gradient "
@@ -198,6 +210,6 @@ def unused_param_indices(outputs: Any, params: Sequence[Any],
     return [i for i, p in enumerate(params) if id(p) not in seen]
 
 
-__all__ = ["NONFINITE_POLICIES", "NonfiniteCheck", "all_finite_fast", "float_arrays",
-           "missing_gradients_error", "nonfinite_names", "report_nonfinite",
+__all__ = ["NONFINITE_POLICIES", "NonfiniteCheck", "all_finite_fast", "bypassed_error",
+           "float_arrays", "missing_gradients_error", "nonfinite_names", "report_nonfinite",
            "unused_param_indices", "where_it_started"]

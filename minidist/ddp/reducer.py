@@ -59,7 +59,8 @@ from minidist.amp import add_scale_listener, remove_scale_listener
 from minidist.comm.failure.advice import failure_advice, sentence
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.comm_thread import CommThread
-from minidist.ddp.grad_checks import NONFINITE_POLICIES, NonfiniteCheck, missing_gradients_error
+from minidist.ddp.grad_checks import (NONFINITE_POLICIES, NonfiniteCheck, bypassed_error,
+                                      missing_gradients_error)
 from minidist.ddp.hooks import avg_allreduce_hook
 from minidist.ddp.observers import EVENTS, AmpUnscale, ReducerObserver, overridden
 from minidist.ddp.states import StepState
@@ -102,6 +103,9 @@ class Reducer:
         self.overlap = overlap
         self.find_unused_parameters = find_unused_parameters
         self.require_sync = True  # False inside no_sync()
+        # DDP sets it: a synced backward must follow a forward through the wrapper (else the
+        # inner model was called: bypassed_error). Off, such a backward only accumulates.
+        self.forward_required = False
         self._comm_hook: Callable[[Any, Bucket], None] = avg_allreduce_hook
         self._hook_observer: ReducerObserver | None = None  # what the comm hook brought
         self.hook_state: Any = None
@@ -254,6 +258,8 @@ class Reducer:
                     self.step_state = StepState.BACKWARD
                     queue_callback(self._end_of_backward)
                 self._grad_ready(i)
+            elif self.require_sync and self.forward_required:  # no DDP forward before it
+                raise bypassed_error(self.names[i], self.num_syncs)
         return hook
 
     def _end_of_backward(self) -> None:

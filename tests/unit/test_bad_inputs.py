@@ -135,3 +135,29 @@ def test_save_into_a_file_path_names_the_folder(tmp_path):
     blocker.write_text("x")
     with pytest.raises(CheckpointError, match=r"could not write .* \(EEXIST: File exists\)"):
         save_checkpoint(blocker / "checkpoint-000001.npz", {"w": np.zeros(2)})
+
+
+def test_calling_the_inner_model_instead_of_ddp_is_named_at_that_backward(group):
+    """DDP(model), then model(x) instead of ddp(x): the buckets never see that backward, so
+    its gradients would never be averaged. The reducer's hook finds it at once, naming a
+    parameter; plain steps, no_sync accumulation and no_grad forwards of the inner model pass."""
+    minidist.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
+    ddp = minidist.DistributedDataParallel(model)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    x = minidist.Tensor(np.ones((4, 5), np.float32))
+    try:
+        for _ in range(2):
+            opt.zero_grad()
+            with ddp.no_sync():
+                ddp(x).sum().backward()
+            ddp(x).sum().backward()
+            opt.step()
+            with minidist.no_grad():
+                model(x)
+        opt.zero_grad()
+        with pytest.raises(RuntimeError, match=r"parameter '[\w.]+' got a gradient .*"
+                                               r"model\(x\) instead of ddp\(x\)"):
+            model(x).sum().backward()
+    finally:
+        ddp.close()
