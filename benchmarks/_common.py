@@ -196,7 +196,9 @@ class Eta:
     """Time left in a size sweep, from the sizes measured so far.
 
     The wall time of one call at ``nbytes`` is modelled as ``a + b * nbytes``. ``a`` (latency,
-    barrier, Python) is read off the first sizes. ``b`` (seconds per byte) is
+    barrier, Python) is read off the last three sizes done, so it follows the load of the
+    moment (on a machine shared with other jobs it can grow tenfold within a run). ``b``
+    (seconds per byte) is
     ``prior_s_per_byte``, which the caller measures at ``prior_bytes`` on this machine under its
     present load before the sweep (benchmarks/allreduce.py: one call of every algorithm at the
     largest size), until the sweep itself reaches a quarter of that size; from then on, the
@@ -217,11 +219,12 @@ class Eta:
         """(a seconds, b seconds per byte) fitted to the sizes done."""
         if not self.points:
             return 0.0, self.prior
-        a = statistics.median(w for _, w in self.points[:3])
+        first = statistics.median(w for _, w in self.points[:3])
         s_big, w_big = max(self.points)
         b = self.prior
-        if 4 * s_big >= self.prior_bytes and w_big > a:
-            b = (w_big - a) / s_big
+        if 4 * s_big >= self.prior_bytes and w_big > first:
+            b = (w_big - first) / s_big
+        a = statistics.median(max(0.0, w - b * s) for s, w in self.points[-3:])
         return a, b
 
     def left(self, todo: Sequence[tuple[int, int]]) -> float:

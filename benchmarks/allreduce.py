@@ -486,7 +486,8 @@ def sweep(args: Args, group: Any, gloo: Callable | None = None,
                     progress.append({"sizes_done": i + 1, "elapsed_s": spent, "left_s": left,
                                      "size_s": time.perf_counter() - t_size})
                     print(f"# progress: {i + 1}/{len(points)} sizes in {spent:.0f} s; about "
-                          f"{left:.0f} s left", file=sys.stderr, flush=True)
+                          f"{left:.0f} s left at the present load", file=sys.stderr,
+                          flush=True)
     except Stopped:
         pass
     out = {"n": n, "dtype": dtype.name, "op": args.op, "backend": group.backend, "note": args.note,

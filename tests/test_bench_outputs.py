@@ -72,6 +72,25 @@ def test_time_left_is_within_2x_from_the_first_size_of_a_latency_then_bandwidth_
         assert truth / 2 <= left <= truth * 2, (i, s, left, truth)
 
 
+def test_time_left_follows_a_load_that_grows_during_the_sweep():
+    """Other jobs start after the fourth size and every call's latency grows a hundredfold (4
+    ranks on 2 busy cores went from 0.7 to 10 ms): three sizes later the estimate is within 2x
+    again (the latency of the first sizes would keep it far too low)."""
+    common = _bench_module("_common")
+    allreduce = _bench_module("allreduce")
+    b = 0.5e-9
+    points = common.sizes(8, 64 << 20)
+    calls = [(3 + allreduce.default_iters(s)) * 10 + 11 for s in points]
+    seconds = [c * ((50e-6 if i < 4 else 5e-3) + b * s)
+               for i, (s, c) in enumerate(zip(points, calls))]
+    eta = common.Eta(b + 50e-6 / (64 << 20), 64 << 20)
+    for i, (s, c, t) in enumerate(zip(points[:-1], calls, seconds)):
+        eta.done(s, c, t)
+        left, truth = eta.left(list(zip(points[i + 1:], calls[i + 1:]))), sum(seconds[i + 1:])
+        if i >= 5:
+            assert truth / 2 <= left <= truth * 2, (i, s, left, truth)
+
+
 def _row(nbytes, algorithm, q1, median, q3):
     return {"nbytes": nbytes, "algorithm": algorithm, "q1_us": q1, "median_us": median,
             "q3_us": q3}
