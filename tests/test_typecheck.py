@@ -21,7 +21,7 @@ from procs import REPO
 
 BASELINE = {
     "minidist.amp.grad_scaler", "minidist.amp.master_weights", "minidist.checkpoint.serialize",
-    "minidist.checkpoint.store", "minidist.comm.algorithms.select",
+    "minidist.checkpoint.store",
     "minidist.comm.env", "minidist.comm.transports.shm_window", "minidist.comm.transports.tcp",
     "minidist.data.loader", "minidist.ddp.zero",
     "minidist.multiprocessing", "minidist.nn.conv", "minidist.nn.layers", "minidist.nn.module",
