@@ -369,3 +369,24 @@ def test_the_handshake_limit_covers_the_whole_handshake(port):
     _, err0 = rank0.communicate()
     assert sent < len(tcp.MAGIC) + tcp.NONCE_BYTES, err0
     assert "did not complete the handshake within 2s" in err0, err0
+
+
+def test_a_timeout_names_the_configured_seconds(port):
+    """MINIDIST_TIMEOUT_S=5.5 (above the 5 s the ranks then give each other to report): the
+    timed-out rank says its peer did not answer within 5.5 s, the deadline it was given."""
+    script = REPO / "tests" / "mpi" / "mismatch_cases.py"
+    procs = []
+    for r in range(2):
+        env = job_env({"MINIDIST_TIMEOUT_S": "5.5"})
+        env.update(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, str(script), "--tcp", "slow"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env, cwd=str(REPO), start_new_session=True))
+    try:
+        out0, err0 = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            kill_group(p.pid, leader_alive=p.poll() is None)
+            p.communicate()
+    assert "CASE slow rank 0 CommTimeout" in out0, out0 + err0
+    assert "rank 1 did not answer within 5.5 s" in out0, out0

@@ -63,11 +63,14 @@ def exchange_timeout_s(transport: Transport, limit_s: float = EXCHANGE_S) -> flo
     return min(limit_s, float(transport.timeout_s or limit_s))
 
 
-def _collect(t: Transport, kind: int, peers: list[int], timeout_s: float
-             ) -> tuple[dict[int, bytes], dict[int, str]]:
+def _collect(t: Transport, kind: int, peers: list[int], timeout_s: float,
+             waited_s: float | None = None) -> tuple[dict[int, bytes], dict[int, str]]:
     """Side messages of ``kind`` from ``peers`` until all came or ``timeout_s`` passed.
 
-    Returns ``(got, missing)``: rank -> payload, rank -> why nothing came.
+    ``waited_s``: how long this rank had already waited for the silent peers (a timed-out
+    collective: the configured MINIDIST_TIMEOUT_S), named in the message instead of the
+    exchange's own ``timeout_s``. Returns ``(got, missing)``: rank -> payload, rank -> why
+    nothing came.
     """
     got: dict[int, bytes] = {}
     missing: dict[int, str] = {}
@@ -87,8 +90,8 @@ def _collect(t: Transport, kind: int, peers: list[int], timeout_s: float
             break
         time.sleep(_POLL_S)
     for p in pending:
-        missing[p] = (f"did not answer within {timeout_s:g} s (it is dead, busy outside minidist, "
-                      "or has exited)")
+        missing[p] = (f"did not answer within {waited_s or timeout_s:g} s (it is dead, busy "
+                      "outside minidist, or has exited)")
     return got, missing
 
 
@@ -133,8 +136,9 @@ def exchange(group: Any, stream: int, state: str, error: BaseException) -> tuple
     data = json.dumps(mine).encode()
     for p in peers:
         t.side_channel.send(p, SIDE_FAIL, data)
+    waited = float(t.timeout_s) if isinstance(error, CommTimeout) and t.timeout_s else None
     got, missing = _collect(t, SIDE_FAIL, peers,
-                            exchange_timeout_s(t, group.failure_policy.exchange_s))
+                            exchange_timeout_s(t, group.failure_policy.exchange_s), waited)
     reports = {group.rank: mine}
     for p, raw in got.items():
         try:
