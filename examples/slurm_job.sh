@@ -4,6 +4,7 @@
 #   sbatch --nodes=2 examples/slurm_job.sh                # MPI: srun --mpi=pmi2 starts the ranks
 #   sbatch --nodes=2 examples/slurm_job.sh tcp            # TCP: RANK=$SLURM_PROCID per task
 #   sbatch --nodes=4 examples/slurm_job.sh tcp --epochs 10   # more nodes; train.py flags follow
+#   sbatch --nodes=2 examples/slurm_job.sh --epochs 10       # MPI with train.py flags
 #
 # Submit from the repository root (the job cd's to $SLURM_SUBMIT_DIR). The venv is the one
 # ./mpirun.sh creates; set MINIDIST_VENV to use another. MINIDIST_SRUN_MPI picks srun's PMI
@@ -19,8 +20,8 @@
 #SBATCH --output=minidist-%j.out
 set -euo pipefail
 
-transport=${1:-mpi}
-[ $# -gt 0 ] && shift
+transport=mpi   # the first argument when it is a transport; train.py's flags follow
+case "${1:-}" in mpi|tcp) transport=$1; shift ;; -*|"") ;; *) transport=$1 ;; esac
 cd "${SLURM_SUBMIT_DIR:-.}"
 venv="${MINIDIST_VENV:-.venv}"
 python="$venv/bin/python"

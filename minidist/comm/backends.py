@@ -36,6 +36,13 @@ def make_transport(backend: str, info: LaunchInfo, timeout_s: float) -> Transpor
     if backend == "mpi":
         from minidist.comm.transports.mpi import MPITransport
         t = MPITransport(timeout_s=timeout_s)
+        if info.launcher == "slurm" and info.world_size is not None and t.size != info.world_size:
+            t.close()
+            raise ValueError(
+                f"[rank {info.rank}/{info.world_size}] init_process_group: srun started "
+                f"{info.world_size} tasks but MPI sees {t.size}: srun served them no PMI, so "
+                "each task is an MPI world of its own. Start them with `srun --mpi=pmi2` (srun "
+                "--mpi=list shows the plugins) or over TCP (examples/slurm_job.sh tcp).")
         if info.world_size is not None and info.launcher != "slurm" and t.size != info.world_size:
             raise ValueError(f"init_process_group: the launcher says {info.world_size} ranks but "
                              f"MPI has {t.size}. mpi4py is linked to a different MPI than the "

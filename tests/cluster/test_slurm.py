@@ -44,6 +44,53 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 JOB = "examples/slurm_job.sh"
 TIMEOUT_S = 5  # MINIDIST_TIMEOUT_S of the lost-node job
 FINAL = re.compile(r"^final test_acc (\d\.\d+)", re.M)
+DOC = REPO / "docs" / "launching.md"
+# A number of a quoted line: digits not glued to a lower-case word (node0, pmi2, x4 are words)
+NUMBER = r"(?<![a-z_\d])\d[\d,]*(?:\.\d+)?"
+ACCURACY = re.compile(r"(?:^|\s)(?:acc|val_acc|test_acc) $")
+ACC_TOL = 0.01  # docs/launching.md states it
+
+
+def quoted(name: str) -> list[str]:
+    """The output lines docs/launching.md quotes under ``<!-- checked: ... (NAME) -->``: not
+    the ``$ command`` lines, not ``...``."""
+    m = re.search(rf"<!-- checked: tests/cluster/test_slurm.py \({name}\) -->\n```\w*\n(.*?)```",
+                  DOC.read_text(), re.S)
+    assert m, f"docs/launching.md quotes no '{name}' output"
+    lines, command = [], False
+    for x in m.group(1).splitlines():
+        if x.startswith("$ ") or command:  # a command, with its continuation lines
+            command = x.endswith("\\")
+        elif x.strip() not in ("", "..."):
+            lines.append(x)
+    return lines
+
+
+def line_matches(doc: str, real: str) -> bool:
+    """The same words; accuracies within ACC_TOL; other numbers (job ids, ports, times, losses,
+    rates, dates) free. A quoted line ending in `` ...`` is a prefix."""
+    prefix = doc.endswith(" ...")
+    d = re.split(f"({NUMBER})", doc[:-4] if prefix else doc)
+    r = re.split(f"({NUMBER})", real)
+    if prefix:
+        r = r[:len(d)]
+    if len(d) != len(r):
+        return False
+    for i, (a, b) in enumerate(zip(d, r)):
+        if i % 2 == 0:
+            if not (a == b or (prefix and i == len(d) - 1 and b.startswith(a))):
+                return False
+        elif ACCURACY.search(d[i - 1]) and abs(float(a) - float(b)) > ACC_TOL:
+            return False
+    return True
+
+
+def check_quoted(name: str, real: str) -> None:
+    """Every line docs/launching.md quotes for NAME is a line of this run's output."""
+    lines = [x.rstrip() for x in real.splitlines()]
+    missing = [q for q in quoted(name) if not any(line_matches(q.rstrip(), x) for x in lines)]
+    assert not missing, (f"docs/launching.md quotes lines this run did not print ({name}): "
+                         f"{missing}\n--- this run ---\n{real[-4000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +144,14 @@ def wait_for(s: SlurmCluster, job: int, text: str, timeout_s: float = 90) -> Non
         time.sleep(0.2)
 
 
+def show_job(s: SlurmCluster, job: int) -> str:
+    return s.client(["scontrol", "show", "job", str(job)]).stdout
+
+
 def check_trained(s: SlurmCluster, job: int, transport: str) -> str:
     state = s.wait_job(job, timeout_s=200)
     out, info = s.output(job), s.job(job)
+    check_quoted(transport, out + show_job(s, job))
     assert state == "COMPLETED" and info["ExitCode"] == "0:0", f"{state} {info}\n{out}"
     assert info["NodeList"] == "node[0-1]" and info["NumNodes"] == "2", info
     assert f"4 tasks on 2 nodes (node[0-1]), transport {transport}" in out, out
@@ -130,7 +182,16 @@ def test_more_nodes_than_exist_is_refused_by_slurm(slurm):
     # EnforcePartLimits=ALL: refused at submission (3 nodes x 2 tasks > the partition's CPUs)
     assert res.returncode != 0 and "Batch job submission failed" in res.stderr, res
     assert slurm.client(["squeue", "-h"]).stdout == "" and not ranks(slurm)
+    check_quoted("refused", res.stderr)
     print(res.stderr)
+
+
+def test_srun_without_the_pmi_plugin_falls_back_to_the_wheels_mpiexec(slurm):
+    job = submit(slurm, "--nodes=2", JOB, "--epochs", "1", MINIDIST_SRUN_MPI="pmi9")
+    assert slurm.wait_job(job, timeout_s=120) == "COMPLETED", slurm.output(job)
+    out = slurm.output(job)
+    assert "world_size 4" in out, out
+    check_quoted("fallback", out)
 
 
 @pytest.mark.parametrize("transport", ["mpi", "tcp"])
@@ -152,6 +213,14 @@ def test_srun_two_tasks_per_node_have_their_local_ranks(slurm, transport):
                r["backend"] == transport for r in got), got
 
 
+def test_srun_without_pmi_is_refused_instead_of_training_copies(slurm):
+    argv = ["srun", "--nodes=2", "--ntasks-per-node=1", "--mpi=none", sys.executable,
+            "tests/cluster/slurm_ranks.py"]
+    res = slurm.client(argv, check=False, env=slurm.env(env()), cwd=str(REPO), timeout_s=60)
+    assert res.returncode != 0 and "RANK " not in res.stdout, res
+    check_quoted("no pmi", res.stdout + res.stderr)
+
+
 def test_scancel_ends_every_rank_on_both_nodes(slurm):
     job = submit(slurm, "--nodes=2", JOB, "tcp", "--epochs", "1000")
     wait_for(slurm, job, "epoch 2/1000")
@@ -164,7 +233,8 @@ def test_scancel_ends_every_rank_on_both_nodes(slurm):
     took = time.monotonic() - t0
     assert state == "CANCELLED" and not ranks(slurm), (state, ranks(slurm))
     assert took < 15, f"ranks ended {took:.1f} s after scancel"
-    print(f"scancel: CANCELLED, no rank left after {took:.1f} s")
+    print(f"scancel: CANCELLED, no rank left after {took:.1f} s\n{slurm.output(job)[-1500:]}")
+    check_quoted("scancel", slurm.output(job) + show_job(slurm, job))
     slurm.wait_idle(30)
 
 
@@ -186,12 +256,40 @@ def test_lost_node_ends_the_job_naming_the_peer(slurm):
     # node0's ranks name the peers of node1 (minidist), SLURM names the node
     assert re.search(r"\[rank 0/4\] .*Ranks 2, 3 stopped answering", out), out
     assert "Node failure on node1" in out or state == "FAILED", out
+    check_quoted("lost node", out + show_job(slurm, job))
     deadline = time.monotonic() + 30
     while ranks(slurm).get(0) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not ranks(slurm).get(0), ranks(slurm)
     slurm.wait_idle(90)  # ReturnToService=2: node1 is idle again once its link is back
     assert not ranks(slurm), ranks(slurm)
+
+
+def test_time_limit_ends_the_job_and_the_next_resumes(slurm):
+    """--time=1: SLURM ends the job at its limit (TIMEOUT, no rank left); the newest
+    checkpoint is whole, and the same command submitted again continues from it."""
+    ckpt = slurm.out / "ckpt"
+    args = ["tcp", "--epochs", "1000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1",
+            "--resume-if-present"]
+    job = submit(slurm, "--nodes=2", "--time=1", JOB, *args)
+    state = slurm.wait_job(job, timeout_s=150)
+    out = slurm.output(job)
+    assert state == "TIMEOUT" and "DUE TO TIME LIMIT" in out, (state, out[-3000:])
+    print(out[-1500:])
+    check_quoted("time limit", out + show_job(slurm, job))
+    assert "resume: no checkpoint" in out, out[:3000]
+    done = max(int(m) for m in re.findall(r"^epoch (\d+)/1000", out, re.M))
+    deadline = time.monotonic() + 30
+    while ranks(slurm) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not ranks(slurm), ranks(slurm)
+    again = submit(slurm, "--nodes=2", JOB, *args, "--stop-after-epochs", "1")
+    assert slurm.wait_job(again, timeout_s=120) == "COMPLETED", slurm.output(again)
+    out2 = slurm.output(again)
+    m = re.search(r"resumed from \S+: epoch (\d+)", out2)
+    assert m and done - 1 <= int(m.group(1)) <= done, (done, out2[:3000])
+    assert re.search(rf"^epoch {int(m.group(1)) + 1}/1000 ", out2, re.M), out2
+    print(f"time limit: TIMEOUT after epoch {done}; resumed at epoch {m.group(1)}")
 
 
 def running(pid: int) -> bool:
@@ -216,6 +314,7 @@ def test_start_and_teardown_leave_nothing_behind():
             inside = {n.netns: netns_pids(n.netns) for n in c.nodes}
             assert (run / "munge.socket").exists() and all(inside.values()), inside
             assert s.node_states() == {"node0": "idle", "node1": "idle"}
+            check_quoted("sinfo", s.client(["sinfo"]).stdout)
             raise RuntimeError("on purpose")
     assert s.startup_took_s < 60 and s.teardown_took_s < 60, (s.startup_took_s,
                                                               s.teardown_took_s)
