@@ -21,7 +21,10 @@ HERE = REPO / "examples" / "from_torch"
 PAIRS = [("ddp_torchrun.py", "ddp_torchrun_minidist.py"), ("ddp_spawn.py", "ddp_spawn_minidist.py"),
          ("gpt_ddp.py", "gpt_ddp_minidist.py"), ("ddp_zero.py", "ddp_zero_minidist.py"),
          ("word_lm.py", "word_lm_minidist.py"), ("resnet_cnn.py", "resnet_cnn_minidist.py"),
-         ("nanogpt_lars.py", "nanogpt_lars_minidist.py")]
+         ("nanogpt_lars.py", "nanogpt_lars_minidist.py"), ("gan_dcgan.py", "gan_dcgan_minidist.py"),
+         ("moco_spawn.py", "moco_spawn_minidist.py")]
+SPAWNED = ("ddp_spawn_minidist.py", "moco_spawn_minidist.py")  # mp.spawn-shaped ports
+NEW_PAIRS = ("gan_dcgan_minidist.py", "moco_spawn_minidist.py")  # short runs (STEPS=40) here
 # (torch line, minidist line) pairs allowed besides imports: none today.
 EXCEPTIONS: set = set()
 
@@ -80,6 +83,10 @@ def check_port_output(script, stdout, report):
         check_word_lm_run(stdout, report)
     elif script == "resnet_cnn_minidist.py":
         check_resnet_run(stdout, report)
+    elif script == "gan_dcgan_minidist.py":
+        check_gan_run(stdout, report)
+    elif script == "moco_spawn_minidist.py":
+        check_moco_run(stdout, report)
     else:
         check_zero_run(stdout, report)
 
@@ -94,23 +101,25 @@ UNDER_MPIRUN = [p for _, p in PAIRS if p != "nanogpt_lars_minidist.py"]
 def test_port_runs_unchanged_under_mpirun(script, tmp_path, port):
     job = run_mpirun(["-n", "2", "python", HERE / script], timeout_s=240, cwd=tmp_path,
                      env={**({"STEPS": "10"} if script == "gpt_ddp_minidist.py" else {}),
+                          **({"STEPS": "40"} if script in NEW_PAIRS else {}),
                           "SAVE_TO": str(tmp_path / "model.npz"),
                           "MINIDIST_RENDEZVOUS_PORT": str(port)})
     assert job.returncode == 0, job.report()
     check_port_output(script, job.stdout, job.report())
-    if script == "ddp_spawn_minidist.py":  # each launched rank ran fn(rank): no extra processes
+    if script in SPAWNED:  # each launched rank ran fn(rank): no extra processes
         assert "the launcher already started the 2 ranks" in job.stderr, job.report()
     else:  # "gloo" without MASTER_PORT runs MPI as meant: said at INFO, not at the default level
         assert "backend='gloo'" not in job.stderr, job.report()
 
 
-def test_spawn_port_runs_unchanged_under_the_launcher(tmp_path, port):
+@pytest.mark.parametrize("script", SPAWNED)
+def test_spawn_port_runs_unchanged_under_the_launcher(script, tmp_path, port):
     # the other ports run under the launcher in the tests above
     job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
-                      HERE / "ddp_spawn_minidist.py"], timeout_s=180, cwd=tmp_path,
-                     env={"MINIDIST_RENDEZVOUS_PORT": str(port)})
+                      HERE / script], timeout_s=180, cwd=tmp_path,
+                     env={"MINIDIST_RENDEZVOUS_PORT": str(port), "STEPS": "40"})
     assert job.returncode == 0, job.report()
-    check_port_output("ddp_spawn_minidist.py", job.stdout, job.report())
+    check_port_output(script, job.stdout, job.report())
 
 
 def test_gpt_port_trains_under_ddp_and_its_loss_falls():
@@ -188,6 +197,53 @@ def test_loss_trajectories_match_torchs_within_the_noise_of_a_seed(pair, tmp_pat
     assert sum(within) >= len(within) - 1 and within[-1], job.stdout
     # the original under torchrun, as test_originals_run_under_torch checks the others
     check = {"word_lm": check_word_lm_run, "resnet_cnn": check_resnet_run}[pair]
+    check((tmp_path / "logs" / "torch-seed0.txt").read_text(), job.report())
+
+
+def check_gan_run(stdout, report):
+    d_losses = losses_of(stdout, r"step \d+: d_loss ([0-9.]+)")
+    assert len(d_losses) >= 4 and all(0.2 < d < 1.5 for d in d_losses), report   # no collapse
+    assert "generator weights equal on all ranks: True" in stdout, report
+
+
+def check_moco_run(stdout, report):
+    losses = losses_of(stdout, r"step \d+: loss ([0-9.]+)")
+    assert len(losses) >= 4 and losses[-1] < 0.9 * 4.86, report      # from about log(1 + K)
+    assert "queue equal on all ranks: True" in stdout, report
+
+
+def test_gan_port_trains_two_ddp_models_with_transposed_convolutions_and_bce():
+    # ConvTranspose2d, BatchNorm2d, LeakyReLU(inplace=True), Sigmoid + nn.BCELoss, two DDP
+    # models and two Adam optimizers, torch.cat of real and detached fake images, apply(init)
+    job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
+                      HERE / "gan_dcgan_minidist.py"], timeout_s=180, env={"STEPS": "40"})
+    assert job.returncode == 0, job.report()
+    check_gan_run(job.stdout, job.report())
+
+
+def test_moco_port_spawns_its_ranks_with_a_tcp_rendezvous(port):
+    # mp.spawn + init_process_group("gloo", init_method="tcp://..."), F.normalize, einsum,
+    # a queue buffer written under no_grad, a key encoder updated through .data, all_gather
+    job = run_python([HERE / "moco_spawn_minidist.py"], timeout_s=180,
+                     env={"PORT": str(port), "STEPS": "40"})
+    assert job.returncode == 0, job.report()
+    check_moco_run(job.stdout, job.report())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["gan_dcgan", "moco_spawn"])
+def test_new_pairs_loss_trajectories_match_torchs(pair, tmp_path):
+    # two seeds each (a GAN's and a contrastive model's losses spread little between seeds,
+    # and torch's start-up dominates the time); the same criterion as the older pairs'
+    pytest.importorskip("torch")
+    job = run_python([HERE / "compare_losses.py", pair, "--seeds", "0", "1",
+                      "--json", tmp_path / "rows.json", "--logs", tmp_path / "logs"],
+                     timeout_s=900, env={"TMPDIR": str(tmp_path)})
+    assert job.returncode == 0, job.report()
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    within = [r["within"] for r in rows]
+    assert len(rows) >= 6 and sum(within) >= len(within) - 2 and within[-1], job.stdout
+    check = {"gan_dcgan": check_gan_run, "moco_spawn": check_moco_run}[pair]
     check((tmp_path / "logs" / "torch-seed0.txt").read_text(), job.report())
 
 

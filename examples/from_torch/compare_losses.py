@@ -2,15 +2,18 @@
 
     .venv/bin/python examples/from_torch/compare_losses.py word_lm --seeds 0 1 2 3 4
     .venv/bin/python examples/from_torch/compare_losses.py resnet_cnn --seeds 0 1 2 3 4
+    .venv/bin/python examples/from_torch/compare_losses.py gan_dcgan --seeds 0 1 2
+    .venv/bin/python examples/from_torch/compare_losses.py moco_spawn --seeds 0 1 2
 
-Runs the original under torchrun and the port under ``python -m minidist.launch``, both at two
-ranks, once per seed (``SEED``: the scripts seed their weights and dropout with it; the two
-libraries draw different numbers from the same seed, so a seed is a different initialization
-in each). Prints, per reported step, the mean and the range over seeds for each, and
-``within``: whether minidist's mean lies inside torch's range over seeds widened by that
-range's width on each side, i.e. whether the two differ by no more than seeds of one library
-differ among themselves. Writes the numbers to ``--json`` and each run's output to ``--logs``
-(``<library>-seed<k>.txt``) if given. Needs torch.
+Runs the original under torchrun and the port under ``python -m minidist.launch`` (the
+``mp.spawn``-shaped pair, ``moco_spawn``, as plain scripts that start their own two ranks on
+a free ``PORT``), both at two ranks, once per seed (``SEED``: the scripts seed their weights
+and dropout with it; the two libraries draw different numbers from the same seed, so a seed
+is a different initialization in each). Prints, per reported step, the mean and the range
+over seeds for each, and ``within``: whether minidist's mean lies inside torch's range over
+seeds widened by that range's width on each side, i.e. whether the two differ by no more than
+seeds of one library differ among themselves. Writes the numbers to ``--json`` and each
+run's output to ``--logs`` (``<library>-seed<k>.txt``) if given. Needs torch.
 """
 
 from __future__ import annotations
@@ -19,12 +22,22 @@ import argparse
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PATTERNS = {"word_lm": r"epoch (\d+): loss ([0-9.]+)", "resnet_cnn": r"step (\d+): loss ([0-9.]+)"}
+PATTERNS = {"word_lm": r"epoch (\d+): loss ([0-9.]+)", "resnet_cnn": r"step (\d+): loss ([0-9.]+)",
+            "gan_dcgan": r"step (\d+): d_loss ([0-9.]+)",
+            "moco_spawn": r"step (\d+): loss ([0-9.]+)"}
+SPAWNED = {"moco_spawn"}  # mp.spawn-shaped: the script starts its ranks itself
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def run(pair: str, library: str, seed: int, env_extra: dict[str, str],
@@ -33,7 +46,11 @@ def run(pair: str, library: str, seed: int, env_extra: dict[str, str],
     what it printed to ``logs/<library>-seed<seed>.txt`` if ``logs`` is given)."""
     env = dict(os.environ, SEED=str(seed), OMP_NUM_THREADS="1", **env_extra)
     env.pop("MINIDIST_LAUNCHER", None)
-    if library == "torch":
+    if pair in SPAWNED:
+        env["PORT"] = str(free_port())
+        cmd = [sys.executable, str(HERE / (f"{pair}.py" if library == "torch"
+                                           else f"{pair}_minidist.py"))]
+    elif library == "torch":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", "2", str(HERE / f"{pair}.py")]
     else:
