@@ -110,8 +110,15 @@ class _Unpickler(pickle.Unpickler):
                 device: str = "cpu") -> Tensor:
         target = self.place(device)
         if target is not None and backend.device(target).type != "cpu":
-            data = backend.move(data, target)
-            grad = None if grad is None else backend.move(grad, target)
+            try:
+                data = backend.move(data, target)
+                grad = None if grad is None else backend.move(grad, target)
+            except backend.DeviceUnavailableError as e:
+                raise backend.DeviceUnavailableError(
+                    f"{rank_prefix()} load: map_location sends a tensor saved on {device} to "
+                    f"{target}, and this machine cannot use it ({e}). To load the file here, "
+                    f"pass map_location='cpu' (or a dict that maps {device!r} to 'cpu')."
+                    ) from e
         return rebuild_tensor(cls, data, grad, requires_grad)
 
 

@@ -115,6 +115,17 @@ def _placement(map_location: Any) -> Callable[[str], Any]:
     return lambda saved: target
 
 
+def _move(array: Any, saved: str, target: Any) -> Any:
+    """``array`` on ``target``; without that device, an error that says how to load here."""
+    try:
+        return backend.move(array, target)
+    except backend.DeviceUnavailableError as e:
+        raise backend.DeviceUnavailableError(
+            f"{rank_prefix()} load: map_location sends an array saved on {saved} to {target}, "
+            f"and this machine cannot use it ({e}). To load the file here, pass "
+            f"map_location='cpu' (or a dict that maps {saved!r} to 'cpu').") from e
+
+
 def _place_arrays(tree: Any, arrays: dict[str, np.ndarray], place: Callable[[str], Any]) -> None:
     """Move each array of the stored tree to ``place(the device it was saved from)``."""
     if isinstance(tree, dict):
@@ -123,7 +134,7 @@ def _place_arrays(tree: Any, arrays: dict[str, np.ndarray], place: Callable[[str
             key = tree["__array__"]
             if target is not None and backend.device(target).type != "cpu" \
                     and arrays[key].ndim > 0 and not tree.get("__scalar__"):
-                arrays[key] = backend.move(arrays[key], target)
+                arrays[key] = _move(arrays[key], tree.get("__device__", "cpu"), target)
             return
         for v in (tree["__items__"] if "__items__" in tree else tree.get(
                 "__tuple__", tree.values())):

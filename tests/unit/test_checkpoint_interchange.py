@@ -142,8 +142,14 @@ def test_map_location_dict_moves_only_what_was_saved_on_the_devices_it_names(tmp
     else:                                                    # as torch without a GPU: the
         state = minidist.load(path, map_location={"cuda:0": "cpu", "cuda:1": "cuda:0"})
         assert isinstance(state["gpu"], np.ndarray)          # dict sends it to the CPU
-        with pytest.raises(minidist.DeviceUnavailableError):
+        with pytest.raises(minidist.DeviceUnavailableError,
+                           match=r"saved on cuda:0 to cuda:0.*map_location='cpu'"):
             minidist.load(path, map_location={"cuda:1": "cpu"})   # it stays on cuda:0
+        minidist.save(nn.Linear(2, 2), tmp_path / "m.pt")           # a pickle: the same rule
+        with pytest.raises(minidist.DeviceUnavailableError, match="map_location='cpu'"):
+            minidist.load(tmp_path / "m.pt", map_location="cuda:0", weights_only=False)
+        assert minidist.load(tmp_path / "m.pt", map_location={"cuda:0": "cuda:1"},
+                             weights_only=False).weight.device == minidist.device("cpu")
 
 
 @dataclasses.dataclass
