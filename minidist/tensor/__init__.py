@@ -15,12 +15,17 @@ x.to(), x.item(), x.numpy(), repr); then the ops, each with its backward beside 
 (softmax, dropout, layer_norm, embedding), ``losses`` (cross_entropy, nll_loss, mse_loss),
 ``attention`` (scaled_dot_product_attention), ``conv`` (conv2d,
 max/avg/adaptive pooling), ``sync_norm`` (batch norm with statistics summed by a callable),
-``clip_grad`` (clip_grad_norm_), ``weak`` (WeakIdKeyDictionary); ``random`` (manual_seed,
-initial_seed, seed); ``creation`` (tensor, zeros, randn, arange, multinomial... with torch's
-default dtypes); ``printing`` (repr and str in torch's layout); ``dtypes`` (torch's dtype names,
-bfloat16, the refused legacy constructors); ``inplace`` (add_, mul_, clamp_... with torch's
-autograd rules); ``mathops`` (sin cos sqrt abs clamp where norm trace); ``views`` (diagonal,
-narrow, expand, t).
+``clip_grad`` (clip_grad_norm_), ``weak`` (WeakIdKeyDictionary); torch's ops whose NumPy
+namesakes differ: ``indexing`` (gather, take, sort, repeat, maximum, nonzero), ``statistics``
+(var and std with n - 1, cumsum, cumprod, prod), ``einsum``, ``nn_ops`` (leaky_relu, normalize,
+one_hot, the binary cross-entropies), ``conv_transpose`` (conv_transpose2d), with their method
+tables ``torch_methods`` and ``more_methods`` (flip, roll, logsumexp, amax...), ``switches``
+(compile, set_float32_matmul_precision, onnx: accepted, changing nothing); ``random``
+(manual_seed, initial_seed, seed, Generator); ``creation`` (tensor, zeros, randn, arange,
+multinomial, randperm... with torch's default dtypes); ``printing`` (repr and str in torch's
+layout); ``dtypes`` (torch's dtype names, bfloat16, the refused legacy constructors);
+``inplace`` (add_, mul_, clamp_... with torch's autograd rules); ``mathops`` (sin cos sqrt
+abs clamp where norm trace); ``views`` (diagonal, narrow, expand, t).
 See docs/tensor.md for how the tape works and the two contracts DDP relies on.
 """
 
