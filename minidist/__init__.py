@@ -137,3 +137,5 @@ from minidist.tensor.switches import onnx  # noqa: E402 - torch.onnx (also minid
 from minidist.tensor.more_methods import (amax, amin, bmm, expm1, flip, log1p,  # noqa: E402
                                           logsumexp, mm, movedim, outer, roll, rsqrt, square,
                                           tile, unbind)
+from minidist.tensor.more_methods import diff, lerp, scatter_add  # noqa: E402
+from minidist.tensor.indexing import index_add, scatter  # noqa: E402

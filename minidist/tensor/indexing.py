@@ -1,6 +1,6 @@
 """torch's indexing, sorting and repeating ops, with torch's meaning where NumPy's method of the
-same name differs: gather, take, index_select, sort, argsort, repeat, repeat_interleave,
-maximum/minimum, nonzero.
+same name differs: gather, scatter, index_add, take, index_select, sort, argsort, repeat,
+repeat_interleave, maximum/minimum, nonzero.
 
     logits.gather(1, y[:, None])          # torch.gather: pick one entry per row
     x.repeat(4, 1)                        # torch: tile (shape (1, 5) -> (4, 5)); NumPy's
@@ -69,6 +69,89 @@ def gather(input: Tensor, dim: int, index: Any) -> Tensor:  # noqa: A002 - torch
     where = tuple(grid)
     out = x[where]
     return Tensor._make(out, (input,), lambda g: (_scatter_add(x.shape, where, g),), "gather")
+
+
+def _scatter_where(op: str, x: Any, dim: int, index: Any) -> tuple:
+    """The positions ``scatter``/``gather`` address: ``index`` along ``dim``, a grid elsewhere."""
+    d = _dim(op, dim, x.ndim)
+    idx = _index_array(index, x)
+    if idx.ndim != x.ndim:
+        raise ValueError(error(op, f"index has {idx.ndim} dims, the tensor {x.ndim}; they must "
+                               "have the same number of dims."))
+    xp = backend.get_array_module(x)
+    grid = list(xp.ogrid[tuple(slice(0, n) for n in idx.shape)]) if idx.ndim else []
+    grid[d] = idx
+    return tuple(grid)
+
+
+def scatter(input: Tensor, dim: int, index: Any, src: Any = None, *,  # noqa: A002
+            value: Any = None, reduce: str | None = None) -> Tensor:
+    """torch's out-of-place ``scatter``: a copy with ``src`` (a tensor of ``index``'s shape
+    or larger, or a number ``value``) written at ``index`` along ``dim``
+    (``zeros(n, c).scatter(1, y[:, None], 1.0)`` is a one-hot). With ``reduce="add"`` the
+    values are added instead. The gradient reaches the input where nothing was written (all
+    of it with "add") and ``src`` at the positions it wrote."""
+    x = input.array
+    where = _scatter_where("scatter", x, dim, index)
+    fill = src if src is not None else value
+    if reduce not in (None, "add"):
+        raise ValueError(error("scatter", f"reduce={reduce!r}: only None and 'add' are "
+                               "supported."))
+    xp = backend.get_array_module(x)
+    out = x.copy()
+    parents: tuple = (input,)
+    part = tuple(slice(0, n) for n in where[dim % x.ndim].shape)  # src's part that is written
+    if isinstance(fill, Tensor):
+        parents = (input, fill)
+        vals = fill.array[part] if fill.ndim else xp.broadcast_to(fill.array, where[dim].shape)
+    else:
+        vals = fill
+    if reduce == "add":
+        if xp is numpy:
+            numpy.add.at(out, where, vals)
+        else:
+            import cupyx  # noqa: PLC0415
+
+            cupyx.scatter_add(out, where, vals)
+    else:
+        out[where] = vals
+    # where an index repeats, one write wins (the last, as torch's CPU kernel): only the
+    # winning src element reaches the output, so only it gets a gradient
+    ids = xp.arange(where[dim % x.ndim].size).reshape(where[dim % x.ndim].shape)
+    won = None
+    if reduce is None:
+        seen = xp.full(x.shape, -1, dtype=ids.dtype)
+        seen[where] = ids
+        won = seen[where] == ids
+
+    def backward(g: Any) -> tuple:
+        gx = g.copy()
+        if reduce is None:
+            gx[where] = 0
+        if len(parents) == 1:
+            return (gx,)
+        picked = g[where] if won is None else g[where] * won
+        gsrc = xp.zeros(fill.shape, dtype=g.dtype)
+        if fill.ndim:
+            gsrc[part] = picked
+        else:
+            gsrc[...] = picked.sum()
+        return gx, gsrc
+
+    return Tensor._make(out, parents, backward, "scatter")
+
+
+def index_add(input: Tensor, dim: int, index: Any, source: Any, *,  # noqa: A002
+              alpha: Any = 1) -> Tensor:
+    """torch's ``index_add``: ``source``'s slices added to the input's entries ``index`` (1-D)
+    along ``dim`` (repeated indices add up); gradients to both."""
+    x = input.array
+    d = _dim("index_add", dim, x.ndim)
+    idx = _index_array(index, x).reshape(-1)
+    src = source if isinstance(source, Tensor) else Tensor(source)
+    where = (slice(None),) * d + (idx,)
+    out = x + _scatter_add(x.shape, where, src.array * alpha).astype(x.dtype, copy=False)
+    return Tensor._make(out, (input, src), lambda g: (g, g[where] * alpha), "index_add")
 
 
 def take(input: Tensor, index: Any) -> Tensor:  # noqa: A002
@@ -213,5 +296,5 @@ def nonzero(input: Tensor, *, as_tuple: bool = False) -> Any:  # noqa: A002
     return Tensor(xp.stack(where, axis=-1).astype(numpy.int64).reshape(-1, input.array.ndim))
 
 
-__all__ = ["gather", "take", "index_select", "SortResult", "argsort", "sort", "repeat",
-           "repeat_interleave", "maximum", "minimum", "nonzero"]
+__all__ = ["gather", "scatter", "index_add", "take", "index_select", "SortResult", "argsort",
+           "sort", "repeat", "repeat_interleave", "maximum", "minimum", "nonzero"]

@@ -1,6 +1,7 @@
 """torch's everyday Tensor methods and functions that NumPy spells otherwise or lacks: matmul,
 mm, bmm, comparisons, square, rsqrt, log1p, expm1, floor, ceil, flip, roll, unbind, amax/amin,
-logsumexp, movedim, tile, outer, the is*/logical* predicates, clamp_min/clamp_max.
+logsumexp, movedim, tile, outer, the is*/logical* predicates, clamp_min/clamp_max, diff, lerp,
+and scatter/scatter_add/index_add/masked_fill/lerp in place (``scatter_``...).
 
     x.matmul(w), x.lt(0), x.flip(1), x.roll(1, dims=0), x.unbind(0), x.logsumexp(dim=-1)
 
@@ -17,9 +18,10 @@ from typing import Any
 import numpy
 
 from minidist import xp as backend
-from minidist.tensor import elementwise, linalg, mathops, reduce
+from minidist.tensor import elementwise, indexing, inplace, linalg, mathops, reduce
 from minidist.tensor import shape as shape_ops
 from minidist.tensor.core import Tensor, error
+from minidist.tensor.grad_mode import no_grad
 
 
 def _t(v: Any, like: Tensor) -> Tensor:
@@ -121,9 +123,8 @@ def movedim(self: Tensor, source: Any, destination: Any) -> Tensor:
 
 def tile(self: Tensor, *dims: Any) -> Tensor:
     """torch's ``tile``: ``repeat`` with ones prepended to ``dims`` when it is shorter."""
-    from minidist.tensor.indexing import repeat  # noqa: PLC0415 - a sibling op module
     reps = _dims(dims[0] if len(dims) == 1 else dims)
-    return repeat(self, *((1,) * (self.ndim - len(reps)) + reps))
+    return indexing.repeat(self, *((1,) * (self.ndim - len(reps)) + reps))
 
 
 def _extreme(op: str, self: Tensor, dim: Any, keepdim: bool) -> Tensor:
@@ -178,6 +179,47 @@ def _logical(fn: str) -> Any:
     return method
 
 
+# ---- scatter, index_add, masked_fill, lerp: out of place with gradients, and in place with
+# torch's autograd rules (inplace.apply: refused on a leaf that requires grad in grad mode,
+# written into the tensor's own array off the tape, recorded on it) --------------------------
+
+
+def _in_place(op: str, compute: Any) -> Any:
+    def method(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        operands = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)]
+
+        def fast() -> None:
+            with no_grad():
+                res = compute(Tensor(self.array), *args, **kwargs).array
+            self.array[...] = res.astype(self.array.dtype, copy=False)
+
+        return inplace.apply(self, op, lambda old: compute(old, *args, **kwargs), fast,
+                             *operands)
+    method.__name__ = op
+    method.__doc__ = f"torch's in-place ``{op}``."
+    return method
+
+
+def scatter_add(self: Tensor, dim: int, index: Any, src: Any) -> Tensor:
+    return indexing.scatter(self, dim, index, src, reduce="add")
+
+
+def lerp(self: Tensor, end: Any, weight: Any) -> Tensor:
+    """torch's ``lerp``: ``self + weight * (end - self)`` (an EMA: ``ema.lerp_(p, 1 - decay)``)."""
+    return self + (_t(end, self) - self) * weight
+
+
+def diff(self: Tensor, n: int = 1, dim: int = -1) -> Tensor:
+    """torch's ``diff``: the ``n``-th forward difference along ``dim``."""
+    out = self
+    d = dim % self.ndim
+    for _ in range(n):
+        lo = (slice(None),) * d + (slice(None, -1),)
+        hi = (slice(None),) * d + (slice(1, None),)
+        out = out[hi] - out[lo]
+    return out
+
+
 def type_as(self: Tensor, other: Tensor) -> Tensor:
     return elementwise.astype(self, other.array.dtype)
 
@@ -208,8 +250,13 @@ METHODS: dict[str, Any] = {
     "clamp_max": lambda self, max: mathops.clamp(self, max=max),  # noqa: A002
     "type_as": type_as, "reshape_as": reshape_as, "is_floating_point": is_floating_point,
     "nelement": lambda self: int(self.array.size), "ndimension": lambda self: self.ndim,
+    "scatter": indexing.scatter, "scatter_": _in_place("scatter_", indexing.scatter),
+    "scatter_add": scatter_add, "scatter_add_": _in_place("scatter_add_", scatter_add),
+    "index_add": indexing.index_add, "index_add_": _in_place("index_add_", indexing.index_add),
+    "masked_fill_": _in_place("masked_fill_", elementwise.masked_fill),
+    "lerp": lerp, "lerp_": _in_place("lerp_", lerp), "diff": diff,
 }
 
-__all__ = ["METHODS", "matmul", "mm", "bmm", "outer", "log1p", "expm1", "floor", "ceil",
-           "square", "rsqrt", "flip", "roll", "unbind", "movedim", "tile", "amax", "amin",
-           "logsumexp"]
+__all__ = ["METHODS", "lerp", "diff", "scatter_add", "matmul", "mm", "bmm", "outer", "log1p",
+           "expm1", "floor", "ceil", "square", "rsqrt", "flip", "roll", "unbind", "movedim",
+           "tile", "amax", "amin", "logsumexp"]

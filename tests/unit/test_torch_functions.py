@@ -49,6 +49,8 @@ def a(*shape):
 
 
 IDX = np.array([[0, 2, 2], [1, 0, 1]])
+IDX_UNIQUE = np.array([[0, 3, 2], [1, 0, 3]])
+IDX_MASK = np.array([[True, False, True], [False, False, True]])
 OPS = {  # name -> (function of Tensors, input arrays); torch's spelling is the same
     "gather": (lambda x: x.gather(1, minidist.tensor(IDX)), [a(2, 4)]),
     "take": (lambda x: x.take(minidist.tensor(np.array([0, 5, 5, 7]))), [a(2, 4)]),
@@ -96,6 +98,15 @@ OPS = {  # name -> (function of Tensors, input arrays); torch's spelling is the 
     "rsqrt": (lambda x: x.rsqrt(), [RNG.uniform(0.5, 2, (3, 4))]),
     "bmm": (lambda x, y: x.bmm(y), [a(2, 3, 4), a(2, 4, 2)]),
     "unbind": (lambda x: x.unbind(1)[2], [a(3, 4)]),
+    "scatter": (lambda x, s: x.scatter(1, minidist.tensor(IDX_UNIQUE), s), [a(2, 4), a(2, 3)]),
+    "scatter_repeated": (lambda x, s: x.scatter(1, minidist.tensor(IDX), s), [a(2, 4), a(2, 3)]),
+    "scatter_add": (lambda x, s: x.scatter_add(1, minidist.tensor(IDX), s), [a(2, 4), a(2, 3)]),
+    "index_add": (lambda x, s: x.index_add(0, minidist.tensor(np.array([2, 0, 2])), s,
+                                           alpha=0.5), [a(3, 2), a(3, 2)]),
+    "lerp": (lambda x, e: minidist.lerp(x, e, 0.3), [a(3, 4), a(3, 4)]),
+    "diff": (lambda x: x.diff(n=2, dim=1), [a(3, 4)]),
+    "masked_fill_on_tape": (lambda x: (x * 2).masked_fill_(minidist.tensor(IDX_MASK), 0.5),
+                            [a(2, 3)]),
 }
 
 
@@ -117,6 +128,11 @@ TORCH_SPELLING = {  # where torch's call differs from the minidist lambda above
     "roll": lambda t, x: t.roll(x, (1, -2), (0, 1)),
     "amin": lambda t, x: t.amin(x, (0, 1), keepdim=True),
     "outer": lambda t, x, y: t.outer(x, y),
+    "scatter": lambda t, x, s: x.scatter(1, t.tensor(IDX_UNIQUE), s),
+    "scatter_add": lambda t, x, s: x.scatter_add(1, t.tensor(IDX), s),
+    "index_add": lambda t, x, s: x.index_add(0, t.tensor([2, 0, 2]), s, alpha=0.5),
+    "lerp": lambda t, x, e: t.lerp(x, e, 0.3),
+    "masked_fill_on_tape": lambda t, x: (x * 2).masked_fill_(t.tensor(IDX_MASK), 0.5),
     "gather": lambda t, x: x.gather(1, t.tensor(IDX)),
     "take": lambda t, x: x.take(t.tensor([0, 5, 5, 7])),
     "index_select": lambda t, x: x.index_select(1, t.tensor([3, 0, 3])),
@@ -133,6 +149,9 @@ TORCH_SPELLING = {  # where torch's call differs from the minidist lambda above
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_values_and_gradients_match_torch(name):
     torch = pytest.importorskip("torch")
+    if name == "scatter_repeated":
+        pytest.skip("repeated indices: torch gives every duplicate the gradient, minidist only "
+                    "the write that wins (finite differences agree with minidist)")
     fn, arrays = OPS[name]
     tfn = TORCH_SPELLING.get(name)
     ours = [minidist.tensor(x.copy(), requires_grad=True) for x in arrays]
@@ -340,3 +359,25 @@ def test_gpu_spellings_answer_as_torch_does_on_this_machine():
         assert torch.cuda.max_memory_allocated() == 0 and not torch.cuda.is_bf16_supported()
         with pytest.raises(RuntimeError):
             torch.ones(2).pin_memory()
+
+
+def test_in_place_scatter_index_add_masked_fill_and_lerp_write_into_the_tensor():
+    torch = pytest.importorskip("torch")
+    for lib in (minidist, torch):
+        z = lib.zeros(3, 4)
+        view = z[0]
+        z.scatter_(1, lib.tensor([[1], [0], [3]]), 1.0)           # a one-hot, in place
+        z.index_add_(0, lib.tensor([0, 0]), lib.ones(2, 4))
+        z.masked_fill_(z > 2, -1.0)
+        ema = lib.full((4,), 2.0)
+        ema.lerp_(lib.zeros(4), 0.25)                              # an EMA step
+        got = (z.tolist(), view.tolist(), ema.tolist())
+        if lib is minidist:
+            ours = got
+    assert ours == got
+    w = minidist.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf tensor that requires grad"):
+        w.lerp_(minidist.zeros(3), 0.5)                            # torch refuses it too
+    with minidist.no_grad():
+        w.lerp_(minidist.zeros(3), 0.5)
+    assert w.tolist() == [0.5, 0.5, 0.5]
