@@ -138,4 +138,4 @@ from minidist.tensor.more_methods import (amax, amin, bmm, expm1, flip, log1p,  
                                           logsumexp, mm, movedim, outer, roll, rsqrt, square,
                                           tile, unbind)
 from minidist.tensor.more_methods import diff, lerp, scatter_add  # noqa: E402
-from minidist.tensor.indexing import index_add, scatter  # noqa: E402
+from minidist.tensor.indexing import index_add, kthvalue, median, scatter, unique  # noqa: E402

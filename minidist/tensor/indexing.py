@@ -286,6 +286,48 @@ def minimum(input: Tensor, other: Any) -> Tensor:  # noqa: A002
     return _extremum("minimum", input, other, backend.get_array_module(input.array).minimum)
 
 
+def kthvalue(input: Tensor, k: int, dim: int = -1, keepdim: bool = False  # noqa: A002
+             ) -> SortResult:
+    """torch's ``kthvalue``: the ``k``-th smallest (1-based) along ``dim`` and where it is;
+    the value is differentiable (a gather)."""
+    d = _dim("kthvalue", dim, input.ndim)
+    if not 1 <= k <= input.shape[d]:
+        raise IndexError(error("kthvalue", f"k={k} is out of range for dim {d} of size "
+                               f"{input.shape[d]} (1..{input.shape[d]})."))
+    xp = backend.get_array_module(input.array)
+    order = argsort(input, d).array
+    idx = xp.take(order, [k - 1], axis=d)
+    values = gather(input, d, idx)
+    if not keepdim:
+        values, idx = values.squeeze(d), idx.squeeze(d)
+    return SortResult(values, Tensor(idx))
+
+
+def median(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:  # noqa: A002
+    """torch's ``median``: the lower of the two middle values (NumPy's ``median`` averages
+    them); over all elements a 0-d tensor, along ``dim`` ``(values, indices)``."""
+    if dim is None:
+        flat = input.reshape(-1)
+        return kthvalue(flat, (flat.shape[0] + 1) // 2, 0).values
+    n = input.shape[_dim("median", dim, input.ndim)]
+    return kthvalue(input, (n + 1) // 2, dim, keepdim)
+
+
+def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False,  # noqa: A002
+           return_counts: bool = False, dim: int | None = None) -> Any:
+    """torch's ``unique`` (sorted, off the tape): the distinct values, and with
+    ``return_inverse``/``return_counts`` where each element went and how many there were."""
+    xp = backend.get_array_module(input.array)
+    out = xp.unique(input.array, return_inverse=return_inverse, return_counts=return_counts,
+                    axis=dim)
+    if not (return_inverse or return_counts):
+        return Tensor(out)
+    values, *rest = out
+    if return_inverse:
+        rest[0] = rest[0].reshape(input.shape if dim is None else (-1,)).astype(numpy.int64)
+    return (Tensor(values), *[Tensor(r.astype(numpy.int64)) for r in rest])
+
+
 def nonzero(input: Tensor, *, as_tuple: bool = False) -> Any:  # noqa: A002
     """torch's ``nonzero``: an (n, ndim) int64 tensor of the non-zero positions (NumPy's
     ``ndarray.nonzero`` returns a tuple of arrays: torch's ``as_tuple=True``)."""
@@ -297,4 +339,5 @@ def nonzero(input: Tensor, *, as_tuple: bool = False) -> Any:  # noqa: A002
 
 
 __all__ = ["gather", "scatter", "index_add", "take", "index_select", "SortResult", "argsort",
-           "sort", "repeat", "repeat_interleave", "maximum", "minimum", "nonzero"]
+           "sort", "repeat", "repeat_interleave", "maximum", "minimum", "nonzero", "kthvalue",
+           "median", "unique"]

@@ -127,6 +127,7 @@ METHODS: dict[str, Any] = {
     "sort": indexing.sort, "argsort": indexing.argsort, "gather": indexing.gather,
     "take": indexing.take, "index_select": indexing.index_select,
     "nonzero": indexing.nonzero, "maximum": indexing.maximum, "minimum": indexing.minimum,
+    "kthvalue": indexing.kthvalue, "median": indexing.median, "unique": indexing.unique,
     "std": statistics.std, "var": statistics.var, "cumsum": statistics.cumsum,
     "cumprod": statistics.cumprod, "prod": statistics.prod,
     "swapaxes": shape_ops.swapaxes, "ravel": ravel, "mT": property(matrix_transpose),

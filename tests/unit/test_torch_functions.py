@@ -105,6 +105,8 @@ OPS = {  # name -> (function of Tensors, input arrays); torch's spelling is the 
                                            alpha=0.5), [a(3, 2), a(3, 2)]),
     "lerp": (lambda x, e: minidist.lerp(x, e, 0.3), [a(3, 4), a(3, 4)]),
     "diff": (lambda x: x.diff(n=2, dim=1), [a(3, 4)]),
+    "median": (lambda x: x.median(1).values, [a(3, 5)]),
+    "kthvalue": (lambda x: minidist.kthvalue(x, 2, 0).values, [a(3, 4)]),
     "masked_fill_on_tape": (lambda x: (x * 2).masked_fill_(minidist.tensor(IDX_MASK), 0.5),
                             [a(2, 3)]),
 }
@@ -132,6 +134,7 @@ TORCH_SPELLING = {  # where torch's call differs from the minidist lambda above
     "scatter_add": lambda t, x, s: x.scatter_add(1, t.tensor(IDX), s),
     "index_add": lambda t, x, s: x.index_add(0, t.tensor([2, 0, 2]), s, alpha=0.5),
     "lerp": lambda t, x, e: t.lerp(x, e, 0.3),
+    "kthvalue": lambda t, x: t.kthvalue(x, 2, 0).values,
     "masked_fill_on_tape": lambda t, x: (x * 2).masked_fill_(t.tensor(IDX_MASK), 0.5),
     "gather": lambda t, x: x.gather(1, t.tensor(IDX)),
     "take": lambda t, x: x.take(t.tensor([0, 5, 5, 7])),
@@ -212,7 +215,8 @@ def test_numpy_namesakes_match_torch():
                t.lt(0), t.ge(t * 0), t.isfinite(), (t > 0).logical_not(), t.floor(),
                t.amax((0, 2)), t.logsumexp(1), t.flip(0, 1), t.roll(1), t.unbind(2)[1],
                t.movedim((0, 1), (2, 0)), t.type_as(t.int()), t[0].mm(t[1].T),
-               t.clamp_min(0.1), t.square(), t.tile((2, 1))]
+               t.clamp_min(0.1), t.square(), t.tile((2, 1)), t.median(), t.median(1).values,
+               t.median(2).indices, t.kthvalue(2, 2).indices, (t > 0).int().unique()]
         if lib is minidist:
             ours = got
         else:
