@@ -33,6 +33,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import secrets
 import socket
 import traceback
 from typing import Any, Callable
@@ -221,6 +222,11 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.update(MASTER_PORT=port, WORLD_SIZE=str(nprocs),
                           LOCAL_WORLD_SIZE=str(nprocs), MINIDIST_LAUNCHER="spawn")
+        if reservation is not None:  # this machine alone: a run id and a secret of its own
+            os.environ["MINIDIST_RUN_ID"] = os.environ.get("MINIDIST_RUN_ID") or \
+                f"spawn-{secrets.token_hex(4)}"
+            os.environ["MINIDIST_AUTH_TOKEN"] = os.environ.get("MINIDIST_AUTH_TOKEN") or \
+                secrets.token_hex(16)
         for rank in range(nprocs):
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
             recv_end, send_end = ctx.Pipe(duplex=False)

@@ -244,12 +244,15 @@ def reserved_ports(count: int = 1, host: str = "127.0.0.1") -> Iterator[int]:
 
 def run_env_ranks(n: int, python_args: list, timeout_s: float = 90, env: dict | None = None,
                   cwd: str | Path | None = None, port: int | None = None) -> JobResult:
-    """Start n plain processes torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)."""
+    """Start n plain processes torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT),
+    with a run id of their own (MINIDIST_RUN_ID, as a launcher gives; ``env`` may set it, or
+    set it to "" for a job without identity)."""
     if port is None:  # reserve one for the job's whole life
         with reserved_ports() as port:
             return run_env_ranks(n, python_args, timeout_s, env, cwd, port)
     argv = [sys.executable, *map(str, python_args)]
     procs = []
+    env = {"MINIDIST_RUN_ID": f"test-{os.getpid()}-{port}", **(env or {})}
     try:
         for r in range(n):
             e = job_env(env)

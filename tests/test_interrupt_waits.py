@@ -73,7 +73,8 @@ def _cleanup(procs: list) -> None:
 
 def _tcp_env(rank: int, n: int, port: int) -> dict:
     return {"RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "MINIDIST_RUN_ID": f"interrupt-{port}"}
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -115,8 +116,8 @@ def test_ctrl_c_under_the_launcher_during_the_rendezvous_is_one_line():
     """The launcher's node 1 never comes; Ctrl-C to the launcher's group. Before: a
     KeyboardInterrupt traceback from every rank, then the launcher's line."""
     argv = [sys.executable, "-m", "minidist.launch", "--nnodes", "2", "--nproc-per-node", "2",
-            "--master-port", str(free_port()), SCRIPT, "rendezvous"]
-    job = _start(argv, {})
+            "--master-port", str(free_port()), "--rdzv-id", "interrupt", SCRIPT, "rendezvous"]
+    job = _start(argv, {"MINIDIST_AUTH_TOKEN": "s3cret"})  # no notice about sharing one
     try:
         for _ in range(2):
             assert "READY" in job.stdout.readline()

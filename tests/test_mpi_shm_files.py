@@ -89,3 +89,64 @@ def test_sigterm_to_mpirun_sh_is_named():
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
         job.wait()
+
+
+def _start_waiting_job() -> tuple[subprocess.Popen, dict[int, int], set[str]]:
+    """./mpirun.sh -n 2 ... wait: the job, {rank: pid} and the files its ranks map."""
+    job = subprocess.Popen([str(REPO / "mpirun.sh"), "-n", "2", "python", str(BODY), "wait"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=job_env(), cwd=str(REPO), start_new_session=True)
+    lines = [job.stdout.readline() for _ in range(2)]
+    assert all(ln.startswith("SHM ") for ln in lines), lines
+    pids = {int(ln.split()[1]): int(ln.split()[2][4:]) for ln in lines}
+    time.sleep(1.5)  # the watchdog has looked at the ranks (it does every 0.5 s)
+    return job, pids, _files("".join(lines))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _end(job: subprocess.Popen, pids: dict[int, int]) -> None:
+    if job.poll() is None:
+        os.killpg(job.pid, signal.SIGKILL)
+    for pid in pids.values():  # never leave a rank behind, whatever the test found
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    job.wait()
+
+
+def test_kill_9_of_mpirun_sh_takes_its_job_with_it():
+    """kill -9 cannot be trapped: the watchdog outside the script ends mpiexec and the ranks
+    (before: they ran on, still alive 15 s later) and removes their shared-memory files."""
+    job, pids, files = _start_waiting_job()
+    try:
+        os.kill(job.pid, signal.SIGKILL)  # the script only: not its process group
+        job.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(map(_alive, pids.values())):
+            time.sleep(0.1)
+        assert not [p for p in pids.values() if _alive(p)], pids
+        _, err = job.communicate(timeout=30)  # the watchdog's line, then every pipe closes
+        assert f"mpirun.sh (PID {job.pid}) was killed: stopped every rank" in err, err
+        assert files and not [f for f in files if Path(f).exists()], files
+    finally:
+        _end(job, pids)
+
+
+def test_a_rank_killed_from_outside_is_named_by_its_rank():
+    """kill -9 of rank 1 a few seconds after start: one mpirun.sh line names rank 1 and its
+    PID (MPICH's banner names only the PID), and its new shared-memory file is removed."""
+    job, pids, files = _start_waiting_job()
+    try:
+        os.kill(pids[1], signal.SIGKILL)
+        _, err = job.communicate(timeout=60)
+        assert job.returncode != 0, err
+        assert f"mpirun.sh: rank 1 (PID {pids[1]}) ended the job" in err, err
+        assert files and not [f for f in files if Path(f).exists()], (files, err)
+    finally:
+        _end(job, pids)

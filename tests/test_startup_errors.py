@@ -24,7 +24,8 @@ def one_line(job, code: int) -> str:
 
 def _by_hand(env: dict):
     """One process with launcher variables set by hand (RANK, WORLD_SIZE, MASTER_*)."""
-    return run_python([SCRIPT], timeout_s=60, env={"MASTER_ADDR": "127.0.0.1", **env})
+    return run_python([SCRIPT], timeout_s=60, env={"MASTER_ADDR": "127.0.0.1",
+                                                  "MINIDIST_RUN_ID": "startup", **env})
 
 
 @pytest.mark.parametrize("env,says", [
@@ -48,8 +49,8 @@ def test_world_size_that_disagrees_with_mpiexec_is_one_line_for_the_job():
 
 def test_a_node_that_never_comes_is_one_launcher_line():
     job = run_python(["-m", "minidist.launch", "--nnodes", "2", "--nproc-per-node", "2",
-                      "--master-port", str(_port()), SCRIPT], timeout_s=90,
-                     env={"MINIDIST_TIMEOUT_S": "5"})
+                      "--master-port", str(_port()), "--rdzv-id", "startup", SCRIPT],
+                     timeout_s=90, env={"MINIDIST_TIMEOUT_S": "5", "MINIDIST_AUTH_TOKEN": "s"})
     line = one_line(job, 1)
     assert line.startswith("[minidist.launch] rank 0 exited with code 1; stopped the other "
                            "ranks. minidist: [rank 0/4] rendezvous: ranks [2, 3] did not "
@@ -113,6 +114,7 @@ class _Background:
         from procs import job_env
         self.p = subprocess.Popen([sys.executable, str(SCRIPT)], cwd=str(REPO), text=True,
                                   env=job_env({"MASTER_ADDR": "127.0.0.1",
+                                               "MINIDIST_RUN_ID": "startup",
                                                "MINIDIST_TIMEOUT_S": "20", **env}),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   start_new_session=True)
