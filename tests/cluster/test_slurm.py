@@ -267,24 +267,29 @@ def test_lost_node_ends_the_job_naming_the_peer(slurm):
 
 def test_time_limit_ends_the_job_and_the_next_resumes(slurm):
     """--time=1: SLURM ends the job at its limit (TIMEOUT, no rank left); the newest
-    checkpoint is whole, and the same command submitted again continues from it."""
+    checkpoint is whole, and the same command, queued with --dependency=afterany, continues
+    from it."""
     ckpt = slurm.out / "ckpt"
     args = ["tcp", "--epochs", "1000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1",
             "--resume-if-present"]
     job = submit(slurm, "--nodes=2", "--time=1", JOB, *args)
+    again = submit(slurm, "--nodes=2", f"--dependency=afterany:{job}", JOB, *args,
+                   "--stop-after-epochs", "1")
+    wait_for(slurm, job, "epoch 2/1000")
+    first = [pid for pids in ranks(slurm).values() for pid in pids]
     state = slurm.wait_job(job, timeout_s=150)
     out = slurm.output(job)
     assert state == "TIMEOUT" and "DUE TO TIME LIMIT" in out, (state, out[-3000:])
+    deadline = time.monotonic() + 30
+    while any(running(pid) for pid in first) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(first) >= 4 and not any(running(pid) for pid in first), first
     print(out[-1500:])
     check_quoted("time limit", out + show_job(slurm, job))
     assert "resume: no checkpoint" in out, out[:3000]
     done = max(int(m) for m in re.findall(r"^epoch (\d+)/1000", out, re.M))
-    deadline = time.monotonic() + 30
-    while ranks(slurm) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not ranks(slurm), ranks(slurm)
-    again = submit(slurm, "--nodes=2", JOB, *args, "--stop-after-epochs", "1")
     assert slurm.wait_job(again, timeout_s=120) == "COMPLETED", slurm.output(again)
+    assert not ranks(slurm), ranks(slurm)
     out2 = slurm.output(again)
     m = re.search(r"resumed from \S+: epoch (\d+)", out2)
     assert m and done - 1 <= int(m.group(1)) <= done, (done, out2[:3000])
