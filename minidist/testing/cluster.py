@@ -440,7 +440,7 @@ class Cluster:
         ``returncode`` is None). Returns one NodeResult per job, in order."""
         deadline = time.monotonic() + timeout_s
         timed_out = False
-        while any(j.poll() is None for j in jobs):
+        while any([j.poll() is None for j in jobs]):  # poll each: it notes when one ended
             if time.monotonic() > deadline:
                 timed_out = True
                 break

@@ -164,6 +164,7 @@ class Mesh:
         self._master: Any = None    # rank 0: MASTER_PORT, open until the mesh is built
         self.run_id = run_id()
         self._taken: dict[int, str] = {}  # rank 0: rank -> address it registered from
+        self._unauthenticated: set[str] = set()  # hosts whose connections failed the HMAC
 
     def connect(self) -> dict[int, socket.socket]:
         """Rendezvous, then connect to every peer: ``{peer: socket}`` (blocking sockets).
@@ -205,10 +206,13 @@ class Mesh:
     def _deadline_left(self, deadline: float, what: str) -> float:
         left = deadline - time.monotonic()
         if left <= 0:
+            hosts = ", ".join(sorted(self._unauthenticated))
+            token = (f" Connections from {hosts} failed authentication: if ranks run there, "
+                     f"their MINIDIST_AUTH_TOKEN differs from this rank's." if hosts else "")
             raise CommTimeout(f"{self.prefix} rendezvous: {what} within {self.timeout_s:g}s "
                               f"(MASTER_ADDR:MASTER_PORT={self.master_addr}:{self.master_port}). "
                               f"Start all {self.size} ranks with the same MASTER_ADDR/PORT, or "
-                              f"raise MINIDIST_TIMEOUT_S.")
+                              f"raise MINIDIST_TIMEOUT_S.{token}")
         return left
 
     def _connect(self, host: str, port: int, deadline: float, what: str) -> socket.socket:
@@ -303,6 +307,8 @@ class Mesh:
         return until
 
     def _drop(self, where: str, addr: Any, reason: Any) -> None:
+        if str(reason).startswith("failed authentication") and addr:
+            self._unauthenticated.add(str(addr[0]))
         log.warning("%s %s: dropped a connection from %s:%s that is not a rank of this job: %s",
                     self.prefix, where, addr[0] if addr else "?", addr[1] if addr else "?", reason)
 
