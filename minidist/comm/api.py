@@ -263,7 +263,10 @@ def all_reduce(array: Any, op: str | ReduceOp = "sum", algorithm: str | None = N
                async_op: bool = False) -> Any:
     """Reduce ``array`` in place across ranks and return it; see ``ProcessGroup.all_reduce``.
 
-    ``label`` (e.g. ``"bucket=3"``) is kept in this call's ledger entry. ``async_op=True``
+    ``label`` (e.g. ``"bucket=3"``, ``f"iteration {i}"``) is kept in this call's ledger entry
+    and is part of the call's fingerprint: ranks that pass different labels raise
+    ``CollectiveMismatch`` in that call, so a loop whose calls carry the iteration catches a
+    rank that skipped one where it happened (docs/troubleshooting.md). ``async_op=True``
     queues it on the group's worker and returns a :class:`Work` at once (comm/work.py); do not
     touch ``array`` until ``work.wait()`` returns.
     """

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import zlib
 from typing import Any, Callable, Iterator, NamedTuple, Protocol
 
@@ -73,6 +74,14 @@ def fingerprint(seq: int, collective: str, op: ReduceOp | None, dtype: Any, coun
     another) with the call's ``signature``: ``hash((seq, signature(...)))``.
     """
     return hash((seq, signature(collective, op, dtype, count, root, algorithm)))
+
+
+@functools.lru_cache(maxsize=4096)
+def label_code(label: str | None) -> int:
+    """A caller's explicit ``label=`` as part of the call's fingerprint: the same number on
+    every rank (``zlib.crc32``, not ``hash``, which Python salts per process); 0 for none.
+    Cached: a bucket's label repeats every step, and a hit runs no Python line."""
+    return 0 if label is None else zlib.crc32(label.encode())
 
 
 def wire_tag(stream: int, fingerprint: int, max_tag: int) -> int:
@@ -193,7 +202,7 @@ class Calls:
         """
         seq = self._seq.get(stream, 0) + 1
         self._seq[stream] = seq
-        tag = wire_tag(stream, hash((seq, spec.signature)), self.max_tag)
+        tag = wire_tag(stream, hash((seq, spec.signature, label_code(label))), self.max_tag)
         call = Call(spec, stream, seq, tag, shape, label)
         for observer in self.observers:
             try:

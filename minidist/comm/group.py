@@ -178,7 +178,8 @@ class ProcessGroup:
             tag: stream, ``0 <= tag < 1024``; concurrent collectives (threads) need distinct
                 tags.
             label: a caller's note kept in this call's ledger entry (e.g. "bucket=3");
-                default the enclosing ``ledger_label``.
+                default the enclosing ``ledger_label``. An explicit label is part of the
+                call's fingerprint: ranks that pass different ones raise CollectiveMismatch.
 
         Returns:
             ``array`` itself (torch returns None; returning the buffer allows chaining).

@@ -12,7 +12,7 @@ communicators; TCP: MASTER_PORT + case number) and ends with ``farewell`` + ``cl
 ``CASE <name> rank <r> <ErrorType>: <message>`` or ``CASE <name> rank <r> NO ERROR``.
 ``--uncaught CASE``: run one case through ``init_process_group`` without catching, so the job
 ends through the excepthook (non-zero exit, every rank's message on stderr).
-Cases: skip, extra, bcast, dtype, count, op, order (each one function below); ``die``: the last
+Cases: skip, extra, bcast, dtype, count, op, order, labelled (each one function below); ``die``: the last
 rank exits in the middle (run it alone: it ends the job); ``slow``: rank 1 arrives long after
 the deadline (the docs' example of a rank that does not answer).
 """
@@ -96,7 +96,17 @@ def slow(g, r):
     g.all_reduce(np.ones(N, np.float32), algorithm=ALGO)
 
 
-CASES = {f.__name__: f for f in (skip, extra, bcast, dtype, count, op, order, die, slow)}
+def labelled(g, r):
+    """Rank 1 skips iteration 1 of a loop whose all-reduces carry the iteration as a label:
+    caught at the call where the ranks part, not at the end."""
+    for i in range(3):
+        if r == 1 and i == 1:
+            continue
+        g.all_reduce(np.ones(N, np.float32), algorithm=ALGO, label=f"iteration {i}")
+
+
+CASES = {f.__name__: f for f in (skip, extra, bcast, dtype, count, op, order, die, slow,
+                                 labelled)}
 ALGO = "auto"
 
 

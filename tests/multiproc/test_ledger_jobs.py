@@ -32,6 +32,10 @@ EXPECT = {
            "{others} called all_reduce(1024 x float32, sum)"],
     "order": ["rank 1 called broadcast(1024 x float32, src=0) as its collective #1",
               "{others} called all_reduce(1024 x float32, sum)"],
+    # a skipped call in a loop is caught where the ranks part when the calls carry a label
+    "labelled": ["#2: the ranks called different collectives",  # raised in call #2 itself
+                 "rank 1 called all_reduce(1024 x float32, sum, iteration 2) as its "
+                 "collective #2", "{others} called all_reduce(1024 x float32, sum, iteration 1)"],
 }
 
 
@@ -59,7 +63,7 @@ def test_mpi_auto_every_mismatch_is_diagnosed_on_every_rank():
 
 @pytest.mark.mpi
 def test_mpi_ring_mismatches():
-    cases = ["dtype", "count", "op", "bcast"]
+    cases = ["dtype", "count", "op", "bcast", "labelled"]
     res = run_mpi(2, [SCRIPT, "--algorithm", "ring", *cases], timeout_s=90, env=ENV)
     assert res.returncode == 0, res.report()
     check_cases(res.stdout, 2, cases)

@@ -30,7 +30,7 @@ from typing import Any
 
 from minidist.comm.diagnosis.ledger import describe
 
-FIELDS = ("collective", "op", "dtype", "count", "root", "algorithm")
+FIELDS = ("collective", "op", "dtype", "count", "root", "algorithm", "label")
 
 
 def signature(e: dict | None) -> tuple | None:
@@ -119,7 +119,7 @@ def diagnose(stream: int, reports: dict[int, dict], missing: dict[int, str] | No
         # Smallest group first; for two ranks, rank 0 last: the same sentence on every rank.
         order = sorted(groups.values(), key=lambda rs: (len(rs), 0 in rs, rs))
         called = [sig for sig in groups if sig is not None]
-        only_algorithm = len({sig[:5] for sig in called}) < len(called)
+        only_algorithm = len({sig[:5] + sig[6:] for sig in called}) < len(called)
         parts.append("; ".join(
             _group_text(rs, entry[rs[0]], seq, i == 0, only_algorithm, calls, counts, reports)
             for i, rs in enumerate(order)))

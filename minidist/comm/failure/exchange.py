@@ -117,7 +117,7 @@ def _how(error: BaseException) -> str:
 
 FIX = {
     "mismatch": "Every rank must call the same collectives in the same order, with the same "
-                "count, dtype, op and root; fix the calls at those lines",
+                "count, dtype, op, root and label; fix the calls at those lines",
     "missing": "Look at that rank's own output for its first error; if it is only slow (a long "
                "checkpoint, I/O), raise MINIDIST_TIMEOUT_S",
     "same": "No rank called anything different: a rank may be too slow (raise "
