@@ -35,3 +35,22 @@ def test_end_job_on_error_decides_between_ending_the_job_and_raising(end_job):
     else:
         assert "ending the job" not in job.stderr, job.report()
         assert "\nRuntimeError: rank one gives up" in "\n" + job.stderr, job.report()
+
+
+def test_every_policy_number_has_one_owner():
+    """A FailurePolicy field's default is written once, in policy.py: no module of the package
+    sets a constant of the field's name to a number of its own (a name derived from the class,
+    ``INTERRUPT_GRACE_S = FailurePolicy.interrupt_grace_s``, is fine), and policy.py keeps no
+    second default object beside the class."""
+    import ast
+
+    fields = {f.name.upper() for f in dataclasses.fields(FailurePolicy)}
+    own = []
+    for path in sorted((REPO / "minidist").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                own += [f"{path.relative_to(REPO)}: {t.id}" for t in node.targets
+                        if isinstance(t, ast.Name) and t.id in fields]
+    assert not own, f"failure-policy numbers with a second owner: {own}"
+    policy_src = (REPO / "minidist" / "comm" / "failure" / "policy.py").read_text()
+    assert "= FailurePolicy()" not in policy_src

@@ -11,7 +11,7 @@ on the stuck call::
                                         slow phase (every 2 ms) and raises PeerFailed; the
                                         group lands here too and sends its own SIDE_FAIL
     collect every peer's SIDE_FAIL      (a rank in destroy_process_group answers as well)
-      until EXCHANGE_S passes           dead peer (TCP: connection closed) -> "is dead"
+      until exchange_s passes           dead peer (TCP: connection closed) -> "is dead"
     diagnose (comm/diagnose.py)         no answer -> "did not answer within N s"
     log the finding (stderr, ERROR)
     SIDE_DONE --> peers that answered   (so every rank has printed its finding before a first
@@ -21,7 +21,7 @@ on the stuck call::
 ``poll`` is the check a waiting rank runs every few milliseconds (the transports' poll hook):
 a peer's failure notice, a stray message of another call, a peer already past this call or
 already gone (SIDE_BYE). ``farewell`` (``destroy_process_group``): every rank sends its collective counts (SIDE_BYE) and
-waits for the others' (up to the deadline plus EXCHANGE_S; a rank that never arrives is only a
+waits for the others' (up to the deadline plus the policy's exchange_s; a rank that never arrives is only a
 warning). Counts that differ, or a peer's failure notice, are a failure of the same kind: so a
 rank that skipped a collective and finished "successfully" raises too, naming the call.
 """
@@ -47,7 +47,6 @@ from minidist.logger import get_logger
 
 log = get_logger("minidist.comm.failure")  # the name users filter on (docs/troubleshooting.md)
 
-EXCHANGE_S = 5.0       # at most this long for the peers' reports (less with a shorter timeout)
 REPORT_ENTRIES = 64    # ledger entries each rank sends (the dump has all of them)
 _POLL_S = 0.001
 # A peer's shared-memory call counter is visible at once, while the message it sent before
@@ -57,9 +56,9 @@ AHEAD_GRACE_S = 2.0
 _ahead_seen: dict[tuple, float] = {}
 
 
-def exchange_timeout_s(transport: Transport, limit_s: float = EXCHANGE_S) -> float:
+def exchange_timeout_s(transport: Transport, limit_s: float) -> float:
     """How long to wait for the peers' reports: ``min(limit_s, the transport's timeout)``
-    (``limit_s``: the failure policy's ``exchange_s``)."""
+    (``limit_s``: the group's failure policy's ``exchange_s``, the one owner of that number)."""
     return min(limit_s, float(transport.timeout_s or limit_s))
 
 
@@ -298,7 +297,8 @@ def farewell(group: Any) -> None:
     data = bye_payload(counts)
     for p in peers:
         t.side_channel.send(p, SIDE_BYE, data)
-    timeout_s = float(t.timeout_s or DEFAULT_TIMEOUT_S) + exchange_timeout_s(t)
+    timeout_s = (float(t.timeout_s or DEFAULT_TIMEOUT_S)
+                 + exchange_timeout_s(t, group.failure_policy.exchange_s))
     deadline = time.monotonic() + timeout_s
     theirs: dict[int, dict] = dict(group.farewells)  # what the poll hook already read
     pending = [p for p in peers if p not in theirs]

@@ -58,5 +58,3 @@ class FailurePolicy:
     leave_grace_s: float = 2.0
     wait_notice_s: float = 5.0
 
-
-DEFAULT = FailurePolicy()  # what every new process group starts with
