@@ -210,10 +210,9 @@ class SlurmCluster:
         while not ready():
             dead = [d for d in self.daemons if d.poll() is not None]
             if dead:
-                raise SlurmUnavailable(f"minidist.testing.slurm: `{dead[0].argv[-1]}` ... "
-                                       f"{self._daemon_name(dead[0])} exited "
-                                       f"({dead[0].poll()}) while waiting for {what}:\n"
-                                       f"{self.logs()}")
+                raise SlurmUnavailable(f"minidist.testing.slurm: {self._daemon_name(dead[0])} "
+                                       f"on node{dead[0].node} exited ({dead[0].poll()}) while "
+                                       f"waiting for {what}; its log:\n{self.logs()}")
             if time.monotonic() > deadline:
                 raise SlurmUnavailable(f"minidist.testing.slurm: no {what} after "
                                        f"{timeout_s:.0f} s:\n{self.logs()}")
