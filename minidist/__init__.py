@@ -1,10 +1,10 @@
 """minidist: distributed data-parallel training written from scratch in Python.
 
 Layers, bottom up (each imports only from the ones below it; tests/test_layers.py holds this
-order as ``LAYERS`` and checks this line against it; docs/layout.md draws it): envvars -> xp,
-logger, version, tracing, backends -> tensor, cuda, kernels -> nn, optim, comm, accelerator,
-utils -> data, viz, tune -> amp -> ddp -> checkpoint -> trainer -> launch, multiprocessing,
-testing, distributed.
+order as ``LAYERS`` and checks this line against it; docs/layout.md draws it): envvars,
+user_cache -> xp, logger, version, tracing, backends -> tensor, cuda, kernels -> nn, optim,
+comm, accelerator, utils -> data, viz, tune -> amp -> ddp -> checkpoint -> trainer -> launch,
+multiprocessing, testing, distributed.
 """
 
 import sys as _sys

@@ -17,7 +17,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "minidist"
 
 LAYERS = {
-    "envvars": -1,
+    "envvars": -1, "user_cache": -1,
     "xp": 0, "logger": 0, "version": 0, "tracing": 0, "backends": 0,
     "tensor": 1, "cuda": 1, "kernels": 1,
     "nn": 2, "optim": 2, "comm": 2, "accelerator": 2,
