@@ -112,6 +112,7 @@ def main():
     if rank == 0:
         print(f"bright pixels per sample {bright:.1f}, generator weights equal on all ranks: "
               f"{high.item() == low.item()}", flush=True)
+    dist.barrier()  # every rank done before any tears down (gloo aborts a rank whose peer left)
     dist.destroy_process_group()
 
 
