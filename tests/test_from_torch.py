@@ -267,8 +267,13 @@ def test_nanogpt_port_with_data_init_randint_batches_and_lars_trains():
 @pytest.mark.parametrize("original", ["ddp_zero.py", "gpt_ddp.py", "nanogpt_lars.py"])
 def test_originals_run_under_torch(original):
     pytest.importorskip("torch")
-    job = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                      HERE / original], timeout_s=300, env={"STEPS": "30"})
+    argv = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            HERE / original]
+    job = run_python(argv, timeout_s=300, env={"STEPS": "30"})
+    if job.returncode != 0 and "terminate called without an active exception" in job.stderr:
+        # torch's gloo now and then aborts a rank in its teardown after the script finished
+        # (compare_losses.py retries the same way): the reference run gets one more try
+        job = run_python(argv, timeout_s=300, env={"STEPS": "30"})
     assert job.returncode == 0, job.report()
     if original == "ddp_zero.py":
         check_zero_run(job.stdout, job.report())
