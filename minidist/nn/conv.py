@@ -20,6 +20,14 @@ from minidist.tensor.conv_transpose import conv_transpose2d
 from minidist.tensor.core import error
 
 
+
+def only_plain_options(layer: str, dilation: Any, groups: int, padding_mode: str) -> None:
+    """The convolution options minidist does not implement: a clear error, not a wrong layer."""
+    if pair(dilation, "dilation") != (1, 1) or groups != 1 or padding_mode != "zeros":
+        raise ValueError(error(layer, f"dilation={dilation}, groups={groups}, "
+                               f"padding_mode={padding_mode!r}: only dilation=1, groups=1 "
+                               "and padding_mode='zeros' are supported."))
+
 class Conv2d(Module):
     """2-D convolution: weight (out_channels, in_channels, kh, kw), bias (out_channels,).
 
@@ -31,10 +39,7 @@ class Conv2d(Module):
                  padding_mode: str = "zeros", device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         dtype = factory_dtype(dtype)
-        if pair(dilation, "dilation") != (1, 1) or groups != 1 or padding_mode != "zeros":
-            raise ValueError(error("Conv2d", f"dilation={dilation}, groups={groups}, "
-                                   f"padding_mode={padding_mode!r}: only dilation=1, groups=1 "
-                                   "and padding_mode='zeros' are supported."))
+        only_plain_options("Conv2d", dilation, groups, padding_mode)
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size = pair(kernel_size, "kernel_size")
         self.stride, self.padding = pair(stride, "stride"), pair(padding, "padding")
@@ -71,10 +76,7 @@ class ConvTranspose2d(Module):
                  dtype: Any = None) -> None:
         super().__init__()
         dtype = factory_dtype(dtype)
-        if pair(dilation, "dilation") != (1, 1) or groups != 1 or padding_mode != "zeros":
-            raise ValueError(error("ConvTranspose2d", f"dilation={dilation}, groups={groups}, "
-                                   f"padding_mode={padding_mode!r}: only dilation=1, groups=1 "
-                                   "and padding_mode='zeros' are supported."))
+        only_plain_options("ConvTranspose2d", dilation, groups, padding_mode)
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size = pair(kernel_size, "kernel_size")
         self.stride, self.padding = pair(stride, "stride"), pair(padding, "padding")
