@@ -41,6 +41,7 @@ def free_port() -> int:
 
 
 TORCH_EXIT_ABORT = "terminate called without an active exception"  # torch's gloo at exit
+TORCH_EXIT_RETRIES = 3  # tries after the first, for torch's runs only
 
 
 def run(pair: str, library: str, seed: int, env_extra: dict[str, str],
@@ -60,9 +61,13 @@ def run(pair: str, library: str, seed: int, env_extra: dict[str, str],
         cmd = [sys.executable, "-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
                str(HERE / f"{pair}_minidist.py")]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if library == "torch" and out.returncode != 0 and TORCH_EXIT_ABORT in out.stderr:
+    for _ in range(TORCH_EXIT_RETRIES if library == "torch" else 0):
+        if out.returncode == 0 or TORCH_EXIT_ABORT not in out.stderr:
+            break
         # torch's gloo now and then aborts a rank in its teardown, after the script finished
-        # (a race between the ranks' exits): torch's reference run is retried once, never ours
+        # (a race between the ranks' exits): torch's reference run is retried, never ours
+        if pair in SPAWNED:
+            env["PORT"] = str(free_port())
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")

@@ -107,6 +107,7 @@ def main_worker(rank, world_size):
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     if rank == 0:
         print(f"queue equal on all ranks: {high.item() == low.item()}", flush=True)
+    dist.barrier()  # every rank done before any tears down (gloo aborts a rank whose peer left)
     dist.destroy_process_group()
 
 
