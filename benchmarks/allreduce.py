@@ -74,7 +74,7 @@ DEFAULT_ALGOS = "ring,tree,rd,direct,mpi,auto,shm,shm_zc,mpi_zc,auto_zc"
 # (cuda_ipc, host_copy, ipc_host) are benchmarks/gpu_allreduce.py's.
 PUBLIC_ALGOS = ("ring", "tree", "rd", "direct", "mpi", "shm", "hier", "auto", "mpi_raw")
 SHIPPED_TABLE = (Path(__file__).resolve().parent.parent
-                 / "minidist/comm/algorithms/auto_defaults.json")
+                 / "minidist/auto/auto_defaults.json")
 
 
 @dataclass
@@ -129,7 +129,7 @@ def parse_args(argv: list[str] | None = None) -> Args | tuple:
     p.add_argument("--markdown", nargs="+", metavar="JSON", help="print result tables and exit")
     p.add_argument("--emit-defaults", action="store_true",
                    help="with --fit: also write the shipped table of auto "
-                        "(minidist/comm/algorithms/auto_defaults.json)")
+                        "(minidist/auto/auto_defaults.json)")
     a = p.parse_args(argv)
     if a.markdown:
         for path in a.markdown:
@@ -392,7 +392,7 @@ def sweep(args: Args, group: Any, gloo: Callable | None = None,
         runners["gloo"] = gloo
     shared = None
     if any(a.removesuffix("-off").endswith("_zc") for a in args.algorithms):
-        from minidist.comm.algorithms.shm import shm_alloc_buffer
+        from minidist.fastpath.shm import shm_alloc_buffer
         shared = shm_alloc_buffer(group.transport, max_count, dtype)
     rng = np.random.default_rng(1234 + rank)
     full = (rng.integers(-100, 100, max_count) if dtype.kind in "iu"
@@ -725,7 +725,7 @@ def medians_over_runs(paths: list[str]) -> dict:
 def size_rules(times: dict[int, dict[str, float]], tol: float = TOLERANCE) -> list:
     """Thresholds from per-size times: ``calibrate.size_rules`` (``python -m minidist.tune``
     fits its rules with the same function)."""
-    from minidist.comm.algorithms.calibrate import size_rules as fit_rules
+    from minidist.auto.calibrate import size_rules as fit_rules
 
     return fit_rules(times, tol)
 
@@ -750,7 +750,7 @@ def fit(paths: list[str], out: Path, module: Path | None = None) -> dict:
     transports without rules): each cost formula in ``select.COST`` is linear in (alpha, beta,
     gamma), so alpha and beta are a least-squares fit on relative error, gamma a NumPy add.
     """
-    from minidist.comm.algorithms import select
+    from minidist.auto import select
 
     med = {k: float(np.median(v)) for k, v in medians_over_runs(paths).items()}
     rules: dict = {}
@@ -764,7 +764,7 @@ def fit(paths: list[str], out: Path, module: Path | None = None) -> dict:
             complete = {s: v for s, v in times.items() if len(v) >= 2}
             if complete:
                 rules[f"{n}s" if zc else str(n)] = size_rules(complete)
-    from minidist.comm.algorithms.calibrate import fit_model
+    from minidist.auto.calibrate import fit_model
 
     points: dict = {}
     for (n, nbytes, name), t in med.items():
@@ -835,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = library_versions(group, gloo)
     finally:
         if group.backend == "mpi":
-            from minidist.comm.algorithms.shm import shm_close
+            from minidist.fastpath.shm import shm_close
             shm_close(group.transport)  # collective: free the windows before MPI goes away
         if gloo is not None:
             import torch.distributed as td

@@ -82,7 +82,7 @@ sys.path.insert(0, str(REPO))
 import minidist  # noqa: E402
 from minidist import amp, comm, kernels, nn, optim  # noqa: E402
 from minidist import tracing as trace  # noqa: E402
-from minidist.comm.algorithms.shm import shm_is_shared  # noqa: E402
+from minidist.fastpath.shm import shm_is_shared  # noqa: E402
 from minidist.ddp import DistributedDataParallel, auto_overlap  # noqa: E402
 from minidist.ddp.hooks import (allreduce_hook, avg_allreduce_hook,  # noqa: E402
                                 prescaled_allreduce_hook)

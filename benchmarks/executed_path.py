@@ -62,18 +62,13 @@ def is_instrumentation(relpath: str) -> bool:
     return bool(INSTRUMENTATION_PARTS & set(p.parts[:-1])) or p.stem in INSTRUMENTATION_STEMS
 
 
-# The fast paths a default step takes in place of the textbook algorithm (docs/layout.md's walk
-# marks them, and the observers, as wings; the rest of the step is the spine).
-FAST_PATH_FILES = {"minidist/comm/algorithms/shm.py", "minidist/comm/transports/shm_window.py",
-                   "minidist/comm/algorithms/hier.py"}
-
-
 def wing_of(relpath: str) -> str | None:
-    """The wing a library file belongs to ("watch": an observer; "fast path"), or None for
-    the spine."""
+    """The wing a library file belongs to (minidist/wings.py's name: "fastpath", "auto", ...;
+    "watch" for an observer), or None for the spine."""
     if is_instrumentation(relpath):
         return "watch"
-    return "fast path" if relpath in FAST_PATH_FILES else None
+    from minidist.wings import is_wing_module
+    return is_wing_module(relpath.removesuffix(".py").replace("/", ".").removesuffix(".__init__"))
 
 
 def summarize(lines: list[tuple[str, int]]) -> dict:

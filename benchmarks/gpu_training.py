@@ -10,7 +10,7 @@ Sections (``--sections``, comma-separated; default all that the launch allows):
 
   allreduce  (needs >= 2 ranks, e.g. two sharing one GPU) per size: the all-reduce of a
              float32 device buffer staged through host memory (``algorithm="shm"`` and
-             ``"ring"``: minidist.comm.staging), over CUDA IPC (``"cuda_ipc"``), and of a host
+             ``"ring"``: minidist.fastpath.staging), over CUDA IPC (``"cuda_ipc"``), and of a host
              buffer of the same bytes with the same algorithm; one device-to-device copy of
              the bytes; pinned device->host and host->device copies; and the staging target
              ``1.3 x host + d2h + h2d`` with the staged time's ratio to it. Medians on rank 0,

@@ -86,7 +86,7 @@ FIRST_BUCKET = 1 << 20   # DDP's first bucket (torch and minidist: 1 MiB)
 BUCKET = 25 << 20        # the others (25 MiB)
 BACKWARD_SHARE = 2 / 3   # backward's share of the compute time (stated assumption)
 try:  # hier's inter-node phase: recursive doubling below this shard size, ring above
-    from minidist.comm.algorithms.hier import RD_MAX_BYTES as HIER_RD_MAX_BYTES
+    from minidist.fastpath.hier import RD_MAX_BYTES as HIER_RD_MAX_BYTES
 except ImportError:  # a minidist without hier: its documented threshold
     HIER_RD_MAX_BYTES = 64 << 10
 

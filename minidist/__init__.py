@@ -1,10 +1,13 @@
 """minidist: distributed data-parallel training written from scratch in Python.
 
+The spine and its wings (minidist/wings.py): fastpath, tcp and auto attach to the spine through
+its seams when they load, at the end of this file; ``MINIDIST_WINGS=none`` leaves them out.
+
 Layers, bottom up (each imports only from the ones below it; tests/test_layers.py holds this
 order as ``LAYERS`` and checks this line against it; docs/layout.md draws it): envvars,
-user_cache -> xp, logger, version, tracing, backends -> tensor, cuda, kernels -> nn, optim,
-comm, accelerator, utils -> data, viz, tune -> amp -> ddp -> checkpoint -> trainer -> launch,
-multiprocessing, testing, distributed.
+user_cache -> xp, logger, version, tracing, backends, wings -> tensor, cuda, kernels -> nn,
+optim, comm, accelerator, utils -> fastpath, tcp -> auto -> data, viz, tune -> amp -> ddp ->
+checkpoint -> trainer -> launch, multiprocessing, testing, distributed.
 """
 
 import sys as _sys
@@ -139,3 +142,9 @@ from minidist.tensor.more_methods import (amax, amin, bmm, expm1, flip, log1p,  
                                           tile, unbind)
 from minidist.tensor.more_methods import diff, lerp, scatter_add  # noqa: E402
 from minidist.tensor.indexing import index_add, kthvalue, median, scatter, unique  # noqa: E402
+
+# The wings (minidist/wings.py): each enabled one attaches to the spine through its seams when
+# imported here, last, in the same order on every rank. MINIDIST_WINGS=none: the spine alone.
+from minidist import wings as _wings  # noqa: E402
+
+_wings.load()

@@ -106,6 +106,14 @@ def _text(text: str) -> str:
     return text
 
 
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names (``all`` and ``none`` are names too)."""
+    names = tuple(n.strip().lower() for n in text.split(",") if n.strip())
+    if not names or any(not n.isidentifier() for n in names):
+        raise ValueError(text)
+    return names
+
+
 def _writable_folder(text: str) -> str:
     """A folder that exists and is writable, or that this process could create."""
     path = os.path.abspath(os.path.expanduser(text))
@@ -126,6 +134,8 @@ def _writable_folder(text: str) -> str:
 SWITCH = "1/true/yes/on or 0/false/no/off"
 VARIABLES: dict[str, Variable] = {v.name: v for v in [
     Variable("MINIDIST_TIMEOUT_S", _seconds, 300.0, "a positive number of seconds"),
+    Variable("MINIDIST_WINGS", _names, ("all",),
+             "all, none, or a comma-separated list of wings (minidist/wings.py)", "all"),
     Variable("MINIDIST_DEBUG", _debug, 0, f"0, 1 or 2 ({SWITCH} mean 1 or 0)"),
     Variable("MINIDIST_LEDGER", _switch, True, SWITCH),
     Variable("MINIDIST_LEDGER_SIZE", _whole(16), 512, "a whole number of entries, at least 16"),

@@ -73,6 +73,15 @@ def _configure() -> None:
         root.propagate = False
 
 
+def human_bytes(n: int) -> str:
+    """``741455`` -> ``'724 KiB'``: sizes in messages, reasons and tables."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            v = n / (1 << shift)
+            return f"{v:.0f} {unit}" if v >= 10 or v == int(v) else f"{v:.1f} {unit}"
+    return f"{n} B"
+
+
 def get_logger(name: str = "minidist") -> logging.Logger:
     """A logger under "minidist" whose lines are prefixed with this process's rank."""
     _configure()

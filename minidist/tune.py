@@ -9,7 +9,7 @@
 A few seconds of timed all-reduces of every candidate algorithm (ring, tree, rd, MPI's own,
 shared memory: what this transport offers) at sizes 8 B, 32 B, ... 2 MiB (``--full``: up to
 32 MiB), then the same fit as the shipped table: size rules per buffer kind and
-alpha-beta-gamma constants per algorithm (``minidist.comm.algorithms.calibrate``). Past twice
+alpha-beta-gamma constants per algorithm (``minidist.auto.calibrate``). Past twice
 the largest size measured, "auto" keeps the shipped table's choice: a calibration never
 extrapolates what it did not time. Rank 0 writes the result to
 ``$MINIDIST_CACHE_DIR`` (default ``$XDG_CACHE_HOME/minidist`` or ``~/.cache/minidist``), one
@@ -17,7 +17,7 @@ file per host, transport and world size, stamped with the minidist version; from
 process group of that key uses it (``MINIDIST_DEBUG=1`` logs which table "auto" uses, once;
 ``MINIDIST_TUNE=0`` ignores the cache; ``MINIDIST_TUNE=1`` calibrates on first use when no file
 matches). Without a calibration "auto" uses the shipped table
-(``minidist/comm/algorithms/auto_defaults.json``), measured on the development machine. Rank 0
+(``minidist/auto/auto_defaults.json``), measured on the development machine. Rank 0
 prints what "auto" now picks at each size, beside the shipped table's pick.
 
 ``--show`` measures nothing: launched, it reports the job's own group; run as one process it
@@ -33,7 +33,7 @@ import sys
 from typing import Sequence
 
 from minidist.comm import api as comm
-from minidist.comm.algorithms import calibrate, select
+from minidist.auto import calibrate, select
 from minidist.comm.env import detect_launch
 from minidist.logger import get_logger
 
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "table", flush=True)
     finally:
         if group.backend == "mpi":
-            from minidist.comm.algorithms.shm import shm_close
+            from minidist.fastpath.shm import shm_close
             shm_close(group.transport)  # collective: windows go before MPI does
         comm.destroy_process_group()
     return 0

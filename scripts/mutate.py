@@ -158,7 +158,7 @@ MUTATIONS = [
              "        mask <<= 2\n\n\ndef _halving_doubling",
              ("tests/algorithms/test_algorithms.py::test_counts_float32_sum",),
              "recursive doubling skips every other round"),
-    Mutation("shm-drops-third-rank", "minidist/comm/algorithms/shm.py",
+    Mutation("shm-drops-third-rank", "minidist/fastpath/shm.py",
              "    for s in srcs[2:]:\n        combine(out, s, op)",
              "    for s in srcs[3:]:\n        combine(out, s, op)",
              ("tests/multiproc/test_shm.py",),

@@ -763,7 +763,8 @@ def check_6_3(m: Any) -> None:
       "step 7 and minidist/comm/algorithms/registry.py (an entry: run, cost, constants); "
       "docs/layout.md, '(b) A new all-reduce algorithm'; select.register adds it at run time")
 def check_7_1(m: Any) -> None:
-    from minidist.comm.algorithms import ALGORITHMS, Algorithm, select
+    from minidist.auto import select
+    from minidist.comm.algorithms import ALGORITHMS, Algorithm
     entry = m.make_entry()
     if not isinstance(entry, Algorithm) or entry.name != "course_ring":
         raise Miss("an Algorithm (minidist.comm.algorithms.registry) named 'course_ring'",

@@ -44,7 +44,7 @@ def test_allreduce_benchmark_tiny(tmp_path):
                           "--fit-out", str(fit_out)], env=job_env(), cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert fit.returncode == 0, fit.stderr
-    from minidist.comm.algorithms import select
+    from minidist.auto import select
 
     model = json.loads(fit_out.read_text())
     assert "ring" in model["model"] and model["model"]["ring"]["alpha_us"] > 0

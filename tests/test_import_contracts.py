@@ -37,3 +37,17 @@ def test_an_upward_import_breaks_them(tmp_path):
     assert result.returncode != 0, result.stdout[-3000:]
     assert "layers import downward BROKEN" in result.stdout, result.stdout[-3000:]
     assert "minidist.tensor.core -> minidist.comm.errors" in result.stdout, result.stdout[-3000:]
+
+
+def test_a_spine_module_importing_a_wing_breaks_them(tmp_path):
+    """The group reaching for the fast path's shared memory itself, instead of being handed
+    it by the wing's group extension, is reported by the spine/wing contract."""
+    shutil.copytree(REPO / "minidist", tmp_path / "minidist",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.npz"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    group = tmp_path / "minidist" / "comm" / "group.py"
+    group.write_text(group.read_text() + "\nfrom minidist.fastpath import shm  # noqa: E402\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "the spine imports no wing BROKEN" in result.stdout, result.stdout[-3000:]
+    assert "minidist.comm.group -> minidist.fastpath" in result.stdout, result.stdout[-3000:]

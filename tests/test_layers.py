@@ -18,16 +18,17 @@ PKG = Path(__file__).resolve().parent.parent / "minidist"
 
 LAYERS = {
     "envvars": -1, "user_cache": -1,
-    "xp": 0, "logger": 0, "version": 0, "tracing": 0, "backends": 0,
+    "xp": 0, "logger": 0, "version": 0, "tracing": 0, "backends": 0, "wings": 0,
     "tensor": 1, "cuda": 1, "kernels": 1,
-    "nn": 2, "optim": 2, "comm": 2, "accelerator": 2,
-    "data": 3, "viz": 3, "tune": 3,
-    "amp": 4,
-    "ddp": 5,
-    "checkpoint": 6,
-    "trainer": 7,
-    "launch": 8, "multiprocessing": 8, "testing": 8, "distributed": 8,
-    "utils": 2,
+    "nn": 2, "optim": 2, "comm": 2, "accelerator": 2, "utils": 2,
+    "fastpath": 3, "tcp": 3,
+    "auto": 4,
+    "data": 5, "viz": 5, "tune": 5,
+    "amp": 6,
+    "ddp": 7,
+    "checkpoint": 8,
+    "trainer": 9,
+    "launch": 10, "multiprocessing": 10, "testing": 10, "distributed": 10,
 }
 FORBIDDEN = {("comm", "tensor"), ("comm", "nn"), ("comm", "optim")}
 

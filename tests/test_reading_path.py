@@ -40,7 +40,8 @@ def test_the_path_is_listed_in_reading_order():
     entries = path_entries()
     assert len(entries) >= 10, entries
     assert entries[0][0] == "minidist/tensor/autograd.py", entries[0]
-    assert any(m.startswith("minidist/comm/transports/") for m, _ in entries), entries
+    assert any(m.startswith(("minidist/comm/transports/", "minidist/fastpath/shm_window"))
+               for m, _ in entries), entries  # where the bytes lie: a transport or a window
     assert entries[-1][0].startswith("minidist/optim/"), entries[-1]
 
 

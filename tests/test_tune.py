@@ -85,7 +85,7 @@ def test_tune_dry_run_writes_nothing_and_says_so(tmp_path):
 
 
 def test_help_and_docs_agree_on_the_ranges():
-    from minidist.comm.algorithms import calibrate
+    from minidist.auto import calibrate
     from minidist.tune import parse_args
 
     assert (calibrate.QUICK_MAX_BYTES, calibrate.FULL_MAX_BYTES) == (2 << 20, 32 << 20)
@@ -101,13 +101,13 @@ def test_help_and_docs_agree_on_the_ranges():
 
 
 def test_show_in_one_process_names_the_table_in_use_and_where_it_came_from(tmp_path):
-    from minidist.comm.algorithms import calibrate
+    from minidist.auto import calibrate
 
     env = {"MINIDIST_CACHE_DIR": str(tmp_path)}
     shipped = run_python(["-m", "minidist.tune", "--show", "--world-size", "4"], timeout_s=60,
                          env=env)
     assert shipped.returncode == 0, shipped.report()
-    assert ("# auto on mpi, n=4: shipped table (minidist/comm/algorithms/auto_defaults.json)"
+    assert ("# auto on mpi, n=4: shipped table (minidist/auto/auto_defaults.json)"
             in shipped.stdout), shipped.stdout
     assert f"cache folder: {tmp_path}" in shipped.stdout
 

@@ -22,7 +22,7 @@ from procs import REPO
 BASELINE = {
     "minidist.amp.grad_scaler", "minidist.amp.master_weights", "minidist.checkpoint.serialize",
     "minidist.checkpoint.store",
-    "minidist.comm.env", "minidist.comm.transports.shm_window", "minidist.comm.transports.tcp",
+    "minidist.comm.env", "minidist.fastpath.shm_window", "minidist.tcp.transport",
     "minidist.data.loader", "minidist.ddp.zero",
     "minidist.multiprocessing", "minidist.nn.conv", "minidist.nn.layers", "minidist.nn.module",
     "minidist.nn.norm", "minidist.optim.sgd", "minidist.tensor.checkpoint",

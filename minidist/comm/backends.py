@@ -1,7 +1,6 @@
 """Which transport a backend name runs, and building it: ``init_process_group``'s choices.
 
-    transport = make_transport("tcp", info, timeout_s)   # "mpi" | "tcp" | "local"
-    port = rendezvous_port(info)                         # MASTER_PORT, or beside torchrun's
+    transport = make_transport("mpi", info, timeout_s)   # "mpi" | "local" | a wing's ("tcp")
     torch_backend_note("gloo", "mpi", info)              # one line: what a torch name runs as
 
 torch's names map onto minidist's transports (``TORCH_BACKENDS``): ``gloo`` is the TCP
@@ -11,15 +10,11 @@ transport (under mpiexec/srun with no MASTER_PORT, the MPI transport, said at IN
 
 from __future__ import annotations
 
-import errno
-import os
-from typing import Any
+from typing import Callable
 
 from minidist import logger as mdlog
 from minidist.comm.env import LaunchInfo
-from minidist.comm.errors import CommError
 from minidist.comm.transports.base import Transport
-from minidist.envvars import env as env_var
 
 log = mdlog.get_logger("minidist.comm.api")  # its lines keep the name users know
 
@@ -48,55 +43,18 @@ def make_transport(backend: str, info: LaunchInfo, timeout_s: float) -> Transpor
                              f"MPI has {t.size}. mpi4py is linked to a different MPI than the "
                              "mpiexec you ran; use the mpiexec beside mpi4py (./mpirun.sh).")
         return t
-    # tcp
-    try:
-        from minidist.comm.transports.tcp import TCPTransport
-    except ImportError as e:
-        raise RuntimeError(f"init_process_group(backend='tcp'): the TCP transport is not "
-                           f"available ({e}). Use backend='mpi' under mpiexec.") from e
-    if info.world_size is None or info.master_port is None:
-        raise ValueError("init_process_group(backend='tcp'): needs RANK, WORLD_SIZE, MASTER_ADDR "
-                         "and MASTER_PORT in the environment (as torchrun and python -m "
-                         "minidist.launch set them), or rank=, world_size= and "
-                         "init_method='tcp://host:port'; "
-                         f"detected launcher={info.launcher!r}, MASTER_PORT={info.master_port}.")
-    port = rendezvous_port(info)
-    try:
-        return TCPTransport(info.rank, info.world_size, info.master_addr or "127.0.0.1", port,
-                            timeout_s)
-    except CommError as e:
-        if port == info.master_port or getattr(e.__cause__, "errno", None) != errno.EADDRINUSE:
-            raise
-        why = ("MINIDIST_RENDEZVOUS_PORT" if env_var("MINIDIST_RENDEZVOUS_PORT") is not None
-               else f"MASTER_PORT + 1, since torchrun's agent holds MASTER_PORT={info.master_port}")
-        raise CommError(f"{mdlog.rank_prefix()} init_process_group: the TCP rendezvous needs port "
-                        f"{port} ({why}), and another program is using it. Set "
-                        "MINIDIST_RENDEZVOUS_PORT to a free port (the same on every rank), or "
-                        "pick another MASTER_PORT.") from e
+    factory = TRANSPORTS.get(backend)
+    if factory is None:
+        raise ValueError(f"init_process_group(backend={backend!r}): the {backend} transport "
+                         f"belongs to a wing that MINIDIST_WINGS leaves out (unset "
+                         f"MINIDIST_WINGS, or add {backend} to it), or use backend='mpi' under "
+                         "mpiexec.")
+    return factory(info, timeout_s)
 
 
-def rendezvous_port(info: LaunchInfo, env: Any = None) -> int:
-    """The port of the TCP rendezvous: MASTER_PORT, or beside it under a real torchrun.
-
-    torchrun's agent already serves its own store on MASTER_PORT (``TORCHELASTIC_RUN_ID`` is set
-    in its ranks), so there minidist meets at MASTER_PORT + 1 on the same host instead;
-    ``MINIDIST_RENDEZVOUS_PORT`` chooses the port explicitly (every rank must set the same).
-    """
-    env = os.environ if env is None else env
-    explicit = env_var("MINIDIST_RENDEZVOUS_PORT", env)
-    if explicit is not None:
-        return int(explicit)
-    if env.get("TORCHELASTIC_RUN_ID") and info.master_port is not None:
-        port = info.master_port + 1
-        if info.rank == 0:
-            log.info("torchrun detected: its agent serves MASTER_PORT=%d, so the minidist "
-                     "rendezvous uses port %d (set MINIDIST_RENDEZVOUS_PORT to choose another)",
-                     info.master_port, port)
-        return port
-    if info.master_port is None:
-        raise ValueError("init_process_group(backend='tcp'): MASTER_PORT is not set; set it to "
-                         "the same free port on every rank (or pass init_method='tcp://host:port').")
-    return int(info.master_port)
+# More transports, by backend name: a wing adds ``factory(info, timeout_s) -> Transport`` here
+# when it loads (minidist/tcp: "tcp").
+TRANSPORTS: dict[str, Callable[[LaunchInfo, float], Transport]] = {}
 
 
 def torch_backend_note(backend: str, chosen: str, info: LaunchInfo) -> None:

@@ -30,12 +30,10 @@ import numpy as np
 from minidist import xp as backend
 from minidist.comm.algorithms.ring import ring_all_gather, ring_reduce_scatter
 from minidist.comm.algorithms.scratch import scratch
-from minidist.comm.algorithms.shm import shm_alloc_buffer
 from minidist.comm.algorithms.tree import tree_broadcast, tree_reduce
 from minidist.comm.calls import call_spec
 from minidist.comm.errors import CommError
 from minidist.comm.ops import ReduceOp, finalize
-from minidist.comm.transports.shm_window import shm_free_buffer
 from minidist.comm.validate import flat_view, reduce_op, root_rank, stream_tag
 
 if TYPE_CHECKING:
@@ -198,16 +196,17 @@ def alloc_buffer(group: ProcessGroup, numel: int, dtype: Any, xp: Any = None) ->
     """A 1-D communication buffer placed where the transport moves data best.
 
     Collective: every rank calls it alike (DDP allocates its buckets at construction).
-    On the MPI transport with every rank on one node, NumPy buffers go into a shared-memory
-    window, so ``all_reduce`` on them can take the zero-copy "shm" path (algorithms/shm.py).
+    Where the group has shared memory (the fast-path wing's: MPI, every rank on one node),
+    NumPy buffers go into a shared window, so ``all_reduce`` on them can take the zero-copy
+    "shm" path (minidist/fastpath/shm.py); otherwise the transport allocates.
     """
     xp = xp or backend.default_array_module()
     group.drain()
-    if xp is np and group.planner.shm is not None:
+    if xp is np and group.shared_memory is not None:
         dt = np.dtype(dtype)
         spec = call_spec("alloc_buffer", "alloc_buffer", int(numel), dt, algorithm="shm")
         with group.observed(spec, 0, (int(numel),)):
-            return shm_alloc_buffer(group.transport, numel, dtype)
+            return group.shared_memory.alloc_buffer(numel, dtype)
     return group.transport.alloc_buffer(numel, dtype, xp)
 
 
@@ -218,7 +217,8 @@ def free_buffer(group: ProcessGroup, buf: Any) -> bool:
     Every array that views ``buf`` must be dropped first (its memory is unmapped).
     Returns True if a window was freed, False for an ordinary array (nothing to do).
     """
-    return shm_free_buffer(group.transport, buf)
+    shared = group.shared_memory
+    return shared.free_buffer(buf) if shared is not None else False
 
 
 # -- sub-groups ------------------------------------------------------------------------------

@@ -12,12 +12,18 @@ functions of a group in collectives.py; this module is the spine: ``all_reduce``
 
     validate on this rank (ValueError before any message: bad array, op, algorithm, tag)
     -> plan: planner.py, memoized per (algorithm, bytes, dtype, op, buffer kind): the algorithm
-       that runs ("auto": the registry's usable algorithms, select.py's rules, the calibration),
-       why, and how to run it
+       that runs ("auto": the planner's chooser: ring in the spine alone, the auto wing's rules
+       and calibration by default), why, and how to run it
     -> begin the call (calls.py): its number on its stream and its message tag (the call's
        fingerprint); the observers start watching
     -> run it; end the call. A CommError (timeout, peer failure, fingerprint mismatch) goes to
        the failure diagnosis (failure/exchange.py): every rank raises the same finding
+
+Extensions (``GROUP_EXTENSIONS``): a wing attaches to every new group here, in the order the
+wings loaded, the same on every rank: the fast-path wing sets up the node's shared memory
+(``group.shared_memory``), the auto wing its chooser and calibration. Each returns an object
+whose ``farewell()`` runs before the counts are compared and ``close()`` before the transport
+closes (in reverse order).
 
 Observers (``group.calls.add``; calls.py): the ledger (diagnosis/ledger.py, on unless
 ``MINIDIST_LEDGER=0``), and with ``check_consistency`` / ``MINIDIST_DEBUG >= 1`` the
@@ -38,12 +44,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from minidist.comm import collectives
-from minidist.comm.algorithms import select as _select
-from minidist.comm.algorithms.calibrate import agreed as agreed_calibration
-from minidist.comm.algorithms.cuda_ipc import close_ipc
 from minidist.comm.algorithms.scratch import clear as clear_scratch
-from minidist.comm.algorithms.select import Explainer
-from minidist.comm.algorithms.shm import shm_available, shm_node
 from minidist.comm.calls import Call, Calls, CallSpec
 from minidist.comm.diagnosis.consistency import ConsistencyCheck
 from minidist.comm.diagnosis.debug_log import DebugLog
@@ -62,7 +63,9 @@ from minidist.logger import debug_level, get_logger
 log = get_logger(__name__)
 
 
-_AUTO_SOURCES_SAID: set[tuple[str, int, str]] = set()  # (source, n, transport) logged already
+# Each wing that attaches to groups adds ``make(group) -> extension or None`` here when it loads
+# (see the module docstring); None: nothing to attach on this group.
+GROUP_EXTENSIONS: list[Callable[[Any], Any]] = []
 
 
 class ProcessGroup:
@@ -71,8 +74,8 @@ class ProcessGroup:
     Args:
         transport: moves the bytes (``rank`` and ``size`` come from it).
         algorithm: default all-reduce algorithm: "auto" or a name of the registry
-            ``minidist.comm.algorithms.ALGORITHMS`` ("ring", "tree", "rd", "direct", "mpi",
-            "shm", "hier", "cuda_ipc").
+            ``minidist.comm.algorithms.ALGORITHMS`` ("ring", "tree", "rd", "direct", and the
+            fast-path wing's "mpi", "shm", "hier", "cuda_ipc").
         check_consistency: all-gather shapes/dtypes before each collective (debug mode);
             default ``MINIDIST_DEBUG >= 1``.
         backend: name for logs ("mpi", "tcp", "threads", "local").
@@ -82,11 +85,13 @@ class ProcessGroup:
         calls: call numbers, message tags and the observers of every collective (calls.py).
         ledger: the record of this rank's collectives (diagnosis/ledger.py).
         planner: which algorithm each all-reduce runs (planner.py).
+        shared_memory: the node's shared memory when a wing set it up (the fast path's: MPI
+            transport, every rank on one node), else None.
+        extensions: what the wings attached to this group (``GROUP_EXTENSIONS``).
 
     Construction is collective on MPI and TCP: the ranks find their nodes (``topology``, a
-    :class:`~minidist.comm.topology.Topology`); on the MPI transport with every rank on one
-    node it also sets up the shared-memory node (the "shm" algorithm and the fingerprint guard
-    of MPI's Allreduce). With ranks on several nodes, ``auto`` runs "hier".
+    :class:`~minidist.comm.topology.Topology`), and the extensions may exchange messages too
+    (the shared-memory node, the calibration every rank holds alike).
     """
 
     def __init__(self, transport: Transport, algorithm: str = "auto",
@@ -101,9 +106,7 @@ class ProcessGroup:
         self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled(),
                              self.calls)
         self.topology: Topology = detect_topology(transport)  # collective (MPI, TCP)
-        self._shm = (shm_node(transport) if self.topology.is_single_node()
-                     and shm_available(transport) else None)  # collective
-        self._explainer = Explainer(self.size)  # MINIDIST_DEBUG: auto, once per size class
+        self.shared_memory: Any = None  # set by the fast-path wing's extension
         # peer -> its final collective counts per stream, from its farewell (SIDE_BYE)
         self.farewells: dict[int, dict[int, int]] = {}
         self.exit_codes: dict[int, int] = {}  # peer -> its exit code, if it left (failure/leaving.py)
@@ -111,19 +114,15 @@ class ProcessGroup:
         # what this rank does when it or a peer fails (comm/failure/policy.py)
         self.failure_policy = FailurePolicy()
         transport.poll_hook = self._poll
-        # auto's table: a calibration every rank holds alike (collective), else the shipped one
-        self.planner = Planner(transport, self.topology.num_nodes, self._shm, None)
-        self.use_calibration(agreed_calibration(self))
+        self.planner = Planner(transport)
+        self.extensions = [ext for make in GROUP_EXTENSIONS  # the wings' (collective)
+                           if (ext := make(self)) is not None]
         if self.ledger.enabled:  # the observers of every call (calls.py), in this order
             self.calls.add(self.ledger)
         if self.check_consistency:
             self.calls.add(ConsistencyCheck(self))
         if debug_level() >= 1:
-            self.calls.add(DebugLog(self, self._explainer))
-        said = (self.auto_source(), self.size, transport.name)
-        if said not in _AUTO_SOURCES_SAID:  # once per process and table (debug level)
-            _AUTO_SOURCES_SAID.add(said)
-            log.debug("auto uses the %s (n=%d, transport %s)", *said)
+            self.calls.add(DebugLog(self))
 
     # -- helpers -----------------------------------------------------------------------------
     def where(self, call: str) -> str:
@@ -133,7 +132,8 @@ class ProcessGroup:
     def mpi_calls_ahead(self, peer: int) -> int:
         """The MPI collective call number ``peer`` has posted beyond this rank's, else 0
         (ranks on one node, MPI transport: the shared guard lines; elsewhere always 0)."""
-        return self._shm.native_ahead(peer) if self._shm is not None else 0
+        shared = self.shared_memory
+        return shared.native_ahead(peer) if shared is not None else 0
 
     def _diagnose(self, call: Call, error: BaseException) -> BaseException:
         """``calls.failed``'s last step: the failure diagnosis (failure.on_failure)."""
@@ -236,23 +236,22 @@ class ProcessGroup:
     def auto_table(self) -> dict:
         """What ``algorithm="auto"`` will pick on this group at every power-of-two size.
 
-        JSON-able (see ``select.table``: its ``source`` says whether a calibration or the
+        JSON-able (the chooser's ``table``; the auto wing's says whether a calibration or the
         shipped table decides), plus the group's backend and transport; not collective (the
         shared-memory facts and the calibration were settled when the group was made).
         """
         return {"backend": self.backend, "transport": self.transport.name,
-                "num_nodes": self.topology.num_nodes, **self.planner.table()}
+                "num_nodes": self.topology.num_nodes, **self.planner.chooser.table()}
 
     def auto_source(self) -> str:
         """Which table ``algorithm="auto"`` uses on this group: ``"calibration <file>"`` (a
         ``python -m minidist.tune`` result every rank holds) or the shipped table."""
-        return _select.source(self.planner.calibration)
+        return self.planner.chooser.source()
 
     def use_calibration(self, calibration: Any) -> None:
         """Make "auto" on this group use ``calibration`` (a ``calibrate.Calibration``; None:
         the shipped table). Every rank must pass the same one, as ``calibrate`` returns it."""
-        self.planner.use_calibration(calibration)
-        self._explainer.calibration = calibration
+        self.planner.chooser.use_calibration(calibration)
 
     def auto_choice(self, array: Any) -> tuple[str, str]:
         """``(algorithm, reason)``: what ``all_reduce(array)`` with "auto" runs, and why; not
@@ -268,7 +267,8 @@ class ProcessGroup:
         Called by ``destroy_process_group``; raises CollectiveMismatch when a rank made fewer or
         more collectives than the others.
         """
-        self._explainer.flush()
+        for ext in self.extensions:
+            ext.farewell()
         if self._worker is not None:
             self.drain()
         farewell(self)
@@ -286,7 +286,8 @@ class ProcessGroup:
             except OSError as e:
                 log.warning("could not write the ledger to %s: %s", d, e)
         clear_scratch(self.transport)
-        close_ipc(self.transport)  # collective: IPC windows go before the transport does
+        for ext in reversed(self.extensions):  # collective: e.g. IPC windows, before the
+            ext.close()                        # transport closes
         self.transport.close()
 
     # -- async collectives and sub-groups ----------------------------------------------------

@@ -1,39 +1,36 @@
 """The all-reduce planner: which algorithm runs for a call, and why, decided once per shape.
 
-    planner = Planner(transport, num_nodes, shm, calibration)   # ProcessGroup makes one
-    plan = planner.plan("auto", flat, ReduceOp.SUM)              # a Plan (memoized)
-    plan.algorithm, plan.reason                                  # "ring", "bandwidth: ..."
-    plan.run(flat, ReduceOp.SUM, call.tag)                       # runs it (transport bound)
+    planner = Planner(transport)                         # ProcessGroup makes one
+    plan = planner.plan("auto", flat, ReduceOp.SUM)      # a Plan (memoized)
+    plan.algorithm, plan.reason                          # "ring", "bandwidth: ..."
+    plan.run(flat, ReduceOp.SUM, call.tag)               # runs it (transport bound)
 
 One answer for everyone who asks: ``ProcessGroup.all_reduce`` runs the plan, and DDP's trace
-labels and run manifest name ``plan.algorithm`` of the same planner, so after ``python -m
-minidist.tune`` both name the calibrated choice that ran.
+labels and run manifest name ``plan.algorithm`` of the same planner.
 
-How "auto" decides (select.py): ranks on several nodes -> "hier" (or "rd" for small
-messages); a device buffer on one node with CUDA IPC -> "cuda_ipc" ("host_copy" below the
-cut-over a calibration measured on a GPU: host_copy.choose_device); otherwise the size rules
-and the alpha-beta model, from the calibration every rank holds alike (``calibrate.agreed``) or
-the shipped table. A training loop repeats a few shapes, so plans are memoized per (algorithm,
-bytes, dtype, op, shared window?, stream 0?, array type) and expire when the rules change
-(``select.EPOCH``: ``load_model``, a tune).
+An explicit algorithm runs as asked. "auto" is the ``chooser``'s question::
+
+    spine alone       TextbookChoice: "ring" for every call
+    the auto wing     minidist/auto/choice.py: rules, the alpha-beta model, the calibration
+                      (it replaces ``planner.chooser`` when a group is made)
+
+Two more seams, both empty in the spine: ``shared`` (an object with ``owns(flat)``: the
+fast-path wing's shared-memory windows, where "auto" may reduce a buffer in place) and
+``STAGERS`` (device buffers a transport cannot read, run through host memory). A training loop
+repeats a few shapes, so plans are memoized per (algorithm, bytes, dtype, op, shared window?,
+stream 0?, array type) and expire when the chooser's rules change (``forget_plans``).
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import numpy as np
+from typing import Any, Callable, Protocol
 
 from minidist.comm.algorithms import ALGORITHMS
-from minidist.comm.algorithms import select
-from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.calls import CallSpec, call_spec
 from minidist.comm.ops import ReduceOp
-from minidist.comm.staging import Stager, stager_for
 from minidist.comm.transports.base import Transport
-from minidist.comm.transports.shm_window import shm_owns
 
 MAX_PLANS = 256  # a model has a few bucket shapes; more means shapes change every call
 
@@ -52,14 +49,14 @@ class Plan:
             through pinned host memory in chunks (``stager``).
         spec: what the call is (comm/calls.py ``CallSpec``: its fingerprint's signature, and
             what the ledger and the checks record), the same for every call of this shape.
-        stager: comm/staging.py's Stager for such a device buffer, else None.
+        stager: the Stager (``STAGERS``) for such a device buffer, else None.
     """
 
     algorithm: str
     reason: str
     run: Callable[[Any, ReduceOp, int], None]
     spec: CallSpec
-    stager: Stager | None
+    stager: Any
 
 
 def check_algorithm(name: str) -> None:
@@ -67,7 +64,55 @@ def check_algorithm(name: str) -> None:
     adds the rank prefix)."""
     if name != "auto" and name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; use one of "
-                         f"{', '.join(repr(k) for k in [*ALGORITHMS, 'auto'])}")
+                         f"{', '.join(repr(k) for k in [*ALGORITHMS, 'auto'])}"
+                         + wing_hint(name))
+
+
+def wing_hint(name: str) -> str:
+    """Where a known algorithm that is not registered lives (its wing is not loaded)."""
+    wing = OPTIONAL_ALGORITHMS.get(name)
+    return (f" ({name!r} belongs to the {wing} wing, which MINIDIST_WINGS leaves out: unset "
+            f"MINIDIST_WINGS or add {wing} to it)" if wing else "")
+
+
+OPTIONAL_ALGORITHMS = {"mpi": "fastpath", "shm": "fastpath", "hier": "fastpath",
+                       "cuda_ipc": "fastpath", "host_copy": "fastpath", "ipc_host": "fastpath"}
+
+# A device buffer the transport cannot read: each stager_for(transport, flat, algorithm) returns
+# a Stager (``all_reduce(flat, run_chunk)``) or None; the fast-path wing adds its own.
+STAGERS: list[Callable[[Transport, Any, Any], Any]] = []
+
+
+class Chooser(Protocol):
+    """What "auto" asks (``Planner.chooser``); one whose rules change calls the planner's
+    ``forget_plans``."""
+
+    def choose(self, flat: Any, shared: bool, tag: int) -> tuple[str, str]:
+        """``(algorithm, reason)`` for an all-reduce of ``flat`` on stream ``tag``."""
+
+
+class TextbookChoice:
+    """"auto" in the spine alone: the ring, the bandwidth-optimal textbook algorithm."""
+
+    calibration = None
+
+    def choose(self, flat: Any, shared: bool, tag: int = 0) -> tuple[str, str]:
+        """Always ``("ring", ...)``."""
+        return "ring", "the textbook default (the auto wing is not loaded)"
+
+    def source(self) -> str:
+        """What decides, in words."""
+        return "textbook default: ring (the auto wing is not loaded)"
+
+    def table(self) -> dict:
+        """What "auto" picks: ring at every size."""
+        return {"source": self.source(), "sizes": []}
+
+    def use_calibration(self, calibration: Any) -> None:
+        """A calibration is the auto wing's: refuse it (None is accepted)."""
+        if calibration is not None:
+            raise ValueError("use_calibration: calibrations drive the auto wing, which "
+                             "MINIDIST_WINGS leaves out (unset MINIDIST_WINGS or add auto)")
 
 
 class Planner:
@@ -75,39 +120,40 @@ class Planner:
 
     Args:
         transport: the group's transport.
-        num_nodes: how many nodes its ranks span (topology).
-        shm: the group's shared-memory node (algorithms/shm.py), or None.
-        calibration: a ``calibrate.Calibration`` every rank holds alike, or None (shipped table).
+
+    Attributes:
+        chooser: what "auto" runs (``TextbookChoice``; the auto wing sets its own).
+        shared: an object whose ``owns(flat)`` says a buffer lies in a shared window "auto"
+            may reduce in place (the fast-path wing's), or None.
     """
 
-    def __init__(self, transport: Transport, num_nodes: int, shm: Any, calibration: Any) -> None:
+    def __init__(self, transport: Transport) -> None:
         self.transport = transport
         self.size = transport.size
-        self.num_nodes = num_nodes
-        self.shm = shm
-        self.native = supports_native(transport)
-        self.calibration = calibration
+        self.chooser: Any = TextbookChoice()
+        self.shared: Any = None
         self._plans: dict = {}
-        self._epoch = select.EPOCH
 
-    def use_calibration(self, calibration: Any) -> None:
-        """Plan "auto" from ``calibration`` from now on (None: the shipped table)."""
-        self.calibration = calibration
+    def use_chooser(self, chooser: Any) -> None:
+        """Plan "auto" with ``chooser`` from now on (see ``Chooser``)."""
+        self.chooser = chooser
+        self._plans.clear()
+
+    def forget_plans(self) -> None:
+        """Plan every shape afresh (the chooser's rules changed)."""
         self._plans.clear()
 
     def is_shared(self, flat: Any, tag: int = 0) -> bool:
-        """True when ``flat`` lies in a shared window "shm" can reduce in place (stream 0)."""
-        return self.shm is not None and not tag and shm_owns(self.shm, flat)
+        """True when ``flat`` lies in a shared window "auto" may reduce in place (stream 0)."""
+        return self.shared is not None and not tag and self.shared.owns(flat)
 
     def plan(self, algorithm: str, flat: Any, op: ReduceOp, tag: int = 0) -> Plan:
         """The Plan of an all-reduce of ``flat`` (1-D) on stream ``tag`` (memoized).
 
         Raises:
-            ValueError: unknown ``algorithm``, or "mpi" without MPI (nothing was sent).
+            ValueError: unknown ``algorithm``, or one that cannot run on this transport at all
+                (its entry's ``check``; nothing was sent).
         """
-        if self._epoch != select.EPOCH:  # the model or rules changed (load_model, tune)
-            self._plans.clear()
-            self._epoch = select.EPOCH
         shared = algorithm == "auto" and self.is_shared(flat, tag)  # (matters to auto only)
         key = (algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag, type(flat))
         plan = self._plans.get(key)
@@ -120,7 +166,7 @@ class Planner:
 
     def _make(self, algorithm: str, flat: Any, op: ReduceOp, shared: bool, tag: int) -> Plan:
         if algorithm == "auto":
-            name, reason = self.choose(flat, shared, tag)
+            name, reason = self.chooser.choose(flat, shared, tag)
         else:
             try:
                 check_algorithm(algorithm)
@@ -128,15 +174,23 @@ class Planner:
                 raise ValueError(f"[rank {self.transport.rank}/{self.size}] "
                                  f"all_reduce(algorithm={algorithm!r}): {e}.") from None
             name, reason = algorithm, "explicit"
-            if name == "mpi" and not self.native:
-                mpi_all_reduce(self.transport, flat, op, 0)  # the clear "no MPI here" error
+            check = ALGORITHMS[name].check
+            if check is not None:
+                check(self.transport)  # its own clear error, before sending
         algo = ALGORITHMS[name]
-        stager = stager_for(self.transport, flat, algo)  # device buffer, MPI not CUDA-aware
+        stager = self._stager(flat, algo)  # a device buffer this transport cannot read
         spec = call_spec("all_reduce", f'all_reduce(algorithm="{algorithm}")', flat.size,
                          flat.dtype, op, -1, name, reason, algorithm, shared)
         return Plan(name, reason, self._runner(algo, stager, flat, tag), spec, stager)
 
-    def _runner(self, algo: Any, stager: Stager | None, flat: Any,
+    def _stager(self, flat: Any, algo: Any) -> Any:
+        for stager_for in STAGERS:
+            stager = stager_for(self.transport, flat, algo)
+            if stager is not None:
+                return stager
+        return None
+
+    def _runner(self, algo: Any, stager: Any, flat: Any,
                 tag: int) -> Callable[[Any, ReduceOp, int], None]:
         """``run(flat, op, tag)`` of ``algo`` on this transport (see ``Plan.run``): prepared
         once (``Algorithm.prepare``: "mpi" calls MPI's Iallreduce straight, "shm" holds its
@@ -153,36 +207,12 @@ class Planner:
         return functools.partial(algo.run, transport)
 
     def candidates(self, flat: Any, tag: int = 0) -> tuple:
-        """The registry's algorithms "auto" may weigh for ``flat`` on stream ``tag``: those
-        of ``select.CANDIDATES`` whose ``usable(transport, flat, tag)`` holds."""
-        return tuple(name for name in select.CANDIDATES
-                     if ALGORITHMS[name].usable(self.transport, flat, tag))
-
-    def choose(self, flat: Any, shared: bool, tag: int = 0) -> tuple[str, str]:
-        """``(algorithm, reason)`` that "auto" picks for ``flat``: the several-nodes rule, else
-        the first usable ``preferred`` entry of the registry, else the cheapest candidate."""
-        by_nodes = select.choose_for_nodes(self.num_nodes, flat.nbytes)
-        if by_nodes is not None:  # several nodes: hier (or rd for small messages)
-            return by_nodes
-        for algo in ALGORITHMS.values():  # e.g. cuda_ipc for device buffers on one node
-            if algo.preferred and algo.usable(self.transport, flat, tag):
-                if algo.refine is not None:  # a measured rule may hand it on (host_copy)
-                    return algo.refine(self.size, flat.nbytes, self.calibration)
-                return algo.name, algo.preferred
-        return select.choose_with_reason(self.size, flat.nbytes, self.native, False, shared,
-                                         self.calibration, self.candidates(flat, tag))
-
-    def table(self) -> dict:
-        """What "auto" picks at every power-of-two size (``select.table``, nodes applied)."""
-        names = self.candidates(np.zeros(1, np.float32))  # a host buffer on stream 0
-        t = select.table(self.size, self.native, "shm" in names, calibration=self.calibration,
-                         candidates=names)
-        for row in t["sizes"]:  # several nodes: hier from HIER_MIN_BYTES up, rd below
-            by_nodes = select.choose_for_nodes(self.num_nodes, row["nbytes"])
-            if by_nodes is not None:
-                row["plain"] = {"algorithm": by_nodes[0], "reason": by_nodes[1],
-                                "predicted_us": None}
-        return t
+        """The registry's algorithms "auto" may weigh for ``flat`` on stream ``tag``: the
+        candidates with a cost model whose ``usable(transport, flat, tag)`` holds."""
+        return tuple(name for name, a in ALGORITHMS.items()
+                     if a.candidate and a.cost is not None
+                     and a.usable(self.transport, flat, tag))
 
 
-__all__ = ["Plan", "Planner", "check_algorithm", "MAX_PLANS"]
+__all__ = ["Plan", "Planner", "Chooser", "TextbookChoice", "STAGERS", "check_algorithm",
+           "wing_hint", "MAX_PLANS"]

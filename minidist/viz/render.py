@@ -22,7 +22,7 @@ import numpy as np
 
 from minidist.comm import ReduceOp
 from minidist.comm.algorithms import ALGORITHMS
-from minidist.comm.algorithms.select import predict_us
+from minidist.auto.select import predict_us
 from minidist.comm.transports.threads import run_threads
 from minidist.viz.recorder import Recorder
 

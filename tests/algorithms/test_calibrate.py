@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from minidist.comm.algorithms import calibrate, select
+from minidist.auto import calibrate, select
 
 
 def write(tmp_path, monkeypatch, data, transport="mpi", n=2):
@@ -167,12 +167,12 @@ def test_the_shipped_table_is_package_data_not_a_module(tmp_path, monkeypatch, c
 
     data = json.loads(select.DEFAULTS_FILE.read_text())
     assert select.SHIPPED == data and set(data["rules"]) <= set(select.RULES)
-    assert select.source() == "shipped table (minidist/comm/algorithms/auto_defaults.json)"
+    assert select.source() == "shipped table (minidist/auto/auto_defaults.json)"
     assert importlib.util.find_spec("minidist.comm.algorithms.tuning") is None
-    root = Path(select.__file__).parents[3]
+    root = Path(select.__file__).parents[2]
     package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"]
-    assert "*.json" in package_data["minidist.comm.algorithms"]  # installed with the wheel
+    assert "*.json" in package_data["minidist.auto"]  # installed with the wheel
 
     monkeypatch.setattr(select, "DEFAULTS_FILE", tmp_path / "missing.json")
     with caplog.at_level(logging.WARNING, logger="minidist"):
@@ -181,15 +181,15 @@ def test_the_shipped_table_is_package_data_not_a_module(tmp_path, monkeypatch, c
 
 
 def test_a_group_says_once_at_debug_level_which_table_auto_uses(tmp_path, monkeypatch, caplog):
-    from minidist.comm import group as group_module
+    from minidist.auto import choice as choice_module
     from minidist.comm import new_group_from_transport
     from minidist.comm.transports.threads import run_threads
 
     monkeypatch.setenv("MINIDIST_CACHE_DIR", str(tmp_path))  # a fresh machine: no calibration
-    monkeypatch.setattr(group_module, "_AUTO_SOURCES_SAID", set())
+    monkeypatch.setattr(choice_module, "_SOURCES_SAID", set())
     with caplog.at_level(logging.DEBUG, logger="minidist"):
         run_threads(2, lambda t: [new_group_from_transport(t) for _ in range(3)] and None,
                     timeout_s=60)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto uses")]
-    assert said == ["auto uses the shipped table (minidist/comm/algorithms/auto_defaults.json) "
+    assert said == ["auto uses the shipped table (minidist/auto/auto_defaults.json) "
                     "(n=2, transport threads)"], said

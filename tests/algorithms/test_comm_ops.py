@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from minidist.comm.algorithms import select
+from minidist.auto import select
 from minidist.comm.planner import check_algorithm
 from minidist.comm.ops import ReduceOp, check_dtype, combine, finalize, parse_op
 from minidist.comm.transports.local import LocalTransport

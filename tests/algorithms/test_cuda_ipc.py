@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from minidist import comm
-from minidist.comm.algorithms import ALGORITHMS, cuda_ipc_available
-from minidist.comm.algorithms.cuda_ipc import cuda_ipc_all_reduce, ipc_state, run_cuda_ipc
+from minidist.comm.algorithms import ALGORITHMS
+from minidist.fastpath.cuda_ipc import cuda_ipc_available
+from minidist.fastpath.cuda_ipc import cuda_ipc_all_reduce, ipc_state, run_cuda_ipc
 from minidist.comm.errors import CollectiveMismatch
 from minidist.comm.ops import ReduceOp, reference_reduce
 from minidist.comm.transports.threads import run_threads
@@ -93,7 +94,7 @@ def test_refuses_host_buffers_and_one_process_worlds():
 @pytest.mark.parametrize("n", [2, 3])
 def test_host_twin_all_gather_of_regions(n):
     """hier's node phase (3): every rank's region lands in every rank's buffer."""
-    from minidist.comm.algorithms.cuda_ipc import run_ipc_all_gather
+    from minidist.fastpath.cuda_ipc import run_ipc_all_gather
     from minidist.comm.algorithms.ring import chunk_bounds
 
     numel = 1003
@@ -116,7 +117,7 @@ def test_host_twin_all_gather_of_regions(n):
 
 def test_reduce_fallback_reference_is_rank_order():
     """What runs if the reduce kernel cannot compile here: the same rank-order reduction."""
-    from minidist.comm.algorithms.ipc_windows import reduce_reference
+    from minidist.fastpath.ipc_windows import reduce_reference
 
     rng = np.random.default_rng(3)
     for op in ("sum", "max", "min", "prod"):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minidist.comm.algorithms import ALGORITHMS
-from minidist.comm.algorithms.select import HIER_MIN_BYTES
+from minidist.auto.select import HIER_MIN_BYTES
 from minidist.comm.group import ProcessGroup
 from minidist.comm.ops import ReduceOp, reference_reduce
 from minidist.comm.topology import Topology, detect_topology, ranks_per_node

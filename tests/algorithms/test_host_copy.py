@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from minidist.comm.algorithms import ALGORITHMS
-from minidist.comm.algorithms.calibrate import Calibration, fit, validate, cache_key, FORMAT
-from minidist.comm.algorithms.host_copy import choose_device, host_copy_all_reduce, run_host_copy
+from minidist.auto.calibrate import Calibration, fit, validate, cache_key, FORMAT
+from minidist.fastpath.host_copy import choose_device, host_copy_all_reduce, run_host_copy
 from minidist.comm.ops import ReduceOp
 from minidist.comm.transports.threads import run_threads
 

@@ -359,7 +359,7 @@ def test_auto_explains_itself_in_debug_mode(monkeypatch):
     records = []
     handler = logging.Handler()
     handler.emit = records.append
-    logger = logging.getLogger("minidist.comm.algorithms.select")
+    logger = logging.getLogger("minidist.auto.select")
     logger.addHandler(handler)
     level = logger.level
     logger.setLevel(logging.DEBUG)

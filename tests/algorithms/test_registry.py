@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from minidist.comm.algorithms import ALGORITHMS, Algorithm, ring_all_reduce
-from minidist.comm.algorithms import calibrate, select
+from minidist.auto import calibrate, select
 from minidist.comm.algorithms.registry import model
 from minidist.comm.group import ProcessGroup, new_group_from_transport
 from minidist.comm.ops import ReduceOp

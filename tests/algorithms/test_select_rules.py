@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from procs import REPO
-from minidist.comm.algorithms import select
+from minidist.auto import select
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 import minidist
 from minidist.comm.transports.base import NO_SIDE_CHANNEL, SideChannel, Transport
 from minidist.comm.transports.local import LocalTransport
-from minidist.comm.transports.tcp import TCPTransport
+from minidist.tcp.transport import TCPTransport
 from minidist.comm.transports.threads import ThreadWorld
 
 PACKAGE = Path(minidist.__file__).parent

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from minidist import comm
-from minidist.comm.algorithms import cuda_ipc_available
+from minidist.fastpath.cuda_ipc import cuda_ipc_available
 from minidist.comm.ops import reference_reduce
 from minidist.xp import require_cuda
 

@@ -14,7 +14,7 @@ from minidist import comm
 from minidist import xp as backend
 from minidist.comm.algorithms.ring import ring_all_reduce
 from minidist.comm.ops import ReduceOp
-from minidist.comm.staging import CupyCopies, Stager, stager_for
+from minidist.fastpath.staging import CupyCopies, Stager, stager_for
 from minidist.comm.transports.threads import run_threads
 
 pytestmark = pytest.mark.gpu

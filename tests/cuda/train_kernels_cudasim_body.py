@@ -211,7 +211,7 @@ def test_cuda_ipc_call_through_launch_plans_builds_nothing_the_second_time():
     call per window half, further calls build no plan and no Numba view (PLAN_STATS)."""
     import threading
 
-    from minidist.comm.algorithms.cuda_ipc import ipc_state, run_cuda_ipc
+    from minidist.fastpath.cuda_ipc import ipc_state, run_cuda_ipc
     from minidist.comm.ops import ReduceOp
     from minidist.comm.transports.threads import run_threads
     from minidist.kernels import cuda as kcuda

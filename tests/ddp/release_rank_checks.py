@@ -12,7 +12,7 @@ import json
 import numpy as np
 
 from minidist import comm, nn
-from minidist.comm.transports.shm_window import shm_node
+from minidist.fastpath.shm_window import shm_node
 from minidist.ddp import DistributedDataParallel
 from minidist.tensor import Tensor
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from minidist import comm, nn
 from minidist import tracing as trace
-from minidist.comm.algorithms import calibrate, select
+from minidist.auto import calibrate, select
 from minidist.comm.transports.threads import run_threads
 from minidist.ddp import DistributedDataParallel
 from minidist.tensor import Tensor

@@ -99,7 +99,7 @@ def test_a_stranger_cannot_take_a_launched_rank_s_slot(port, tmp_path):
     import socket
     import struct
 
-    from minidist.comm.transports import tcp_rendezvous as tcp
+    from minidist.tcp import rendezvous as tcp
 
     go = tmp_path / "go"
     job = _launch(["--nproc-per-node", "2", "--master-port", port, BODY, "late"],

@@ -64,7 +64,7 @@ def check_group(g, mode: str) -> dict:
         shm_error = str(e)
     return {"bad": bad, "identical": len(set(g.all_gather_object(h.hexdigest()))) == 1,
             "nodes": [list(x) for x in topo.nodes], "local_rank": topo.local_rank,
-            "node_rank": topo.node_rank, "shm_error": shm_error, "has_shm": g._shm is not None}
+            "node_rank": topo.node_rank, "shm_error": shm_error, "has_shm": g.shared_memory is not None}
 
 
 def main() -> None:

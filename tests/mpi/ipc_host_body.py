@@ -9,10 +9,10 @@ numel raises on every rank; the host never syncs a stream; close_ipc frees every
 import numpy as np
 
 from minidist import comm
-from minidist.comm.algorithms.cuda_ipc import close_ipc, ipc_state
+from minidist.fastpath.cuda_ipc import close_ipc, ipc_state
 from minidist.comm.errors import CollectiveMismatch
 from minidist.comm.ops import reference_reduce
-from minidist.comm.transports.shm_window import shm_close, shm_node
+from minidist.fastpath.shm_window import shm_close, shm_node
 
 comm.init_process_group(backend="mpi")
 group = comm.get_default_group()

@@ -113,7 +113,7 @@ ALGO = "auto"
 def make_group(tcp: bool, i: int) -> ProcessGroup:
     timeout = float(os.environ.get("MINIDIST_TIMEOUT_S", "3"))
     if tcp:
-        from minidist.comm.transports.tcp import TCPTransport
+        from minidist.tcp.transport import TCPTransport
         t = TCPTransport(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
                          os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + i, timeout)
     else:

@@ -62,7 +62,7 @@ def main() -> None:
     comm.init_process_group()
     world = comm.get_default_group()
     other = minidist.new_group(list(range(world.size)))  # same ranks, its own transport
-    res: dict = {"n": world.size, "has_shm": [world._shm is not None, other._shm is not None]}
+    res: dict = {"n": world.size, "has_shm": [world.shared_memory is not None, other.shared_memory is not None]}
 
     # 1. two groups, two threads, every shm path, shared-window buffers on one of them
     errors: list = []

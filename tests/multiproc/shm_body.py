@@ -13,7 +13,7 @@ import hashlib
 import numpy as np
 from mpi4py import MPI
 
-from minidist.comm.algorithms.shm import (CHUNK_BYTES, shm_all_reduce, shm_alloc_buffer,
+from minidist.fastpath.shm import (CHUNK_BYTES, shm_all_reduce, shm_alloc_buffer,
                                           shm_close, shm_is_shared)
 from minidist.comm.errors import CommError
 from minidist.comm.ops import ReduceOp, reference_reduce

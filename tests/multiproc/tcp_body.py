@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from minidist.comm.errors import CommError
-from minidist.comm.transports.tcp import TCPTransport
+from minidist.tcp.transport import TCPTransport
 
 
 def make() -> TCPTransport:

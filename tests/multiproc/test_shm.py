@@ -23,7 +23,7 @@ def test_shm_all_reduce_bit_identical(n, knobs):
 
 
 def test_shm_refuses_a_transport_without_mpi():
-    from minidist.comm.algorithms.shm import shm_all_reduce
+    from minidist.fastpath.shm import shm_all_reduce
     from minidist.comm.errors import CommError
     from minidist.comm.ops import ReduceOp
     from minidist.comm.transports.threads import run_threads

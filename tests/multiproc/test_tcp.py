@@ -90,7 +90,7 @@ def test_world_size_mismatch_names_both_values(port):
 
 
 def test_bad_rank_is_a_value_error():
-    from minidist.comm.transports.tcp import TCPTransport
+    from minidist.tcp.transport import TCPTransport
 
     with pytest.raises(ValueError, match="rank 5 is not in"):
         TCPTransport(5, 2, "127.0.0.1", free_port(), timeout_s=1)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from minidist.comm.transports import tcp_rendezvous as tcp
+from minidist.tcp import rendezvous as tcp
 from procs import REPO, job_env, kill_group, readline_within, run_env_ranks
 
 BODY = REPO / "tests" / "multiproc" / "tcp_body.py"

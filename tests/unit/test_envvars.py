@@ -16,7 +16,7 @@ from procs import REPO, job_env
 DOC = (REPO / "docs" / "env_vars.md").read_text()
 # What each documented variable refuses; None: it takes any text (a folder, an address, a secret).
 BAD = {
-    "MINIDIST_TIMEOUT_S": "abc", "MINIDIST_DEBUG": "verbose", "MINIDIST_LEDGER": "maybe",
+    "MINIDIST_TIMEOUT_S": "abc", "MINIDIST_WINGS": "fast path", "MINIDIST_DEBUG": "verbose", "MINIDIST_LEDGER": "maybe",
     "MINIDIST_LEDGER_SIZE": "8", "MINIDIST_LEDGER_DUMP": None, "MINIDIST_CACHE_DIR": None,
     "MINIDIST_TUNE": "sometimes", "MINIDIST_LOG_LEVEL": "LOUD", "MINIDIST_CUDA_AWARE_MPI": "2",
     "MINIDIST_TRACE": None, "MINIDIST_FAKE_VERSION": None, "MINIDIST_DEVICE": "tpu",
@@ -143,3 +143,13 @@ def test_trace_and_ledger_dump_must_be_folders_that_can_be_written(tmp_path):
 def test_tune_names_its_default_as_the_value_to_set():
     with pytest.raises(EnvVarError, match=r"\(default auto\)"):
         env("MINIDIST_TUNE", {"MINIDIST_TUNE": "2"})
+
+
+def test_wings_parse_to_the_wings_asked_for_with_those_they_need():
+    from minidist import wings
+    assert wings.enabled({}) == list(wings.WINGS)
+    assert wings.enabled({"MINIDIST_WINGS": "none"}) == []
+    assert wings.enabled({"MINIDIST_WINGS": "auto"}) == ["fastpath", "auto"]
+    assert wings.enabled({"MINIDIST_WINGS": " TCP , tcp"}) == ["tcp"]
+    with pytest.raises(ValueError, match="fastpth is not a wing; use all, none, or names"):
+        wings.enabled({"MINIDIST_WINGS": "fastpth"})

@@ -1,4 +1,4 @@
-"""Staging a device buffer's all-reduce through host memory (minidist.comm.staging), on the CPU.
+"""Staging a device buffer's all-reduce through host memory (minidist.fastpath.staging), on the CPU.
 
 The "device" is a stand-in whose two copy queues hold real copies and run them only when an
 event is waited for, in queue order, as a GPU stream would: a pipeline that read a chunk
@@ -12,7 +12,7 @@ import pytest
 
 from minidist.comm.algorithms.ring import ring_all_reduce
 from minidist.comm.ops import ReduceOp
-from minidist.comm.staging import Stager, chunk_bounds, needs_staging, stager_for
+from minidist.fastpath.staging import Stager, chunk_bounds, needs_staging, stager_for
 from minidist.comm.transports.threads import run_threads
 
 
@@ -169,7 +169,7 @@ def test_who_is_staged():
 
 
 def test_host_buffers_are_bounded(monkeypatch):
-    import minidist.comm.staging as staging
+    import minidist.fastpath.staging as staging
 
     monkeypatch.setattr(staging, "MAX_HOST_BYTES", 100)
     stager = Stager(LazyCopies())

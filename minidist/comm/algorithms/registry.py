@@ -10,7 +10,8 @@ Each algorithm module ends with its entry; ``minidist.comm.algorithms.ALGORITHMS
 the planner ("auto": which entries are usable for this call, then the cheapest by the cost
 model), ``select`` (the cost formulas and default constants), ``calibrate``/``tune`` (which
 algorithms to time) and the debug-mode consistency check (the names). Adding an algorithm that
-"auto" may pick is one new module ending with its entry, plus its line in ``ALGORITHMS``.
+"auto" may pick is one new module ending with its entry, plus its line in ``ALGORITHMS`` (or, in a
+wing, ``register(entry)``).
 
 An entry's fields:
 
@@ -37,8 +38,11 @@ An entry's fields:
     refine       refine(world_size, nbytes, calibration) -> (name, reason), or None: a
                  preferred entry's measured exception ("cuda_ipc" hands small device buffers
                  to "host_copy" below the cut-over a calibration measured on a GPU)
+    check        check(transport) -> None, or None: raises the algorithm's own error when it
+                 cannot run on this transport at all ("mpi" without MPI), so an explicit
+                 request fails before any message is sent
     takes_device_buffers   it reads device (CuPy) memory itself, so the planner never stages
-                 the buffer through host memory for it (comm/staging.py)
+                 the buffer through host memory for it (minidist/fastpath/staging.py)
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ class Algorithm:
     refine: Callable[[int, int, Any], tuple[str, str]] | None = None
     takes_device_buffers: bool = False
     prepare: Callable[[Any], Callable[[Any, Any, int], None]] | None = None
+    check: Callable[[Any], None] | None = None
 
     def __call__(self, transport: Any, buf: Any, op: Any, tag: int = 0) -> None:
         """Run the algorithm: ``run(transport, buf, op, tag)``."""

@@ -18,7 +18,7 @@ What happens when a rank fails or a peer dies, module by module::
     advice.py      advise: what a failure means and what to do, in one sentence
 
 Detection that only a transport can do stays there: a closed TCP connection
-(transports/tcp.py), a wait's deadline and the poll hook's call (transports/base.py), the
+(minidist/tcp/transport.py), a wait's deadline and the poll hook's call (transports/base.py), the
 side channel the exchange runs on (transports/base.py, ``SideChannel``). DDP wraps a failed
 bucket with ``advice.failure_advice`` (ddp/reducer.py).
 """

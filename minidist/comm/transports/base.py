@@ -280,7 +280,7 @@ class Transport(abc.ABC):
 
     def cuda_aware(self) -> bool:
         """Whether GPU buffers may be passed to this transport as they are (a CUDA-aware MPI);
-        False: their collectives are staged through host memory (minidist.comm.staging)."""
+        False: their collectives are staged through host memory (minidist.fastpath.staging)."""
         return False
 
     def split(self, members: list[int], timeout_s: float) -> Transport | None:

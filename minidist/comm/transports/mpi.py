@@ -2,7 +2,7 @@
 
     t = MPITransport()                  # dups COMM_WORLD, so user MPI traffic never collides
     t.sendrecv(a, right, b, left)       # Isend/Irecv([buf, MPI.BYTE]) on the raw bytes
-    t.mpi.comm                          # MPI-only code (algorithms/mpi_native.py, shm) uses this
+    t.mpi.comm                          # MPI-only code (minidist/fastpath/mpi_native.py, shm) uses this
 
 Design notes:
 - Buffers go to MPI as raw bytes (``[buf, MPI.BYTE]``), never as pickled objects; the receiver
@@ -16,7 +16,7 @@ Design notes:
   (base.py), which reads the side channel: a second duplicate of the communicator (``side``)
   that only failure notices and farewells use, so it is never blocked behind a stuck call.
 - MPI's own Allreduce (the "mpi" algorithm, with the fingerprint guard beside it) lives in
-  ``minidist/comm/algorithms/mpi_native.py``; it reaches MPI through ``t.mpi`` (MPIHandles).
+  ``minidist/fastpath/mpi_native.py``; it reaches MPI through ``t.mpi`` (MPIHandles).
 - mpi4py is imported lazily (mpi_library.py): ``import minidist`` works without libmpi; only asking
   for MPI raises, with what to install.
 - GPU buffers (CuPy): the current stream is synchronized before MPI sees the buffer (MPI cannot

@@ -48,12 +48,12 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from minidist import xp as backend
-from minidist.comm.algorithms.host_copy import choose_device, device_cost
-from minidist.comm.algorithms.ipc_sync import (IN, OUT, RED, HostControl, MessageAgreement,
+from minidist.fastpath.host_copy import choose_device, device_cost
+from minidist.fastpath.ipc_sync import (IN, OUT, RED, HostControl, MessageAgreement,
                                                RowAgreement, host_control, meet)
-from minidist.comm.algorithms.ipc_windows import Windows, host_windows
+from minidist.fastpath.ipc_windows import Windows, host_windows
 from minidist.comm.algorithms.registry import Algorithm, model
-from minidist.comm.algorithms.shm import line_aligned_bounds
+from minidist.fastpath.shm import line_aligned_bounds
 from minidist.comm.errors import CommError
 from minidist.comm.ops import ReduceOp, finalize
 from minidist.comm.topology import detect_topology
@@ -286,7 +286,7 @@ def ipc_state(transport: Transport, kind: str, tag: int = 0, reduce_planner: Any
         agreement = RowAgreement(control, transport) if control is not None else \
             MessageAgreement(transport, tag)
         if kind == "device":
-            from minidist.comm.algorithms.ipc_device import CudaIpcWindows
+            from minidist.fastpath.ipc_device import CudaIpcWindows
 
             def make(half: int) -> Windows:
                 return CudaIpcWindows(transport, half, control, tag)

@@ -118,7 +118,7 @@ def host_control(transport: Transport, tag: int = 0) -> HostControl | None:
         lines = exchange_local(transport, np.zeros(CONTROL_BYTES, np.uint8), tag)
         control = HostControl(lines, transport.rank)
     elif transport.mpi is not None:
-        from minidist.comm.transports.shm_window import shm_node
+        from minidist.fastpath.shm_window import shm_node
 
         node = shm_node(transport)
         window = node.alloc(CONTROL_BYTES)

@@ -56,7 +56,7 @@ import numpy as np
 from minidist.comm.errors import CommError, CommTimeout
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, POLL_S, Request, SideChannel,
                                            Transport, stream_of)
-from minidist.comm.transports.tcp_rendezvous import Mesh
+from minidist.tcp.rendezvous import Mesh
 from minidist.envvars import env
 from minidist.logger import get_logger
 
@@ -201,7 +201,7 @@ class _Incoming:
         self.req: _RecvRequest | None = None   # a posted receive, filled in place
         self.inbox: _Inbox | None = None       # nobody asked yet: kept for a later irecv
         self.side: bytearray | None = None     # a side-channel message (tag = -kind)
-        self.error: Exception | None = None    # a size mismatch: drained (dest None), then req fails
+        self.error: Exception | None = None    # size mismatch: drained (dest None), req fails
 
 
 class _Peer:

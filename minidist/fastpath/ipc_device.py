@@ -32,9 +32,9 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from minidist import xp as backend
-from minidist.comm.algorithms.ipc_sync import (FLAGS, IN, LINE, HostControl, HostSignals,
+from minidist.fastpath.ipc_sync import (FLAGS, IN, LINE, HostControl, HostSignals,
                                                MessageSignals, Signals)
-from minidist.comm.algorithms.ipc_windows import reduce_reference
+from minidist.fastpath.ipc_windows import reduce_reference
 from minidist.comm.algorithms.ring import ring_all_gather
 from minidist.comm.errors import CommError
 from minidist.comm.ops import ReduceOp

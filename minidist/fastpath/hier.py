@@ -17,8 +17,9 @@ k times smaller: every rank sends 2(N-1)/N x K/k bytes between nodes (N nodes, k
 node), a node 2(N-1)/N x K in all, spread over its k ranks. A flat ring over the N*k ranks
 (consecutive ranks on a node) sends about as much per node, but all of it from the one rank
 whose right neighbour is on the next node: 2(Nk-1)/(Nk) x K, (Nk-1)/(N-1) times hier's
-per-rank load (about k on many nodes), in 2(Nk-1) network-latency steps instead of 2(N-1). Tree, recursive doubling and a ring that
-interleaves nodes send the whole buffer across the network from every rank.
+per-rank load (about k on many nodes), in 2(Nk-1) network-latency steps instead of 2(N-1).
+Tree, recursive doubling and a ring that interleaves nodes send the whole buffer across the
+network from every rank.
 
 Uneven nodes (5 ranks as 2+2+1): the buffer is cut into kmax = the largest node's size shards;
 a node of k_m ranks gives local rank l the shards [l*kmax//k_m, (l+1)*kmax//k_m) (a node of
@@ -31,9 +32,9 @@ threads, other streams) they are rings over the node's ranks with the owners' re
 Phase (2) runs recursive doubling below ``RD_MAX_BYTES`` (latency: log2 N steps) and the ring
 above (bandwidth). A device (CuPy) buffer runs (1) and (3) over CUDA IPC on the node
 (``cuda_ipc``: no host memory) and stages only (2) through pinned host memory
-(``minidist.comm.staging``), when every node has 2-8 ranks in separate processes; otherwise
-the whole all-reduce is staged. The sub-groups are rank-subset views of the transport (``members``), so
-their messages go through the parent transport and its byte counters.
+(``minidist.fastpath.staging``), when every node has 2-8 ranks in separate processes; otherwise
+the whole all-reduce is staged. The sub-groups are rank-subset views of the transport
+(``members``), so their messages go through the parent transport and its byte counters.
 
 Cost (a, b, g: alpha, beta, gamma per level): intra 2(k-1)(a_i + K/k b_i) + ...; inter, ring:
 2(N-1) a_n + 2(N-1)/N K/k b_n + (N-1)/N K/k g. Invariant: each shard is reduced on its node by
@@ -50,16 +51,16 @@ from typing import Any
 import numpy as np
 
 from minidist import xp as backend
-from minidist.comm.algorithms.cuda_ipc import MAX_RANKS, cuda_ipc_all_gather, \
+from minidist.fastpath.cuda_ipc import MAX_RANKS, cuda_ipc_all_gather, \
     cuda_ipc_all_reduce, cuda_ipc_available
 from minidist.comm.algorithms.recursive_doubling import rd_all_reduce
 from minidist.comm.algorithms.registry import Algorithm
 from minidist.comm.algorithms.ring import chunk_bounds, ring_all_reduce
 from minidist.comm.algorithms.scratch import scratch
-from minidist.comm.algorithms.shm import shm_all_reduce, shm_available
-from minidist.comm.algorithms.shm_gather import shm_all_gather
+from minidist.fastpath.shm import shm_all_reduce, shm_available
+from minidist.fastpath.shm_gather import shm_all_gather
 from minidist.comm.ops import ReduceOp, combine, finalize
-from minidist.comm.staging import stager_for
+from minidist.fastpath.staging import stager_for
 from minidist.comm.topology import Topology, detect_topology
 from minidist.comm.transports.base import Request, Transport, stream_of
 
@@ -236,7 +237,7 @@ def hier_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) 
     The topology comes from ``detect_topology`` (the process group finds it at construction).
     A device (CuPy) buffer runs phases (1) and (3) with CUDA IPC inside each node and stages
     only phase (2) through host memory; where a node has no CUDA IPC (one rank, TCP, threads)
-    the whole all-reduce is staged (``minidist.comm.staging``).
+    the whole all-reduce is staged (``minidist.fastpath.staging``).
     """
     if type(buf) is not np.ndarray and backend.is_device_array(buf) and transport.size > 1 \
             and buf.size > 0:

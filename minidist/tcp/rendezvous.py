@@ -18,18 +18,18 @@ with a wrong HMAC (another token, forged or replayed bytes), is a stranger: one 
 its address, and the rank goes on waiting for the real ranks (it serves several connections at
 once, so one silent client delays nobody). A rank started with another token fails at once on
 its own side (it checks the server's HMAC). Every length read from the wire is checked against
-a bound (``MAX_JSON_BYTES`` here; tcp.py bounds the data messages) before anything is
+a bound (``MAX_JSON_BYTES`` here; transport.py bounds the data messages) before anything is
 allocated.
 
 Job identity: each registration carries the job's run id (``MINIDIST_RUN_ID``; the launcher's
-``--rdzv-id``, torchrun's ``TORCHELASTIC_RUN_ID``). Rank 0 refuses a rank of another job with
-one line naming both ids (the refused rank raises it), so two jobs on one port never swap
-ranks. Rank 0 keeps MASTER_PORT open until the mesh is built: a rank that registers for a slot
-already taken learns at once who took it, and rank 0 logs the conflict. Rank 0 listens on ``MASTER_ADDR`` only, every other rank on the
-interface that reaches rank 0 (``MINIDIST_TCP_LISTEN_ADDR=0.0.0.0`` binds all interfaces on
-purpose); listeners set ``SO_REUSEADDR``, so a job can reuse a port right after the previous one
-ended. Without a token the handshake only proves a peer speaks minidist's protocol: on a shared
-network, set one.
+``--rdzv-id``, torchrun's ``TORCHELASTIC_RUN_ID``). Rank 0 refuses a rank of another job with one
+line naming both ids (the refused rank raises it), so two jobs on one port never swap ranks. Rank 0
+keeps MASTER_PORT open until the mesh is built: a rank that registers for a slot already taken
+learns at once who took it, and rank 0 logs the conflict. Rank 0 listens on ``MASTER_ADDR`` only,
+every other rank on the interface that reaches rank 0 (``MINIDIST_TCP_LISTEN_ADDR=0.0.0.0`` binds
+all interfaces on purpose); listeners set ``SO_REUSEADDR``, so a job can reuse a port right after
+the previous one ended. Without a token the handshake only proves a peer speaks minidist's protocol:
+on a shared network, set one.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from minidist.comm.failure.waiting import notice_text
 from minidist.envvars import env
 from minidist.logger import get_logger
 
-log = get_logger("minidist.comm.transports.tcp")  # one logger name for the TCP transport
+log = get_logger("minidist.tcp.transport")  # one logger name for the TCP transport
 WAIT_NOTICE_S = FailurePolicy.wait_notice_s  # a long rendezvous says whom it waits for
 
 _LEN = struct.Struct("<I")      # length prefix of the JSON rendezvous messages

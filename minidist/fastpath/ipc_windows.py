@@ -23,7 +23,7 @@ from typing import Any, Callable, Hashable, Protocol
 
 import numpy as np
 
-from minidist.comm.algorithms.ipc_sync import (HostControl, HostSignals, Signals,
+from minidist.fastpath.ipc_sync import (HostControl, HostSignals, Signals,
                                                all_gather_header, exchange_local)
 from minidist.comm.ops import ReduceOp, combine
 from minidist.comm.transports.base import Transport
@@ -132,7 +132,7 @@ def host_windows(transport: Transport, half_bytes: int, control: HostControl, ta
     if transport.one_process:
         memories = exchange_local(transport, np.zeros(nbytes, np.uint8), tag)
     elif transport.mpi is not None:
-        from minidist.comm.transports.shm_window import shm_node
+        from minidist.fastpath.shm_window import shm_node
 
         node = shm_node(transport)
         window = node.alloc(nbytes)

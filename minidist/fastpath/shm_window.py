@@ -202,6 +202,10 @@ class ShmNode:
                 bad.append(j)
         return bad
 
+    def owns(self, flat: Any) -> bool:
+        """True when ``flat`` (a NumPy array) views one of this rank's shared windows."""
+        return id(flat.base) in self.owners
+
     def native_ahead(self, peer: int) -> int:
         """The call number ``peer`` has posted beyond this rank's guarded MPI calls, else 0.
 
@@ -266,9 +270,7 @@ class ShmNode:
 _NODES: "weakref.WeakKeyDictionary[Transport, ShmNode]" = weakref.WeakKeyDictionary()
 
 
-def shm_owns(node: ShmNode, flat: Any) -> bool:
-    """True when ``flat`` (a NumPy array) views one of this rank's shared windows."""
-    return id(flat.base) in node.owners
+shm_owns = ShmNode.owns  # shm_owns(node, flat): the same question as a function
 
 
 def window_of(node: ShmNode, flat: np.ndarray) -> tuple[int, int]:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.comm.algorithms.shm import scratch_window
+from minidist.fastpath.shm import scratch_window
 from minidist.comm.transports.base import Transport
-from minidist.comm.transports.shm_window import shm_node
+from minidist.fastpath.shm_window import shm_node
 
 
 def shm_all_gather(transport: Transport, buf: np.ndarray, bounds: list) -> None:

@@ -61,7 +61,7 @@ from minidist.comm.errors import CollectiveMismatch, CommError
 from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.topology import detect_topology
 from minidist.comm.transports.base import Transport, stream_of
-from minidist.comm.transports.shm_window import (SharedWindow, ShmNode, shm_alloc_buffer,
+from minidist.fastpath.shm_window import (SharedWindow, ShmNode, shm_alloc_buffer,
                                                   shm_owns, window_of,
                                                   shm_close, shm_node)
 from minidist.envvars import env
@@ -222,7 +222,8 @@ def _small_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool)
     adds beat a second barrier plus a copy-out. Rank order everywhere -> identical bits.
     """
     if not first_done:
-        scratch_window(node, flat.nbytes).slots(node.half, flat.dtype, flat.size)[node.rank][...] = flat
+        slots = scratch_window(node, flat.nbytes).slots(node.half, flat.dtype, flat.size)
+        slots[node.rank][...] = flat
         node.barrier("all_reduce(shm) copy-in")
     slots = node.extra["scratch"].slots(node.half, flat.dtype, flat.size)
     slots[node.rank] = flat  # my own data: read it from my buffer

@@ -34,11 +34,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from minidist import xp as backend
-from minidist.comm.algorithms.mpi_native import mpi_all_reduce, supports_native
+from minidist.fastpath.mpi_native import mpi_all_reduce, supports_native
 from minidist.comm.algorithms.recursive_doubling import rd_all_reduce
 from minidist.comm.algorithms.registry import Algorithm, model
 from minidist.comm.ops import ReduceOp, finalize
 from minidist.comm.transports.base import Transport
+from minidist.logger import human_bytes
 
 MAX_PINNED = 64  # pinned buffers kept per transport (least recently used go first)
 
@@ -148,10 +149,9 @@ def choose_device(world_size: int, nbytes: int, calibration: Any) -> tuple[str, 
     if not calibration.covers(nbytes):
         return "cuda_ipc", ("device buffer, ranks on one node: CUDA IPC windows (beyond the "
                             "calibrated sizes)")
-    from minidist.comm.algorithms.select import human_bytes  # select imports the registry
 
     lower = 0
-    for upper, name in rule:
+    for upper, name in rule:  # noqa: B007 - the last name is the answer
         if upper is None or nbytes < upper:
             break
         lower = upper

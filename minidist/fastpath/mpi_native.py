@@ -173,6 +173,12 @@ def mpi_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
     native_all_reduce(transport).all_reduce(buf, op, tag)
 
 
+def mpi_check(transport: Transport) -> None:
+    """An explicit ``algorithm="mpi"`` on a transport without MPI: the clear error, at once."""
+    if not supports_native(transport):
+        native_all_reduce(transport)  # raises
+
+
 def mpi_usable(transport: Transport, buf: Any, stream: int) -> bool:
     """"auto" may pick "mpi" on the MPI transport (any buffer it can read, any stream)."""
     return transport.mpi is not None
@@ -190,6 +196,6 @@ def mpi_cost(n: int, k: float, a: float, b: float, g: float) -> float:
 
 
 MPI = Algorithm("mpi", mpi_all_reduce, usable=mpi_usable, cost=mpi_cost,
-                constants=model(3.0, 3.0e-4), prepare=mpi_prepare)
+                constants=model(3.0, 3.0e-4), prepare=mpi_prepare, check=mpi_check)
 
 __all__ = ["mpi_all_reduce", "native_all_reduce", "supports_native", "NativeAllReduce", "MPI"]

@@ -19,22 +19,24 @@ check, made by the planner (``candidates=``), or, for this module's callers that
 group by two facts, ``has_native`` (the transport runs MPI) and ``has_shm`` (the ranks share
 one node's memory). The shipped table, ``auto_defaults.json`` beside this module (package data:
 fitted constants plus measured size rules, RULES, from ``benchmarks/allreduce.py --fit ...
---emit-defaults`` on the development machine), is loaded at the end of this module; a
-calibration of the user's machine (``python -m minidist.tune``, cached per host, transport,
-world size and version: calibrate.py) replaces it where one matches. Every choice comes with a reason
+--emit-defaults`` on the development machine), is loaded at the end of this module; a calibration of
+the user's machine (``python -m minidist.tune``, cached per host, transport, world size and version:
+calibrate.py) replaces it where one matches. Every choice comes with a reason
 (``choose_with_reason``: the rule or the model's numbers), which the ledger records beside each
-call. ``MINIDIST_DEBUG=1`` logs, once per size class (a power of two), the choice, its reason,
-and the predicted beside the measured time (``ProcessGroup``).
+call. ``MINIDIST_DEBUG=1`` logs, once per size class (a power of two), the choice, its reason, and
+the predicted beside the measured time (``ProcessGroup``).
 """
 
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
-from minidist.comm.algorithms import ALGORITHMS
-from minidist.logger import get_logger
+from minidist.comm.algorithms import ALGORITHMS, on_register
+from minidist.comm.algorithms import register as register_algorithm
+from minidist.logger import get_logger, human_bytes
 
 log = get_logger(__name__)
 
@@ -49,18 +51,30 @@ CANDIDATES: list = [a.name for a in ALGORITHMS.values() if a.candidate and a.cos
 
 def register(algorithm: Any) -> None:
     """Add ``algorithm`` (a registry ``Algorithm``) to ``ALGORITHMS`` at run time, with its
-    cost formula, default constants and candidacy (a module's entry in ``ALGORITHMS`` does the
-    same at import). Cached choices expire (``EPOCH``)."""
-    global EPOCH
-    ALGORITHMS[algorithm.name] = algorithm
+    cost formula, default constants and candidacy (``_add``: a wing's entries registered
+    after this module loaded join the same way). Cached choices expire (``EPOCH``)."""
+    register_algorithm(algorithm)
+
+
+def _add(algorithm: Any) -> None:
+    """``ALGORITHMS``'s listener: a new entry's cost formula, constants and candidacy."""
     if algorithm.cost is not None:
         for name, consts in ((algorithm.name, algorithm.constants), *algorithm.variants.items()):
             COST[name] = algorithm.cost
             MODEL.setdefault(name, dict(consts))
         if algorithm.candidate and algorithm.name not in CANDIDATES:
             CANDIDATES.append(algorithm.name)
+    _changed()
+
+
+def _changed() -> None:
+    """The model, the rules or the candidates changed: memoized choices expire (``EPOCH``,
+    and each watching chooser forgets its plans)."""
+    global EPOCH
     _memo.clear()
     EPOCH += 1
+    for watcher in list(WATCHERS):
+        watcher.rules_changed()
 
 
 def usable_names(has_native: bool, has_shm: bool) -> list:
@@ -80,15 +94,8 @@ RULES: dict = {}
 
 _memo: dict = {}
 EPOCH = 0  # bumped whenever MODEL/RULES/CANDIDATES change: callers' memoized choices expire
-
-
-def human_bytes(n: int) -> str:
-    """``741455`` -> ``'724 KiB'``: sizes in reasons and tables."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            v = n / (1 << shift)
-            return f"{v:.0f} {unit}" if v >= 10 or v == int(v) else f"{v:.1f} {unit}"
-    return f"{n} B"
+WATCHERS: "weakref.WeakSet[Any]" = weakref.WeakSet()  # choosers told of each change
+on_register(_add)  # a wing's entries registered after this module loaded
 
 
 def _from_rules(world_size: int, nbytes: int, shared: bool, allowed: list,
@@ -100,7 +107,7 @@ def _from_rules(world_size: int, nbytes: int, shared: bool, allowed: list,
     if not rule:
         return None, ""
     lower = 0
-    for upper, name in rule:
+    for upper, name in rule:  # noqa: B007 - the last name is the answer
         if upper is None or nbytes < upper:
             break
         lower = upper
@@ -178,10 +185,10 @@ def choose_with_reason(world_size: int, nbytes: int, has_native: bool = False,
 
 def source(calibration: Any = None) -> str:
     """Which table "auto" uses, in words: ``"calibration <file>"`` (``python -m
-    minidist.tune``) or ``"shipped table (minidist/comm/algorithms/auto_defaults.json)"``."""
+    minidist.tune``) or ``"shipped table (minidist/auto/auto_defaults.json)"``."""
     if calibration is not None:
         return calibration.describe()
-    return (f"shipped table (minidist/comm/algorithms/{DEFAULTS_FILE.name})" if SHIPPED
+    return (f"shipped table (minidist/auto/{DEFAULTS_FILE.name})" if SHIPPED
             else "registry's default constants (the shipped table could not be read)")
 
 
@@ -255,9 +262,7 @@ def load_model(source: str | Path | dict) -> None:
         if unknown:
             raise ValueError(f"load_model: unknown candidates {unknown}; known: {sorted(COST)}")
         CANDIDATES[:] = list(data["candidates"])
-    _memo.clear()
-    global EPOCH
-    EPOCH += 1
+    _changed()
 
 
 EXPLAIN_SAMPLES = 5  # calls per size class before the median is logged

@@ -30,11 +30,11 @@ communicator, beside the shared-memory set-up that makes construction collective
 table. Other transports send nothing at construction: each rank reads the file of its own
 host, which is the same file for every rank of a one-host job (ranks on several hosts need
 the same calibration on each host; a differing choice makes the call fingerprints differ, so
-the collective fails with the ledger's diagnosis instead of mixing algorithms). A corrupt file, or one made for another
-version, host, transport or world size, is ignored with one warning that names the file and
-the command that regenerates it. ``MINIDIST_TUNE=0`` ignores the cache, ``MINIDIST_TUNE=1``
-runs a quick calibration when no file matches (at the process group's creation: all ranks
-take part). ``MINIDIST_DEBUG=1`` logs which table "auto" uses.
+the collective fails with the ledger's diagnosis instead of mixing algorithms). A corrupt file, or
+one made for another version, host, transport or world size, is ignored with one warning that names
+the file and the command that regenerates it. ``MINIDIST_TUNE=0`` ignores the cache,
+``MINIDIST_TUNE=1`` runs a quick calibration when no file matches (at the process group's creation:
+all ranks take part). ``MINIDIST_DEBUG=1`` logs which table "auto" uses.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ from typing import Any
 import numpy as np
 
 from minidist import xp as backend
-from minidist.comm.algorithms import select
-from minidist.comm.algorithms.cuda_ipc import cuda_ipc_available
-from minidist.comm.algorithms.host_copy import DEVICE_CANDIDATES
+from minidist.auto import select
+from minidist.fastpath.cuda_ipc import cuda_ipc_available
+from minidist.fastpath.host_copy import DEVICE_CANDIDATES
 from minidist.logger import get_logger
 from minidist.user_cache import user_cache_dir
 from minidist.version import __version__
@@ -325,8 +325,8 @@ def measure(group: Any, quick: bool = True, max_bytes: int | None = None) -> dic
     (``calls.unobserved``, every rank alike): no ledger entries, and the user's call numbers
     are untouched.
     """
-    from minidist.comm.algorithms.shm import shm_alloc_buffer
-    from minidist.comm.transports.shm_window import shm_free_buffer
+    from minidist.fastpath.shm import shm_alloc_buffer
+    from minidist.fastpath.shm_window import shm_free_buffer
 
     max_bytes = max_bytes or (QUICK_MAX_BYTES if quick else FULL_MAX_BYTES)
     sizes, s = [], 8

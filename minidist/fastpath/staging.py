@@ -109,7 +109,8 @@ class CupyCopies:
         event.synchronize()
 
 
-def chunk_bounds(numel: int, itemsize: int, chunk_bytes: int | None = None) -> list[tuple[int, int]]:
+def chunk_bounds(numel: int, itemsize: int,
+                 chunk_bytes: int | None = None) -> list[tuple[int, int]]:
     """``[(lo, hi), ...]`` element ranges of the chunks (the same on every rank: it depends on
     the size only).
 

@@ -1,0 +1,71 @@
+"""The spine alone trains: examples/train_spine.py with MINIDIST_WINGS=none, and no wing loaded.
+
+The spine and its wings are minidist/wings.py's; the import-linter contract "the spine imports
+no wing" (pyproject.toml) checks the imports, these runs check a real job: over MPI (ring) at
+n=4 and with four thread ranks, each in deterministic mode, so the accuracy is the same bits on
+any machine. Each run also reports which wing modules it imported: none.
+"""
+
+import json
+import re
+
+import pytest
+
+from procs import run_mpi, run_python
+
+# runs the example as its own __main__, then says which wing modules the process holds
+WRAPPER = ("import json, runpy, sys\n"
+           "sys.argv = ['train_spine.py'] + sys.argv[1:]\n"
+           "runpy.run_path('examples/train_spine.py', run_name='__main__')\n"
+           "from minidist import wings\n"
+           "print('WINGS ' + json.dumps(sorted(m for m in sys.modules "
+           "if wings.is_wing_module(m))), flush=True)\n")
+BAR = 0.97
+
+
+def accuracy(stdout: str, report: str) -> float:
+    found = re.findall(r"final test_acc (\d\.\d+)", stdout)
+    assert found, report
+    return float(found[-1])
+
+
+def wing_modules(stdout: str) -> list[list[str]]:
+    return [json.loads(line[len("WINGS "):]) for line in stdout.splitlines()
+            if line.startswith("WINGS ")]
+
+
+@pytest.mark.parametrize("launch", ["mpi", "threads"])
+def test_the_spine_alone_trains_the_main_job_with_no_wing_loaded(launch):
+    args = ["-c", WRAPPER, "--deterministic"]
+    env = {"MINIDIST_WINGS": "none"}
+    if launch == "mpi":
+        job = run_mpi(4, args + ["--algorithm", "ring"], timeout_s=300, env=env)
+        ranks = 4
+    else:
+        job = run_python(args + ["--threads", "4"], timeout_s=300, env=env)
+        ranks = 1
+    assert job.returncode == 0, job.report()
+    assert accuracy(job.stdout, job.report()) >= BAR, job.report()
+    loaded = wing_modules(job.stdout)
+    assert len(loaded) == ranks and not any(loaded), job.report()
+
+
+def test_with_every_wing_the_same_script_runs_and_loads_them():
+    job = run_python(["-c", WRAPPER, "--threads", "2", "--epochs", "1"], timeout_s=300)
+    assert job.returncode == 0, job.report()
+    (loaded,) = wing_modules(job.stdout)
+    assert {"minidist.fastpath", "minidist.tcp", "minidist.auto"} <= set(loaded), loaded
+
+
+def test_without_the_wings_their_algorithms_name_the_wing_and_the_fix():
+    code = ("import numpy as np, minidist as md\n"
+            "from minidist.comm.transports.threads import run_threads\n"
+            "def body(t):\n"
+            "    g = md.new_group_from_transport(t)\n"
+            "    print(g.plan_all_reduce(np.ones(4, np.float32)).algorithm, flush=True)\n"
+            "    g.all_reduce(np.ones(4, np.float32), algorithm='shm')\n"
+            "run_threads(2, body)\n")
+    job = run_python(["-c", code], timeout_s=120, env={"MINIDIST_WINGS": "none"})
+    assert job.returncode != 0
+    assert job.stdout.split() == ["ring", "ring"], job.report()
+    assert "'shm' belongs to the fastpath wing, which MINIDIST_WINGS leaves out" in job.stderr
