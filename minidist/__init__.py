@@ -70,58 +70,29 @@ from minidist.comm import (
     new_group,
     new_group_from_transport,
 )
-from minidist.distributed.queries import get_backend
 
 # optim and data: optimizers, LR schedules, clipping; datasets, DistributedSampler, DataLoader
 from minidist import data, optim
 from minidist.data import DataLoader, DistributedSampler
 
-# amp: mixed precision (autocast, GradScaler, MasterWeights; docs/amp.md)
-from minidist import amp
-from minidist.amp import GradScaler, autocast, float16
-
-# ddp and trainer: DistributedDataParallel, comm hooks, Trainer, atomic checkpoints
+# ddp: DistributedDataParallel, comm hooks, ZeRO-1, SyncBatchNorm
 from minidist import ddp
 from minidist.ddp import DistributedDataParallel, SyncBatchNorm, ZeroRedundancyOptimizer
 # the array collectives, taking a Tensor too (torch's argument order; minidist/ddp/collectives.py)
 from minidist.ddp.collectives import (all_gather, all_gather_into, all_reduce, broadcast, reduce,
                                       reduce_scatter)
 
-# utils: activation checkpointing and the memory report (docs/memory.md)
-from minidist import utils
-from minidist.checkpoint import (CheckpointError, latest_checkpoint, load, load_checkpoint, save,
-                                 save_checkpoint)
-from minidist.trainer import History, Trainer, TrainerConfig
-
 from minidist.version import __version__  # noqa: E402
 
 # torch's spelling nn.SyncBatchNorm: the class communicates, so it lives in ddp (above comm),
 # and the root, which sees every layer, attaches it to nn (nn itself cannot import ddp).
 setattr(nn, "SyncBatchNorm", SyncBatchNorm)  # noqa: B010 - nn declares no such name
-# torch.utils.data: utils sits below data, so the root names data there too, as an attribute
-# and as an importable module path (``from minidist.utils.data import DataLoader``).
-setattr(utils, "data", data)  # noqa: B010 - utils declares no such name
-_sys.modules["minidist.utils.data"] = data
-_sys.modules["minidist.utils.data.distributed"] = data.distributed
-
-# torch's other namespaces by their paths: torch.distributed (a package with torch's sub-paths
-# and argument orders), torch.backends (flags, accepted), torch.multiprocessing, and the two
-# that lower layers cannot hold themselves: torch.cuda.amp (cuda sits below amp) and
-# torch.nn.parallel (nn sits below ddp). The root attaches them, as for nn.SyncBatchNorm.
-from minidist import backends, distributed, multiprocessing  # noqa: E402
-from minidist.amp import cuda_amp as _cuda_amp  # noqa: E402
+# torch.nn.parallel and torch.nn.modules.batchnorm's SyncBatchNorm: nn sits below ddp, so the
+# root attaches them (as for nn.SyncBatchNorm).
 from minidist.ddp import nn_parallel as _nn_parallel  # noqa: E402
 
-setattr(cuda, "amp", _cuda_amp)  # noqa: B010 - cuda declares no such name
-_sys.modules["minidist.cuda.amp"] = _cuda_amp
 setattr(nn, "parallel", _nn_parallel)  # noqa: B010 - nn declares no such name
 _sys.modules["minidist.nn.parallel"] = _nn_parallel
-
-# torch.serialization (the allow-list of weights_only loads) and torch.nn.modules.batchnorm's
-# SyncBatchNorm: checkpoint and ddp sit above nn, so the root attaches them (as above).
-from minidist.checkpoint import safe_globals as serialization  # noqa: E402
-
-_sys.modules["minidist.serialization"] = serialization
 setattr(getattr(nn.modules, "batchnorm"), "SyncBatchNorm", SyncBatchNorm)  # noqa: B009,B010
 
 # torch's functions ported scripts call (minidist/tensor/torch_methods.py and the op modules
@@ -144,7 +115,39 @@ from minidist.tensor.more_methods import diff, lerp, scatter_add  # noqa: E402
 from minidist.tensor.indexing import index_add, kthvalue, median, scatter, unique  # noqa: E402
 
 # The wings (minidist/wings.py): each enabled one attaches to the spine through its seams when
-# imported here, last, in the same order on every rank. MINIDIST_WINGS=none: the spine alone.
+# imported here, last, in the same order on every rank; then the root takes the public names
+# of those loaded. MINIDIST_WINGS=none: the spine alone, and none of the names below.
 from minidist import wings as _wings  # noqa: E402
 
-_wings.load()
+_loaded = _wings.load()
+
+if "amp" in _loaded:  # mixed precision (autocast, GradScaler, MasterWeights; docs/amp.md)
+    from minidist import amp
+    from minidist.amp import GradScaler, autocast, float16
+    from minidist.amp import cuda_amp as _cuda_amp
+
+    # torch.cuda.amp: cuda sits below amp, so the root attaches it (as for nn.SyncBatchNorm)
+    setattr(cuda, "amp", _cuda_amp)  # noqa: B010 - cuda declares no such name
+    _sys.modules["minidist.cuda.amp"] = _cuda_amp
+
+if "training" in _loaded:  # Trainer and atomic checkpoints (docs/trainer.md)
+    from minidist.checkpoint import (CheckpointError, latest_checkpoint, load, load_checkpoint,
+                                     save, save_checkpoint)
+    from minidist.checkpoint import safe_globals as serialization  # torch.serialization
+    from minidist.trainer import History, Trainer, TrainerConfig
+
+    _sys.modules["minidist.serialization"] = serialization
+
+if "memory" in _loaded:  # activation checkpointing and the memory report (docs/memory.md)
+    from minidist import utils
+
+    # torch.utils.data: utils sits below data, so the root names data there too, as an
+    # attribute and as an importable module path (``from minidist.utils.data import ...``)
+    setattr(utils, "data", data)  # noqa: B010 - utils declares no such name
+    _sys.modules["minidist.utils.data"] = data
+    _sys.modules["minidist.utils.data.distributed"] = data.distributed
+
+if "torch" in _loaded:  # torch's namespaces by their paths: torch.distributed (a package with
+    # torch's sub-paths and argument orders), torch.backends (flags), torch.multiprocessing
+    from minidist import backends, distributed, multiprocessing
+    from minidist.distributed.queries import get_backend

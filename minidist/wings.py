@@ -12,11 +12,24 @@ chooser and stagers, the backends' transports), when it is imported: the package
 (minidist/__init__.py) imports each enabled wing in ``WINGS`` order, the same on every rank.
 The spine never imports a wing (an import-linter contract in pyproject.toml checks it).
 
-    wing       package           attaches
-    fastpath   minidist.fastpath  "mpi", "shm", "hier", "cuda_ipc", ... algorithms; the node's
-                                  shared memory for each group; device-buffer staging
-    tcp        minidist.tcp       the "tcp" backend (env:// and tcp:// rendezvous)
-    auto       minidist.auto      the planner's chooser for algorithm="auto"; calibrations
+    wing      modules                          what it adds, and how it attaches
+    fastpath  minidist.fastpath                "mpi", "shm", "hier", "cuda_ipc", ... (the
+                                               algorithm registry); the node's shared memory
+                                               (group extensions); device staging (stagers)
+    tcp       minidist.tcp, minidist.launch    the "tcp" backend (the backends' transports);
+                                               ``python -m minidist.launch``
+    auto      minidist.auto, minidist.tune     the planner's chooser for algorithm="auto",
+                                               calibrations (group extensions)
+    amp       minidist.amp                     autocast, GradScaler, MasterWeights (DDP hears
+                                               a scaler through optim/grad_scaling.py)
+    training  minidist.trainer, .checkpoint    Trainer, History, atomic checkpoints
+    memory    minidist.utils                   activation checkpointing, the memory report
+    torch     minidist.distributed, .backends, torch's namespaces by their paths
+              .multiprocessing
+    tools     minidist.viz, minidist.testing   message pictures; the cluster emulator, SLURM
+
+The root package imports a loaded wing's public names (``minidist.Trainer``, ``minidist.amp``);
+without the wing they are not there, and a script that needs them fails at its import.
 """
 
 from __future__ import annotations
@@ -26,11 +39,16 @@ from typing import Mapping
 
 from minidist.envvars import env
 
-# name -> (package, the wings it needs), in load order
-WINGS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "fastpath": ("minidist.fastpath", ()),
-    "tcp": ("minidist.tcp", ()),
-    "auto": ("minidist.auto", ("fastpath",)),
+# name -> (its modules and packages, the wings it needs), in load order
+WINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "fastpath": (("minidist.fastpath",), ()),
+    "tcp": (("minidist.tcp", "minidist.launch"), ()),
+    "auto": (("minidist.auto", "minidist.tune"), ("fastpath",)),
+    "amp": (("minidist.amp",), ()),
+    "training": (("minidist.trainer", "minidist.checkpoint"), ("amp",)),
+    "memory": (("minidist.utils",), ()),
+    "torch": (("minidist.distributed", "minidist.backends", "minidist.multiprocessing"), ()),
+    "tools": (("minidist.testing", "minidist.viz"), ("auto",)),
 }
 
 
@@ -68,14 +86,14 @@ def load(environ: Mapping[str, str] | None = None) -> list[str]:
     """Import the enabled wings (each attaches itself); return their names."""
     names = enabled(environ)
     for name in names:
-        importlib.import_module(WINGS[name][0])
+        importlib.import_module(WINGS[name][0][0])  # the first attaches the wing
     return names
 
 
 def is_wing_module(module: str) -> str | None:
     """The wing ``module`` (a dotted name) belongs to, or None for the spine."""
-    for name, (package, _) in WINGS.items():
-        if module == package or module.startswith(package + "."):
+    for name, (packages, _) in WINGS.items():
+        if any(module == p or module.startswith(p + ".") for p in packages):
             return name
     return None
 

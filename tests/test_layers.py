@@ -48,7 +48,7 @@ def public_names() -> dict[str, str]:
     """
     tree = ast.parse((PKG / "__init__.py").read_text())
     names = {}
-    for node in tree.body:
+    for node in ast.walk(tree):  # the wings' names sit in ``if "<wing>" in _loaded:`` blocks
         if isinstance(node, ast.ImportFrom) and not node.level and node.module:
             for a in node.names:
                 src = f"minidist.{a.name}" if node.module == "minidist" else node.module

@@ -54,7 +54,17 @@ def test_with_every_wing_the_same_script_runs_and_loads_them():
     job = run_python(["-c", WRAPPER, "--threads", "2", "--epochs", "1"], timeout_s=300)
     assert job.returncode == 0, job.report()
     (loaded,) = wing_modules(job.stdout)
-    assert {"minidist.fastpath", "minidist.tcp", "minidist.auto"} <= set(loaded), loaded
+    assert {"minidist.fastpath", "minidist.tcp", "minidist.auto", "minidist.amp",
+            "minidist.trainer", "minidist.utils", "minidist.distributed"} <= set(loaded), loaded
+
+
+def test_without_the_wings_their_public_names_are_absent_and_the_spine_is_whole():
+    code = ("import minidist as md\n"
+            "print(hasattr(md, 'Trainer'), hasattr(md, 'GradScaler'), hasattr(md, 'amp'),\n"
+            "      hasattr(md, 'DistributedDataParallel'), hasattr(md, 'DistributedSampler'))\n")
+    job = run_python(["-c", code], timeout_s=120, env={"MINIDIST_WINGS": "none"})
+    assert job.returncode == 0, job.report()
+    assert job.stdout.split() == ["False", "False", "False", "True", "True"], job.report()
 
 
 def test_without_the_wings_their_algorithms_name_the_wing_and_the_fix():

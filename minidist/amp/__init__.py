@@ -19,10 +19,10 @@ numbers as a GPU's float16 GEMM, not faster.
 """
 
 from minidist.amp.autocast_mode import autocast, float16, get_autocast_dtype, is_autocast_enabled
-from minidist.amp.grad_scaler import (GradScaler, OptState, active_scaler, add_scale_listener,
-                                      remove_scale_listener)
+from minidist.amp.grad_scaler import GradScaler, OptState, active_scaler
 from minidist.amp.master_weights import MasterParameter, MasterWeights, owner_of
 from minidist.amp.overflow import SCALE_FLOOR
+from minidist.optim.grad_scaling import add_scale_listener, remove_scale_listener
 
 __all__ = [
            "SCALE_FLOOR",

@@ -50,7 +50,7 @@ from __future__ import annotations
 import enum
 import threading
 import weakref
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -59,6 +59,7 @@ from minidist import xp as backend
 from minidist.amp.master_weights import MasterParameter, MasterWeights, owner_of
 from minidist.amp.overflow import OverflowReport, first_nonfinite
 from minidist.logger import get_logger, rank_prefix
+from minidist.optim.grad_scaling import notify_scale
 from minidist.tensor import Tensor
 
 log = get_logger(__name__)
@@ -75,45 +76,12 @@ def active_scaler() -> GradScaler | None:
 
     Tying it to the scaled tensor's lifetime means that a step abandoned halfway (an exception
     between ``scale`` and ``update``) cannot make a later, unrelated backward unscale its
-    gradients. (DDP does not ask: it is told, see ``add_scale_listener``.)
+    gradients. (DDP does not ask: it is told, see ``optim.grad_scaling.add_scale_listener``.)
     """
     scaler = getattr(_active, "scaler", None)
     if scaler is None or _active.output() is None:
         return None
     return scaler
-
-
-def add_scale_listener(listener: Callable[[GradScaler], None]) -> None:
-    """Call ``listener(scaler)`` whenever a GradScaler's ``scale()`` runs on this thread.
-
-    DistributedDataParallel listens (on the thread that built it) to plug the scaler's fused
-    unscale into each bucket's reduction for that step: amp does not import ddp, and a step
-    without a scaler runs none of this. The listener is held weakly (a bound method: as long
-    as its object lives).
-    """
-    ref = weakref.WeakMethod(listener) if hasattr(listener, "__self__") else \
-        weakref.ref(listener)
-    listeners = getattr(_active, "listeners", None)
-    if listeners is None:
-        listeners = _active.listeners = []
-    listeners.append(ref)
-
-
-def remove_scale_listener(listener: Callable[[GradScaler], None]) -> None:
-    """Stop calling ``listener`` (a no-op if it is not registered on this thread)."""
-    listeners = getattr(_active, "listeners", [])
-    listeners[:] = [r for r in listeners if r() is not None and r() != listener]
-
-
-def _notify_listeners(scaler: GradScaler) -> None:
-    listeners = getattr(_active, "listeners", None)
-    if listeners:
-        for ref in list(listeners):
-            fn = ref()
-            if fn is None:
-                listeners.remove(ref)
-            else:
-                fn(scaler)
 
 
 class OptState(enum.Enum):
@@ -265,7 +233,7 @@ class GradScaler:
         factor = Tensor(self._scale.reshape(()).copy())
         scaled = _map(outputs, lambda t: (t.float() if t.dtype == np.float16 else t) * factor)
         _active.scaler, _active.output = self, weakref.ref(next(iter(_tensors(scaled))))
-        _notify_listeners(self)
+        notify_scale(self)  # DDP listens (minidist/optim/grad_scaling.py)
         return scaled
 
     def _lazy_init(self, like: Any) -> None:

@@ -47,13 +47,9 @@ from minidist import xp as backend
 from minidist.logger import get_logger, rank_prefix
 from minidist.nn import Parameter
 from minidist.optim import Optimizer
-from minidist.tensor import WeakIdKeyDictionary
+from minidist.optim.grad_scaling import master_owner, set_master_owner
 
 log = get_logger(__name__)
-
-# model parameter -> the MasterWeights that owns its master (weak: dies with the model; keyed
-# by identity, since a Tensor's == is elementwise)
-_OWNER = WeakIdKeyDictionary()
 
 
 class MasterParameter(Parameter):
@@ -68,10 +64,7 @@ class MasterParameter(Parameter):
 
 def owner_of(param: Any) -> MasterWeights | None:
     """The MasterWeights holding ``param``'s float32 master, or None for a plain parameter."""
-    try:
-        return _OWNER.get(param)
-    except TypeError:  # not weak-referenceable: certainly not converted
-        return None
+    return master_owner(param)
 
 
 class MasterWeights(Optimizer):
@@ -117,7 +110,7 @@ class MasterWeights(Optimizer):
                 self._masters.append(master)
                 self._grad_slices[id(master)] = (off, n, tuple(shape))
                 self._master_of[id(p)] = master
-                _OWNER[p] = self
+                set_master_owner(p, self)
                 off += n
         kernels.master_to_model(self.master_buffer, self.model_buffer)
         log.debug("MasterWeights: %d parameters (%d elements) now float16 with float32 masters",

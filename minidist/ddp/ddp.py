@@ -47,7 +47,7 @@ import numpy as np
 from minidist import comm
 from minidist import tracing as trace
 from minidist import xp as backend
-from minidist.amp import owner_of
+from minidist.optim.grad_scaling import master_owner
 from minidist.comm.planner import check_algorithm
 from minidist.ddp.buffers import broadcast_buffer_packs, pack_buffers
 from minidist.ddp.bucket import Bucket, ParamMeta, alloc_bucket_buffer, plan_buckets
@@ -223,7 +223,7 @@ class DistributedDataParallel(ModulePassThrough):
             for p, view in zip(b.params, b.views):
                 p.array[...] = view
         # float16 weights (amp.MasterWeights): the float32 masters the optimizer steps, too
-        owners = {id(o): o for o in map(owner_of, self._params) if o is not None}
+        owners = {id(o): o for o in map(master_owner, self._params) if o is not None}
         for owner in owners.values():
             comm.broadcast(owner.master_buffer, src=src, group=self.process_group)
         others = [p for _, p in self.module.named_parameters() if not p.requires_grad]

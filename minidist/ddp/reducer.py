@@ -55,7 +55,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from minidist import xp as backend
-from minidist.amp import add_scale_listener, remove_scale_listener
+from minidist.optim.grad_scaling import add_scale_listener, remove_scale_listener
 from minidist.comm.failure.advice import failure_advice, sentence
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.comm_thread import CommThread
