@@ -1,13 +1,13 @@
 """minidist: distributed data-parallel training written from scratch in Python.
 
-The spine and its wings (minidist/wings.py): fastpath, tcp and auto attach to the spine through
-its seams when they load, at the end of this file; ``MINIDIST_WINGS=none`` leaves them out.
+The spine and its wings (minidist/wings.py): each wing attaches to the spine through its seams
+when it loads, at the end of this file; ``MINIDIST_WINGS=none`` leaves them all out.
 
 Layers, bottom up (each imports only from the ones below it; tests/test_layers.py holds this
 order as ``LAYERS`` and checks this line against it; docs/layout.md draws it): envvars,
 user_cache -> xp, logger, version, tracing, backends, wings -> tensor, cuda, kernels -> nn,
-optim, comm, accelerator, utils -> fastpath, tcp -> auto -> data, viz, tune -> amp -> ddp ->
-checkpoint -> trainer -> launch, multiprocessing, testing, distributed.
+optim, comm, accelerator, utils -> watch -> fastpath, tcp -> auto -> data, viz, tune -> amp ->
+ddp -> checkpoint -> trainer -> launch, multiprocessing, testing, distributed.
 """
 
 import sys as _sys

@@ -186,7 +186,7 @@ NOTICE_FD_VAR = "MINIDIST_LAUNCH_FD"  # the rank's end of its notice channel
 
 @dataclasses.dataclass(frozen=True)
 class Notice:
-    """What a rank said as it began to end (minidist.comm.failure.notice writes it)."""
+    """What a rank said as it began to end (minidist.watch.failure.notice writes it)."""
 
     kind: str  # "exception", "exit" or "interrupted"
     line: str  # the exception's "Type: message", or what happened
@@ -376,7 +376,7 @@ class Launcher:
     # -- which rank failed first (from what the ranks report, not from the order of exits) --
 
     def read_notices(self, r: Rank, channel: socket.socket) -> None:
-        """Reader thread of rank ``r``'s notice channel (minidist.comm.failure.notice): record
+        """Reader thread of rank ``r``'s notice channel (minidist.watch.failure.notice): record
         its notice; if it failed first, stop every other rank before answering it, so they do
         not go on to report this rank's closed connection."""
         with channel, channel.makefile("rb") as lines:

@@ -13,6 +13,8 @@ chooser and stagers, the backends' transports), when it is imported: the package
 The spine never imports a wing (an import-linter contract in pyproject.toml checks it).
 
     wing      modules                          what it adds, and how it attaches
+    watch     minidist.watch                   the ledger, the failure diagnosis and handling
+                                               (group extensions, the job hooks)
     fastpath  minidist.fastpath                "mpi", "shm", "hier", "cuda_ipc", ... (the
                                                algorithm registry); the node's shared memory
                                                (group extensions); device staging (stagers)
@@ -41,8 +43,9 @@ from minidist.envvars import env
 
 # name -> (its modules and packages, the wings it needs), in load order
 WINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "watch": (("minidist.watch",), ()),
     "fastpath": (("minidist.fastpath",), ()),
-    "tcp": (("minidist.tcp", "minidist.launch"), ()),
+    "tcp": (("minidist.tcp", "minidist.launch"), ("watch",)),
     "auto": (("minidist.auto", "minidist.tune"), ("fastpath",)),
     "amp": (("minidist.amp",), ()),
     "training": (("minidist.trainer", "minidist.checkpoint"), ("amp",)),

@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 
-from minidist.comm.failure import FailurePolicy
+from minidist.watch.failure import FailurePolicy
 from procs import REPO, run_env_ranks
 
 BODY = REPO / "tests" / "multiproc" / "policy_body.py"
@@ -52,5 +52,5 @@ def test_every_policy_number_has_one_owner():
                 own += [f"{path.relative_to(REPO)}: {t.id}" for t in node.targets
                         if isinstance(t, ast.Name) and t.id in fields]
     assert not own, f"failure-policy numbers with a second owner: {own}"
-    policy_src = (REPO / "minidist" / "comm" / "failure" / "policy.py").read_text()
+    policy_src = (REPO / "minidist" / "watch" / "failure" / "policy.py").read_text()
     assert "= FailurePolicy()" not in policy_src

@@ -21,14 +21,15 @@ LAYERS = {
     "xp": 0, "logger": 0, "version": 0, "tracing": 0, "backends": 0, "wings": 0,
     "tensor": 1, "cuda": 1, "kernels": 1,
     "nn": 2, "optim": 2, "comm": 2, "accelerator": 2, "utils": 2,
-    "fastpath": 3, "tcp": 3,
-    "auto": 4,
-    "data": 5, "viz": 5, "tune": 5,
-    "amp": 6,
-    "ddp": 7,
-    "checkpoint": 8,
-    "trainer": 9,
-    "launch": 10, "multiprocessing": 10, "testing": 10, "distributed": 10,
+    "watch": 3,
+    "fastpath": 4, "tcp": 4,
+    "auto": 5,
+    "data": 6, "viz": 6, "tune": 6,
+    "amp": 7,
+    "ddp": 8,
+    "checkpoint": 9,
+    "trainer": 10,
+    "launch": 11, "multiprocessing": 11, "testing": 11, "distributed": 11,
 }
 FORBIDDEN = {("comm", "tensor"), ("comm", "nn"), ("comm", "optim")}
 

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from minidist.comm.failure.report import WholeLineWriter
+from minidist.watch.failure.report import WholeLineWriter
 from procs import REPO, job_env, run_mpirun, run_python
 
 NOT_INITIALIZED = "Default process group has not been initialized, please make sure to call " \

@@ -5,12 +5,12 @@
     md.all_reduce(buf, op="sum", algorithm="ring")
 
 Layers inside (each imports only the ones above it in this list):
-``env`` (launcher detection) -> ``ops`` (ReduceOp) -> ``transports`` (local, threads, mpi, tcp)
--> ``topology`` (nodes, local ranks) -> ``algorithms`` (the registry: direct, ring, tree, rd,
-mpi, shm, hier, cuda_ipc; ``select``: auto) -> ``calls`` (call numbers, message tags, the
-observer interface) -> ``diagnosis`` (observers: ledger, consistency check, debug log) ->
-``failure`` (detect, diagnose, act, advise; one policy object) -> ``planner`` -> ``validate``,
-``collectives``, ``group`` (ProcessGroup) -> ``api``.
+``env`` (launcher detection) -> ``ops`` (ReduceOp), ``errors``, ``advice`` -> ``transports``
+(local, threads, mpi) -> ``topology`` (nodes, local ranks) -> ``algorithms`` (the registry:
+direct, ring, tree, rd) -> ``calls`` (call numbers, message tags, the observer interface) ->
+``planner`` -> ``validate``, ``collectives``, ``group`` (ProcessGroup) -> ``backends`` ->
+``api``. The wings attach here through seams: the watch wing (ledger, failure handling), the
+fast paths, TCP and ``auto`` (minidist/wings.py).
 See docs/algorithms.md, docs/env_vars.md and docs/troubleshooting.md.
 """
 
@@ -43,7 +43,6 @@ from minidist.comm.env import LaunchInfo, detect_launch
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
                                   CommTimeout, PeerFailed)
 from minidist.comm.group import ProcessGroup, new_group_from_transport
-from minidist.comm.diagnosis.ledger import CallStatus, Ledger, LedgerEntry, ledger_label
 from minidist.comm.ops import ReduceOp
 from minidist.comm.topology import Topology
 from minidist.comm.work import Work
@@ -54,6 +53,5 @@ __all__ = [
     "get_rank", "get_world_size", "init_process_group", "is_initialized", "is_main_process",
     "new_group", "reduce", "reduce_scatter", "require_group_if_launched", "Work", "LaunchInfo", "detect_launch", "CommError", "CommTimeout",
     "CollectiveMismatch", "CollectiveMismatchTimeout", "PeerFailed", "ProcessGroup",
-    "new_group_from_transport", "ReduceOp", "auto_table", "get_ledger", "ledger_label",
-    "CallStatus", "Ledger", "LedgerEntry", "Topology",
+    "new_group_from_transport", "ReduceOp", "auto_table", "get_ledger", "Topology",
 ]

@@ -12,14 +12,17 @@ launcher started as one of several ranks, the rank queries raise as torch's do (
 "rank 0 of 1" there would run every ``if get_rank() == 0:`` block on every rank); in a plain
 single process they answer rank 0 of 1. Collectives always raise without a group.
 
-Every collective is recorded in the group's ledger (``get_ledger()``, ``ledger_label``; see
-``minidist.comm.diagnosis.ledger``), and ``auto_table()`` shows what ``algorithm="auto"`` will pick.
+With the watch wing (loaded unless ``MINIDIST_WINGS`` leaves it out) every collective is
+recorded in the group's ledger (``get_ledger()``, ``ledger_label``; see
+``minidist.watch.diagnosis.ledger``), and ``auto_table()`` shows what ``algorithm="auto"`` will
+pick.
 
-``init_process_group`` also installs a ``sys.excepthook`` and ``threading.excepthook``: an
-uncaught exception on one rank prints its traceback prefixed with ``[rank r/N]`` and then, under
-MPI, calls ``MPI.COMM_WORLD.Abort(1)``, so the whole job ends at once instead of the other ranks
-waiting for a message that never comes (over TCP it closes the transport, which wakes the peers);
-Ctrl-C ends every rank in one line. Both live in ``minidist.comm.failure.interrupts``.
+The watch wing's ``JOB_HOOKS`` also install a ``sys.excepthook`` and ``threading.excepthook``
+in ``init_process_group``: an uncaught exception on one rank prints its traceback prefixed with
+``[rank r/N]`` and then, under MPI, calls ``MPI.COMM_WORLD.Abort(1)``, so the whole job ends at
+once instead of the other ranks waiting for a message that never comes (over TCP it closes the
+transport, which wakes the peers); Ctrl-C ends every rank in one line. Both live in
+``minidist.watch.failure.interrupts``.
 """
 
 from __future__ import annotations
@@ -29,14 +32,10 @@ import os
 from typing import Any
 
 from minidist import logger as mdlog
-from minidist.comm.failure import interrupts
 from minidist.comm.env import (MPI_LAUNCHERS, LaunchInfo, apply_init_args, default_backend,
                                detect_launch, warn_if_single)
-from minidist.comm.failure import leaving, report
-from minidist.comm.failure import startup
 from minidist.comm.backends import BACKENDS, TORCH_BACKENDS, make_transport, torch_backend_note
 from minidist.comm.group import ProcessGroup
-from minidist.comm.diagnosis.ledger import LedgerEntry
 from minidist.comm.ops import ReduceOp
 from minidist.comm.transports.base import DEFAULT_TIMEOUT_S
 
@@ -44,6 +43,30 @@ log = mdlog.get_logger(__name__)
 
 _group: ProcessGroup | None = None
 _info: LaunchInfo | None = None
+
+
+class JobHooks:
+    """What a wing does around the default group's life (``JOB_HOOKS``); each method a no-op
+    here. The watch wing's: check the environment, end every rank in one line on Ctrl-C or an
+    uncaught error, tell the peers when a rank exits (minidist/watch/attach.py)."""
+
+    def before_launch(self) -> None:
+        """``init_process_group`` starts (before the launcher's variables are read)."""
+
+    def before_transport(self, info: LaunchInfo) -> None:
+        """The transport is about to be made (the rendezvous may wait)."""
+
+    def start_failed(self, error: BaseException, rank: int | None) -> None:
+        """The start raised ``error`` (it is raised after every hook saw it)."""
+
+    def started(self, group: ProcessGroup) -> None:
+        """The default group is ready."""
+
+    def stopping(self) -> None:
+        """``destroy_process_group``: after the farewell, before the group closes."""
+
+
+JOB_HOOKS: list[JobHooks] = []  # a wing appends its own when it loads
 
 
 def _timeout_s(timeout: float | datetime.timedelta | None) -> float:
@@ -115,9 +138,10 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise ValueError(f"init_process_group: already initialized ({_group!r}). Call "
                          "destroy_process_group() first.")
     info: LaunchInfo | None = None
-    try:  # a job that cannot start ends with one line (comm/failure/startup.py)
+    try:  # a job that cannot start ends with one line (the watch wing's start_failed)
         timeout_s = _timeout_s(timeout)
-        startup.check_environment()
+        for hooks in JOB_HOOKS:
+            hooks.before_launch()
         info = apply_init_args(detect_launch(), init_method, world_size, rank)
         requested = TORCH_BACKENDS.get(backend, backend)
         if backend == "gloo" and info.launcher in MPI_LAUNCHERS and info.master_port is None:
@@ -132,18 +156,18 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
                 raise ValueError(f"init_process_group(backend='local'): the launcher "
                                  f"({info.launcher}) started {info.world_size} ranks but 'local' "
                                  "runs one. Use backend='auto'.")
-        interrupts.prepare(info.rank, info.world_size or 1)  # Ctrl-C in the rendezvous: 1 line
+        for hooks in JOB_HOOKS:
+            hooks.before_transport(info)
         transport = make_transport(chosen, info, timeout_s)
     except BaseException as e:
-        startup.failed(e, info.rank if info is not None else None)
+        for hooks in JOB_HOOKS:
+            hooks.start_failed(e, info.rank if info is not None else None)
         raise
     mdlog.set_rank(transport.rank, transport.size)  # before the group: its set-up logs too
     group = ProcessGroup(transport, algorithm=algorithm, backend=chosen)
     _group, _info = group, info
-    interrupts.install(group)  # one rank's failure or Ctrl-C ends every rank
-    if group.size > 1:
-        report.whole_lines()  # the launcher merges ranks' output: one write per line
-    leaving.install(lambda: _group)  # a rank that exits with the group open ends the job
+    for hooks in JOB_HOOKS:
+        hooks.started(group)
     _export_rank_env(group, info)
     log.info("process group ready: backend=%s launcher=%s rank=%d world_size=%d local_rank=%d "
              "timeout=%.0fs", chosen, info.launcher, group.rank, group.size, info.local_rank,
@@ -162,8 +186,8 @@ def destroy_process_group() -> None:
     global _group, _info
     if _group is not None:
         _group.farewell()  # may raise: the exception hooks are still installed
-    interrupts.uninstall()
-    leaving.uninstall()
+    for hooks in JOB_HOOKS:
+        hooks.stopping()
     if _group is not None:
         _group.close()
     _group, _info = None, None
@@ -353,13 +377,21 @@ def all_gather_object(obj: Any, group: ProcessGroup | None = None) -> list:
     return _g(group).all_gather_object(obj)
 
 
-def get_ledger(group: ProcessGroup | None = None, last: int | None = None) -> list[LedgerEntry]:
-    """The group's recorded collectives, oldest first (at most the last ``last``).
+def get_ledger(group: ProcessGroup | None = None, last: int | None = None) -> list[Any]:
+    """The group's recorded collectives (``LedgerEntry``), oldest first (at most the last
+    ``last``).
 
         for e in minidist.comm.get_ledger(last=3):
             print(e.seq, e.describe(), e.algorithm, e.reason, e.where, e.status)
+
+    Raises:
+        RuntimeError: the group has no ledger (``MINIDIST_WINGS`` leaves the watch wing out).
     """
-    return _g(group).ledger.entries(last=last)
+    g = _g(group)
+    if g.ledger is None:
+        raise RuntimeError(f"{g.where('get_ledger')}: the ledger belongs to the watch wing, "
+                           "which MINIDIST_WINGS leaves out; unset MINIDIST_WINGS or add watch.")
+    return g.ledger.entries(last=last)
 
 
 def auto_table(group: ProcessGroup | None = None) -> dict:

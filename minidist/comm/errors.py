@@ -10,11 +10,11 @@ Messages follow one format, so a user reading a log from 64 ranks can act on any
       PeerFailed               another rank reported a failure while this rank waited
       PeerExited               another rank left the job (exit) while this rank waited for it
 
-When a collective fails, the ranks compare their ledgers (``minidist.comm.diagnosis.ledger``) and
+When a collective fails, the ranks compare their ledgers (``minidist.watch.diagnosis.ledger``) and
 the error says where they first differ; ``error.diagnosis`` holds the same finding as a dict.
 
 What a failure means and what to do about it (the advice a wrapped error carries) is in
-``minidist.comm.failure.advice``.
+``minidist.comm.advice``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class PeerExited(CommError):
     """Another rank left the job through Python's exit while this rank waited for it.
 
     ``peer``: that rank; ``exit_code``: the code this job should end with (the peer's, or 1
-    for a peer that returned normally while the others still waited). See comm/failure/leaving.py.
+    for a peer that returned normally while the others still waited). See watch/failure/leaving.py.
     """
 
     def __init__(self, message: str, peer: int, exit_code: int) -> None:

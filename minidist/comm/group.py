@@ -3,7 +3,8 @@
     group = ProcessGroup(transport)                 # any Transport: mpi, tcp, threads, local
     group.all_reduce(grad, op="sum")                # in place; algorithm="auto" by default
     group.plan_all_reduce(grad).algorithm           # what that runs ("auto" resolved)
-    group.ledger.entries()[-1]                      # what this rank called last (ledger.py)
+    group.ledger.entries()[-1]                      # what this rank called last (the watch
+                                                    # wing's ledger; None without it)
 
 The module-level functions in ``minidist.comm.api`` (``all_reduce``, ``get_rank``, ...) call the
 default group that ``init_process_group`` creates; tests build groups over the threads transport.
@@ -17,17 +18,17 @@ functions of a group in collectives.py; this module is the spine: ``all_reduce``
     -> begin the call (calls.py): its number on its stream and its message tag (the call's
        fingerprint); the observers start watching
     -> run it; end the call. A CommError (timeout, peer failure, fingerprint mismatch) goes to
-       the failure diagnosis (failure/exchange.py): every rank raises the same finding
+       ``calls.diagnose`` when a wing set one (the watch wing's failure diagnosis: every rank
+       raises the same finding), else it is raised as it is
 
 Extensions (``GROUP_EXTENSIONS``): a wing attaches to every new group here, in the order the
-wings loaded, the same on every rank: the fast-path wing sets up the node's shared memory
-(``group.shared_memory``), the auto wing its chooser and calibration. Each returns an object
-whose ``farewell()`` runs before the counts are compared and ``close()`` before the transport
-closes (in reverse order).
+wings loaded, the same on every rank. Each returns an object whose ``farewell()`` runs at
+``destroy_process_group`` and ``close()`` before the transport closes, last attached first::
 
-Observers (``group.calls.add``; calls.py): the ledger (diagnosis/ledger.py, on unless
-``MINIDIST_LEDGER=0``), and with ``check_consistency`` / ``MINIDIST_DEBUG >= 1`` the
-consistency check (diagnosis/consistency.py) and the debug log (diagnosis/debug_log.py).
+    watch     the ledger and the other observers of every call (calls.py), the failure
+              diagnosis (calls.diagnose), the transport's poll hook, the farewell count check
+    fastpath  the node's shared memory (group.shared_memory); IPC windows freed at close
+    auto      the planner's chooser and the calibration every rank holds alike
 
 Streams: ``tag`` (0 <= tag < MAX_STREAMS = 1024) names an independent stream with its own call
 numbers, for collectives that run concurrently from different threads; one stream must be used
@@ -46,11 +47,6 @@ import numpy as np
 from minidist.comm import collectives
 from minidist.comm.algorithms.scratch import clear as clear_scratch
 from minidist.comm.calls import Call, Calls, CallSpec
-from minidist.comm.diagnosis.consistency import ConsistencyCheck
-from minidist.comm.diagnosis.debug_log import DebugLog
-from minidist.comm.failure import FailurePolicy
-from minidist.comm.failure.exchange import farewell, on_failure, poll
-from minidist.comm.diagnosis.ledger import Ledger, dump_dir, ledger_capacity, ledger_enabled
 from minidist.comm.errors import CommError
 from minidist.comm.ops import SUPPORTED, ReduceOp
 from minidist.comm.planner import Plan, Planner
@@ -76,14 +72,14 @@ class ProcessGroup:
         algorithm: default all-reduce algorithm: "auto" or a name of the registry
             ``minidist.comm.algorithms.ALGORITHMS`` ("ring", "tree", "rd", "direct", and the
             fast-path wing's "mpi", "shm", "hier", "cuda_ipc").
-        check_consistency: all-gather shapes/dtypes before each collective (debug mode);
-            default ``MINIDIST_DEBUG >= 1``.
+        check_consistency: all-gather shapes/dtypes before each collective (debug mode; the
+            watch wing's check); default ``MINIDIST_DEBUG >= 1``.
         backend: name for logs ("mpi", "tcp", "threads", "local").
 
     Attributes:
         topology: which ranks share a node (:class:`~minidist.comm.topology.Topology`).
         calls: call numbers, message tags and the observers of every collective (calls.py).
-        ledger: the record of this rank's collectives (diagnosis/ledger.py).
+        ledger: the record of this rank's collectives (the watch wing's), else None.
         planner: which algorithm each all-reduce runs (planner.py).
         shared_memory: the node's shared memory when a wing set it up (the fast path's: MPI
             transport, every rank on one node), else None.
@@ -102,27 +98,14 @@ class ProcessGroup:
         self.backend = backend or transport.name
         self.check_consistency = (debug_level() >= 1 if check_consistency is None
                                   else check_consistency)
-        self.calls = Calls(transport.max_tag, self._diagnose)  # call numbers, tags, observers
-        self.ledger = Ledger(self.rank, self.size, ledger_capacity(), ledger_enabled(),
-                             self.calls)
+        self.calls = Calls(transport.max_tag, None)  # call numbers, tags, observers
         self.topology: Topology = detect_topology(transport)  # collective (MPI, TCP)
-        self.shared_memory: Any = None  # set by the fast-path wing's extension
-        # peer -> its final collective counts per stream, from its farewell (SIDE_BYE)
-        self.farewells: dict[int, dict[int, int]] = {}
-        self.exit_codes: dict[int, int] = {}  # peer -> its exit code, if it left (failure/leaving.py)
+        self.ledger: Any = None  # the watch wing's record of this rank's collectives
+        self.shared_memory: Any = None  # the fast-path wing's node memory
         self._worker: AsyncWorker | None = None  # started by the first run_async
-        # what this rank does when it or a peer fails (comm/failure/policy.py)
-        self.failure_policy = FailurePolicy()
-        transport.poll_hook = self._poll
         self.planner = Planner(transport)
         self.extensions = [ext for make in GROUP_EXTENSIONS  # the wings' (collective)
                            if (ext := make(self)) is not None]
-        if self.ledger.enabled:  # the observers of every call (calls.py), in this order
-            self.calls.add(self.ledger)
-        if self.check_consistency:
-            self.calls.add(ConsistencyCheck(self))
-        if debug_level() >= 1:
-            self.calls.add(DebugLog(self))
 
     # -- helpers -----------------------------------------------------------------------------
     def where(self, call: str) -> str:
@@ -134,10 +117,6 @@ class ProcessGroup:
         (ranks on one node, MPI transport: the shared guard lines; elsewhere always 0)."""
         shared = self.shared_memory
         return shared.native_ahead(peer) if shared is not None else 0
-
-    def _diagnose(self, call: Call, error: BaseException) -> BaseException:
-        """``calls.failed``'s last step: the failure diagnosis (failure.on_failure)."""
-        return on_failure(self, call, error, call.spec.text)
 
     @contextlib.contextmanager
     def observed(self, spec: CallSpec, stream: int = 0, shape: Any = None) -> Iterator[Call]:
@@ -158,10 +137,6 @@ class ProcessGroup:
         except CommError as e:
             raise self.calls.failed(call, e) from e
         self.calls.end(call)
-
-    def _poll(self, src: int | None, tag: int) -> CommError | None:
-        """The transport's poll hook: why a slow wait cannot succeed (failure.poll)."""
-        return poll(self, src, tag)
 
     # -- collectives on arrays ---------------------------------------------------------------
     def all_reduce(self, array: Any, op: str | ReduceOp = "sum", algorithm: str | None = None,
@@ -262,29 +237,21 @@ class ProcessGroup:
 
     # -- memory and lifecycle ----------------------------------------------------------------
     def farewell(self) -> None:
-        """Compare collective counts with every rank before shutting down (failure.farewell).
-
-        Called by ``destroy_process_group``; raises CollectiveMismatch when a rank made fewer or
-        more collectives than the others.
-        """
-        for ext in self.extensions:
-            ext.farewell()
+        """The last word before shutting down, called by ``destroy_process_group``: the
+        queued async collectives finish, then each extension's ``farewell``, last attached
+        first (the watch wing's compares collective counts with every rank and raises
+        CollectiveMismatch when a rank made fewer or more collectives than the others)."""
         if self._worker is not None:
             self.drain()
-        farewell(self)
+        for ext in reversed(self.extensions):
+            ext.farewell()
 
     def close(self) -> None:
-        """Write the ledger (``MINIDIST_LEDGER_DUMP``), release the transport and the cached
-        scratch buffers. Idempotent."""
+        """Release the transport, the cached scratch buffers and what the extensions hold
+        (the watch wing writes the ledger here: ``MINIDIST_LEDGER_DUMP``). Idempotent."""
         if self._worker is not None:
             self._worker.close()  # after the queued collectives (each has its own deadline)
             self._worker = None
-        d = dump_dir()
-        if d and self.ledger.enabled:
-            try:
-                self.ledger.dump(d)
-            except OSError as e:
-                log.warning("could not write the ledger to %s: %s", d, e)
         clear_scratch(self.transport)
         for ext in reversed(self.extensions):  # collective: e.g. IPC windows, before the
             ext.close()                        # transport closes

@@ -56,7 +56,7 @@ from typing import Any, Callable, Sequence
 
 from minidist import xp as backend
 from minidist.optim.grad_scaling import add_scale_listener, remove_scale_listener
-from minidist.comm.failure.advice import failure_advice, sentence
+from minidist.comm.advice import failure_advice, sentence
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.comm_thread import CommThread
 from minidist.ddp.grad_checks import (NONFINITE_POLICIES, NonfiniteCheck, bypassed_error,

@@ -48,8 +48,8 @@ import time
 from typing import Any
 
 from minidist.comm.errors import CommError, CommTimeout
-from minidist.comm.failure.policy import FailurePolicy
-from minidist.comm.failure.waiting import notice_text
+from minidist.watch.failure.policy import FailurePolicy
+from minidist.watch.failure.waiting import notice_text
 from minidist.envvars import env
 from minidist.logger import get_logger
 

@@ -12,9 +12,9 @@ import pytest
 import minidist as md
 from minidist.comm import (CollectiveMismatch, CommError, ProcessGroup, ledger_label,
                            new_group_from_transport)
-from minidist.comm.diagnosis.diagnose import diagnose
+from minidist.watch.diagnosis.diagnose import diagnose
 from minidist.comm.calls import Calls, call_spec, fingerprint
-from minidist.comm.diagnosis.ledger import Ledger
+from minidist.watch.diagnosis.ledger import Ledger
 from minidist.comm.ops import ReduceOp
 from minidist.comm.calls import wire_tag
 from minidist.comm.transports.base import has_fingerprint, stream_of

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 import minidist as md
-from minidist.comm.failure import shm_files
+from minidist.comm.transports import shm_files
 
 mode = sys.argv[1]
 md.init_process_group()

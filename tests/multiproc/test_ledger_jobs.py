@@ -84,7 +84,7 @@ def test_mpi_uncaught_mismatch_ends_the_job_with_every_ranks_finding():
     res = run_mpi(2, [SCRIPT, "--uncaught", "dtype"], timeout_s=60, env=ENV)
     assert res.returncode != 0, res.report()
     for r in range(2):
-        assert re.search(rf"\[rank {r}/2\] ERROR minidist.comm.failure: CollectiveMismatch: "
+        assert re.search(rf"\[rank {r}/2\] ERROR minidist.watch.failure: CollectiveMismatch: "
                          r"all_reduce\(algorithm=\"auto\"\) #1: the ranks called different "
                          r"collectives: rank 1 called all_reduce\(1024 x int32, sum\)",
                          res.stderr), res.report()
@@ -102,7 +102,7 @@ def test_mpi_uncaught_mismatch_says_each_finding_once_in_one_block_per_rank():
         mine = [i for i, line in enumerate(lines) if line.startswith(f"[rank {r}/2] ")]
         text = "\n".join(lines[i] for i in mine)
         assert text.count("the ranks called different collectives") == 1, res.report()
-        assert "ERROR minidist.comm.failure: CollectiveMismatch" in lines[mine[0]], res.report()
+        assert "ERROR minidist.watch.failure: CollectiveMismatch" in lines[mine[0]], res.report()
         block = mine[1:]  # after the finding: the block, its lines next to each other
         assert block == list(range(block[0], block[0] + len(block))), res.report()
         assert lines[block[-1]].endswith("ending the job on all 2 ranks."), res.report()

@@ -12,7 +12,7 @@ from procs import run_env_ranks
 from minidist import nn
 from minidist.comm.errors import (CollectiveMismatch, CommError, CommTimeout, PeerExited,
                                   PeerFailed)
-from minidist.comm.failure.advice import failure_advice, failure_kind
+from minidist.comm.advice import failure_advice, failure_kind
 from minidist.ddp import DistributedDataParallel
 from minidist.tensor import Tensor
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from minidist import xp as backend
 from minidist.comm.env import cores_per_rank, ranks_on_this_node
-from minidist.comm.failure import shm_files
+from minidist.comm.transports import shm_files
 from minidist.comm.errors import CommError, CommTimeout
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, Request, SideChannel, Transport,
                                            poller,

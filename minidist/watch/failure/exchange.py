@@ -18,12 +18,13 @@ on the stuck call::
     wait for their SIDE_DONE            one ends the MPI job through its excepthook)
     raise CollectiveMismatch / CommTimeout / CommError with the finding
 
-``poll`` is the check a waiting rank runs every few milliseconds (the transports' poll hook):
-a peer's failure notice, a stray message of another call, a peer already past this call or
-already gone (SIDE_BYE). ``farewell`` (``destroy_process_group``): every rank sends its collective counts (SIDE_BYE) and
-waits for the others' (up to the deadline plus the policy's exchange_s; a rank that never arrives is only a
-warning). Counts that differ, or a peer's failure notice, are a failure of the same kind: so a
-rank that skipped a collective and finished "successfully" raises too, naming the call.
+``poll`` is the check a waiting rank runs every few milliseconds (the transports' poll hook): a
+peer's failure notice, a stray message of another call, a peer already past this call or already
+gone (SIDE_BYE). ``farewell`` (``destroy_process_group``): every rank sends its collective counts
+(SIDE_BYE) and waits for the others' (up to the deadline plus the policy's exchange_s; a rank that
+never arrives is only a warning). Counts that differ, or a peer's failure notice, are a failure of
+the same kind: so a rank that skipped a collective and finished "successfully" raises too, naming
+the call.
 """
 
 from __future__ import annotations
@@ -33,19 +34,19 @@ import sys
 import time
 from typing import Any
 
-from minidist.comm.diagnosis.diagnose import diagnose
+from minidist.watch.diagnosis.diagnose import diagnose
 from minidist.comm.errors import (CollectiveMismatch, CollectiveMismatchTimeout, CommError,
                                   CommTimeout, PeerFailed)
-from minidist.comm.failure.advice import failure_peers
-from minidist.comm.failure import waiting
-from minidist.comm.failure import notice
-from minidist.comm.diagnosis.ledger import dump_dir
-from minidist.comm.failure.leaving import bye_payload, parse_bye, peer_exited, peer_left
+from minidist.comm.advice import failure_peers
+from minidist.watch.failure import waiting
+from minidist.watch.failure import notice
+from minidist.watch.diagnosis.ledger import dump_dir
+from minidist.watch.failure.leaving import bye_payload, parse_bye, peer_exited, peer_left
 from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, SIDE_BYE, SIDE_DONE, SIDE_FAIL,
                                            Transport, has_fingerprint)
 from minidist.logger import get_logger
 
-log = get_logger("minidist.comm.failure")  # the name users filter on (docs/troubleshooting.md)
+log = get_logger("minidist.watch.failure")  # the name users filter on (docs/troubleshooting.md)
 
 REPORT_ENTRIES = 64    # ledger entries each rank sends (the dump has all of them)
 _POLL_S = 0.001
@@ -212,7 +213,7 @@ def on_failure(group: Any, row: Any, error: BaseException, call: str) -> BaseExc
     # Printed here, before the DONE round: under MPI the first rank to raise ends the job
     # (excepthook -> Abort), and every rank's finding should be on record by then.
     log.error("%s: %s", type(out).__name__, message.split("] ", 1)[-1])
-    out.logged = True  # an uncaught one is not printed again (comm/failure/report.py)
+    out.logged = True  # an uncaught one is not printed again (watch/failure/report.py)
     _done(group.transport, answered, group.failure_policy.exchange_s)
     return out
 

@@ -1,6 +1,6 @@
 """One rank's failure ends the world; so does Ctrl-C, promptly and in one line.
 
-    from minidist.comm.failure import interrupts
+    from minidist.watch.failure import interrupts
     interrupts.install(group)      # init_process_group does this
     interrupts.uninstall()         # destroy_process_group does this
 
@@ -38,10 +38,10 @@ import time
 from typing import Any, Callable
 
 from minidist import logger as mdlog
-from minidist.comm.failure import report
-from minidist.comm.failure.advice import failure_peers
-from minidist.comm.failure import notice
-from minidist.comm.failure.policy import FailurePolicy
+from minidist.watch.failure import report
+from minidist.comm.advice import failure_peers
+from minidist.watch.failure import notice
+from minidist.watch.failure.policy import FailurePolicy
 
 INTERRUPT_EXIT_CODE = FailurePolicy.interrupt_exit_code  # 128 + SIGINT, as a shell says
 # A rank whose main thread waits inside a blocking MPI call (Barrier, Comm_split_type, MPI's
@@ -266,5 +266,6 @@ def _watch(rfd: int, python_saw: threading.Event, stopped: threading.Event,
                 end()  # still here, group not destroyed: stuck on the way out
 
 
-__all__ = ["prepare", "install", "uninstall", "interrupted_during_start", "caused_by_interrupt", "INTERRUPT_EXIT_CODE",
-           "INTERRUPT_GRACE_S", "INTERRUPT_UNWIND_S", "INTERRUPT_QUIET_S", "ABORT_FLUSH_S"]
+__all__ = ["prepare", "install", "uninstall", "interrupted_during_start", "caused_by_interrupt",
+           "INTERRUPT_EXIT_CODE", "INTERRUPT_GRACE_S", "INTERRUPT_UNWIND_S", "INTERRUPT_QUIET_S",
+           "ABORT_FLUSH_S"]

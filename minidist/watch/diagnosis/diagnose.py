@@ -5,7 +5,7 @@
                 #  bad.py:57; rank 0 called all_reduce(1024 x float32, sum) at bad.py:61"
     d["kind"]   # "mismatch" | "missing" | "same"
 
-A report is what a rank sends in the failure exchange (``comm/failure.py``)::
+A report is what a rank sends in the failure exchange (``watch/failure/exchange.py``)::
 
     {"rank": 1, "state": "timed out in all_reduce #3", "counts": {"0": 3},
      "entries": [ledger records, oldest first: {"seq", "stream", "collective", "op", "count",
@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from minidist.comm.diagnosis.ledger import describe
+from minidist.watch.diagnosis.ledger import describe
 
 FIELDS = ("collective", "op", "dtype", "count", "root", "algorithm", "label")
 

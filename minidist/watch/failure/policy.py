@@ -1,4 +1,4 @@
-"""The policy when a peer dies, or this rank fails: every decision of comm/failure in one object.
+"""The policy when a peer dies, or this rank fails: every decision of watch/failure in one object.
 
     group.failure_policy            # FailurePolicy(), the default below, held by every group
     md.init_process_group(...); md.get_default_group().failure_policy = FailurePolicy(

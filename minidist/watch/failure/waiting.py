@@ -6,7 +6,7 @@ Without it a rank waiting for a hung peer (or for ranks that never started) prin
 until ``MINIDIST_TIMEOUT_S`` (300 s by default) has passed. After ``wait_notice_s`` (the
 failure policy's, 5 s) it logs one warning::
 
-    [rank 0/2] WARNING minidist.comm.failure: all_reduce #6: waiting 5 s for rank 1 (nothing
+    [rank 0/2] WARNING minidist.watch.failure: all_reduce #6: waiting 5 s for rank 1 (nothing
     from it yet); the wait ends after MINIDIST_TIMEOUT_S=300 s (295 s more) with an error that
     names who did not answer. Ctrl-C ends the job now.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from minidist.logger import get_logger
 
-log = get_logger("minidist.comm.failure")
+log = get_logger("minidist.watch.failure")
 
 
 def notice_text(where: str, waited_s: float, who: str, timeout_s: float) -> str:

@@ -1,6 +1,7 @@
-"""What a rank tells the launcher that started it, so the launcher can name the rank that failed first.
+"""What a rank tells the launcher that started it, so the launcher can name the rank that
+failed first.
 
-    from minidist.comm.failure import notice
+    from minidist.watch.failure import notice
     notice.tell("exception", "RuntimeError: rank one broke", blames=[])   # the excepthook does this
 
 Under ``python -m minidist.launch`` each rank inherits one end of a socket pair, named by

@@ -14,7 +14,7 @@ replace Python's traceback with ``minidist: <message>``. Who says it::
         rank 0 says it; the other ranks end silently (they would repeat the same line)
     a rendezvous that did not complete (CommError): rank 0 knows who is missing and says it;
         the other ranks wait QUIET_S first, so under the launcher rank 0's notice comes first
-    under python -m minidist.launch, the rank tells the launcher (comm/failure/notice.py),
+    under python -m minidist.launch, the rank tells the launcher (watch/failure/notice.py),
         which prints the job's one line, quoting this one
     ranks started by hand: each prints its own line
 
@@ -29,9 +29,9 @@ import time
 from typing import Any
 
 from minidist import logger as mdlog
-from minidist.comm.failure import interrupts
+from minidist.watch.failure import interrupts
 from minidist.comm.errors import CommError
-from minidist.comm.failure import notice
+from minidist.watch.failure import notice
 from minidist.envvars import USAGE_EXIT_CODE, quiet_rank, validate
 
 log = mdlog.get_logger("minidist.comm.api")

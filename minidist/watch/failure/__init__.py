@@ -1,6 +1,6 @@
 """One owner for failure: detect, diagnose, act, advise; the policy in one object.
 
-    from minidist.comm.failure import FailurePolicy
+    from minidist.watch.failure import FailurePolicy
     group.failure_policy = FailurePolicy(end_job_on_error=False)   # every group holds one
 
 What happens when a rank fails or a peer dies, module by module::
@@ -23,6 +23,6 @@ side channel the exchange runs on (transports/base.py, ``SideChannel``). DDP wra
 bucket with ``advice.failure_advice`` (ddp/reducer.py).
 """
 
-from minidist.comm.failure.policy import FailurePolicy
+from minidist.watch.failure.policy import FailurePolicy
 
 __all__ = ["FailurePolicy"]

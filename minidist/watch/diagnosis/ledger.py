@@ -8,8 +8,9 @@
         print(e.seq, e.describe(), e.status, e.where)
 
 Each process group keeps one ``Ledger``, on by default, an observer of its collectives
-(comm/calls.py: the group calls ``start``/``end``/``failed`` around each one): a ring buffer of the last ``capacity``
-calls (``MINIDIST_LEDGER_SIZE``, default 512). An entry holds the call number on its stream
+(comm/calls.py: the group calls ``start``/``end``/``failed`` around each one): a ring buffer of the
+last ``capacity`` calls (``MINIDIST_LEDGER_SIZE``, default 512). An entry holds the call number on
+its stream
 (``seq``, from 1), the collective, the reduce op, the algorithm and why it was chosen (auto's
 rule), count, dtype, shape, root (src/dst), a caller's label, the caller's file:line (the first
 frame outside minidist, found by walking ``sys._getframe``; for DDP's communication thread,

@@ -9,7 +9,7 @@ the job ends so that every rank's is on record). The block then adds only where 
 called the collective (the frames outside minidist), not the finding again nor the chain of
 internal errors that led to it::
 
-    [rank 0/2] ERROR minidist.comm.failure: CollectiveMismatch: all_reduce #2: ...   (logged)
+    [rank 0/2] ERROR minidist.watch.failure: CollectiveMismatch: all_reduce #2: ...   (logged)
     [rank 0/2] Traceback (the calls outside minidist; MINIDIST_DEBUG=1 shows all):
     [rank 0/2]   File "train.py", line 38, in step
     [rank 0/2]     g.all_reduce(b)
@@ -32,7 +32,7 @@ from typing import Any
 from minidist.comm.errors import CommError
 from minidist.logger import debug_level
 
-_PACKAGE = str(Path(__file__).resolve().parents[1])  # .../minidist
+_PACKAGE = str(Path(__file__).resolve().parents[2])  # .../minidist (watch/failure/report.py)
 
 
 def _outside_package(tb: Any) -> list:
