@@ -294,7 +294,7 @@ def all_reduce(array: Any, op: str | ReduceOp = "sum", algorithm: str | None = N
     queues it on the group's worker and returns a :class:`Work` at once (comm/work.py); do not
     touch ``array`` until ``work.wait()`` returns.
     """
-    g = group if group is not None else get_default_group()
+    g = group if group is not None else _group or get_default_group()
     if not async_op:  # the common case, called straight (every gradient bucket comes here)
         return g.all_reduce(array, op, algorithm, label=label)
     return _run(g, "all_reduce", lambda: g.all_reduce(array, op, algorithm, label=label), array,

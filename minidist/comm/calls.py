@@ -39,7 +39,7 @@ import numpy as np
 
 from minidist.comm.errors import CommError
 from minidist.comm.ops import SUPPORTED_DTYPES, ReduceOp
-from minidist.comm.transports.base import STREAM_BITS, fingerprint_mask
+from minidist.comm.transports.base import MAX_STREAMS, STREAM_BITS, fingerprint_mask
 
 # Small stable codes (the same in every process: Python's str hash is salted per process, int
 # and tuple-of-int hashes are not).
@@ -174,10 +174,11 @@ class Calls:
     def __init__(self, max_tag: int,
                  diagnose: Callable[[Call, BaseException], BaseException] | None = None) -> None:
         self.max_tag = int(max_tag)
+        self._mask = _MASKS[self.max_tag]  # the fingerprint bits that fit in a tag
         self.diagnose = diagnose  # the group's failure policy: the error to raise instead
         self.observers: tuple = ()
         self._ends: tuple = ()  # the observers' ``end`` methods, bound once
-        self._seq: dict[int, int] = {}  # stream -> calls so far
+        self._seq = [0] * MAX_STREAMS  # stream -> calls so far
 
     def add(self, observer: CollectiveObserver) -> None:
         """Register ``observer``: it sees every call from the next one on."""
@@ -191,7 +192,7 @@ class Calls:
 
     def counts(self) -> dict[int, int]:
         """``{stream: calls so far}``."""
-        return dict(self._seq)
+        return {stream: n for stream, n in enumerate(self._seq) if n}
 
     def begin(self, spec: CallSpec, stream: int, shape: Any = None,
               label: str | None = None) -> Call:
@@ -200,9 +201,12 @@ class Calls:
         Raises:
             CommError: an observer's check failed (as ``failed`` turns it).
         """
-        seq = self._seq.get(stream, 0) + 1
+        seq = self._seq[stream] + 1
         self._seq[stream] = seq
-        tag = wire_tag(stream, hash((seq, spec.signature, label_code(label))), self.max_tag)
+        # wire_tag(stream, fingerprint, max_tag), its formula inline (begin runs every call;
+        # tests/algorithms/test_ledger.py holds the two equal)
+        fp = hash((seq, spec.signature, label_code(label)))
+        tag = stream | ((fp & self._mask) or 1) << STREAM_BITS
         call = Call(spec, stream, seq, tag, shape, label)
         for observer in self.observers:
             try:
@@ -228,14 +232,13 @@ class Calls:
         """Calls in the block are seen by no observer and leave the call numbers as they
         were (a calibration's measurements: every rank makes the same calls, so the tags
         still agree). Every rank must use it alike."""
-        observers, ends, counts = self.observers, self._ends, dict(self._seq)
+        observers, ends, counts = self.observers, self._ends, list(self._seq)
         self.observers, self._ends = (), ()
         try:
             yield
         finally:
             self.observers, self._ends = observers, ends
-            self._seq.clear()
-            self._seq.update(counts)
+            self._seq[:] = counts
 
 
 __all__ = ["Call", "CallSpec", "Calls", "CollectiveObserver", "call_spec", "fingerprint",

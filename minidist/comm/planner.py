@@ -14,8 +14,8 @@ An explicit algorithm runs as asked. "auto" is the ``chooser``'s question::
     the auto wing     minidist/auto/choice.py: rules, the alpha-beta model, the calibration
                       (it replaces ``planner.chooser`` when a group is made)
 
-Two more seams, both empty in the spine: ``shared`` (an object with ``owns(flat)``: the
-fast-path wing's shared-memory windows, where "auto" may reduce a buffer in place) and
+Two more seams, both empty in the spine: ``shared_bases`` (the ids of the arrays that back
+the fast-path wing's shared-memory windows, where "auto" may reduce a buffer in place) and
 ``STAGERS`` (device buffers a transport cannot read, run through host memory). A training loop
 repeats a few shapes, so plans are memoized per (algorithm, bytes, dtype, op, shared window?,
 stream 0?, array type) and expire when the chooser's rules change (``forget_plans``).
@@ -123,15 +123,15 @@ class Planner:
 
     Attributes:
         chooser: what "auto" runs (``TextbookChoice``; the auto wing sets its own).
-        shared: an object whose ``owns(flat)`` says a buffer lies in a shared window "auto"
-            may reduce in place (the fast-path wing's), or None.
+        shared_bases: ``id`` of each array backing a shared window "auto" may reduce in
+            place (the fast-path wing's live set; empty: none).
     """
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
         self.size = transport.size
         self.chooser: Any = TextbookChoice()
-        self.shared: Any = None
+        self.shared_bases: Any = frozenset()
         self._plans: dict = {}
 
     def use_chooser(self, chooser: Any) -> None:
@@ -145,7 +145,7 @@ class Planner:
 
     def is_shared(self, flat: Any, tag: int = 0) -> bool:
         """True when ``flat`` lies in a shared window "auto" may reduce in place (stream 0)."""
-        return self.shared is not None and not tag and self.shared.owns(flat)
+        return not tag and id(flat.base) in self.shared_bases
 
     def plan(self, algorithm: str, flat: Any, op: ReduceOp, tag: int = 0) -> Plan:
         """The Plan of an all-reduce of ``flat`` (1-D) on stream ``tag`` (memoized).
@@ -154,14 +154,16 @@ class Planner:
             ValueError: unknown ``algorithm``, or one that cannot run on this transport at all
                 (its entry's ``check``; nothing was sent).
         """
-        shared = algorithm == "auto" and self.is_shared(flat, tag)  # (matters to auto only)
+        bases = self.shared_bases  # is_shared, inline (it matters to "auto" only)
+        shared = algorithm == "auto" and not tag and bool(bases) and id(flat.base) in bases
         key = (algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag, type(flat))
-        plan = self._plans.get(key)
-        if plan is None:
+        try:
+            return self._plans[key]
+        except KeyError:
             plan = self._make(algorithm, flat, op, shared, tag)
-            if len(self._plans) >= MAX_PLANS:
-                self._plans.clear()
-            self._plans[key] = plan
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        self._plans[key] = plan
         return plan
 
     def _make(self, algorithm: str, flat: Any, op: ReduceOp, shared: bool, tag: int) -> Plan:

@@ -32,6 +32,8 @@ def all_reduce(tensor: Any, op: Any = "sum", algorithm: str | None = None, group
                label: str | None = None, async_op: bool = False) -> Any:
     """``comm.all_reduce`` on a Tensor or array (in place), with comm's argument order:
     ``algorithm`` comes third, so pass torch's ``group`` and ``async_op`` by keyword."""
+    if type(tensor) is not Tensor and not async_op:  # an array: comm's call, as it is
+        return comm.all_reduce(tensor, op, algorithm, group, label)
     return _same(tensor, comm.all_reduce(_array(tensor), op, algorithm, group, label,
                                          async_op=async_op))
 

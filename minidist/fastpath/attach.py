@@ -58,7 +58,7 @@ class FastPathExtension:
         if group.topology.is_single_node() and shm_available(group.transport):  # collective
             node = shm_node(group.transport)
             group.shared_memory = SharedMemory(group.transport, node)
-            group.planner.shared = node  # its owns(flat): may "auto" reduce it in place?
+            group.planner.shared_bases = node.owners  # may "auto" reduce a buffer in place?
 
     def farewell(self) -> None:
         """Nothing to compare."""

@@ -146,8 +146,9 @@ class ShmNode:
         self.user_windows: list[SharedWindow] = []  # alloc / release keep ``owners`` in step
         # ids of the arrays that own my slots of ``user_windows``: what ``arr.base`` is for any
         # view of a ``shm_alloc_buffer`` array (NumPy collapses view chains); the windows hold
-        # those arrays, so the ids stay unique while listed
-        self.owners: frozenset = frozenset()
+        # those arrays, so the ids stay unique while listed. One set, changed in place: the
+        # planner holds it (``shared_bases``) to ask, with no call, whether a buffer is shared
+        self.owners: set[int] = set()
         self.extra: dict[str, Any] = {}  # per-algorithm persistent state (scratch windows)
 
     def arrive(self, what: str) -> None:
@@ -246,7 +247,7 @@ class ShmNode:
         """A new shared window of ``nbytes`` per rank (collective), kept until ``free``."""
         w = SharedWindow(self.comm, nbytes, self.arrive)
         self.user_windows.append(w)
-        self.owners = self.owners | {id(w.slots[self.rank].base)}
+        self.owners.add(id(w.slots[self.rank].base))
         return w
 
     def release(self, w: SharedWindow) -> None:
@@ -255,7 +256,7 @@ class ShmNode:
         if w not in self.user_windows:
             return
         self.user_windows.remove(w)
-        self.owners = self.owners - {id(w.slots[self.rank].base)}
+        self.owners.discard(id(w.slots[self.rank].base))
         w.free()
 
     def free(self) -> None:
@@ -263,7 +264,8 @@ class ShmNode:
         owned = [v for v in self.extra.values() if callable(getattr(v, "free", None))]
         for w in self.user_windows + owned + [self.control]:
             w.free()
-        self.user_windows, self.owners, self.extra = [], frozenset(), {}
+        self.user_windows, self.extra = [], {}
+        self.owners.clear()
         self.comm.Free()
 
 

@@ -139,6 +139,20 @@ def test_wire_tags_keep_the_stream_and_fit_the_tag_space():
     assert not has_fingerprint(7)
 
 
+def test_a_call_is_tagged_by_wire_tag_exactly():
+    # Calls.begin writes wire_tag's formula inline (it runs every call): the two stay equal
+    from minidist.comm.calls import label_code
+    for max_tag in (536870911, 32767, 2 ** 31 - 1):
+        calls = Calls(max_tag)
+        for stream in (0, 1, 7, 1023):
+            for label in (None, "bucket=3", "iteration 41"):
+                spec = call_spec("all_reduce", "all_reduce", stream + 5, np.dtype(np.float32),
+                                 ReduceOp.SUM, -1, "ring")
+                call = calls.begin(spec, stream, None, label)
+                fp = hash((call.seq, spec.signature, label_code(label)))
+                assert call.tag == wire_tag(stream, fp, max_tag), (max_tag, stream, label)
+
+
 def test_messages_of_different_calls_carry_different_tags():
     world = ThreadWorld(2, timeout_s=20)
 

@@ -97,6 +97,9 @@ _RUNNING = CallStatus.RUNNING
 # -- labels and call sites -------------------------------------------------------------------
 _LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("minidist_label",
                                                                      default=None)
+# ledger_label blocks open in any thread: while none is, ``start`` does not read _LABEL
+_LABELS_OPEN = 0
+_LABELS_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -109,11 +112,16 @@ def ledger_label(text: str) -> Iterator[None]:
     Nested labels join with ``/`` ("step=7/bucket=3"). DDP-style callers use it around a
     bucket's reduction; an explicit ``label=`` argument of ``all_reduce`` wins over it.
     """
+    global _LABELS_OPEN
     outer = _LABEL.get()
     token = _LABEL.set(text if outer is None else f"{outer}/{text}")
+    with _LABELS_LOCK:
+        _LABELS_OPEN += 1
     try:
         yield
     finally:
+        with _LABELS_LOCK:
+            _LABELS_OPEN -= 1
         _LABEL.reset(token)
 
 
@@ -121,6 +129,21 @@ _PACKAGE_DIR = str(Path(os.path.abspath(__file__)).parents[2]) + os.sep  # minid
 # Frames that are not the caller: minidist's own, and contextlib's (``group.observed``).
 _INSIDE = (_PACKAGE_DIR, contextlib.__file__)
 _THREADING_FILE = threading.__file__
+# Code objects met in the walk, by side: after the first call from a site the walk runs no
+# Python call at all (a set lookup per frame)
+_OURS: set = set()
+_THEIRS: set = set()
+_MAX_CODES = 1 << 14  # code made by exec/eval could grow the sets without end: start over
+
+
+def inside(code: Any) -> bool:
+    """True for a frame of minidist (or contextlib), remembering the answer per code object."""
+    if len(_OURS) + len(_THEIRS) > _MAX_CODES:
+        _OURS.clear()
+        _THEIRS.clear()
+    ours = code.co_filename.startswith(_INSIDE)
+    (_OURS if ours else _THEIRS).add(code)
+    return ours
 
 
 def line_of(code: Any, lasti: int) -> int:
@@ -239,11 +262,13 @@ class Ledger:
         # frame 1 is Calls.begin (skipped without building its frame object), 2 the collective:
         # start at the collective's caller, or the collective when begin ran at a top level
         f = sys._getframe(2).f_back or sys._getframe(2)
-        while (f.f_code.co_filename.startswith(_INSIDE)  # minidist's (or contextlib's) frame
+        # a frame of minidist (or contextlib): known by its code, or seen the first time
+        while ((f.f_code in _OURS or f.f_code not in _THEIRS and inside(f.f_code))
                and f.f_back is not None and f.f_back.f_code.co_filename != _THREADING_FILE):
             f = f.f_back
         call.site = (f.f_code, f.f_lasti)
-        call.label = call.label or _LABEL.get()
+        if _LABELS_OPEN and call.label is None:  # a ledger_label block is open somewhere
+            call.label = _LABEL.get()
         call.t0 = perf_counter()
         self._rows.append(call)
 

@@ -1,0 +1,114 @@
+"""How many Python-level calls one small ``md.all_reduce`` makes: the library's cost per call.
+
+    .venv/bin/python benchmarks/call_count.py                 # driver: launches n=2 itself
+    .venv/bin/python benchmarks/call_count.py --bytes 1024 --calls 2000
+
+What it counts: ``cProfile`` over ``--calls`` calls of ``md.all_reduce`` on a float32 buffer of
+``--bytes`` bytes, the default group over MPI at n=2 (``mpiexec -n 2`` from the venv), with the
+defaults (ledger on, ``algorithm="auto"``), after 200 warm-up calls. Every function call counts,
+Python's and C's (``hash``, ``perf_counter``, a ``deque.append``), as cProfile sees them.
+
+A wait for the peer is not the library's path but the machine's load: on a busy machine a
+rank spins in the deadline-bounded wait (``wait_until``: ``Test``, yield, the poll hook), and
+those calls grow with the load. They are printed apart ("waiting"), and the count that matters
+is the rest ("per call"). Rank 0 prints the table: per function, calls per all_reduce.
+
+Output: a table on stdout and ``call_count.json`` in ``--out`` (default runs/bench/,
+git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# the functions of a wait for the peer (their calls measure the load, not the path)
+WAITING = ("wait_until", "_wait", "sched_yield", "monotonic", "poll", "_poll", "sleep")
+
+
+def label(key: tuple) -> str:
+    """``file:line(function)`` of a cProfile key, with the repository's path left out."""
+    path, line, name = key
+    path = path.replace(str(REPO) + os.sep, "")
+    return f"{path}:{line}({name})" if line else name
+
+
+def profile(nbytes: int, calls: int) -> dict:
+    """This rank's counts (run under mpiexec)."""
+    import numpy as np
+
+    import minidist as md
+
+    md.init_process_group()
+    x = np.ones(max(1, nbytes // 4), np.float32)
+    for _ in range(200):
+        md.all_reduce(x)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        md.all_reduce(x)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    # a wait's functions, and every function called only from inside a wait
+    wait_keys = {k for k in stats if k[2].rsplit(".", 1)[-1].rstrip(">") in WAITING}
+    grew = True
+    while grew:
+        before = len(wait_keys)
+        wait_keys |= {k for k, v in stats.items() if v[4] and set(v[4]) <= wait_keys}
+        grew = len(wait_keys) > before
+    path: dict[str, float] = {}
+    waiting: dict[str, float] = {}
+    for key, v in stats.items():
+        if "disable" not in key[2]:
+            (waiting if key in wait_keys else path)[label(key)] = v[1] / calls
+    algorithm = md.comm.get_default_group().plan_all_reduce(x).algorithm
+    out = {"rank": md.get_rank(), "world_size": md.get_world_size(), "nbytes": x.nbytes,
+           "calls": calls, "algorithm": algorithm, "per_call": round(sum(path.values()), 3),
+           "waiting": round(sum(waiting.values()), 3), "functions": path}
+    md.destroy_process_group()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bytes", type=int, default=8, help="buffer size (default 8)")
+    p.add_argument("--calls", type=int, default=1000, help="profiled calls (default 1000)")
+    p.add_argument("--out", default=str(REPO / "runs" / "bench"), help="where the JSON goes")
+    p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)  # under mpiexec
+    args = p.parse_args()
+    if args.rank:
+        result = profile(args.bytes, args.calls)
+        if result["rank"] == 0:
+            print("RESULT " + json.dumps(result), flush=True)
+        return
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    job = subprocess.run([str(mpiexec), "-n", "2", sys.executable, __file__, "--rank",
+                          "--bytes", str(args.bytes), "--calls", str(args.calls)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    lines = [ln for ln in job.stdout.splitlines() if ln.startswith("RESULT ")]
+    if job.returncode != 0 or not lines:
+        sys.exit(f"the profiled job failed ({job.returncode}):\n{job.stderr[-3000:]}")
+    result = json.loads(lines[0][len("RESULT "):])
+    print(f"# md.all_reduce of {result['nbytes']} B at n={result['world_size']} over MPI "
+          f"(ran {result['algorithm']!r}), cProfile over {result['calls']} calls, rank 0")
+    print(f"# per call: {result['per_call']:.1f} calls; waiting for the peer: "
+          f"{result['waiting']:.1f} more (the machine's load)")
+    for name, n in sorted(result["functions"].items(), key=lambda kv: (-kv[1], kv[0])):
+        print(f"{n:8.2f}  {name}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "call_count.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"# wrote {out / 'call_count.json'}")
+
+
+if __name__ == "__main__":
+    main()
