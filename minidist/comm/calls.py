@@ -29,6 +29,7 @@ With no observer, a call costs its number and its tag.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -39,7 +40,7 @@ import numpy as np
 
 from minidist.comm.errors import CommError
 from minidist.comm.ops import SUPPORTED_DTYPES, ReduceOp
-from minidist.comm.transports.base import MAX_STREAMS, STREAM_BITS, fingerprint_mask
+from minidist.comm.transports.base import STREAM_BITS, fingerprint_mask
 
 # Small stable codes (the same in every process: Python's str hash is salted per process, int
 # and tuple-of-int hashes are not).
@@ -178,7 +179,8 @@ class Calls:
         self.diagnose = diagnose  # the group's failure policy: the error to raise instead
         self.observers: tuple = ()
         self._ends: tuple = ()  # the observers' ``end`` methods, bound once
-        self._seq = [0] * MAX_STREAMS  # stream -> calls so far
+        self._seq: collections.defaultdict[int, int] = collections.defaultdict(int)  # stream
+        # -> calls so far (a defaultdict: a stream's first call finds 0, no .get per call)
 
     def add(self, observer: CollectiveObserver) -> None:
         """Register ``observer``: it sees every call from the next one on."""
@@ -192,7 +194,7 @@ class Calls:
 
     def counts(self) -> dict[int, int]:
         """``{stream: calls so far}``."""
-        return {stream: n for stream, n in enumerate(self._seq) if n}
+        return dict(self._seq)
 
     def begin(self, spec: CallSpec, stream: int, shape: Any = None,
               label: str | None = None) -> Call:
@@ -232,13 +234,14 @@ class Calls:
         """Calls in the block are seen by no observer and leave the call numbers as they
         were (a calibration's measurements: every rank makes the same calls, so the tags
         still agree). Every rank must use it alike."""
-        observers, ends, counts = self.observers, self._ends, list(self._seq)
+        observers, ends, counts = self.observers, self._ends, dict(self._seq)
         self.observers, self._ends = (), ()
         try:
             yield
         finally:
             self.observers, self._ends = observers, ends
-            self._seq[:] = counts
+            self._seq.clear()
+            self._seq.update(counts)
 
 
 __all__ = ["Call", "CallSpec", "Calls", "CollectiveObserver", "call_spec", "fingerprint",
