@@ -45,7 +45,7 @@ from minidist.envvars import env
 WINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "watch": (("minidist.watch",), ()),
     "fastpath": (("minidist.fastpath",), ()),
-    "tcp": (("minidist.tcp", "minidist.launch"), ("watch",)),
+    "tcp": (("minidist.tcp", "minidist.launch"), ()),
     "auto": (("minidist.auto", "minidist.tune"), ("fastpath",)),
     "amp": (("minidist.amp",), ()),
     "training": (("minidist.trainer", "minidist.checkpoint"), ("amp",)),

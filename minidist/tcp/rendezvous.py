@@ -47,14 +47,12 @@ import threading
 import time
 from typing import Any
 
+from minidist.comm import waits
 from minidist.comm.errors import CommError, CommTimeout
-from minidist.watch.failure.policy import FailurePolicy
-from minidist.watch.failure.waiting import notice_text
 from minidist.envvars import env
 from minidist.logger import get_logger
 
 log = get_logger("minidist.tcp.transport")  # one logger name for the TCP transport
-WAIT_NOTICE_S = FailurePolicy.wait_notice_s  # a long rendezvous says whom it waits for
 
 _LEN = struct.Struct("<I")      # length prefix of the JSON rendezvous messages
 MAX_JSON_BYTES = 1 << 20        # a rendezvous message (the address table of ~10^4 ranks)
@@ -235,12 +233,14 @@ class Mesh:
         long it may; returns how long the caller may block before it should call again."""
         started = self._started if started is None else started
         waited = time.monotonic() - started
-        if self._said_waiting or WAIT_NOTICE_S <= 0:
+        notice = waits.NOTICE  # a long rendezvous says whom it waits for (the watch wing's)
+        if self._said_waiting or notice is None or notice[0] <= 0:
             return left
-        if waited < WAIT_NOTICE_S:
-            return min(left, WAIT_NOTICE_S - waited + 0.01)
+        after_s, text = notice
+        if waited < after_s:
+            return min(left, after_s - waited + 0.01)
         self._said_waiting = True
-        log.warning("%s", notice_text("rendezvous", waited, who(), float(self.timeout_s)))
+        log.warning("%s", text("rendezvous", waited, who(), float(self.timeout_s)))
         return left
 
     def _listen_host(self, default: str) -> str:

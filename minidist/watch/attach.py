@@ -15,6 +15,7 @@
                        one line; Ctrl-C or an uncaught error ends every rank; a rank leaving
                        through exit tells its peers
     comm's names       minidist.comm.ledger_label, Ledger, LedgerEntry, CallStatus
+    long waits         comm/waits.py NOTICE: what the TCP rendezvous says when it waits long
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from minidist.comm import api
 from minidist.comm import group as group_module
+from minidist.comm import waits
 from minidist.logger import debug_level, get_logger
 from minidist.watch.diagnosis.consistency import ConsistencyCheck
 from minidist.watch.diagnosis.debug_log import DebugLog
@@ -32,6 +34,7 @@ from minidist.watch.diagnosis.ledger import (CallStatus, Ledger, LedgerEntry, du
 from minidist.watch.failure import interrupts, leaving, report, startup
 from minidist.watch.failure.exchange import farewell, on_failure, poll
 from minidist.watch.failure.policy import FailurePolicy
+from minidist.watch.failure.waiting import notice_text
 
 log = get_logger("minidist.comm.group")  # the logger these lines always came from
 
@@ -125,6 +128,7 @@ def attach() -> None:
     _ATTACHED = True
     group_module.GROUP_EXTENSIONS.append(WatchExtension)
     api.JOB_HOOKS.append(WatchJob())
+    waits.NOTICE = (FailurePolicy.wait_notice_s, notice_text)  # a long rendezvous says so
     from minidist import comm
     for name, value in (("ledger_label", ledger_label), ("Ledger", Ledger),
                         ("LedgerEntry", LedgerEntry), ("CallStatus", CallStatus)):

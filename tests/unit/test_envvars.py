@@ -150,6 +150,6 @@ def test_wings_parse_to_the_wings_asked_for_with_those_they_need():
     assert wings.enabled({}) == list(wings.WINGS)
     assert wings.enabled({"MINIDIST_WINGS": "none"}) == []
     assert wings.enabled({"MINIDIST_WINGS": "auto"}) == ["fastpath", "auto"]
-    assert wings.enabled({"MINIDIST_WINGS": " TCP , tcp"}) == ["watch", "tcp"]
+    assert wings.enabled({"MINIDIST_WINGS": " TCP , tcp"}) == ["tcp"]
     with pytest.raises(ValueError, match="fastpth is not a wing; use all, none, or names"):
         wings.enabled({"MINIDIST_WINGS": "fastpth"})
