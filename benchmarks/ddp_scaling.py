@@ -86,7 +86,7 @@ from minidist.fastpath.shm import shm_is_shared  # noqa: E402
 from minidist.ddp import DistributedDataParallel, auto_overlap  # noqa: E402
 from minidist.ddp.hooks import (allreduce_hook, avg_allreduce_hook,  # noqa: E402
                                 prescaled_allreduce_hook)
-from minidist.ddp.grad_checks import all_finite_fast  # noqa: E402
+from minidist.watch.nonfinite import all_finite_fast  # noqa: E402
 from minidist.tensor import Tensor  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))

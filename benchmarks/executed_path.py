@@ -50,7 +50,7 @@ from _common import LOCAL_RESULTS, mpiexec_path, shown  # noqa: E402
 TARGETS = {"lines": 280, "files": 14, "instrumentation_pct": 5.0}
 # Modules that observe the core rather than being it (a path part or a module stem).
 INSTRUMENTATION_PARTS = {"diagnosis"}
-INSTRUMENTATION_STEMS = {"trace", "tracing", "timeline", "grad_checks", "preflight", "report", "log",
+INSTRUMENTATION_STEMS = {"trace", "tracing", "timeline", "nonfinite", "preflight", "report", "log",
                          "logger"}
 WARMUP_STEPS = 3
 TRACED_STEPS = 5

@@ -6,8 +6,8 @@ when it loads, at the end of this file; ``MINIDIST_WINGS=none`` leaves them all 
 Layers, bottom up (each imports only from the ones below it; tests/test_layers.py holds this
 order as ``LAYERS`` and checks this line against it; docs/layout.md draws it): envvars,
 user_cache -> xp, logger, version, tracing, backends, wings -> tensor, cuda, kernels -> nn,
-optim, comm, accelerator, utils -> watch -> fastpath, tcp -> auto -> data, viz, tune -> amp ->
-ddp -> checkpoint -> trainer -> launch, multiprocessing, testing, distributed.
+optim, comm, accelerator, utils -> fastpath, tcp -> auto -> data, viz, tune -> amp -> ddp ->
+watch -> checkpoint -> trainer -> launch, multiprocessing, testing, distributed.
 """
 
 import sys as _sys

@@ -51,7 +51,8 @@ from minidist.checkpoint import checkpoint_path, save_checkpoint
 from minidist.checkpoint.resume import (agree_on_checkpoint, check_writable,
                                         no_checkpoint_error, refuse_used_folder, restore)
 from minidist.data import DataLoader, DistributedSampler, random_split
-from minidist.ddp import DistributedDataParallel, check_manifest
+from minidist.ddp import DistributedDataParallel
+from minidist.watch.preflight import check_manifest
 from minidist.kernels import jit_cache
 from minidist.logger import get_logger, rank_prefix
 from minidist.optim import LinearWarmup, WarmupCosine

@@ -48,7 +48,7 @@ WINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "tcp": (("minidist.tcp", "minidist.launch"), ()),
     "auto": (("minidist.auto", "minidist.tune"), ("fastpath",)),
     "amp": (("minidist.amp",), ()),
-    "training": (("minidist.trainer", "minidist.checkpoint"), ("amp",)),
+    "training": (("minidist.trainer", "minidist.checkpoint"), ("amp", "watch")),
     "memory": (("minidist.utils",), ()),
     "torch": (("minidist.distributed", "minidist.backends", "minidist.multiprocessing"), ()),
     "tools": (("minidist.testing", "minidist.viz"), ("auto",)),

@@ -11,7 +11,7 @@ Where each earlier step lives in the library:
     step 4    minidist/ddp/bucket.py: plan_buckets (reverse order, 1 MiB first bucket, 25 MiB cap)
     step 5    minidist/ddp/reducer.py: post-accumulate-grad hooks, the comm thread, the wait
     and what the course skipped: grads as views INTO the bucket (no copy in or out), a
-    pre-flight check that every rank built the same model (ddp/preflight.py), no_sync().
+    pre-flight check that every rank built the same model (watch/preflight.py), no_sync().
 
 This script trains a few steps with DDP and with step 3's NaiveDataParallel and checks the
 parameters agree. ``--threads N`` runs the same code over the threads transport: each thread

@@ -20,7 +20,6 @@ from minidist.ddp.ddp import DistributedDataParallel, auto_overlap
 from minidist.ddp.hooks import (GradBucket, PowerSGDState, allreduce_hook, avg_allreduce_hook,
                                 fp16_compress_hook, powersgd_hook, prescaled_allreduce_hook)
 from minidist.ddp.naive import NaiveDataParallel
-from minidist.ddp.preflight import PreflightError, check_manifest
 from minidist.ddp.reducer import Reducer
 from minidist.ddp.sync_batchnorm import SyncBatchNorm
 from minidist.ddp.zero import ZeroRedundancyOptimizer
@@ -29,6 +28,5 @@ __all__ = ["DistributedDataParallel", "NaiveDataParallel", "Reducer", "Bucket", 
            "ParamMeta", "plan_buckets", "DEFAULT_BUCKET_CAP_BYTES", "DEFAULT_FIRST_BUCKET_BYTES",
            "GradBucket", "PowerSGDState", "allreduce_hook", "avg_allreduce_hook",
            "fp16_compress_hook",
-           "powersgd_hook", "prescaled_allreduce_hook", "hooks", "auto_overlap", "PreflightError",
-           "check_manifest",
+           "powersgd_hook", "prescaled_allreduce_hook", "hooks", "auto_overlap",
            "ZeroRedundancyOptimizer", "SyncBatchNorm"]

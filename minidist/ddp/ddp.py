@@ -20,9 +20,11 @@
 What construction does (every rank, same order)::
 
     1. plan buckets over the parameters in REVERSE order (bucket.py: 1 MiB first, 25 MiB cap)
-    2. pre-flight check (preflight.py): one all_gather_object of every rank's run manifest
-       (library versions, parameters, bucket plan, all-reduce table); any difference raises
-       the same PreflightError on every rank, naming the field and the ranks, not a hang
+    2. the extensions' ``planned`` (``DDP_EXTENSIONS``; nothing is allocated or sent before
+       it): the watch wing's pre-flight check (minidist/watch/preflight.py), one
+       all_gather_object of every rank's run manifest (library versions, parameters, bucket
+       plan, all-reduce table); any difference raises the same PreflightError on every rank,
+       naming the field and the ranks, not a hang
     3. broadcast parameters and buffers from rank 0 (one message per bucket), and the float32
        master weights of a model converted by amp.MasterWeights
     4. allocate one flat buffer per bucket (process group's alloc_buffer), make every p.grad
@@ -55,7 +57,6 @@ from minidist.ddp.hooks import averages_plainly
 from minidist.ddp.join import Join
 from minidist.ddp.options import auto_overlap, check_device_ids
 from minidist.ddp.passthrough import ModulePassThrough
-from minidist.ddp.preflight import check_manifest, run_manifest
 from minidist.ddp.grad_checks import unused_param_indices
 from minidist.ddp.observers import StepStats
 from minidist.ddp.reducer import Reducer
@@ -68,6 +69,22 @@ log = get_logger(__name__)
 
 _MiB = 1 << 20
 
+
+
+class DDPExtension:
+    """What a wing does to every DistributedDataParallel when it is built (``DDP_EXTENSIONS``):
+    each method a no-op here. The watch wing's checks that every rank built the same run
+    (minidist/watch/preflight.py)."""
+
+    def planned(self, ddp: Any, metas: list, specs: list, group: Any) -> None:
+        """The buckets are planned; nothing is allocated or sent yet. Collective: every rank
+        runs the same extensions in the same order."""
+
+    def built(self, ddp: Any) -> None:
+        """The buckets are built and each one's all-reduce algorithm is known."""
+
+
+DDP_EXTENSIONS: list[DDPExtension] = []  # a wing appends its own when it loads
 
 class DistributedDataParallel(ModulePassThrough):
     """Data-parallel wrapper: bucketed, overlapped gradient averaging (torch's API).
@@ -162,16 +179,17 @@ class DistributedDataParallel(ModulePassThrough):
         self._params = [p for _, p in named]
         metas = [ParamMeta(n, tuple(p.array.shape), str(p.array.dtype)) for n, p in named]
         specs = plan_buckets(metas, int(bucket_cap_mb * _MiB), int(first_bucket_cap_mb * _MiB))
-        self.manifest = run_manifest(self.world_size, metas, specs, self.algorithm, group)
-        if self.world_size > 1:
-            check_manifest(self.manifest, "DistributedDataParallel", self.process_group)
+        self.manifest: dict | None = None  # the run manifest (the watch wing's preflight)
+        for ext in DDP_EXTENSIONS:  # collective: every rank, the same extensions in order
+            ext.planned(self, metas, specs, group)
         xp = backend.get_array_module(self._params[0].array)
         buffers = [alloc_bucket_buffer(group, s.numel, np.dtype(s.dtype), xp) for s in specs]
         self.buckets = [Bucket(s, self._params, self._names, b, group, algorithm,
                                is_last=s.index == len(specs) - 1)
                         for s, b in zip(specs, buffers)]
         self.bucket_algorithms = self._bucket_algorithms(group)  # what each bucket runs
-        self.manifest["all-reduce"]["buckets"] = self.bucket_algorithms  # (after the check)
+        for ext in DDP_EXTENSIONS:
+            ext.built(self)
         if broadcast_parameters and self.world_size > 1:
             self._broadcast_state()
         self._buffer_packs = pack_buffers(self.module) if broadcast_buffers and \

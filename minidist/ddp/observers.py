@@ -13,7 +13,7 @@ an observer, registered by the feature that needs it, and called at four events:
 An observer overrides only the events it needs; the Reducer calls only those (an event no
 observer wants costs one empty loop). Registered here:
 
-    grad_checks.NonfiniteCheck   nonfinite_grads="warn"|"raise" (default "warn")
+    NonfiniteCheck (watch wing)  nonfinite_grads="warn"|"raise" (default "warn")
     AmpUnscale                   a GradScaler scaled this step's loss (amp.add_scale_listener)
     timeline.StepTrace           MINIDIST_TRACE: the step timeline (minidist/tracing.py)
     StepStats                    DistributedDataParallel.last_step_stats, once read

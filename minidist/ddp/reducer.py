@@ -59,8 +59,7 @@ from minidist.optim.grad_scaling import add_scale_listener, remove_scale_listene
 from minidist.comm.advice import failure_advice, sentence
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.comm_thread import CommThread
-from minidist.ddp.grad_checks import (NONFINITE_POLICIES, NonfiniteCheck, bypassed_error,
-                                      missing_gradients_error)
+from minidist.ddp.grad_checks import NONFINITE_POLICIES, bypassed_error, missing_gradients_error
 from minidist.ddp.hooks import avg_allreduce_hook
 from minidist.ddp.observers import EVENTS, AmpUnscale, ReducerObserver, overridden
 from minidist.ddp.states import StepState
@@ -68,6 +67,10 @@ from minidist.logger import get_logger, rank_prefix
 from minidist.tensor import GradDestination, queue_callback
 
 log = get_logger(__name__)
+
+# The NaN/inf check's observer, ``make(policy, rank)``: a seam the watch wing fills
+# (minidist/watch/nonfinite.py NonfiniteCheck); None: no check can run.
+NONFINITE_CHECK: Callable[[str, int], Any] | None = None
 
 
 class Reducer:
@@ -132,7 +135,8 @@ class Reducer:
         self._thread = CommThread(self._reduce_bucket, device) if overlap else None
         for b in self.buckets:
             b.attach_grads()
-        self._nonfinite: NonfiniteCheck | None = None
+        self._nonfinite: Any = None  # the NaN/inf check's observer (NONFINITE_CHECK's)
+        self._nonfinite_policy = "ignore"
         self.nonfinite_grads = nonfinite_grads
         add_scale_listener(self._use_scaler)  # a GradScaler's scale() on this thread
 
@@ -141,13 +145,19 @@ class Reducer:
     @property
     def nonfinite_grads(self) -> str:
         """The NaN/inf policy: "warn", "raise" or "ignore" (no check is registered then)."""
-        return self._nonfinite.policy if self._nonfinite is not None else "ignore"
+        return self._nonfinite_policy
 
     @nonfinite_grads.setter
     def nonfinite_grads(self, policy: str) -> None:
         if self._nonfinite is not None:
             self.remove_observer(self._nonfinite)
-        self._nonfinite = None if policy == "ignore" else NonfiniteCheck(policy, self.rank)
+        make = NONFINITE_CHECK
+        if policy == "raise" and make is None:
+            raise ValueError(f"{rank_prefix()} DistributedDataParallel: nonfinite_grads='raise' "
+                             "needs the NaN/inf check of the watch wing, which MINIDIST_WINGS "
+                             "leaves out; unset MINIDIST_WINGS or add watch to it.")
+        self._nonfinite = None if policy == "ignore" or make is None else make(policy, self.rank)
+        self._nonfinite_policy = policy if self._nonfinite is not None else "ignore"
         if self._nonfinite is not None:
             self.add_observer(self._nonfinite)
 

@@ -15,6 +15,10 @@
                        one line; Ctrl-C or an uncaught error ends every rank; a rank leaving
                        through exit tells its peers
     comm's names       minidist.comm.ledger_label, Ledger, LedgerEntry, CallStatus
+    DDP                Preflight (ddp/ddp.py DDP_EXTENSIONS): the run manifest every rank must
+                       agree on; NonfiniteCheck (ddp/reducer.py NONFINITE_CHECK): the NaN/inf
+                       check of the averaged gradients; minidist.ddp.PreflightError,
+                       check_manifest
     long waits         comm/waits.py NOTICE: what the TCP rendezvous says when it waits long
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from minidist import ddp
 from minidist.comm import api
 from minidist.comm import group as group_module
 from minidist.comm import waits
@@ -35,6 +40,8 @@ from minidist.watch.failure import interrupts, leaving, report, startup
 from minidist.watch.failure.exchange import farewell, on_failure, poll
 from minidist.watch.failure.policy import FailurePolicy
 from minidist.watch.failure.waiting import notice_text
+from minidist.watch.nonfinite import NonfiniteCheck
+from minidist.watch.preflight import PreflightError, check_manifest, run_manifest
 
 log = get_logger("minidist.comm.group")  # the logger these lines always came from
 
@@ -116,6 +123,21 @@ class WatchJob(api.JobHooks):
         leaving.uninstall()
 
 
+class Preflight(ddp.ddp.DDPExtension):
+    """Every DistributedDataParallel: the run manifest, compared across ranks before anything
+    is allocated or sent (preflight.py); a difference raises PreflightError on every rank."""
+
+    def planned(self, model: Any, metas: list, specs: list, group: Any) -> None:
+        """Build this rank's manifest and compare it with every rank's (collective)."""
+        model.manifest = run_manifest(model.world_size, metas, specs, model.algorithm, group)
+        if model.world_size > 1:
+            check_manifest(model.manifest, "DistributedDataParallel", model.process_group)
+
+    def built(self, model: Any) -> None:
+        """Record what each bucket's all-reduce runs (after the check: it plans per rank)."""
+        model.manifest["all-reduce"]["buckets"] = model.bucket_algorithms
+
+
 _ATTACHED = False
 
 
@@ -129,6 +151,12 @@ def attach() -> None:
     group_module.GROUP_EXTENSIONS.append(WatchExtension)
     api.JOB_HOOKS.append(WatchJob())
     waits.NOTICE = (FailurePolicy.wait_notice_s, notice_text)  # a long rendezvous says so
+    ddp.reducer.NONFINITE_CHECK = NonfiniteCheck  # DDP's NaN/inf check of averaged grads
+    ddp.ddp.DDP_EXTENSIONS.append(Preflight())
+    ddp_names: tuple[tuple[str, Any], ...] = (("PreflightError", PreflightError),
+                                              ("check_manifest", check_manifest))
+    for name, value in ddp_names:
+        setattr(ddp, name, value)  # their public names, minidist.ddp.PreflightError, ...
     from minidist import comm
     for name, value in (("ledger_label", ledger_label), ("Ledger", Ledger),
                         ("LedgerEntry", LedgerEntry), ("CallStatus", CallStatus)):

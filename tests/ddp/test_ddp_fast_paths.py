@@ -11,7 +11,7 @@ from minidist import comm, nn
 from minidist.comm.transports.threads import run_threads
 from minidist.ddp import DistributedDataParallel, auto_overlap
 from minidist.ddp.bucket import Bucket, ParamMeta, plan_buckets
-from minidist.ddp.grad_checks import all_finite_fast
+from minidist.watch.nonfinite import all_finite_fast
 from minidist.ddp.reducer import Reducer
 from minidist.tensor import Tensor
 

@@ -1,9 +1,9 @@
-"""The run-manifest diff (minidist/ddp/preflight.py) on hand-made manifests of several ranks."""
+"""The run-manifest diff (minidist/watch/preflight.py) on hand-made manifests of several ranks."""
 
 import doctest
 
-from minidist.ddp import preflight
-from minidist.ddp.preflight import manifest_diff
+from minidist.watch import preflight
+from minidist.watch.preflight import manifest_diff
 
 
 def test_docstring_example():
