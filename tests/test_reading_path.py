@@ -63,3 +63,36 @@ def test_the_path_is_short_and_its_modules_readable():
     big = {m: n for m in {m for m, _ in entries}
            if (n := len((REPO / m).read_text().splitlines())) > MAX_MODULE_LINES}
     assert not big, f"modules on the reading path over {MAX_MODULE_LINES} lines: {big}"
+
+
+READING_ROW = re.compile(r"^\| (\d+) \| `([\w/.]+\.py)` \| (\d+) \| (.+) \|$")
+READING_TOTAL = re.compile(r"^\| \| \*\*(\d+) files\*\* \| \*\*(\d+)\*\* \|")
+
+
+def reading_table() -> tuple[list[tuple[str, int]], tuple[int, int]]:
+    text = LAYOUT.read_text()
+    start = text.index("## Reading the spine")
+    section = text[start:text.index("\n## ", start + 1)]
+    rows = [(m.group(2), int(m.group(3))) for line in section.splitlines()
+            if (m := READING_ROW.match(line))]
+    total = next((int(m.group(1)), int(m.group(2))) for line in section.splitlines()
+                 if (m := READING_TOTAL.match(line)))
+    return rows, total
+
+
+def test_the_spine_reading_table_counts_what_is_there():
+    """Each file's line count within 10 % of the file (every line: comments and docstrings are
+    read too), the total within 5 %, every file a spine module (no wing in the reading)."""
+    from minidist.wings import is_wing_module
+    rows, (files, total) = reading_table()
+    assert len(rows) == files >= 20, rows
+    assert sum(n for _, n in rows) == total
+    actual = {}
+    for path, listed in rows:
+        file = REPO / "minidist" / path
+        assert file.is_file(), path
+        actual[path] = len(file.read_text().splitlines())
+        assert abs(actual[path] - listed) <= 0.10 * actual[path], (path, listed, actual[path])
+        module = "minidist." + path.removesuffix(".py").replace("/", ".")
+        assert is_wing_module(module) is None, f"{path} is a wing's, not the spine's"
+    assert abs(sum(actual.values()) - total) <= 0.05 * total, (total, sum(actual.values()))

@@ -20,11 +20,9 @@
 What construction does (every rank, same order)::
 
     1. plan buckets over the parameters in REVERSE order (bucket.py: 1 MiB first, 25 MiB cap)
-    2. the extensions' ``planned`` (``DDP_EXTENSIONS``; nothing is allocated or sent before
-       it): the watch wing's pre-flight check (minidist/watch/preflight.py), one
-       all_gather_object of every rank's run manifest (library versions, parameters, bucket
-       plan, all-reduce table); any difference raises the same PreflightError on every rank,
-       naming the field and the ranks, not a hang
+    2. the wings' ``planned`` (observers.py ``DDP_EXTENSIONS``; before any allocation or
+       message): the watch wing's pre-flight check (watch/preflight.py), one all_gather_object
+       of every rank's run manifest; a difference raises PreflightError on every rank
     3. broadcast parameters and buffers from rank 0 (one message per bucket), and the float32
        master weights of a model converted by amp.MasterWeights
     4. allocate one flat buffer per bucket (process group's alloc_buffer), make every p.grad
@@ -58,7 +56,7 @@ from minidist.ddp.join import Join
 from minidist.ddp.options import auto_overlap, check_device_ids
 from minidist.ddp.passthrough import ModulePassThrough
 from minidist.ddp.grad_checks import unused_param_indices
-from minidist.ddp.observers import StepStats
+from minidist.ddp.observers import DDP_EXTENSIONS, StepStats
 from minidist.ddp.reducer import Reducer
 from minidist.ddp.sync_batchnorm import SyncBatchNorm
 from minidist.ddp.timeline import StepTrace, follow_tracer
@@ -69,22 +67,6 @@ log = get_logger(__name__)
 
 _MiB = 1 << 20
 
-
-
-class DDPExtension:
-    """What a wing does to every DistributedDataParallel when it is built (``DDP_EXTENSIONS``):
-    each method a no-op here. The watch wing's checks that every rank built the same run
-    (minidist/watch/preflight.py)."""
-
-    def planned(self, ddp: Any, metas: list, specs: list, group: Any) -> None:
-        """The buckets are planned; nothing is allocated or sent yet. Collective: every rank
-        runs the same extensions in the same order."""
-
-    def built(self, ddp: Any) -> None:
-        """The buckets are built and each one's all-reduce algorithm is known."""
-
-
-DDP_EXTENSIONS: list[DDPExtension] = []  # a wing appends its own when it loads
 
 class DistributedDataParallel(ModulePassThrough):
     """Data-parallel wrapper: bucketed, overlapped gradient averaging (torch's API).

@@ -109,4 +109,21 @@ class StepStats(ReducerObserver):
         self.stats = {"wait_s": time.perf_counter() - self._last_launch, "comm_s": self._busy}
 
 
-__all__ = ["AmpUnscale", "EVENTS", "ReducerObserver", "StepStats", "overridden"]
+class DDPExtension:
+    """What a wing does to every DistributedDataParallel when it is built (``DDP_EXTENSIONS``):
+    each method a no-op here. The watch wing's checks that every rank built the same run
+    (minidist/watch/preflight.py)."""
+
+    def planned(self, ddp: Any, metas: list, specs: list, group: Any) -> None:
+        """The buckets are planned; nothing is allocated or sent yet. Collective: every rank
+        runs the same extensions in the same order."""
+
+    def built(self, ddp: Any) -> None:
+        """The buckets are built and each one's all-reduce algorithm is known."""
+
+
+DDP_EXTENSIONS: list[DDPExtension] = []  # a wing appends its own when it loads
+
+
+__all__ = ["AmpUnscale", "DDPExtension", "DDP_EXTENSIONS", "EVENTS", "ReducerObserver",
+           "StepStats", "overridden"]

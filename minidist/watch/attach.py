@@ -15,8 +15,8 @@
                        one line; Ctrl-C or an uncaught error ends every rank; a rank leaving
                        through exit tells its peers
     comm's names       minidist.comm.ledger_label, Ledger, LedgerEntry, CallStatus
-    DDP                Preflight (ddp/ddp.py DDP_EXTENSIONS): the run manifest every rank must
-                       agree on; NonfiniteCheck (ddp/reducer.py NONFINITE_CHECK): the NaN/inf
+    DDP                Preflight (ddp/observers.py DDP_EXTENSIONS): the run manifest every rank
+                       must agree on; NonfiniteCheck (ddp/reducer.py NONFINITE_CHECK): the NaN/inf
                        check of the averaged gradients; minidist.ddp.PreflightError,
                        check_manifest
     long waits         comm/waits.py NOTICE: what the TCP rendezvous says when it waits long
@@ -123,7 +123,7 @@ class WatchJob(api.JobHooks):
         leaving.uninstall()
 
 
-class Preflight(ddp.ddp.DDPExtension):
+class Preflight(ddp.observers.DDPExtension):
     """Every DistributedDataParallel: the run manifest, compared across ranks before anything
     is allocated or sent (preflight.py); a difference raises PreflightError on every rank."""
 
@@ -152,7 +152,7 @@ def attach() -> None:
     api.JOB_HOOKS.append(WatchJob())
     waits.NOTICE = (FailurePolicy.wait_notice_s, notice_text)  # a long rendezvous says so
     ddp.reducer.NONFINITE_CHECK = NonfiniteCheck  # DDP's NaN/inf check of averaged grads
-    ddp.ddp.DDP_EXTENSIONS.append(Preflight())
+    ddp.observers.DDP_EXTENSIONS.append(Preflight())
     ddp_names: tuple[tuple[str, Any], ...] = (("PreflightError", PreflightError),
                                               ("check_manifest", check_manifest))
     for name, value in ddp_names:
