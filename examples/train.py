@@ -302,7 +302,7 @@ def check_float16_path(model: nn.Module, sample: np.ndarray, device_type: str, k
 def build_optimizer(cfg: Config, model: nn.Module, ddp: DistributedDataParallel | None = None
                     ) -> optim.Optimizer:
     # fused=True: one compiled pass per tensor (same bits as the NumPy path; docs/gpu.md)
-    if cfg.zero:  # the same optimizer, its state sharded over the ranks (minidist.ddp.zero)
+    if cfg.zero:  # the same optimizer, its state sharded over the ranks (minidist.memory.zero)
         cls, kw = ((optim.AdamW, dict(weight_decay=cfg.weight_decay)) if cfg.optimizer == "adamw"
                    else (optim.SGD, dict(momentum=0.9, weight_decay=cfg.weight_decay)))
         return ZeroRedundancyOptimizer(model.parameters(), cls, ddp=ddp, lr=cfg.lr, fused=True,

@@ -7,7 +7,7 @@ Layers, bottom up (each imports only from the ones below it; tests/test_layers.p
 order as ``LAYERS`` and checks this line against it; docs/layout.md draws it): envvars,
 user_cache -> xp, logger, version, tracing, backends, wings -> tensor, cuda, kernels -> nn,
 optim, comm, accelerator, utils -> fastpath, tcp -> auto -> data, viz, tune -> amp -> ddp ->
-watch -> checkpoint -> trainer -> launch, multiprocessing, testing, distributed.
+watch, memory -> checkpoint -> trainer -> launch, multiprocessing, testing, distributed.
 """
 
 import sys as _sys
@@ -77,7 +77,7 @@ from minidist.data import DataLoader, DistributedSampler
 
 # ddp: DistributedDataParallel, comm hooks, ZeRO-1, SyncBatchNorm
 from minidist import ddp
-from minidist.ddp import DistributedDataParallel, SyncBatchNorm, ZeroRedundancyOptimizer
+from minidist.ddp import DistributedDataParallel, SyncBatchNorm
 # the array collectives, taking a Tensor too (torch's argument order; minidist/ddp/collectives.py)
 from minidist.ddp.collectives import (all_gather, all_gather_into, all_reduce, broadcast, reduce,
                                       reduce_scatter)
@@ -138,8 +138,11 @@ if "training" in _loaded:  # Trainer and atomic checkpoints (docs/trainer.md)
 
     _sys.modules["minidist.serialization"] = serialization
 
-if "memory" in _loaded:  # activation checkpointing and the memory report (docs/memory.md)
+if "memory" in _loaded:  # ZeRO-1, activation checkpointing, the memory report (docs/memory.md)
     from minidist import utils
+    from minidist.memory.zero import ZeroRedundancyOptimizer
+
+    setattr(ddp, "ZeroRedundancyOptimizer", ZeroRedundancyOptimizer)  # noqa: B010 - its path
 
     # torch.utils.data: utils sits below data, so the root names data there too, as an
     # attribute and as an importable module path (``from minidist.utils.data import ...``)

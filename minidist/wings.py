@@ -25,7 +25,8 @@ The spine never imports a wing (an import-linter contract in pyproject.toml chec
     amp       minidist.amp                     autocast, GradScaler, MasterWeights (DDP hears
                                                a scaler through optim/grad_scaling.py)
     training  minidist.trainer, .checkpoint    Trainer, History, atomic checkpoints
-    memory    minidist.utils                   activation checkpointing, the memory report
+    memory    minidist.memory, minidist.utils  ZeRO-1 (minidist.ddp.ZeroRedundancyOptimizer),
+                                               activation checkpointing, the memory report
     torch     minidist.distributed, .backends, torch's namespaces by their paths
               .multiprocessing
     tools     minidist.viz, minidist.testing   message pictures; the cluster emulator, SLURM
@@ -49,8 +50,9 @@ WINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "auto": (("minidist.auto", "minidist.tune"), ("fastpath",)),
     "amp": (("minidist.amp",), ()),
     "training": (("minidist.trainer", "minidist.checkpoint"), ("amp", "watch")),
-    "memory": (("minidist.utils",), ()),
-    "torch": (("minidist.distributed", "minidist.backends", "minidist.multiprocessing"), ()),
+    "memory": (("minidist.memory", "minidist.utils"), ()),
+    "torch": (("minidist.distributed", "minidist.backends", "minidist.multiprocessing"),
+              ("memory",)),
     "tools": (("minidist.testing", "minidist.viz"), ("auto",)),
 }
 

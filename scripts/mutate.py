@@ -138,7 +138,7 @@ MUTATIONS = [
              "rv[...] = (1 - m) * rv + m * var.astype(rv.dtype)",
              (THREAD_WITNESSES + "::test_sync_batchnorm_running_stats_match_numpy",),
              "BatchNorm's running variance takes the biased batch variance"),
-    Mutation("zero-tail-not-averaged", "minidist/ddp/zero.py",
+    Mutation("zero-tail-not-averaged", "minidist/memory/zero.py",
              "        if s.split < s.numel:\n            bucket.all_reduce",
              "        if s.split < s.numel - 1:\n            bucket.all_reduce",
              (THREAD_WITNESSES + "::test_zero_tail_matches_sgd_in_numpy",),

@@ -26,7 +26,7 @@ LAYERS = {
     "data": 5, "viz": 5, "tune": 5,
     "amp": 6,
     "ddp": 7,
-    "watch": 8,
+    "watch": 8, "memory": 8,
     "checkpoint": 9,
     "trainer": 10,
     "launch": 11, "multiprocessing": 11, "testing": 11, "distributed": 11,

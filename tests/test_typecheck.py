@@ -23,7 +23,7 @@ BASELINE = {
     "minidist.amp.grad_scaler", "minidist.amp.master_weights", "minidist.checkpoint.serialize",
     "minidist.checkpoint.store",
     "minidist.comm.env", "minidist.fastpath.shm_window", "minidist.tcp.transport",
-    "minidist.data.loader", "minidist.ddp.zero",
+    "minidist.data.loader", "minidist.memory.zero",
     "minidist.multiprocessing", "minidist.nn.conv", "minidist.nn.layers", "minidist.nn.module",
     "minidist.nn.norm", "minidist.optim.sgd", "minidist.tensor.checkpoint",
     "minidist.tensor.core", "minidist.trainer", "minidist.xp",

@@ -4,13 +4,14 @@
     model = DistributedDataParallel(model, bucket_cap_mb=25)
     model.register_comm_hook(None, hooks.fp16_compress_hook)
 
-Modules, in the order a step uses them (``naive`` is the unbucketed oracle): ``bucket`` (which grads share a flat buffer),
-``reducer`` (hooks -> ready buckets -> comm thread -> averaged grads), ``hooks`` (how one
-bucket is averaged: plain, fp16, PowerSGD), ``preflight`` (the run manifest every rank must
-agree on before step 0), ``ddp`` (the wrapper, no_sync, construction checks), ``zero``
-(ZeroRedundancyOptimizer: ZeRO-1 optimizer-state sharding over the buckets; it lives here,
-not in ``optim``, because it communicates), ``sync_batchnorm`` (SyncBatchNorm, here rather than
-in ``nn`` for the same reason; the root makes it ``minidist.nn.SyncBatchNorm``).
+Modules, in the order a step uses them (``naive`` is the unbucketed oracle): ``bucket`` (which
+grads share a flat buffer), ``reducer`` (hooks -> ready buckets -> comm thread -> averaged
+grads), ``hooks`` (how one bucket is averaged: plain, fp16, PowerSGD), ``observers`` (the
+Reducer's observers and the DDP extensions: the seams the wings use), ``ddp`` (the wrapper,
+no_sync, construction checks), ``sync_batchnorm`` (SyncBatchNorm, here rather than in ``nn``
+because it communicates; the root makes it ``minidist.nn.SyncBatchNorm``). The wings add
+``PreflightError`` and ``check_manifest`` (watch) and ``ZeroRedundancyOptimizer`` (memory) to
+this package's names when they load.
 """
 
 from minidist.ddp import hooks
@@ -22,11 +23,10 @@ from minidist.ddp.hooks import (GradBucket, PowerSGDState, allreduce_hook, avg_a
 from minidist.ddp.naive import NaiveDataParallel
 from minidist.ddp.reducer import Reducer
 from minidist.ddp.sync_batchnorm import SyncBatchNorm
-from minidist.ddp.zero import ZeroRedundancyOptimizer
 
 __all__ = ["DistributedDataParallel", "NaiveDataParallel", "Reducer", "Bucket", "BucketSpec", "BucketState",
            "ParamMeta", "plan_buckets", "DEFAULT_BUCKET_CAP_BYTES", "DEFAULT_FIRST_BUCKET_BYTES",
            "GradBucket", "PowerSGDState", "allreduce_hook", "avg_allreduce_hook",
            "fp16_compress_hook",
            "powersgd_hook", "prescaled_allreduce_hook", "hooks", "auto_overlap",
-           "ZeroRedundancyOptimizer", "SyncBatchNorm"]
+           "SyncBatchNorm"]

@@ -8,7 +8,7 @@
 Modules: ``checkpointing`` (torch.utils.checkpoint's two functions; the mechanism lives
 with the tape in ``minidist.tensor.checkpoint``), ``checkpoint`` (torch's module path for them,
 callable as the function), ``memory`` (the per-rank memory report).
-docs/memory.md explains both, with ZeRO-1 optimizer-state sharding (minidist.ddp.zero).
+docs/memory.md explains both, with ZeRO-1 optimizer-state sharding (minidist.memory.zero).
 """
 
 from minidist.utils import checkpoint  # the module, callable as the function (torch's path)
