@@ -16,7 +16,7 @@ pytestmark = pytest.mark.mpi
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_all_collectives_under_mpiexec(n):
-    result = run_mpi(n, ["tests/mpi/collectives_body.py"], timeout_s=120)
+    result = run_mpi(n, ["tests/mpi/collectives_rank.py"], timeout_s=120)
     assert result.returncode == 0, result.report()
     assert f"collectives ok at n={n}" in result.stdout
 

@@ -19,7 +19,7 @@ import pytest
 from procs import REPO, job_env, mpiexec_path, run_mpi
 
 pytestmark = pytest.mark.mpi
-BODY = REPO / "tests" / "mpi" / "shm_files_body.py"
+BODY = REPO / "tests" / "mpi" / "shm_files_rank.py"
 
 
 def _files(stdout: str) -> set[str]:

@@ -1,6 +1,6 @@
 """new_group sub-groups (2 of 4 ranks), async_op collectives and Tensor arguments on 4 ranks
-under mpiexec and over TCP (rank body: tests/mpi/subgroup_body.py); an async wait that times
-out while a peer has not joined (tests/mpi/async_timeout_body.py); new_group's argument errors
+under mpiexec and over TCP (rank body: tests/mpi/subgroup_rank.py); an async wait that times
+out while a peer has not joined (tests/mpi/async_timeout_rank.py); new_group's argument errors
 in one process."""
 
 import json
@@ -17,7 +17,7 @@ def launch(how, n, args, **kw):
 
 @pytest.mark.parametrize("how", [pytest.param("mpi", marks=pytest.mark.mpi), "tcp"])
 def test_subgroups_async_ops_and_ddp_on_a_subgroup(how):
-    job = launch(how, 4, ["tests/mpi/subgroup_body.py"], timeout_s=90)
+    job = launch(how, 4, ["tests/mpi/subgroup_rank.py"], timeout_s=90)
     assert job.returncode == 0, job.report()
     rows = json.loads(next(l for l in job.stdout.splitlines()
                            if l.startswith("RESULT "))[len("RESULT "):])
@@ -54,7 +54,7 @@ def test_new_group_checks_its_ranks_in_one_process():
 
 @pytest.mark.parametrize("how", [pytest.param("mpi", marks=pytest.mark.mpi), "tcp"])
 def test_async_wait_times_out_while_a_peer_has_not_joined(how, tmp_path):
-    job = launch(how, 2, ["tests/mpi/async_timeout_body.py", tmp_path / "joined"],
+    job = launch(how, 2, ["tests/mpi/async_timeout_rank.py", tmp_path / "joined"],
                  timeout_s=90)
     assert job.returncode == 0, job.report()
     res = json.loads(next(line for line in job.stdout.splitlines()

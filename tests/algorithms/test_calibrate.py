@@ -1,5 +1,5 @@
 """calibrate.py in one process: cache files (valid, corrupt, mismatched key), the fit, and how
-a calibration changes auto's choice. The real 2-rank run is tests/test_tune.py."""
+a calibration changes auto's choice. The real 2-rank run is tests/auto/test_tune.py."""
 
 import json
 import logging

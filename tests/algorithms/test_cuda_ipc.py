@@ -6,7 +6,7 @@ registry, as CUDA IPC handles name device allocations) to map the peers' windows
 version does. The header check, the phase flags (IN, RED, OUT), the launch plans, the copies,
 the slice reductions in rank order and the double buffering all run as on the GPU; the host
 is the stream. The kernel itself is tested under the simulator
-(tests/cuda/train_kernels_cudasim_body.py) and on a GPU by tests/cuda/test_cuda_ipc_gpu.py.
+(tests/cuda/train_kernels_cudasim_rank.py) and on a GPU by tests/cuda/test_cuda_ipc_gpu.py.
 """
 
 import time

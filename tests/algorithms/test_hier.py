@@ -1,7 +1,7 @@
 """algorithm="hier" and the Topology on thread ranks: virtual nodes of k ranks
 (``MINIDIST_RANKS_PER_NODE``), even and uneven, every dtype and op, results equal to NumPy and
 bit-identical across ranks; the byte counters; the topology's numbering.
-(Under real mpiexec: tests/test_hier_mpi.py.)"""
+(Under real mpiexec: tests/fastpath/test_hier_mpi.py.)"""
 
 import numpy as np
 import pytest

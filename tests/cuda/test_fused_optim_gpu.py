@@ -1,7 +1,7 @@
 """The fused optimizer steps on a real GPU (CuPy arrays, numba.cuda), against the host path.
 
 Skipped unless CuPy sees a GPU and numba.cuda can use it. CPU twins: tests/unit/
-test_fused_optim.py (same expectations on NumPy arrays) and train_kernels_cudasim_body.py (the
+test_fused_optim.py (same expectations on NumPy arrays) and train_kernels_cudasim_rank.py (the
 same kernels in the simulator). NVVM fuses multiply-adds, so results match the host's within
 float rounding, not bit for bit.
 """

@@ -1,4 +1,4 @@
-"""The CUDA kernels in Numba's CUDA simulator: cudasim_body.py in a process of its own.
+"""The CUDA kernels in Numba's CUDA simulator: cudasim_rank.py in a process of its own.
 
 NUMBA_ENABLE_CUDASIM is read when numba is imported, and this pytest process has imported the
 real numba already, so the simulator needs a fresh interpreter.
@@ -11,7 +11,7 @@ from procs import REPO, job_env
 
 
 def test_cuda_kernels_in_the_simulator():
-    body = REPO / "tests" / "cuda" / "cudasim_body.py"
+    body = REPO / "tests" / "cuda" / "cudasim_rank.py"
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error", str(body)],
         env=job_env({"NUMBA_ENABLE_CUDASIM": "1"}), cwd=REPO, capture_output=True, text=True,

@@ -3,7 +3,7 @@ host all-reduce of the same data. Skipped without CuPy and a GPU.
 
 CPU twin: tests/unit/test_staging.py (the same pipeline over a stand-in device whose copy
 queues run only when waited for). The DDP check (two MPI ranks sharing one GPU, device
-buckets equal the host run) is ddp_device_rank_script.py, run here under mpiexec and in CI
+buckets equal the host run) is ddp_device_rank.py, run here under mpiexec and in CI
 on the CPU.
 """
 
@@ -57,7 +57,7 @@ def test_group_all_reduce_of_device_buffers_is_staged(cp):
 def test_ddp_on_device_equals_host_two_mpi_ranks_one_gpu(cp):
     from procs import REPO, run_mpi
 
-    res = run_mpi(2, [REPO / "tests" / "cuda" / "ddp_device_rank_script.py", "cuda"],
+    res = run_mpi(2, [REPO / "tests" / "cuda" / "ddp_device_rank.py", "cuda"],
                   timeout_s=240)
     assert res.returncode == 0, res.report()
     assert res.stdout.count("ddp device == host ok") == 2, res.report()

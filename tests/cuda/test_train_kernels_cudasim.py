@@ -8,7 +8,7 @@ from procs import REPO, job_env
 
 
 def test_training_kernels_in_the_simulator():
-    body = REPO / "tests" / "cuda" / "train_kernels_cudasim_body.py"
+    body = REPO / "tests" / "cuda" / "train_kernels_cudasim_rank.py"
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error", str(body)],
         env=job_env({"NUMBA_ENABLE_CUDASIM": "1"}), cwd=REPO, capture_output=True, text=True,

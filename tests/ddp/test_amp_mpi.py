@@ -1,4 +1,4 @@
-"""Mixed precision under real mpiexec (n=2): the bodies are in amp_rank_checks.py, one launch
+"""Mixed precision under real mpiexec (n=2): the bodies are in amp_rank.py, one launch
 for every check; rank 0 prints a JSON summary, checked here."""
 
 import json
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.mpi
 
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory):
-    job = run_mpi(2, ["tests/ddp/amp_rank_checks.py", tmp_path_factory.mktemp("amp")],
+    job = run_mpi(2, ["tests/ddp/amp_rank.py", tmp_path_factory.mktemp("amp")],
                   timeout_s=180)
     assert job.returncode == 0, job.report()
     res = json.loads(next(l for l in job.stdout.splitlines()

@@ -1,5 +1,5 @@
 """DDP broadcast_buffers=True keeps BatchNorm running statistics identical across ranks, with
-torch's rule for when (rank body: buffers_rank_script.py)."""
+torch's rule for when (rank body: buffers_rank.py)."""
 
 import json
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.mpi
 
 @pytest.fixture(scope="module")
 def res():
-    job = run_mpi(2, ["tests/ddp/buffers_rank_script.py"], timeout_s=90)
+    job = run_mpi(2, ["tests/ddp/buffers_rank.py"], timeout_s=90)
     assert job.returncode == 0, job.report()
     return json.loads(next(l for l in job.stdout.splitlines()
                            if l.startswith("RESULT "))[len("RESULT "):])

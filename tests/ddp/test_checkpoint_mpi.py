@@ -1,6 +1,6 @@
 """Checkpoint outcomes under mpiexec: a refused (non-finite) save raises the same error on every
 rank (also with per-rank files), and resume skips a damaged newest checkpoint identically on
-every rank. The bodies are in checkpoint_rank_checks.py; rank 0 prints a JSON summary."""
+every rank. The bodies are in checkpoint_rank.py; rank 0 prints a JSON summary."""
 
 import json
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])
 def test_refused_save_and_fallback_resume_agree_on_every_rank(n, tmp_path):
     # A rank left waiting would sit in a collective for 600 s: run_mpi's timeout catches it.
-    job = run_mpi(n, ["tests/ddp/checkpoint_rank_checks.py", tmp_path], timeout_s=120,
+    job = run_mpi(n, ["tests/ddp/checkpoint_rank.py", tmp_path], timeout_s=120,
                   env={"MINIDIST_TIMEOUT_S": "600"})
     assert job.returncode == 0, job.report()
     res = json.loads(next(line for line in job.stdout.splitlines()

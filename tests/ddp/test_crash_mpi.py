@@ -5,7 +5,7 @@ from procs import REPO, run_mpi
 
 from minidist.checkpoint import latest_checkpoint, load_checkpoint
 
-SCRIPT = REPO / "tests" / "ddp" / "crash_rank_script.py"
+SCRIPT = REPO / "tests" / "ddp" / "crash_rank.py"
 
 
 @pytest.mark.mpi

@@ -24,7 +24,7 @@ def test_ddp_grads_match_one_process(group, block):
 def test_ddp_grads_match_one_process_under_mpiexec():
     # One launch runs the cases with several buckets on two real ranks (MPI transport, the
     # shared-memory all-reduce); each rank checks its own gradients against the oracle.
-    job = run_mpi(2, [REPO / "tests" / "ddp" / "grad_matrix_rank_script.py"], timeout_s=120)
+    job = run_mpi(2, [REPO / "tests" / "ddp" / "grad_matrix_rank.py"], timeout_s=120)
     assert job.returncode == 0, job.report()
     line = next(s for s in job.stdout.splitlines() if s.startswith("RESULT "))
     res = json.loads(line[len("RESULT "):])

@@ -1,5 +1,5 @@
 """DDP under real mpiexec at n = 1, 2, 4: one launch per size runs every check of
-ddp_rank_checks.py and rank 0 prints a JSON summary, checked here.
+ddp_rank.py and rank 0 prints a JSON summary, checked here.
 
 What is checked (see the rank script for the bodies): parameters bit-identical on every rank
 after DDP steps; DDP with batch B per rank == one process with batch n*B (float64, rtol=atol=
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.mpi
 @pytest.fixture(scope="module", params=[1, 2, 4])
 def summary(request):
     n = request.param
-    job = run_mpi(n, ["tests/ddp/ddp_rank_checks.py"], timeout_s=120)
+    job = run_mpi(n, ["tests/ddp/ddp_rank.py"], timeout_s=120)
     assert job.returncode == 0, job.report()
     line = next(l for l in job.stdout.splitlines() if l.startswith("RESULT "))
     res = json.loads(line[len("RESULT "):])

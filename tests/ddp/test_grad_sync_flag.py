@@ -7,6 +7,6 @@ from procs import REPO, run_python
 
 def test_require_backward_grad_sync_accumulates_like_no_sync():
     job = run_python(["-m", "minidist.launch", "--standalone", "--nproc-per-node", "2",
-                      REPO / "tests" / "ddp" / "grad_sync_rank_script.py"], timeout_s=180)
+                      REPO / "tests" / "ddp" / "grad_sync_rank.py"], timeout_s=180)
     assert job.returncode == 0, job.report()
     assert "grad sync ok" in job.stdout, job.report()

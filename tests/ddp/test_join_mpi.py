@@ -1,6 +1,6 @@
 """DistributedDataParallel.join() with 3, 4, 5 batches on 3 ranks under mpiexec: no hang,
 identical parameters, equal to one process averaging over the real batches of each step
-(rank body: join_rank_script.py)."""
+(rank body: join_rank.py)."""
 
 import json
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.mpi
 
 
 def test_join_uneven_inputs_match_single_process():
-    job = run_mpi(3, ["tests/ddp/join_rank_script.py"], timeout_s=90)
+    job = run_mpi(3, ["tests/ddp/join_rank.py"], timeout_s=90)
     assert job.returncode == 0, job.report()
     res = json.loads(next(l for l in job.stdout.splitlines()
                           if l.startswith("RESULT "))[len("RESULT "):])

@@ -1,5 +1,5 @@
 """Mid-epoch resume under mpiexec n=2: stop after 8 optimizer steps (mid-epoch), resume,
-end bit-identical to a straight run (rank body: midepoch_rank_script.py); DataLoader and
+end bit-identical to a straight run (rank body: midepoch_rank.py); DataLoader and
 DistributedSampler state_dict round trips in one process."""
 
 import json
@@ -12,7 +12,7 @@ from procs import run_mpi
 
 @pytest.mark.mpi
 def test_trainer_resumes_mid_epoch_bit_identical(tmp_path):
-    job = run_mpi(2, ["tests/ddp/midepoch_rank_script.py", tmp_path], timeout_s=120)
+    job = run_mpi(2, ["tests/ddp/midepoch_rank.py", tmp_path], timeout_s=120)
     assert job.returncode == 0, job.report()
     res = json.loads(next(l for l in job.stdout.splitlines()
                           if l.startswith("RESULT "))[len("RESULT "):])

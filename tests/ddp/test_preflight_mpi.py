@@ -1,6 +1,6 @@
 """Pre-flight check under real mpiexec (n=2 and 3): one rank differs -> every rank stops
 before step 0 with the same readable diff naming the field and the ranks. Bodies in
-preflight_rank_checks.py; rank 0 prints a JSON summary."""
+preflight_rank.py; rank 0 prints a JSON summary."""
 
 import json
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.mpi
 @pytest.fixture(scope="module", params=[2, 3])
 def summary(request):
     n = request.param
-    job = run_mpi(n, ["tests/ddp/preflight_rank_checks.py"], timeout_s=120)
+    job = run_mpi(n, ["tests/ddp/preflight_rank.py"], timeout_s=120)
     assert job.returncode == 0, job.report()
     res = json.loads(next(l for l in job.stdout.splitlines()
                           if l.startswith("RESULT "))[len("RESULT "):])

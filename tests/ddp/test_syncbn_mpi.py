@@ -1,6 +1,6 @@
 """SyncBatchNorm at n=2 under mpiexec equals BatchNorm on the full batch: outputs, input and
 parameter gradients, running statistics; DDP with it follows full-batch training
-(rank body: syncbn_rank_script.py)."""
+(rank body: syncbn_rank.py)."""
 
 import json
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.mpi
 
 
 def test_sync_batchnorm_equals_full_batch_batchnorm():
-    job = run_mpi(2, ["tests/ddp/syncbn_rank_script.py"], timeout_s=120)
+    job = run_mpi(2, ["tests/ddp/syncbn_rank.py"], timeout_s=120)
     assert job.returncode == 0, job.report()
     ranks = json.loads(next(l for l in job.stdout.splitlines()
                             if l.startswith("RESULT "))[len("RESULT "):])

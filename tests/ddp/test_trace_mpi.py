@@ -14,7 +14,7 @@ pytestmark = pytest.mark.mpi
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_trace_has_one_event_per_bucket_per_step(tmp_path, overlap):
-    job = run_mpi(2, ["tests/ddp/trace_rank_script.py"] + (["--overlap"] if overlap else []),
+    job = run_mpi(2, ["tests/ddp/trace_rank.py"] + (["--overlap"] if overlap else []),
                   timeout_s=120, env={"MINIDIST_TRACE": str(tmp_path)})
     assert job.returncode == 0, job.report()
     res = json.loads(next(l for l in job.stdout.splitlines()

@@ -1,5 +1,5 @@
 """Trainer under mpiexec (n=2, 4): exact resume, exact distributed evaluation, refused
-checkpoints. The bodies are in trainer_rank_checks.py; rank 0 prints a JSON summary."""
+checkpoints. The bodies are in trainer_rank.py; rank 0 prints a JSON summary."""
 
 import json
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.mpi
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_trainer_resume_and_evaluate(n, tmp_path):
-    job = run_mpi(n, ["tests/ddp/trainer_rank_checks.py", tmp_path], timeout_s=120)
+    job = run_mpi(n, ["tests/ddp/trainer_rank.py", tmp_path], timeout_s=120)
     assert job.returncode == 0, job.report()
     res = json.loads(next(l for l in job.stdout.splitlines()
                           if l.startswith("RESULT "))[len("RESULT "):])

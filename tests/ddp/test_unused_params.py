@@ -9,7 +9,7 @@ never launched.
 import pytest
 from procs import REPO, run_env_ranks, run_mpi
 
-SCRIPT = REPO / "tests" / "ddp" / "unused_rank_script.py"
+SCRIPT = REPO / "tests" / "ddp" / "unused_rank.py"
 
 
 @pytest.mark.mpi

@@ -1,7 +1,7 @@
 """ZeRO-1 (ZeroRedundancyOptimizer) and activation checkpointing under real mpiexec.
 
 One launch per world size n = 1, 2, 3, 4 (3 and 4: unequal shards) runs every body of
-zero_rank_checks.py; rank 0 prints a JSON summary, checked here.
+zero_rank.py; rank 0 prints a JSON summary, checked here.
 """
 
 import json
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.mpi
 @pytest.fixture(scope="module", params=[1, 2, 3, 4])
 def summary(request):
     n = request.param
-    job = run_mpi(n, ["tests/ddp/zero_rank_checks.py"], timeout_s=120)
+    job = run_mpi(n, ["tests/ddp/zero_rank.py"], timeout_s=120)
     assert job.returncode == 0, job.report()
     line = next(l for l in job.stdout.splitlines() if l.startswith("RESULT "))
     res = json.loads(line[len("RESULT "):])
@@ -27,7 +27,7 @@ def summary(request):
 @pytest.mark.parametrize("opt", ["adamw", "sgd"])
 def test_zero_ends_with_the_parameters_of_plain_ddp(summary, opt):
     # Only the rounding of the average differs (grad/n then SUM vs SUM then /n); float32:
-    # 1e-5 absolute on weights of size ~1, measured a few 1e-8 (see zero_rank_checks.py).
+    # 1e-5 absolute on weights of size ~1, measured a few 1e-8 (see zero_rank.py).
     assert summary[f"{opt}/float64"]["max_diff"] <= 1e-12
     assert summary[f"{opt}/float32"]["max_diff"] <= 1e-5
     assert summary[f"{opt}/float64"]["same_everywhere"]

@@ -12,7 +12,7 @@ import pytest
 
 from procs import REPO, run_python
 
-BODY = REPO / "tests" / "launch" / "first_failure_body.py"
+BODY = REPO / "tests" / "launch" / "first_failure_rank.py"
 
 
 def _run(mode: str):

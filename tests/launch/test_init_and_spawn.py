@@ -13,7 +13,7 @@ import minidist as md
 from minidist.comm.env import LaunchInfo, apply_init_args, parse_init_method
 from procs import REPO, free_port, job_env, run_env_ranks, run_mpi, wait_job
 
-BODY = REPO / "tests" / "launch" / "spawn_body.py"
+BODY = REPO / "tests" / "launch" / "spawn_rank.py"
 
 
 def _run(args: list, timeout_s: float = 90) -> subprocess.CompletedProcess:

@@ -17,7 +17,7 @@ import pytest
 
 from procs import REPO, job_env
 
-BODY = REPO / "tests" / "launch" / "launch_body.py"
+BODY = REPO / "tests" / "launch" / "launch_rank.py"
 TRAIN = REPO / "examples" / "train.py"
 
 

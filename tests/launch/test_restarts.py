@@ -6,7 +6,7 @@ import re
 
 from procs import REPO, run_python
 
-SCRIPT = REPO / "tests" / "launch" / "restart_rank_script.py"
+SCRIPT = REPO / "tests" / "launch" / "restart_rank.py"
 
 
 def launch(tmp_path, name, mode, *flags):

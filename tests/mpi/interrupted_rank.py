@@ -1,4 +1,4 @@
-"""Ranks that are busy or stuck when Ctrl-C comes; run by tests/test_interrupt.py.
+"""Ranks that are busy or stuck when Ctrl-C comes; run by tests/watch/test_interrupt.py.
 
     mpiexec -n 2 python tests/mpi/interrupted_rank.py train     # both ranks in Trainer.fit
     mpiexec -n 2 python tests/mpi/interrupted_rank.py blocked   # both inside blocking MPI calls

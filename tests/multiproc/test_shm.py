@@ -1,11 +1,11 @@
-"""The shared-memory all-reduce under real mpiexec ranks (tests/multiproc/shm_body.py)."""
+"""The shared-memory all-reduce under real mpiexec ranks (tests/multiproc/shm_rank.py)."""
 
 import numpy as np
 import pytest
 
 from procs import REPO, run_mpi
 
-BODY = REPO / "tests" / "multiproc" / "shm_body.py"
+BODY = REPO / "tests" / "multiproc" / "shm_rank.py"
 
 
 @pytest.mark.mpi

@@ -1,6 +1,6 @@
 """The shm all-reduce with small reduce-and-push pieces (MINIDIST_SHM_PIECE_BYTES), mpiexec.
 
-Small pieces make every message of tests/multiproc/shm_body.py run through many
+Small pieces make every message of tests/multiproc/shm_rank.py run through many
 reduce-and-push pieces, on plain and on shared (zero-copy) buffers; the
 body checks bit-identical results on every rank for every dtype and op.
 """
@@ -9,7 +9,7 @@ import pytest
 
 from procs import REPO, run_mpi
 
-BODY = REPO / "tests" / "multiproc" / "shm_body.py"
+BODY = REPO / "tests" / "multiproc" / "shm_rank.py"
 
 
 @pytest.mark.mpi

@@ -1,7 +1,7 @@
 """The TCP transport with real processes on 127.0.0.1 (torchrun-style env: RANK, MASTER_PORT...).
 
 Each test starts ranks with tests/procs.py (killed on timeout or failure) running
-tests/multiproc/tcp_body.py; a short MINIDIST_TIMEOUT_S makes any hang fail fast.
+tests/multiproc/tcp_rank.py; a short MINIDIST_TIMEOUT_S makes any hang fail fast.
 """
 
 import socket
@@ -12,7 +12,7 @@ import pytest
 
 from procs import REPO, free_port, job_env, reserved_ports, run_env_ranks
 
-BODY = REPO / "tests" / "multiproc" / "tcp_body.py"
+BODY = REPO / "tests" / "multiproc" / "tcp_rank.py"
 ENV = {"MINIDIST_TIMEOUT_S": "10"}
 
 
@@ -104,7 +104,7 @@ def test_rendezvous_beside_torchruns_store():
         agent_store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         agent_store.bind(("127.0.0.1", port))
         agent_store.listen()
-        res = run_env_ranks(2, [REPO / "tests" / "multiproc" / "torchrun_body.py"], timeout_s=60,
+        res = run_env_ranks(2, [REPO / "tests" / "multiproc" / "torchrun_rank.py"], timeout_s=60,
                             env={**ENV, "TORCHELASTIC_RUN_ID": "test-run"}, port=port)
     assert res.returncode == 0, res.report()
     assert res.stdout.count("sum 3") == 2, res.report()
@@ -118,7 +118,7 @@ def test_torchrun_case_names_the_port_it_needs_when_the_next_one_is_taken():
             s.bind(("127.0.0.1", p))
         agent_store.listen()  # MASTER_PORT + 1 is taken by someone else below
         other_job.listen()
-        res = run_env_ranks(2, [REPO / "tests" / "multiproc" / "torchrun_body.py"], timeout_s=60,
+        res = run_env_ranks(2, [REPO / "tests" / "multiproc" / "torchrun_rank.py"], timeout_s=60,
                             env={**ENV, "TORCHELASTIC_RUN_ID": "test-run",
                                  "MINIDIST_TIMEOUT_S": "3"}, port=port)
     assert res.returncode != 0, res.report()

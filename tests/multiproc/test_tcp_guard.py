@@ -25,7 +25,7 @@ import pytest
 from minidist.tcp import rendezvous as tcp
 from procs import REPO, job_env, kill_group, readline_within, run_env_ranks
 
-BODY = REPO / "tests" / "multiproc" / "tcp_body.py"
+BODY = REPO / "tests" / "multiproc" / "tcp_rank.py"
 
 
 def _rank(r: int, port: int, extra: dict | None = None) -> subprocess.Popen:
@@ -198,7 +198,7 @@ def test_a_silent_client_does_not_delay_the_rendezvous(port):
 
 # ---- strangers with a token set, in every phase; job identity; a stolen slot ---------------
 
-ATTACK = REPO / "tests" / "multiproc" / "attack_body.py"
+ATTACK = REPO / "tests" / "multiproc" / "attack_rank.py"
 TOKEN = "s3cret"
 
 

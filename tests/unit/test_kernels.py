@@ -312,7 +312,7 @@ def test_threads_and_chunk_tails_in_a_fresh_process():
     """3 Numba threads on the workqueue layer (not thread-safe): the kernels' lock, prange
     chunk boundaries, and 4 Python threads calling at once (the threads transport)."""
     env = job_env({"NUMBA_NUM_THREADS": "3", "NUMBA_THREADING_LAYER": "workqueue"})
-    res = subprocess.run([sys.executable, str(REPO / "tests/unit/kernels_threads_body.py")],
+    res = subprocess.run([sys.executable, str(REPO / "tests/unit/kernels_threads_rank.py")],
                          env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "threads ok" in res.stdout, res.stdout + res.stderr
 
