@@ -17,12 +17,10 @@ recorded in the group's ledger (``get_ledger()``, ``ledger_label``; see
 ``minidist.watch.diagnosis.ledger``), and ``auto_table()`` shows what ``algorithm="auto"`` will
 pick.
 
-The watch wing's ``JOB_HOOKS`` also install a ``sys.excepthook`` and ``threading.excepthook``
-in ``init_process_group``: an uncaught exception on one rank prints its traceback prefixed with
-``[rank r/N]`` and then, under MPI, calls ``MPI.COMM_WORLD.Abort(1)``, so the whole job ends at
-once instead of the other ranks waiting for a message that never comes (over TCP it closes the
-transport, which wakes the peers); Ctrl-C ends every rank in one line. Both live in
-``minidist.watch.failure.interrupts``.
+The watch wing's ``JOB_HOOKS`` install excepthooks in ``init_process_group``: an uncaught
+exception on one rank prints its traceback prefixed with ``[rank r/N]`` and ends the whole job
+at once (MPI's Abort; over TCP the closed transport wakes the peers); Ctrl-C ends every rank in
+one line (``minidist.watch.failure.interrupts``).
 """
 
 from __future__ import annotations
@@ -46,9 +44,8 @@ _info: LaunchInfo | None = None
 
 
 class JobHooks:
-    """What a wing does around the default group's life (``JOB_HOOKS``); each method a no-op
-    here. The watch wing's: check the environment, end every rank in one line on Ctrl-C or an
-    uncaught error, tell the peers when a rank exits (minidist/watch/attach.py)."""
+    """What a wing does around the default group's life (``JOB_HOOKS``); no-ops here (the
+    watch wing's: minidist/watch/attach.py)."""
 
     def before_launch(self) -> None:
         """``init_process_group`` starts (before the launcher's variables are read)."""
@@ -378,8 +375,7 @@ def all_gather_object(obj: Any, group: ProcessGroup | None = None) -> list:
 
 
 def get_ledger(group: ProcessGroup | None = None, last: int | None = None) -> list[Any]:
-    """The group's recorded collectives (``LedgerEntry``), oldest first (at most the last
-    ``last``).
+    """The group's recorded collectives (``LedgerEntry``), oldest first (the last ``last``).
 
         for e in minidist.comm.get_ledger(last=3):
             print(e.seq, e.describe(), e.algorithm, e.reason, e.where, e.status)

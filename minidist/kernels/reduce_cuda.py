@@ -20,7 +20,7 @@ Grid-stride loop on CuPy's current stream; ``@cuda.jit`` without a signature (co
 use). ``reduce_plan`` goes through the launch plans of ``minidist.kernels.cuda``: the Numba
 views and the configured launch are built once, and a later launch skips the dispatcher (the
 all-reduce keeps one plan per window slice, so a call builds nothing). Tested under the
-simulator (tests/cuda/train_kernels_cudasim_body.py).
+simulator (tests/cuda/train_kernels_cudasim_rank.py).
 """
 
 from __future__ import annotations

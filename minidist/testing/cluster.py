@@ -34,7 +34,7 @@ creating process is gone. Needs root and ``ip`` (iproute2), ``unshare``; ``tc`` 
 From Python (the tests in tests/cluster/ do this)::
 
     with Cluster(nodes=2, rate="1gbit") as c:
-        jobs = c.launch_tcp(["tests/cluster/cluster_body.py"], nproc_per_node=2)
+        jobs = c.launch_tcp(["tests/cluster/cluster_rank.py"], nproc_per_node=2)
         results = c.wait(jobs, timeout_s=60)      # NodeResult: node, returncode, stdout, stderr
         c.link(1, up=False)                       # cut node 1's link
         c.kill_node(1)                            # SIGKILL every process of node 1
