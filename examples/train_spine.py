@@ -18,7 +18,10 @@ every rank, each file a page of the spine (docs/layout.md's reading table):
 
 ``--threads N`` runs N ranks as threads of this process (the threads transport), each with its
 own process group; under ``mpirun.sh`` each rank is a process. Rank 0 prints one line per epoch
-and ``final test_acc``: the accuracy on the test split, the same on every rank.
+and ``final test_acc``: the accuracy on the test split, the same on every rank. With
+``--deterministic`` (docs/determinism.md) both launches end at the same bits on any machine
+(``tests/test_spine.py`` checks the 0.97 bar there); without it the BLAS kernel the process
+picks moves the last digits, a few test images either way.
 """
 
 from __future__ import annotations
