@@ -57,6 +57,12 @@ WINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+# The algorithms a wing registers (minidist.comm.algorithms.register), so that asking for one
+# without its wing names the wing (tests/test_spine.py holds this table to the registry)
+ALGORITHM_WINGS = {name: "fastpath" for name in
+                   ("mpi", "shm", "hier", "cuda_ipc", "host_copy", "ipc_host")}
+
+
 def enabled(environ: Mapping[str, str] | None = None) -> list[str]:
     """The wings ``MINIDIST_WINGS`` asks for, with the wings they need, in ``WINGS`` order.
 
@@ -103,4 +109,4 @@ def is_wing_module(module: str) -> str | None:
     return None
 
 
-__all__ = ["WINGS", "enabled", "load", "is_wing_module"]
+__all__ = ["WINGS", "ALGORITHM_WINGS", "enabled", "load", "is_wing_module"]

@@ -26,14 +26,19 @@ def test_the_contracts_hold():
     assert "0 broken" in result.stdout
 
 
-def test_an_upward_import_breaks_them(tmp_path):
-    """tensor importing comm (a lower layer reaching up) is reported, with the import named."""
+def lint_a_broken_copy(tmp_path, module: str, line: str):
+    """lint-imports on a copy of the package whose ``module`` (a path) ends with ``line``."""
     shutil.copytree(REPO / "minidist", tmp_path / "minidist",
                     ignore=shutil.ignore_patterns("__pycache__", "*.npz"))
     shutil.copy(REPO / "pyproject.toml", tmp_path)
-    core = tmp_path / "minidist" / "tensor" / "core.py"
-    core.write_text(core.read_text() + "\nfrom minidist.comm import errors  # noqa: E402\n")
-    result = lint_imports(tmp_path)
+    path = tmp_path / "minidist" / module
+    path.write_text(path.read_text() + f"\n{line}  # noqa: E402\n")
+    return lint_imports(tmp_path)
+
+
+def test_an_upward_import_breaks_them(tmp_path):
+    """tensor importing comm (a lower layer reaching up) is reported, with the import named."""
+    result = lint_a_broken_copy(tmp_path, "tensor/core.py", "from minidist.comm import errors")
     assert result.returncode != 0, result.stdout[-3000:]
     assert "layers import downward BROKEN" in result.stdout, result.stdout[-3000:]
     assert "minidist.tensor.core -> minidist.comm.errors" in result.stdout, result.stdout[-3000:]
@@ -42,12 +47,7 @@ def test_an_upward_import_breaks_them(tmp_path):
 def test_a_spine_module_importing_a_wing_breaks_them(tmp_path):
     """The group reaching for the fast path's shared memory itself, instead of being handed
     it by the wing's group extension, is reported by the spine/wing contract."""
-    shutil.copytree(REPO / "minidist", tmp_path / "minidist",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.npz"))
-    shutil.copy(REPO / "pyproject.toml", tmp_path)
-    group = tmp_path / "minidist" / "comm" / "group.py"
-    group.write_text(group.read_text() + "\nfrom minidist.fastpath import shm  # noqa: E402\n")
-    result = lint_imports(tmp_path)
+    result = lint_a_broken_copy(tmp_path, "comm/group.py", "from minidist.fastpath import shm")
     assert result.returncode != 0, result.stdout[-3000:]
     assert "the spine imports no wing BROKEN" in result.stdout, result.stdout[-3000:]
     assert "minidist.comm.group -> minidist.fastpath" in result.stdout, result.stdout[-3000:]

@@ -79,3 +79,14 @@ def test_without_the_wings_their_algorithms_name_the_wing_and_the_fix():
     assert job.returncode != 0
     assert job.stdout.count("ring") == 2 and "shm" not in job.stdout, job.report()
     assert "'shm' belongs to the fastpath wing, which MINIDIST_WINGS leaves out" in job.stderr
+
+
+def test_every_wing_algorithm_is_named_in_the_manifest():
+    # an algorithm asked for without its wing names the wing (wings.ALGORITHM_WINGS): the
+    # table lists exactly what the wings register, each under the wing whose module holds it
+    from minidist import wings
+    from minidist.comm.algorithms import ALGORITHMS
+    added = {n: a for n, a in ALGORITHMS.items() if n not in ("direct", "ring", "tree", "rd")}
+    assert set(added) == set(wings.ALGORITHM_WINGS), sorted(added)
+    for name, entry in added.items():
+        assert wings.is_wing_module(entry.run.__module__) == wings.ALGORITHM_WINGS[name], name

@@ -27,6 +27,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from minidist import wings
 from minidist.comm.algorithms import ALGORITHMS
 from minidist.comm.calls import CallSpec, call_spec
 from minidist.comm.ops import ReduceOp
@@ -70,13 +71,9 @@ def check_algorithm(name: str) -> None:
 
 def wing_hint(name: str) -> str:
     """Where a known algorithm that is not registered lives (its wing is not loaded)."""
-    wing = OPTIONAL_ALGORITHMS.get(name)
+    wing = wings.ALGORITHM_WINGS.get(name)
     return (f" ({name!r} belongs to the {wing} wing, which MINIDIST_WINGS leaves out: unset "
             f"MINIDIST_WINGS or add {wing} to it)" if wing else "")
-
-
-OPTIONAL_ALGORITHMS = {"mpi": "fastpath", "shm": "fastpath", "hier": "fastpath",
-                       "cuda_ipc": "fastpath", "host_copy": "fastpath", "ipc_host": "fastpath"}
 
 # A device buffer the transport cannot read: each stager_for(transport, flat, algorithm) returns
 # a Stager (``all_reduce(flat, run_chunk)``) or None; the fast-path wing adds its own.
@@ -93,8 +90,6 @@ class Chooser(Protocol):
 
 class TextbookChoice:
     """"auto" in the spine alone: the ring, the bandwidth-optimal textbook algorithm."""
-
-    calibration = None
 
     def choose(self, flat: Any, shared: bool, tag: int = 0) -> tuple[str, str]:
         """Always ``("ring", ...)``."""
@@ -143,10 +138,6 @@ class Planner:
         """Plan every shape afresh (the chooser's rules changed)."""
         self._plans.clear()
 
-    def is_shared(self, flat: Any, tag: int = 0) -> bool:
-        """True when ``flat`` lies in a shared window "auto" may reduce in place (stream 0)."""
-        return not tag and id(flat.base) in self.shared_bases
-
     def plan(self, algorithm: str, flat: Any, op: ReduceOp, tag: int = 0) -> Plan:
         """The Plan of an all-reduce of ``flat`` (1-D) on stream ``tag`` (memoized).
 
@@ -154,7 +145,7 @@ class Planner:
             ValueError: unknown ``algorithm``, or one that cannot run on this transport at all
                 (its entry's ``check``; nothing was sent).
         """
-        bases = self.shared_bases  # is_shared, inline (it matters to "auto" only)
+        bases = self.shared_bases  # does flat lie in a window "auto" may reduce in place?
         shared = algorithm == "auto" and not tag and bool(bases) and id(flat.base) in bases
         key = (algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag, type(flat))
         try:
