@@ -221,15 +221,16 @@ def validate(environ: Mapping[str, str] | None = None) -> list[str]:
 
 
 def quiet_rank(environ: Mapping[str, str] | None = None) -> bool:
-    """True on a rank other than 0 of a job whose launcher started every rank with the same
-    environment (mpiexec, srun, ``python -m minidist.launch``): an error in that environment
-    is the same on every rank, and rank 0 says it once for the job."""
+    """True on a rank that need not say what is wrong with its environment, because another
+    rank started with the same one says it: under mpiexec or srun (one environment for the
+    job) every rank but 0; under ``python -m minidist.launch`` (one launcher, and one
+    environment, per node) every rank but the node's first, which its launcher quotes."""
     environ = os.environ if environ is None else environ
     for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
         if var in environ:
             return environ[var].strip() != "0"
     if raw("MINIDIST_LAUNCH_FD", environ):
-        return environ.get("RANK", "0").strip() != "0"
+        return environ.get("LOCAL_RANK", environ.get("RANK", "0")).strip() != "0"
     return False
 
 
@@ -281,11 +282,11 @@ def _report_in_one_line() -> None:
 
     def hook(exc_type: Any, exc: Any, tb: Any) -> None:
         if isinstance(exc, EnvVarError):
-            if not quiet_rank():  # one line per job: rank 0's
+            if not quiet_rank():  # one line per job (per node under the launcher)
                 sys.stderr.write(f"minidist: {exc}\n")
                 sys.stderr.flush()
             elif raw("MINIDIST_LAUNCH_FD"):
-                time.sleep(10.0)  # python -m minidist.launch stops it once rank 0 has ended
+                time.sleep(10.0)  # the launcher stops it once the node's first rank has ended
             os._exit(USAGE_EXIT_CODE)
         else:
             previous(exc_type, exc, tb)

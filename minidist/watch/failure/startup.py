@@ -13,9 +13,12 @@ replace Python's traceback with ``minidist: <message>``. Who says it::
     environment, and the error comes from that environment (ValueError):
         rank 0 says it; the other ranks end silently (they would repeat the same line)
     a rendezvous that did not complete (CommError): rank 0 knows who is missing and says it;
-        the other ranks wait QUIET_S first, so under the launcher rank 0's notice comes first
+        the other ranks wait QUIET_S first, so that rank 0's line comes first
     under python -m minidist.launch, the rank tells the launcher (watch/failure/notice.py),
-        which prints the job's one line, quoting this one
+        which prints the node's one line, quoting this one: each node's first rank (rank 0 on
+        the first node) tells it at once, the node's other ranks wait LAUNCHER_QUIET_S (the
+        launcher stops them once the first has told it), so a node whose token is wrong ends
+        in a second, not after the wait
     ranks started by hand: each prints its own line
 
 The exit code is 2 for a setting that cannot work (as argparse's usage errors), 1 otherwise.
@@ -37,8 +40,8 @@ from minidist.envvars import USAGE_EXIT_CODE, quiet_rank, validate
 log = mdlog.get_logger("minidist.comm.api")
 
 QUIET_S = 1.0  # a rank other than 0 waits this long, so that rank 0's report comes first
-LAUNCHER_QUIET_S = 10.0  # ... under the launcher, which stops it once rank 0 has reported
-                         # (rank 0 may start seconds later on a busy machine)
+LAUNCHER_QUIET_S = 10.0  # ... under the launcher, which stops it once its node's first rank
+                         # has reported (that rank may start seconds later on a busy machine)
 
 
 def check_environment() -> None:
@@ -70,8 +73,9 @@ def one_line(error: BaseException, rank: int = 0) -> None:
         code = USAGE_EXIT_CODE if setting else 1
         text = f"minidist: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         same_everywhere = setting and quiet_rank()
-        if rank != 0 and notice.under_launcher():
-            time.sleep(LAUNCHER_QUIET_S)  # rank 0 reports first; the launcher stops this rank
+        if notice.under_launcher():
+            if quiet_rank():
+                time.sleep(LAUNCHER_QUIET_S)  # the node's first rank reports; we are stopped
         elif rank != 0 and not same_everywhere:
             time.sleep(QUIET_S)
         if not same_everywhere:
