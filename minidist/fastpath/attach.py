@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from minidist.fastpath.cuda_ipc import CUDA_IPC, IPC_HOST, close_ipc
 from minidist.fastpath.hier import HIER
 from minidist.fastpath.host_copy import HOST_COPY
 from minidist.fastpath.mpi_native import MPI
-from minidist.fastpath.shm import SHM, shm_available, shm_node
+from minidist.fastpath.shm import SHM, reduced_finite, shm_available, shm_node
 from minidist.fastpath.shm_window import ShmNode, shm_alloc_buffer, shm_free_buffer
 from minidist.fastpath.staging import stager_for
 
@@ -36,6 +37,9 @@ class SharedMemory:
     def __init__(self, transport: Any, node: ShmNode) -> None:
         self.transport = transport
         self.node = node
+        # reduced_finite(buf): the NaN/inf verdict the shared-memory all-reduce found while it
+        # reduced ``buf`` in place (True, False: "maybe"), or None (see shm.reduced_finite)
+        self.reduced_finite = functools.partial(reduced_finite, node)
 
     def alloc_buffer(self, numel: int, dtype: Any) -> np.ndarray:
         """A 1-D array in a shared window (collective: every rank, same numel and dtype)."""

@@ -51,37 +51,32 @@ race. ``auto`` on another stream picks a message-passing algorithm; ``algorithm=
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any
 
 import numpy as np
 
 from minidist.comm.algorithms.registry import Algorithm, model
-from minidist.comm.errors import CollectiveMismatch, CommError
 from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.topology import detect_topology
 from minidist.comm.transports.base import Transport, stream_of
-from minidist.fastpath.shm_window import (SharedWindow, ShmNode, shm_alloc_buffer,
-                                                  shm_owns, window_of,
-                                                  shm_close, shm_node)
 from minidist.envvars import env
+from minidist.fastpath.shm_checks import (DTYPE_CODES, OPS, raise_mismatch, shm_available,
+                                          shm_is_shared, shm_usable)
+from minidist.fastpath.shm_window import (SharedWindow, ShmNode, shm_alloc_buffer, shm_close,
+                                          shm_node, window_of)
 
 CHUNK_BYTES = int(env("MINIDIST_SHM_CHUNK_BYTES"))  # default 64 MiB
 SMALL_BYTES = int(env("MINIDIST_SHM_SMALL_BYTES"))  # default 32 KiB -> _small_path
 PIECE_BYTES = int(env("MINIDIST_SHM_PIECE_BYTES"))  # default 1 MiB -> _reduce_push
 SMALL_LIMIT = min(SMALL_BYTES, CHUNK_BYTES)  # messages up to this take the small path
-_OPS = list(ReduceOp)
-_DTYPES = ["float16", "float32", "float64", "int32", "int64", "int8", "uint8", "int16"]
-# A header's dtype code: equal for equal dtypes (``dtype.num`` differs for int64 'l' vs 'q'),
-# 100 + ``dtype.num`` for any other dtype; a dict hit (``dtype.name`` is slow in NumPy 2.x).
-_DTYPE_CODES = {np.dtype(name): i for i, name in enumerate(_DTYPES)}
 
 
-def line_aligned_bounds(numel: int, n: int, itemsize: int) -> list[int]:
+@functools.lru_cache(maxsize=256)  # the same few sizes every step (DDP's buckets)
+def line_aligned_bounds(numel: int, n: int, itemsize: int) -> tuple[int, ...]:
     """Slice starts per rank (+ end), cut at 64-byte multiples so writers don't share lines."""
     align = max(1, 64 // itemsize)  # elements per cache line
     per = -(-numel // (n * align)) * align  # ceil(numel / n), rounded up to whole lines
-    return [min(j * per, numel) for j in range(n)] + [numel]
+    return (*[min(j * per, numel) for j in range(n)], numel)
 
 
 def _reduce_slice(srcs: list, out: np.ndarray, op: ReduceOp) -> None:
@@ -113,28 +108,9 @@ def _check_headers(node: ShmNode) -> tuple[bool, bool]:
     h = [hd[node.calls & 1, :7].tolist() for hd in node.headers]  # Python ints: cheap compares
     mine = h[node.rank]
     if any(x[:3] != mine[:3] or x[6] != mine[6] for x in h):  # numel, dtype, op; fingerprint
-        _raise_mismatch(node, h)
+        raise_mismatch(node, h)
     shared = all(x[3] >= 0 and x[3:5] == mine[3:5] for x in h)
     return shared, all(x[5] for x in h)
-
-
-def _raise_mismatch(node: ShmNode, h: list) -> None:
-    """CollectiveMismatch naming the first rank whose header differs from mine."""
-    mine = h[node.rank]
-
-    def desc(x: list) -> str:
-        dt = _DTYPES[x[1]] if x[1] < len(_DTYPES) else f"dtype#{x[1] - 100}"
-        return f"numel={x[0]}, dtype={dt}, op={_OPS[x[2]].value}"
-    for j, other in enumerate(h):
-        if other[:3] != mine[:3]:
-            raise CollectiveMismatch(
-                f"{node.prefix} all_reduce(algorithm=\"shm\"): rank {j} passed {desc(other)} "
-                f"but rank {node.rank} passed {desc(mine)}. Every rank must pass the same "
-                f"shape, dtype and op.")
-        if other[6] != mine[6]:
-            raise CollectiveMismatch(
-                f"{node.prefix} all_reduce(algorithm=\"shm\"): rank {j} called a different "
-                "collective here (its call fingerprint differs).")
 
 
 class _Scratch:
@@ -169,23 +145,40 @@ def _copy_in(slot: np.ndarray, part: np.ndarray, lo: int, hi: int) -> None:
     slot[hi:] = part[hi:]
 
 
-def _reduce_push(node: ShmNode, buf: np.ndarray, srcs: list, dsts: list, op: ReduceOp) -> None:
+def _reduce_push(node: ShmNode, buf: np.ndarray, srcs: list, dsts: list, op: ReduceOp,
+                 check: bool = False) -> bool:
     """Step (3): reduce my slice piece by piece into ``buf`` and push each piece to ``dsts``.
 
     ``srcs[j]``/``dsts[j]``: rank j's data for my slice (j == me: ``buf`` itself). A piece
     (``PIECE_BYTES``, well under the L2/L3 cache) is written to the peers right after it was
     reduced, while it and the peers' input lines just read are still in cache: one pass over
     memory instead of reduce, then publish, then a peer's separate copy-out pass. AVG divides
-    the piece there too, in cache, so the average costs no pass of its own.
+    the piece there too, in cache, so the average costs no pass of its own; with ``check``,
+    so does the NaN/inf check (``finite_fast`` of each piece): returns False if my slice may
+    hold NaN/inf, True otherwise.
     """
     step = max(PIECE_BYTES // buf.itemsize // 64 * 64, 64)  # elements: whole cache lines
+    finite = True
     for p0 in range(0, buf.size, step):
         out = buf[p0:p0 + step]
         _reduce_mine(node, [s[p0:p0 + step] for s in srcs], out, op)
         finalize(out, op, node.size)  # AVG: divide the piece while it is in cache
+        if check:
+            finite = finite and finite_fast(out)
         for j, d in enumerate(dsts):
             if j != node.rank:
                 d[p0:p0 + step] = out
+    return finite
+
+
+def finite_fast(piece: np.ndarray) -> bool:
+    """True if ``piece`` holds no NaN/inf; False means "maybe" (search it exactly then).
+
+    One dot product ``piece . piece``: a NaN or inf makes it NaN/inf and squares never cancel;
+    finite values above ~1e19 (float32) overflow it into a false "maybe". Integers: True.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow: a "maybe", not a warning
+        return bool(np.isfinite(piece.dot(piece)))
 
 
 def _copy_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool) -> None:
@@ -196,6 +189,7 @@ def _copy_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool) 
     (5) copy the finished slices out of MY slot: two contiguous copies, local memory.
     """
     n, me = node.size, node.rank
+    node.extra.pop("verdict", None)  # the in-place path's last verdict is no longer the latest
     step = max(CHUNK_BYTES // flat.itemsize, 1)
     for c0 in range(0, flat.size, step):
         part = flat[c0:c0 + step]
@@ -221,6 +215,7 @@ def _small_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool)
     Latency-bound sizes pay per barrier and per NumPy call, not per byte, so N-fold redundant
     adds beat a second barrier plus a copy-out. Rank order everywhere -> identical bits.
     """
+    node.extra.pop("verdict", None)  # the in-place path's last verdict is no longer the latest
     if not first_done:
         slots = scratch_window(node, flat.nbytes).slots(node.half, flat.dtype, flat.size)
         slots[node.rank][...] = flat
@@ -234,15 +229,32 @@ def _small_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool)
 
 def _in_place_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, where: tuple) -> None:
     """All buffers are shared at the same offset: reduce my slice from them and push it into
-    every buffer (no copy-in, no copy-out), then wait until peers pushed theirs into mine."""
+    every buffer (no copy-in, no copy-out), then wait until peers pushed theirs into mine.
+
+    These are DDP's buckets, so the reduction also checks its slice for NaN/inf while it is in
+    cache and writes the verdict into its header (word 7) before the barrier; after it, every
+    rank reads all verdicts into ``node.extra["verdict"]``: ``(flat, all finite)``, which DDP's
+    NaN/inf check (watch wing) takes through ``group.shared_memory.reduced_finite`` instead of
+    a pass of its own over the bucket.
+    """
     b = line_aligned_bounds(flat.size, node.size, flat.itemsize)
-    lo, hi = b[node.rank], b[node.rank + 1]
-    if hi > lo:
-        start, end = where[1] + lo * flat.itemsize, where[1] + hi * flat.itemsize  # bytes
-        bufs = [s[start:end].view(flat.dtype) for s in node.user_windows[where[0]].slots]
-        bufs[node.rank] = flat[lo:hi]
-        _reduce_push(node, flat[lo:hi], bufs, bufs, op)
+    lo, hi = b[node.rank], b[node.rank + 1]  # (an empty slice, hi == lo: nothing to do)
+    start, end = where[1] + lo * flat.itemsize, where[1] + hi * flat.itemsize  # bytes
+    bufs = [s[start:end].view(flat.dtype) for s in node.user_windows[where[0]].slots]
+    bufs[node.rank] = flat[lo:hi]
+    finite = _reduce_push(node, flat[lo:hi], bufs, bufs, op, check=True)
+    node.headers[node.rank][node.calls & 1, 7] = finite
     node.barrier("all_reduce(shm) push")  # every peer's slice landed in ``flat``
+    node.extra["verdict"] = (flat, all(h[node.calls & 1, 7] for h in node.headers))
+
+
+def reduced_finite(node: ShmNode, buf: Any) -> bool | None:
+    """The NaN/inf verdict of the last in-place reduction on ``node``, if it reduced ``buf``:
+    True, or False for "maybe" (search it exactly); None otherwise (check it yourself).
+    Handed out once. Ask right after the reduction, as DDP's check does after each bucket's
+    comm hook: the verdict does not know of reductions of ``buf`` by other algorithms since."""
+    verdict = node.extra.pop("verdict", None)  # (the array, its verdict): _in_place_path's
+    return verdict[1] if verdict is not None and verdict[0] is buf else None
 
 
 def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -> None:
@@ -295,10 +307,10 @@ def node_all_reduce(node: ShmNode, flat: np.ndarray, op: ReduceOp, tag: int = 0)
     """
     where = window_of(node, flat)
     early = where[0] < 0 and _copy_in_early(node, flat)
-    dtype = _DTYPE_CODES.get(flat.dtype, 100 + flat.dtype.num)
+    dtype = DTYPE_CODES.get(flat.dtype, 100 + flat.dtype.num)
     node.calls += 1
     node.headers[node.rank][node.calls & 1, :7] = (
-        flat.size, dtype, _OPS.index(op), *where, early, tag)
+        flat.size, dtype, OPS.index(op), *where, early, tag)
     node.barrier("all_reduce(shm) start")
     shared, all_early = _check_headers(node)
     if flat.size:
@@ -332,44 +344,6 @@ def shm_prepare(transport: Transport) -> Any:
     return functools.partial(node_all_reduce, shm_node(transport))
 
 
-def shm_available(transport: Transport, buf: Any = None) -> bool:
-    """True when "shm" can run here: MPI transport, one (real, not virtually split) node, and
-    (if given) a NumPy ``buf``.
-
-    The first call per transport is collective (it splits the communicator by node), so call it
-    on every rank alike, as ``ProcessGroup`` construction does; later calls are a dictionary lookup.
-    """
-    if buf is not None and not isinstance(buf, np.ndarray):
-        return False
-    ok = _AVAILABLE.get(transport)
-    if ok is None:
-        ok = False
-        if (transport.size >= 2 and transport.mpi is not None
-                and detect_topology(transport).is_single_node()):
-            try:
-                shm_node(transport)
-                ok = True
-            except CommError:  # ranks on several nodes: the same answer on every rank
-                pass
-        _AVAILABLE[transport] = ok
-    return ok
-
-
-def shm_is_shared(transport: Transport, buf: Any) -> bool:
-    """True when ``buf`` lies in one of this rank's shared windows (shm_alloc_buffer)."""
-    node = shm_node(transport)
-    return isinstance(buf, np.ndarray) and shm_owns(node, buf)
-
-
-_AVAILABLE: "weakref.WeakKeyDictionary[Transport, bool]" = weakref.WeakKeyDictionary()
-
-
-def shm_usable(transport: Transport, buf: Any, stream: int) -> bool:
-    """"auto" may pick "shm": the process group set up this transport's shared-memory node
-    (``shm_available``), ``buf`` is a NumPy array and the call is on stream 0."""
-    return type(buf) is np.ndarray and not stream and _AVAILABLE.get(transport, False)
-
-
 def shm_cost(n: int, k: float, a: float, b: float, g: float) -> float:
     """Modelled time: 2 barriers (a), K bytes copied in and out (b), K(n-1)/n reduced."""
     return 2 * a + k * b + k * (n - 1) / n * g
@@ -381,5 +355,6 @@ SHM = Algorithm("shm", shm_all_reduce, usable=shm_usable, cost=shm_cost,
                 prepare=shm_prepare)
 
 
-__all__ = ["CHUNK_BYTES", "SHM", "line_aligned_bounds", "scratch_window", "shm_all_reduce",
+__all__ = ["CHUNK_BYTES", "SHM", "finite_fast", "line_aligned_bounds", "reduced_finite",
+           "scratch_window", "shm_all_reduce",
            "shm_alloc_buffer", "shm_available", "shm_close", "shm_is_shared", "shm_usable"]

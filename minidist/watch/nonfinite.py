@@ -43,10 +43,13 @@ class NonfiniteCheck(ReducerObserver):
     """The NaN/inf check of the averaged gradients, a Reducer observer (on by default).
 
     After each reduction: one dot product per bucket (``all_finite_fast``), unless a
-    GradScaler already unscaled and checked it. At the end of the step, only if a bucket may
-    hold NaN/inf: name the parameters, ask every rank whether its forward output was already
-    non-finite (one small all-reduce: every rank takes this path together, the reduced
-    buckets being identical), then warn once and count, or raise.
+    GradScaler already unscaled and checked it, or the shared-memory all-reduce checked it
+    while it reduced it (``group.shared_memory.reduced_finite``: each rank its own slice, in
+    cache, the verdicts exchanged in the headers; DDP's buckets at n ranks on one node). At
+    the end of the step, only if a bucket may hold NaN/inf: name the parameters, ask every
+    rank whether its forward output was already non-finite (one small all-reduce: every rank
+    takes this path together, the reduced buckets being identical), then warn once and
+    count, or raise.
 
     Args:
         policy: "warn" (once, then count in ``steps``) or "raise" (FloatingPointError).
@@ -67,7 +70,11 @@ class NonfiniteCheck(ReducerObserver):
 
     def bucket_reduced(self, bucket: Any) -> None:
         if bucket.finite is None:  # not unscaled (and checked) by a GradScaler
-            bucket.finite = all_finite_fast(bucket.buffer)
+            # the shared-memory all-reduce checked each slice as it finished it, in cache
+            # (the fast path's group.shared_memory); any other algorithm: one pass here
+            shared = getattr(bucket.group, "shared_memory", None)
+            verdict = None if shared is None else shared.reduced_finite(bucket.buffer)
+            bucket.finite = all_finite_fast(bucket.buffer) if verdict is None else verdict
 
     def step_end(self, reducer: Any) -> None:
         if not all(b.finite for b in reducer.buckets):
