@@ -32,6 +32,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # one BLAS thread per rank (ranks
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
+import threading
 
 import numpy as np
 
@@ -41,11 +42,15 @@ from minidist.comm.transports.threads import run_threads
 from minidist.data import DataLoader, DistributedSampler, load_digits
 
 
+INIT_LOCK = threading.Lock()
+
+
 def train(group: md.ProcessGroup, args: argparse.Namespace) -> float:
     """Train on ``group``'s ranks; return the test accuracy (every rank gets the same)."""
-    md.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts too)
-    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                          nn.Linear(256, 10))  # the main job's MLP (examples/train.py)
+    with INIT_LOCK:  # thread ranks share one global RNG: seed and draw one rank at a time
+        md.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts too)
+        model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                              nn.Linear(256, 10))  # the main job's MLP (examples/train.py)
     ddp = md.DistributedDataParallel(model, process_group=group)
     opt = optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
