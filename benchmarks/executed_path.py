@@ -11,8 +11,9 @@ warm-up steps, five steady-state steps are traced, each on its own, in EVERY thr
 (``sys.settrace`` on the main thread, ``threading.settrace`` installed before anything
 starts, so the DDP communication thread and any other thread the library starts are traced
 too) from ``loss.backward()`` through ``opt.step()``. Counted: the distinct (file, line)
-pairs executed inside the ``minidist`` package ("library lines"); the forward pass,
-``zero_grad`` and the test script itself are not counted.
+pairs executed inside the ``minidist`` package, and in code it generates at run time (an
+optimizer's in-place plan: counted as minidist/optim/inplace.py, which wrote it) ("library
+lines"); the forward pass, ``zero_grad`` and the test script itself are not counted.
 
 Which step counts: the one of the five with the fewest lines, per rank. The code of a step
 is the same every time, but how long a rank waits for its peer is not: on a loaded machine a
@@ -89,6 +90,14 @@ def summarize(lines: list[tuple[str, int]]) -> dict:
             "per_file": dict(sorted(per_file.items(), key=lambda kv: (-kv[1], kv[0])))}
 
 
+def library_file(filename: str) -> str:
+    """A traced code object's file, relative to the repository; generated code
+    (``<minidist.optim.inplace sgd_momentum>``) counts as the module that generated it."""
+    if filename.startswith("<minidist."):
+        return filename[1:].split()[0].rstrip(">").replace(".", "/") + ".py"
+    return str(Path(filename).relative_to(REPO))
+
+
 # ---------------------------------------------------------------------------- one rank
 def rank_main(out_dir: Path) -> None:
     """One rank: install the tracer in every thread, build, warm up, trace one step."""
@@ -102,7 +111,9 @@ def rank_main(out_dir: Path) -> None:
         return local
 
     def tracer(frame, event, arg):  # noqa: ANN001, ANN202
-        return local if frame.f_code.co_filename.startswith(pkg) else None
+        # the package's files, and code the library generates at run time (its file name
+        # "<minidist...>": an optimizer's traced in-place plan, minidist/optim/inplace.py)
+        return local if frame.f_code.co_filename.startswith((pkg, "<minidist")) else None
 
     # Before any library thread starts: every thread started from now on is traced.
     threading.settrace(tracer)
@@ -137,7 +148,7 @@ def rank_main(out_dir: Path) -> None:
         sys.settrace(None)
     threading.settrace(None)  # type: ignore[arg-type]
     comm.barrier()
-    rel = [sorted((str(Path(f).relative_to(REPO)), n) for f, n in lines) for lines in steps]
+    rel = [sorted((library_file(f), n) for f, n in lines) for lines in steps]
     (out_dir / f"rank{rank}.json").write_text(json.dumps(rel))
     ddp.close()
     comm.destroy_process_group()

@@ -37,23 +37,26 @@ continues from its last checkpoint. Only this node's ranks restart (one node per
 
 Exit code: 0 when every rank exits 0; the first failed rank's code (128 + signal if a signal
 killed it); 130 after SIGINT (Ctrl-C), 143 after SIGTERM.
+
+Parts: the command line is ``minidist/tcp/launch_args.py``, a started rank (its output relay
+and notice) ``minidist/tcp/launch_rank.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import dataclasses
-import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import IO, Sequence
+from typing import Sequence
+
+from minidist.tcp.launch_args import nproc_value, parse_args, reserve_port  # noqa: F401
+from minidist.tcp.launch_rank import NOTICE_FD_VAR, Notice, Rank, exit_code  # noqa: F401
 
 BLAME_WAIT_S = 2.0  # a rank blames a peer (its connection closed): how long to wait for the
                     # peer's own exit, which then names the failure (its code, its line)
@@ -70,93 +73,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the launcher's finally still kills ranks
         pass
-
-
-def nproc_value(text: str) -> int:
-    """``--nproc-per-node``: a whole number, or torchrun's ``auto`` / ``cpu`` / ``gpu``."""
-    if text.strip().lstrip("-").isdigit():
-        return int(text)
-    if text not in ("auto", "cpu", "gpu"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ranks, auto, cpu or gpu")
-    gpus = 0
-    if text != "cpu":
-        from minidist.xp import gpu_count  # lazy: only these values need to look for GPUs
-        gpus = gpu_count()
-    if text == "gpu" and gpus == 0:
-        raise argparse.ArgumentTypeError("gpu: no usable GPU here (CuPy missing or no CUDA "
-                                         "device); use a number, cpu or auto")
-    return gpus if gpus else (os.cpu_count() or 1)
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m minidist.launch",
-        description="Start --nproc-per-node ranks of SCRIPT on this node with torchrun's "
-                    "environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).")
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=nproc_value, default=1,
-                   help="ranks to start on this node: a number, or torchrun's auto (one per "
-                        "GPU, else one per CPU core), cpu (one per core), gpu (one per GPU) "
-                        "(default 1)")
-    p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-    p.add_argument("--node-rank", "--node_rank", type=int, default=0,
-                   help="this node's index in [0, nnodes) (default 0)")
-    p.add_argument("--master-addr", "--master_addr", default="127.0.0.1",
-                   help="address of the node running rank 0 (default 127.0.0.1)")
-    p.add_argument("--master-port", "--master_port", type=int, default=29500,
-                   help="rendezvous port on the master (default 29500)")
-    p.add_argument("--standalone", action="store_true",
-                   help="one node: rendezvous on 127.0.0.1 at a free port (ignores --master-*)")
-    p.add_argument("--rdzv-id", "--rdzv_id", default=None,
-                   help="the job's identity in the rendezvous (MINIDIST_RUN_ID of every rank): "
-                        "a rank of another job is refused; the same on every node (default: "
-                        "MINIDIST_RUN_ID, else a fresh one on one node)")
-    p.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
-                   help="after a failure, stop the group and start it again, up to this many "
-                        "times (torchrun's elastic restarts; default 0)")
-    p.add_argument("-m", "--module", action="store_true",
-                   help="SCRIPT is a module name, run as `python -m SCRIPT`")
-    p.add_argument("script", help="the Python script (or module with -m) each rank runs")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
-    args = p.parse_args(argv)
-    if args.nproc_per_node < 1 or args.nnodes < 1:
-        p.error(f"--nproc-per-node={args.nproc_per_node} and --nnodes={args.nnodes} must be >= 1")
-    if not 0 <= args.node_rank < args.nnodes:
-        p.error(f"--node-rank={args.node_rank} must be in [0, {args.nnodes}) (--nnodes)")
-    if args.max_restarts < 0:
-        p.error(f"--max-restarts={args.max_restarts} must be >= 0")
-    if not 1 <= args.master_port <= 65535:
-        p.error(f"--master-port={args.master_port} is not a TCP port; use 1..65535")
-    if args.standalone:
-        if args.nnodes != 1:
-            p.error("--standalone is for one node; drop it or use --nnodes 1")
-        args.master_addr = "127.0.0.1"
-        args.reservation = reserve_port(args.master_addr)
-        args.master_port = args.reservation.getsockname()[1]
-    else:
-        args.reservation = None
-    one_node = args.nnodes == 1
-    if args.rdzv_id is None:
-        args.rdzv_id = os.environ.get("MINIDIST_RUN_ID") or (
-            f"launch-{secrets.token_hex(4)}" if one_node else "")
-    # A secret only this job's ranks know: nobody else on this machine can join or end it.
-    given = os.environ.get("MINIDIST_AUTH_TOKEN")
-    args.auth_token = given or (secrets.token_hex(16) if one_node else None)
-    return args
-
-
-def reserve_port(host: str) -> socket.socket:
-    """A socket bound to a free port of ``host`` and kept open: the port stays reserved.
-
-    The socket sets ``SO_REUSEADDR`` and never listens. On Linux another socket may then bind
-    the same port only if it sets ``SO_REUSEADDR`` too, as rank 0's rendezvous listener does,
-    while ordinary binds (and the kernel's choice of ephemeral ports) skip it. Picking a port
-    and closing it again would leave a window in which another program could take it before
-    rank 0 binds. Close the socket when the job has ended.
-    """
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((host, 0))
-    return s
 
 
 def rank_env(args: argparse.Namespace, local_rank: int,
@@ -179,118 +95,6 @@ def rank_env(args: argparse.Namespace, local_rank: int,
     if getattr(args, "auth_token", None):
         env["MINIDIST_AUTH_TOKEN"] = args.auth_token
     return env
-
-
-NOTICE_FD_VAR = "MINIDIST_LAUNCH_FD"  # the rank's end of its notice channel
-
-
-@dataclasses.dataclass(frozen=True)
-class Notice:
-    """What a rank said as it began to end (minidist.watch.failure.notice writes it)."""
-
-    kind: str  # "exception", "exit" or "interrupted"
-    line: str  # the exception's "Type: message", or what happened
-    blames: tuple[int, ...]  # peers it failed because of (empty: its own failure)
-    t: float  # when (time.time() on the rank)
-
-    @staticmethod
-    def parse(raw: bytes) -> "Notice":
-        d = json.loads(raw)
-        return Notice(str(d["kind"]), str(d.get("line") or ""),
-                      tuple(int(b) for b in d.get("blames") or ()), float(d["t"]))
-
-
-# Which (rank, stream) left a line open on the terminal (a progress bar), if any.
-_SCREEN: dict[str, tuple | None] = {"open": None}
-_SCREEN_LOCK = threading.Lock()
-
-
-class Rank:
-    """One child process, its global rank, and the last line it printed."""
-
-    def __init__(self, rank: int, proc: subprocess.Popen) -> None:
-        self.rank, self.proc, self.last_line = rank, proc, ""
-        self.readers: list[threading.Thread] = []
-        self.notice: Notice | None = None  # what the rank said when it began to end, if it did
-
-    def relay(self, src: IO[bytes], dst: IO[bytes]) -> None:
-        """Copy the rank's output to ``dst``, each line prefixed with ``[rank r]``.
-
-        Whole lines go out in one write each, so ranks' lines never run together. A progress
-        bar redraws its line after ``\r`` without ending it: that part goes out at once (each
-        redraw prefixed), so the bar moves instead of arriving whole at the end of the epoch.
-        A line that already starts with the rank's own prefix (minidist's logging writes
-        ``[rank r/N] ...``) is left as is.
-        """
-        prefix = f"[rank {self.rank}] ".encode()
-        own = (f"[rank {self.rank}/".encode(), prefix)
-        pending, mid_line = b"", False  # mid_line: part of the current line is already out
-        while True:
-            chunk = src.read1(65536) if hasattr(src, "read1") else src.readline()
-            if not chunk:
-                break
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                self._write(dst, _prefixed(line + b"\n", prefix, own, mid_line), False)
-                mid_line = False
-            if b"\r" in pending:  # a bar's redraw: show it now
-                self._write(dst, _prefixed(pending, prefix, own, mid_line), True)
-                pending, mid_line = b"", True
-        if pending:
-            self._write(dst, _prefixed(pending + b"\n", prefix, own, mid_line), False)
-        src.close()
-
-    def _write(self, dst: IO[bytes], data: bytes, partial: bool) -> None:
-        """Write ``data``; ``partial``: it leaves its line open (a progress bar). Another
-        stream's line first ends an open one, so the two never share a line."""
-        text = [t for t in data.decode(errors="replace").replace("\r", "\n").splitlines()
-                if t.strip()]
-        if text:
-            self.last_line = text[-1].strip()
-        with _SCREEN_LOCK:
-            try:
-                if _SCREEN["open"] not in (None, (self.rank, dst)) and _same_screen(
-                        _SCREEN["open"][1], dst):
-                    dst.write(b"\n")
-                dst.write(data)
-                dst.flush()
-            except (OSError, ValueError):  # our own stdout closed: keep draining the pipe
-                pass
-            _SCREEN["open"] = (self.rank, dst) if partial else None
-
-    def signal_group(self, sig: int) -> None:
-        if self.proc.poll() is None or sig == signal.SIGKILL:
-            try:
-                os.killpg(self.proc.pid, sig)  # the rank and anything it started
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def _same_screen(a: IO[bytes], b: IO[bytes]) -> bool:
-    """Whether text written to ``a`` and ``b`` lands on one screen (one stream, or two
-    terminals): only then does an open line on ``a`` need ending before ``b`` writes."""
-    if a is b:
-        return True
-    try:
-        return os.isatty(a.fileno()) and os.isatty(b.fileno())
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def _prefixed(data: bytes, prefix: bytes, own: tuple, mid_line: bool) -> bytes:
-    """``data`` with ``prefix`` at the start of its line and after each ``\r`` (a redraw),
-    except where the line already starts with ``own`` or continues text already written."""
-    parts = data.split(b"\r")
-    out = []
-    for k, seg in enumerate(parts):
-        bare = (k == 0 and mid_line) or not seg or seg.startswith(own) or (k > 0 and seg == b"\n")
-        out.append(seg if bare else prefix + seg)
-    return b"\r".join(out)
-
-
-def _exit_code(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
 
 
 class Launcher:
@@ -444,7 +248,7 @@ class Launcher:
         except subprocess.TimeoutExpired:
             pass
         self.stop_all(signal.SIGTERM)
-        code = _exit_code(failed.proc.returncode)
+        code = exit_code(failed.proc.returncode)
         if code == 0:  # its script returned (or raised SystemExit(0)) while the others waited
             code = 1
         said, kind = (failed.notice.line, failed.notice.kind) if failed.notice else ("", "")
@@ -452,7 +256,7 @@ class Launcher:
                  else said if said and kind == "startup"  # one line: "minidist: ..."
                  else f"Last line of rank {failed.rank}: {failed.last_line!r}"
                  if failed.last_line else f"Rank {failed.rank} printed nothing.")
-        self._say(f"rank {failed.rank} exited with code {_exit_code(failed.proc.returncode)}; "
+        self._say(f"rank {failed.rank} exited with code {exit_code(failed.proc.returncode)}; "
                   f"stopped the other ranks. {quote}")
         return code
 

@@ -27,18 +27,19 @@ Mixed precision (``TrainerConfig(amp=True)``, docs/amp.md): forward and loss run
 ``amp.autocast`` (float16 matmul/conv; emulated on the CPU), and a ``GradScaler`` scales the
 loss, skips steps whose gradients overflowed and adapts the scale; its state is checkpointed,
 so resume stays bit for bit. Pass ``scaler=`` to choose its settings.
+
+Parts (in the training wing's package): ``TrainerConfig`` in minidist/checkpoint/trainer_config.py,
+``History`` in checkpoint/history.py, the checks and the reporting in trainer_checks.py and
+trainer_report.py (base classes of ``Trainer``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import contextlib
-import json
 import math
-import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,11 +49,15 @@ from minidist import amp, comm
 from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.checkpoint import checkpoint_path, save_checkpoint
+from minidist.checkpoint.history import History
+from minidist.checkpoint.trainer_checks import TrainerChecks
+from minidist.checkpoint.trainer_report import TrainerReport, compile_note, draw_progress
+from minidist.checkpoint.trainer_config import (AGREED_CONFIG, LR_SCALINGS,  # noqa: F401
+                                                SCHEDULES, TrainerConfig, TrainingDiverged)
 from minidist.checkpoint.resume import (agree_on_checkpoint, check_writable,
                                         no_checkpoint_error, refuse_used_folder, restore)
 from minidist.data import DataLoader, DistributedSampler, random_split
 from minidist.ddp import DistributedDataParallel
-from minidist.watch.preflight import check_manifest
 from minidist.kernels import jit_cache
 from minidist.logger import get_logger, rank_prefix
 from minidist.optim import LinearWarmup, WarmupCosine
@@ -61,178 +66,8 @@ from minidist.tensor import random as tensor_random
 
 log = get_logger(__name__)
 
-LR_SCALINGS = ("none", "linear", "sqrt")
-SCHEDULES = ("cosine", "constant")
-# TrainerConfig fields that decide how many collectives run and which samples each rank sees:
-# the pre-flight check at fit compares them across ranks.
-_AGREED_CONFIG = ("epochs", "batch_size", "grad_accum_steps", "shuffle", "seed",
-                  "stop_after_epochs", "stop_after_steps", "checkpoint_every_n_steps",
-                  "validation_split", "resume")
 
-
-class TrainingDiverged(FloatingPointError):
-    """A training step's averaged gradient held NaN or inf (``allow_nonfinite=False``).
-
-    Raised alike on every rank (the reduced gradients are identical everywhere); the message
-    names the step, the parameters and the ranks whose forward output went non-finite first.
-    """
-
-
-@dataclass
-class TrainerConfig:
-    """Everything the training loop needs besides the model, loss and optimizer.
-
-    Attributes:
-        epochs: passes over the training set.
-        batch_size: samples per micro-batch PER RANK (effective batch: batch_size x world
-            size x grad_accum_steps).
-        shuffle: reshuffle the training set each epoch (seed + epoch, same on every rank).
-        seed: seed of the shuffle and of the validation split.
-        grad_accum_steps: micro-batches per optimizer step (the first k-1 under no_sync).
-        lr_scaling: multiply the optimizer's rates by the world size ("linear", Goyal et al.
-            2017), its square root ("sqrt"), or leave them ("none"). The Trainer does this once,
-            IN PLACE, in ``Trainer.__init__``: every ``optimizer.param_groups[i]["lr"]`` becomes
-            ``lr x Trainer.lr_scale``, and rank 0 says so ("lr scaled x4 (linear, world size
-            4): 0.003 -> 0.012"). Pass the rate for ONE rank's batch.
-        warmup_steps: optimizer steps of linear warm-up (added to warmup_epochs' steps).
-        warmup_epochs: epochs of linear warm-up (may be fractional).
-        schedule: "cosine" decay to min_lr over the run after warm-up, or "constant".
-        min_lr: the final rate of the cosine schedule.
-        log_every_n_batches: rank 0 reports its loss every n optimizer steps (0: per epoch only).
-        trace_dir: write a step timeline (Chrome trace / Perfetto JSON) per rank into this
-            folder, merged into ``trace.json`` at the end of ``fit`` (minidist/tracing.py; the
-            ``MINIDIST_TRACE`` variable does the same). None: no tracing.
-        checkpoint_every_n_epochs: write a checkpoint every n epochs and after the last (0: never).
-        checkpoint_every_n_steps: also write a checkpoint every n optimizer steps, mid-epoch
-            included, with the DataLoader's position (0: never). A resumed run continues at
-            the next batch and ends bit-identical to a straight one. In this mode every
-            checkpoint file is numbered by optimizer step (``checkpoint-000012.npz``: after
-            step 12), not by epoch.
-        checkpoint_dir: where checkpoints and history.json go.
-        checkpoint_keep_last: keep only this many newest checkpoints (None: keep all).
-        resume: True: start from the newest checkpoint in checkpoint_dir that loads (damaged
-            newer ones are skipped, one warning line each); a folder without one is an error
-            (a mistyped name). "if_present": the same, but start fresh when there is none
-            (a job resubmitted with the same command). False: a new run, which refuses a
-            checkpoint_dir that already holds checkpoints (one folder per run).
-        stop_after_epochs: end this run after this many epochs of THIS run (counted from
-            where it started or resumed) although the schedule spans ``epochs``: for
-            time-limited jobs that resume later (None: run all).
-        stop_after_steps: end this run after this many optimizer steps of this run,
-            mid-epoch if need be, after writing a checkpoint when ``checkpoint_dir`` is set
-            (None: run all).
-        validation_split: fraction of the training set held out when no val set is given.
-        progress_bar: text bar on rank 0's stderr; None = only on a TTY and not under CI.
-        verbose: rank 0 prints one line per epoch.
-        amp: mixed precision: forward and loss under ``amp.autocast`` on the default device,
-            loss scaling with a ``GradScaler`` (see docs/amp.md).
-        allow_nonfinite: False (default): the first step whose averaged gradient holds NaN or
-            inf stops ``fit`` with ``TrainingDiverged``, naming the step and the parameters
-            (the run diverged: every later step would train on NaN). True: train on, as
-            DistributedDataParallel's own ``nonfinite_grads`` policy says (warn once, then
-            count). Under amp the GradScaler handles inf/NaN steps (it skips them).
-        ddp_options: extra keyword arguments for DistributedDataParallel (bucket_cap_mb, ...).
-    """
-
-    epochs: int = 10
-    batch_size: int = 32
-    shuffle: bool = True
-    seed: int = 0
-    grad_accum_steps: int = 1
-    lr_scaling: str = "none"
-    warmup_steps: int = 0
-    warmup_epochs: float = 0.0
-    schedule: str = "constant"
-    min_lr: float = 0.0
-    log_every_n_batches: int = 0
-    trace_dir: str | None = None
-    checkpoint_every_n_epochs: int = 0
-    checkpoint_every_n_steps: int = 0
-    checkpoint_dir: str | None = None
-    checkpoint_keep_last: int | None = None
-    resume: bool | str = False
-    stop_after_epochs: int | None = None
-    stop_after_steps: int | None = None
-    validation_split: float = 0.0
-    progress_bar: bool | None = None
-    verbose: bool = True
-    amp: bool = False
-    allow_nonfinite: bool = False
-    ddp_options: dict = field(default_factory=dict)
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad field, with the allowed values."""
-        checks = [
-            (self.epochs >= 1, "epochs", self.epochs, ">= 1"),
-            (self.batch_size >= 1, "batch_size", self.batch_size, ">= 1"),
-            (self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, ">= 1"),
-            (self.lr_scaling in LR_SCALINGS, "lr_scaling", self.lr_scaling,
-             f"one of {LR_SCALINGS}"),
-            (self.schedule in SCHEDULES, "schedule", self.schedule, f"one of {SCHEDULES}"),
-            (self.warmup_steps >= 0 and self.warmup_epochs >= 0, "warmup_steps/warmup_epochs",
-             (self.warmup_steps, self.warmup_epochs), ">= 0"),
-            (self.warmup_epochs <= self.epochs, "warmup_epochs", self.warmup_epochs,
-             f"<= epochs ({self.epochs}): the warm-up would never end"),
-            (self.resume in (False, True, "if_present"), "resume", self.resume,
-             "False, True or 'if_present'"),
-            (self.stop_after_epochs is None or self.stop_after_epochs >= 1,
-             "stop_after_epochs", self.stop_after_epochs, "None or >= 1"),
-            (0.0 <= self.validation_split < 1.0, "validation_split", self.validation_split,
-             "in [0, 1)"),
-            (self.checkpoint_every_n_epochs >= 0, "checkpoint_every_n_epochs",
-             self.checkpoint_every_n_epochs, ">= 0"),
-            (self.checkpoint_every_n_steps >= 0, "checkpoint_every_n_steps",
-             self.checkpoint_every_n_steps, ">= 0"),
-            (self.stop_after_steps is None or self.stop_after_steps >= 1, "stop_after_steps",
-             self.stop_after_steps, "None or >= 1"),
-            (not ((self.checkpoint_every_n_epochs or self.checkpoint_every_n_steps
-                   or self.resume) and not self.checkpoint_dir),
-             "checkpoint_dir", self.checkpoint_dir, "set when checkpointing or resuming"),
-            (self.checkpoint_keep_last is None or (isinstance(self.checkpoint_keep_last, int)
-                                                   and self.checkpoint_keep_last >= 1),
-             "checkpoint_keep_last", self.checkpoint_keep_last, "None (keep all) or >= 1"),
-        ]
-        for ok, name, value, want in checks:
-            if not ok:
-                raise ValueError(f"{rank_prefix()} TrainerConfig: {name}={value!r}; it must be "
-                                 f"{want}.")
-
-
-@dataclass
-class History:
-    """Per-epoch metrics of a run (averaged over all ranks) and its throughput."""
-
-    train_losses: list = field(default_factory=list)
-    train_accuracies: list = field(default_factory=list)
-    val_losses: list = field(default_factory=list)
-    val_accuracies: list = field(default_factory=list)
-    epoch_times: list = field(default_factory=list)
-    total_time_seconds: float = 0.0
-    samples_per_second: float = 0.0
-    effective_batch_size: int = 0
-    world_size: int = 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_json(self, path: str | Path | None = None) -> str:
-        """The history as JSON; also written (atomically) to ``path`` when given."""
-        text = json.dumps(self.to_dict(), indent=2)
-        if path is not None:
-            path = Path(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            tmp.write_text(text)
-            os.replace(tmp, path)
-        return text
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> History:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-
-class Trainer:
+class Trainer(TrainerChecks, TrainerReport):
     """Train a model data-parallel over every rank of the default process group.
 
     Args:
@@ -368,7 +203,7 @@ class Trainer:
                 line += (f"  scale {self.scaler.get_scale():g} (skipped "
                          f"{self.scaler.skipped_steps})")
             self._log(line + f"  {seen / elapsed:,.0f} samples/s  {elapsed:.2f}s"
-                      + _compile_note(kernels_before, jit_cache.stats()))
+                      + compile_note(kernels_before, jit_cache.stats()))
             every = cfg.checkpoint_every_n_epochs
             if every and ((epoch + 1) % every == 0 or epoch + 1 == last):
                 self.save_checkpoint(epoch + 1)
@@ -503,7 +338,7 @@ class Trainer:
                 tr.complete("optimizer.step", t_opt, t_end, args=args)
                 tr.complete(f"step {self.global_step - 1}", t_step, t_end, args=args)
             if show_bar:
-                _progress(b + 1, len(loader), epoch, float(loss.item()))
+                draw_progress(b + 1, len(loader), epoch, float(loss.item()))
         if show_bar:
             sys.stderr.write("\n")
         comm.all_reduce(sums, op="sum")
@@ -546,112 +381,3 @@ class Trainer:
     def _autocast(self) -> amp.autocast:
         # float16 with loss scaling on both devices (torch's CPU default would be bfloat16)
         return amp.autocast(self.device_type, dtype=amp.float16, enabled=self.config.amp)
-
-    def _amp_errstate(self) -> Any:
-        """Under amp, NumPy's overflow/invalid warnings in float16 are expected: the scaler
-        skips those steps. Without amp the NaN/inf check of the reduced gradients says it once
-        (allow_nonfinite=False), naming the step and the tensors. A GPU raises no warnings."""
-        if not self.config.amp and self.config.allow_nonfinite:
-            return contextlib.nullcontext()
-        return np.errstate(over="ignore", invalid="ignore")
-
-    def _check_fp16_without_amp(self) -> None:
-        """float16 parameters without amp: an optimizer eps that is 0 in float16 (Adam's 1e-8)
-        divides by zero at the first step (NaN weights). Refused before step 0, naming it."""
-        if self.config.amp:
-            return
-        for group in self.optimizer.param_groups:
-            eps = group.get("eps")
-            half = [p for p in group["params"] if getattr(p, "dtype", None) == np.float16]
-            if half and isinstance(eps, float) and np.float16(eps) == 0:
-                tiny = float(np.finfo(np.float16).smallest_subnormal)
-                raise ValueError(
-                    f"{rank_prefix()} Trainer: {len(half)} parameter(s) are float16 and amp is "
-                    f"off, and {type(self.optimizer).__name__}'s eps={eps:g} rounds to 0 in "
-                    f"float16 (the smallest float16 is {tiny:.1e}), so the first step "
-                    "divides by zero and the weights turn NaN. Keep the parameters float32 and "
-                    "train with TrainerConfig(amp=True) (float16 compute, float32 weights), or "
-                    "give the optimizer eps >= 1e-4.")
-
-    def _check_fp16_path(self, ac: amp.autocast) -> None:
-        """amp=True on a model whose forward casts nothing to float16 is an error (once)."""
-        if self._fp16_path_checked or not self.config.amp:
-            return
-        self._fp16_path_checked = True
-        if ac.lower_precision_ops == 0:
-            raise ValueError(
-                f"{rank_prefix()} Trainer: amp=True, but the forward pass of "
-                f"{type(self.model).__name__} ran no op in float16: autocast computes only "
-                "matmul, linear and conv2d in float16, and only from float32 inputs (float64 "
-                "models are left alone). Train without amp, or build the model in float32 from "
-                "such layers (nn.Linear, nn.Conv2d).")
-
-    def _progress_enabled(self) -> bool:
-        if self.rank != 0:
-            return False
-        if self.config.progress_bar is not None:
-            return self.config.progress_bar
-        return sys.stderr.isatty() and not os.environ.get("CI")
-
-    def _amp_manifest(self) -> dict[str, Any]:
-        """The mixed-precision settings every rank must share (a per-rank scale diverges)."""
-        sc = self.scaler
-        return {"autocast": bool(self.config.amp), "scaler": sc.is_enabled(),
-                "init_scale": float(sc.get_scale()) if sc.is_enabled() else None,
-                "growth_factor": sc.get_growth_factor(), "backoff_factor": sc.get_backoff_factor(),
-                "growth_interval": sc.get_growth_interval(),
-                "master_weights": isinstance(self.optimizer, amp.MasterWeights)}
-
-    def _preflight(self, n_samples: int, n_batches: int) -> None:
-        """Before step 0: every rank must run the same model, data length and settings.
-
-        One all_gather_object of the run manifest (DDP's fields plus the ones below): a rank
-        that loaded a different dataset would otherwise run into the next collective while
-        its peers still train (MPI then aborts with "Message truncated", or the wait runs into
-        MINIDIST_TIMEOUT_S). Any difference raises PreflightError on every rank.
-        """
-        if self.world_size == 1:
-            return
-        cfg = self.config
-        manifest = {**self.ddp.manifest,
-                    "dataset length": int(n_samples), "batches per epoch": int(n_batches),
-                    "trainer config": {k: getattr(cfg, k) for k in _AGREED_CONFIG},
-                    **self.preflight_fields}
-        check_manifest(manifest, "Trainer.fit", self.ddp.process_group)
-
-    def _merge_trace(self) -> None:
-        """Tracing on: write this rank's timeline; rank 0 merges all ranks into trace.json."""
-        tr = trace.tracer()
-        if tr is None:
-            return
-        tr.flush()
-        if self.world_size > 1:
-            comm.barrier()  # every rank's file is complete before rank 0 reads them
-        if self.rank == 0:
-            self._log(f"trace: {trace.merge(tr.directory)} (open in https://ui.perfetto.dev)")
-
-    def _log(self, message: str) -> None:
-        """Rank 0 only: print (progress for people) when verbose, else log at INFO."""
-        if self.rank != 0:
-            return
-        if self.config.verbose:
-            print(message, flush=True)
-        else:
-            log.info(message)
-
-
-def _progress(done: int, total: int, epoch: int, loss: float, width: int = 30) -> None:
-    filled = int(width * done / max(total, 1))
-    sys.stderr.write(f"\repoch {epoch + 1} [{'#' * filled}{'.' * (width - filled)}] "
-                     f"{done}/{total} loss {loss:.4f}")
-    sys.stderr.flush()
-
-
-def _compile_note(before: jit_cache.Stats, after: jit_cache.Stats) -> str:
-    """What an epoch line adds when its time includes compiling the fused kernels (this
-    process compiled, or waited for another process of the machine compiling them): the
-    first epoch of the first run on a machine; later runs load them from the disk cache."""
-    if after.compiles == before.compiles and after.waited == before.waited:
-        return ""
-    return (f"  (incl. {after.seconds - before.seconds:.2f}s compiling fused kernels for "
-            "this machine, once)")

@@ -13,6 +13,8 @@ REPO = Path(__file__).resolve().parent.parent
 LAYOUT = REPO / "docs" / "layout.md"
 MAX_PATH_LINES = 700
 MAX_MODULE_LINES = 400
+SPINE_BUDGET_LINES = 6000  # the reading table's files, every line
+SPINE_MODULE_LINES = 300
 ENTRY = re.compile(r"^\s*\d+\.\s+`(minidist/[\w/]+\.py):([\w.]+)`")
 
 
@@ -96,3 +98,7 @@ def test_the_spine_reading_table_counts_what_is_there():
         module = "minidist." + path.removesuffix(".py").replace("/", ".")
         assert is_wing_module(module) is None, f"{path} is a wing's, not the spine's"
     assert abs(sum(actual.values()) - total) <= 0.05 * total, (total, sum(actual.values()))
+    # the budget: an afternoon's reading, in files of one sitting each
+    assert sum(actual.values()) <= SPINE_BUDGET_LINES, sum(actual.values())
+    long = {p: n for p, n in actual.items() if n > SPINE_MODULE_LINES}
+    assert not long, f"spine modules over {SPINE_MODULE_LINES} lines: {long}"

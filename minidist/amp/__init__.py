@@ -11,7 +11,9 @@
         opt.zero_grad()
 
 Modules: ``autocast_mode`` (the context manager; the state and op lists live in
-``minidist.tensor.autocast_mode``), ``grad_scaler`` (GradScaler, OptState, the DDP fold),
+``minidist.tensor.autocast_mode``), ``grad_scaler`` (GradScaler, OptState, the DDP fold;
+its per-step state in ``scaler_state``, its accessors and state_dict in ``scaler_settings``,
+the unfused unscale in ``scaled_values``),
 ``master_weights`` (float16 model weights with float32 masters), ``overflow`` (reports of
 skipped steps, the scale-floor warning). docs/amp.md explains them.
 On the CPU float16 matrix products are emulated (float32 BLAS, rounded to float16): same

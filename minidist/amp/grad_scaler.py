@@ -43,14 +43,15 @@ extra pass over the gradients. The reduced buckets are identical on every rank, 
 found_inf flags, the skip decision and the next scale: no extra collective. ``unscale_`` then
 only handles gradients no bucket covered. Float16 buckets (``MasterWeights``) are unscaled
 straight into a flat float32 buffer of master gradients.
+
+Parts: scaler_state.py (per-step state), scaler_settings.py (accessors, state_dict).
 """
 
 from __future__ import annotations
 
-import enum
 import threading
 import weakref
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -59,6 +60,10 @@ from minidist import xp as backend
 from minidist.amp.master_weights import MasterParameter, MasterWeights, owner_of
 from minidist.amp.overflow import OverflowReport, first_nonfinite
 from minidist.logger import get_logger, rank_prefix
+from minidist.amp.scaled_values import (fusable, map_tensors, params_of, tensors_in,
+                                        unscale_unfused)
+from minidist.amp.scaler_settings import ScalerSettings
+from minidist.amp.scaler_state import FlagSlots, FoldedBucket, OptimizerStep, OptState
 from minidist.optim.grad_scaling import notify_scale
 from minidist.tensor import Tensor
 
@@ -84,72 +89,7 @@ def active_scaler() -> GradScaler | None:
     return scaler
 
 
-class OptState(enum.Enum):
-    """Where one optimizer is in the current step (torch's OptState)."""
-
-    READY = 0
-    UNSCALED = 1
-    STEPPED = 2
-
-
-class _OptimizerStep:
-    """This step's bookkeeping for one optimizer."""
-
-    def __init__(self) -> None:
-        self.stage = OptState.READY
-        self.slots: list[int] | None = None  # its flags in the scaler's array, once unscaled
-        self.skipped: bool | None = None  # known after step()
-
-
-class _FoldedBucket:
-    """A bucket DDP unscaled this step: its targets (params or masters), names, flag slot."""
-
-    def __init__(self, targets: list, names: list, slot: int, found_inf: Any) -> None:
-        self.targets, self.names, self.slot, self.found_inf = targets, names, slot, found_inf
-
-
-class _FlagSlots:
-    """The step's inf/NaN flags: ONE persistent float32 array on the device, one slot per
-    DDP bucket and per optimizer (kept across steps, so every kernel writes to the same
-    addresses: its launch plan is reused). ``update_scale_`` reads every slot and zeroes them
-    for the next step: no allocation and no zeroing launch per step.
-
-        flags = [bucket 0 | bucket 1 | ... | optimizer A | optimizer B | unused ...]
-    """
-
-    def __init__(self, like: Any, capacity: int = 64) -> None:
-        self._xp = backend.get_array_module(like)
-        self.array = self._xp.zeros(capacity, dtype=np.float32)
-        self._views: list[Any] = []
-        self._slot_of: dict[Any, int] = {}
-        self._lock = threading.Lock()  # DDP's comm thread takes bucket slots
-        self.dirty = False             # a kernel may have set a flag since the last reset
-
-    def slot(self, key: Any) -> tuple[int, Any]:
-        """The slot index of ``key`` and its float32[1] view (created on first use)."""
-        with self._lock:
-            j = self._slot_of.get(key)
-            if j is None:
-                j = self._slot_of[key] = len(self._views)
-                if j == self.array.size:  # grow (rare): the values so far come along
-                    bigger = self._xp.zeros(2 * self.array.size, dtype=np.float32)
-                    bigger[:j] = self.array
-                    self.array = bigger
-                    self._views = [self.array[k:k + 1] for k in range(j)]
-                self._views.append(self.array[j:j + 1])
-            self.dirty = True
-            return j, self._views[j]
-
-    def read(self) -> np.ndarray:
-        """Every slot on the host (one device-to-host copy)."""
-        return backend.to_host(self.array[:len(self._views)], op="GradScaler.step")
-
-    def zero(self) -> None:
-        self.array[...] = 0
-        self.dirty = False
-
-
-class GradScaler:
+class GradScaler(ScalerSettings):
     """Dynamic loss scaling (torch.amp.GradScaler's arguments, methods and state dict).
 
     Args:
@@ -196,9 +136,9 @@ class GradScaler:
         self._growth_tracker: Any = None  # int32[1] on the device
         self._inv_scale: Any = None       # this step's 1/scale, float32[1] (persistent)
         self._inv_fresh = False
-        self._per_optimizer: dict[int, _OptimizerStep] = {}
-        self._flags: _FlagSlots | None = None     # the step's flags, on the device
-        self._folded: list[_FoldedBucket] = []
+        self._per_optimizer: dict[int, OptimizerStep] = {}
+        self._flags: FlagSlots | None = None     # the step's flags, on the device
+        self._folded: list[FoldedBucket] = []
         self._folded_found: dict[int, int] = {}   # id(param or master) -> its bucket's slot
         self._num_steps = 0            # update() calls: the "step" in messages
         self._report = OverflowReport()  # skipped steps, the scale-floor warning
@@ -221,7 +161,7 @@ class GradScaler:
                 "backward would mix scaled and unscaled values. Accumulate micro-batches under "
                 "ddp.no_sync() (only the last backward syncs), or sum the losses into one "
                 "backward, or call scaler.step(optimizer) and scaler.update() in between.")
-        first = next(iter(_tensors(outputs)), None)
+        first = next(iter(tensors_in(outputs)), None)
         if first is None:
             raise TypeError(f"{rank_prefix()} GradScaler.scale: expected a Tensor or a "
                             f"list/tuple of Tensors, got {type(outputs).__name__}.")
@@ -231,8 +171,8 @@ class GradScaler:
         if flags is not None and flags.dirty and not self._per_optimizer:
             flags.zero()  # a step abandoned after unscaling: its flags must not skip this one
         factor = Tensor(self._scale.reshape(()).copy())
-        scaled = _map(outputs, lambda t: (t.float() if t.dtype == np.float16 else t) * factor)
-        _active.scaler, _active.output = self, weakref.ref(next(iter(_tensors(scaled))))
+        scaled = map_tensors(outputs, lambda t: (t.float() if t.dtype == np.float16 else t) * factor)
+        _active.scaler, _active.output = self, weakref.ref(next(iter(tensors_in(scaled))))
         notify_scale(self)  # DDP listens (minidist/optim/grad_scaling.py)
         return scaled
 
@@ -240,7 +180,7 @@ class GradScaler:
         xp = backend.get_array_module(like)
         self._scale = xp.full(1, self._init_scale, dtype=np.float32)
         self._growth_tracker = xp.full(1, self._init_growth_tracker, dtype=np.int32)
-        self._flags = _FlagSlots(self._scale)
+        self._flags = FlagSlots(self._scale)
 
     def _check_scale(self, funcname: str) -> None:
         if self._scale is None:
@@ -295,7 +235,7 @@ class GradScaler:
         assert self._flags is not None
         slot, found = self._flags.slot(("bucket", id(buffer)))
         kernels.unscale_and_check_(buffer, dst, self._inv(), found)
-        self._folded.append(_FoldedBucket(targets, list(names or []), slot, found))
+        self._folded.append(FoldedBucket(targets, list(names or []), slot, found))
         for t in targets:
             self._folded_found[id(t)] = slot
         return True
@@ -339,7 +279,7 @@ class GradScaler:
         srcs: list[Any] = []
         dsts: list[Any] = []
         checked = 0
-        for i, p in enumerate(_params(optimizer)):
+        for i, p in enumerate(params_of(optimizer)):
             folded = self._folded_found.get(id(p))
             if folded is not None:
                 slots[folded] = None
@@ -363,12 +303,12 @@ class GradScaler:
                         "float16 flushes small gradients to zero. Keep float32 parameters "
                         "(autocast already computes in float16), or wrap the optimizer in "
                         "minidist.amp.MasterWeights for float16 weights with float32 masters.")
-            if _fusable(src, dst):
+            if fusable(src, dst):
                 flat = src.reshape(-1)
                 srcs.append(flat)
                 dsts.append(flat if dst is src else dst.reshape(-1))  # in place: same object
             else:
-                _unscale_unfused(src, dst, inv, found)
+                unscale_unfused(src, dst, inv, found)
             checked += 1
         if checked == 0:
             raise RuntimeError(
@@ -411,7 +351,7 @@ class GradScaler:
         if state.skipped:
             buckets = [(b.found_inf, b.targets, b.names) for b in self._folded
                        if host[b.slot] != 0.0]
-            first = first_nonfinite(buckets, list(_params(optimizer)), set(self._folded_found))
+            first = first_nonfinite(buckets, list(params_of(optimizer)), set(self._folded_found))
             self._report.skipped(self._num_steps, first, self.get_scale(), self._backoff_factor)
         else:
             retval = optimizer.step(*args, **kwargs)
@@ -452,137 +392,8 @@ class GradScaler:
         if getattr(_active, "scaler", None) is self:
             _active.scaler = None
 
-    def _set_scale(self, new_scale: Any) -> None:
-        if isinstance(new_scale, (int, float)):
-            self._scale[...] = float(new_scale)
-            return
-        arr = new_scale.array if isinstance(new_scale, Tensor) else new_scale
-        if getattr(arr, "size", 0) != 1 or getattr(arr, "dtype", None) != np.float32:
-            raise ValueError(f"{rank_prefix()} GradScaler.update: new_scale should be a float or "
-                             "a 1-element float32 array/Tensor, got "
-                             f"{type(new_scale).__name__} {getattr(arr, 'dtype', '')}.")
-        self._scale[...] = backend.get_array_module(self._scale).asarray(arr).reshape(1)
-
-    # ------------------------------------------------------------------ accessors
-
-    def get_scale(self) -> float:
-        """The current scale as a Python float (1.0 when disabled); a host read on a GPU."""
-        if not self._enabled:
-            return 1.0
-        if self._scale is None:
-            return self._init_scale
-        return float(backend.to_host(self._scale, explicit="get_scale")[0])
-
-    def get_growth_factor(self) -> float:
-        return self._growth_factor
-
-    def set_growth_factor(self, new_factor: float) -> None:
-        self._growth_factor = float(new_factor)
-
-    def get_backoff_factor(self) -> float:
-        return self._backoff_factor
-
-    def set_backoff_factor(self, new_factor: float) -> None:
-        self._backoff_factor = float(new_factor)
-
-    def get_growth_interval(self) -> int:
-        return self._growth_interval
-
-    def set_growth_interval(self, new_interval: int) -> None:
-        self._growth_interval = int(new_interval)
-
-    def _get_growth_tracker(self) -> int:
-        if self._growth_tracker is None:
-            return self._init_growth_tracker
-        return int(self._growth_tracker[0])
-
-    def is_enabled(self) -> bool:
-        return self._enabled
-
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps skipped because of inf/NaN gradients so far (not in state_dict)."""
-        return self._report.num_skipped
-
-    def state_dict(self) -> dict[str, Any]:
-        """torch's keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker.
-
-        Empty when disabled (as torch).
-        """
-        if not self._enabled:
-            return {}
-        return {"scale": self.get_scale(), "growth_factor": self._growth_factor,
-                "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
-                "_growth_tracker": self._get_growth_tracker()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore ``state_dict()`` (also one saved by torch's GradScaler: same keys).
-
-        Raises:
-            RuntimeError: the state dict is empty (saved from a disabled scaler).
-        """
-        if not self._enabled:
-            return
-        if len(state_dict) == 0:
-            raise RuntimeError(f"{rank_prefix()} GradScaler.load_state_dict: The source state "
-                               "dict is empty, possibly because it was saved from a disabled "
-                               "instance of GradScaler. Start this scaler fresh instead.")
-        self._init_scale = float(state_dict["scale"])
-        self._growth_factor = float(state_dict["growth_factor"])
-        self._backoff_factor = float(state_dict["backoff_factor"])
-        self._growth_interval = int(state_dict["growth_interval"])
-        self._init_growth_tracker = int(state_dict["_growth_tracker"])
-        self._inv_fresh = False
-        if self._scale is not None:
-            self._scale[...] = self._init_scale
-        if self._growth_tracker is not None:
-            self._growth_tracker[...] = self._init_growth_tracker
-
-    def _state_of(self, optimizer: Any) -> _OptimizerStep:
+    def _state_of(self, optimizer: Any) -> OptimizerStep:
         state = self._per_optimizer.get(id(optimizer))
         if state is None:
-            state = self._per_optimizer[id(optimizer)] = _OptimizerStep()
+            state = self._per_optimizer[id(optimizer)] = OptimizerStep()
         return state
-
-    def __repr__(self) -> str:
-        return (f"GradScaler(device={self._device!r}, scale={self.get_scale():g}, "
-                f"enabled={self._enabled})")
-
-
-# ---------------------------------------------------------------------- helpers
-
-
-def _tensors(outputs: Any) -> Iterator[Any]:
-    if isinstance(outputs, Tensor):
-        yield outputs
-    elif isinstance(outputs, (list, tuple)):
-        for o in outputs:
-            yield from _tensors(o)
-
-
-def _map(outputs: Any, fn: Any) -> Any:
-    if isinstance(outputs, Tensor):
-        return fn(outputs)
-    if isinstance(outputs, (list, tuple)):
-        return type(outputs)(_map(o, fn) for o in outputs)
-    raise TypeError(f"{rank_prefix()} GradScaler.scale: outputs must be Tensors or (nested) "
-                    f"lists/tuples of Tensors, got {type(outputs).__name__}.")
-
-
-def _params(optimizer: Any) -> Iterator[Any]:
-    for group in optimizer.param_groups:
-        yield from group["params"]
-
-
-def _fusable(src: Any, dst: Any) -> bool:
-    """Can the fused kernel unscale src into dst (float16/float32 in, float32 out, contiguous)?"""
-    return (src.dtype in (np.float16, np.float32) and dst.dtype == np.float32
-            and src.flags.c_contiguous and dst.flags.c_contiguous)
-
-
-def _unscale_unfused(src: Any, dst: Any, inv: Any, found: Any) -> None:
-    """``dst = src * inv`` and ``found[0] = 1`` if src has inf/NaN, as two plain passes."""
-    xp = backend.get_array_module(src)
-    bad = ~xp.isfinite(src).all()  # float64 grads: NumPy ops, not a kernel; no host read
-    xp.maximum(found, bad.astype(found.dtype), out=found)
-    xp.multiply(src, inv.astype(dst.dtype).reshape(()), out=dst)

@@ -4,6 +4,7 @@
 
     select      the rules and the alpha-beta-gamma model over the registry's candidates
     calibrate   timing the candidates on this machine, and the result every rank agrees on
+    calibration_cache  the calibration's JSON file per host, transport and world size
 
 The planner (minidist/comm/planner.py) asks these for "auto"; an explicit algorithm name never
 reaches this wing.

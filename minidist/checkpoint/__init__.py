@@ -45,6 +45,10 @@ The package, one concept per module (each imports only those above it):
     serialize.py  save, load: torch.save/torch.load for state dicts, NOT collective
     resume.py     which checkpoint every rank resumes from (collective), and the Trainer's
                   restore from it
+    history.py    History, the per-epoch metrics a checkpoint carries
+    trainer_config.py  TrainerConfig (minidist/trainer.py is a module: its parts live here)
+    trainer_checks.py  the Trainer's amp, float16 and pre-flight checks (a base class)
+    trainer_report.py  the Trainer's log lines, progress bar and merged trace (a base class)
 """
 
 from minidist.checkpoint.codec import FORMAT_VERSION, META_KEY

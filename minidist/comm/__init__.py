@@ -9,8 +9,13 @@ Layers inside (each imports only the ones above it in this list):
 (local, threads, mpi) -> ``topology`` (nodes, local ranks) -> ``algorithms`` (the registry:
 direct, ring, tree, rd) -> ``calls`` (call numbers, message tags, the observer interface) ->
 ``planner`` -> ``validate``, ``collectives``, ``group`` (ProcessGroup) -> ``backends`` ->
-``api``. The wings attach here through seams: the watch wing (ledger, failure handling), the
-fast paths, TCP and ``auto`` (minidist/wings.py).
+``api``. Beside those, off the reading path: ``transports.side`` (the side channel),
+``transports.nodes`` (byte counters), ``transports.mpi_handles``, ``transports.thread_runner``,
+``algorithms.rabenseifner``, ``objects`` (``*_object``), ``subgroups`` (``new_group``),
+``group_auto_choice`` (what "auto" picks), ``group_shared_memory`` (shared buffers),
+``init_options`` (torch's init options) and ``api_beyond_tensors`` (sub-groups, objects, the
+ledger at module level). The wings attach here through seams: the watch wing (ledger, failure
+handling), the fast paths, TCP and ``auto`` (minidist/wings.py).
 See docs/algorithms.md, docs/env_vars.md and docs/troubleshooting.md.
 """
 

@@ -9,11 +9,9 @@ Call numbers: every collective of a group takes the next number on its stream (`
 1), so the n-th call of one rank pairs with the n-th call of every other.
 
 Message tags: ``begin`` folds the call's fingerprint, a hash of ``(seq, signature)``, into the
-tag above the stream bits (``wire_tag``, the one function that builds a collective's tag).
-The signature hashes what the call is (collective, op, dtype, count, root, algorithm), so
-calls that differ across ranks never consume each other's messages, and MPI's Allreduce and
-the shared-memory algorithm compare the fingerprint beside the data. The tag
-depends on the call alone: it is the same whoever watches (the ledger on or off).
+tag above the stream bits (``wire_tag``). The signature hashes what the call is (collective,
+op, dtype, count, root, algorithm), so calls that differ across ranks never consume each
+other's messages. The tag depends on the call alone, whoever watches.
 
 Observers watch the calls without being part of them. An observer has three methods, which
 ``begin``, ``end`` and ``failed`` call in registration order::
@@ -22,9 +20,8 @@ Observers watch the calls without being part of them. An observer has three meth
     end(call)             after the call returned
     failed(call, error)   the call raised ``error`` (before the failure diagnosis runs)
 
-The process group registers the ledger (diagnosis/ledger.py: on by default), and in debug mode
-the consistency check (diagnosis/consistency.py) and the debug log (diagnosis/debug_log.py).
-With no observer, a call costs its number and its tag.
+The watch wing registers the ledger, and in debug mode the consistency check and the debug
+log (minidist/watch/diagnosis/). With no observer, a call costs its number and its tag.
 """
 
 from __future__ import annotations
@@ -61,50 +58,33 @@ def _algo_code(name: str | None) -> int:
 def signature(collective: str, op: ReduceOp | None, dtype: Any, count: int, root: int,
               algorithm: str | None) -> int:
     """The part of a call's fingerprint that does not change from call to call (no ``seq``):
-    Python's hash of a tuple of small integers, the same in every process of one Python
-    version (ranks run the same interpreter)."""
+    a hash of small integers, the same in every process of one Python version."""
     return hash((count, root, _COLLECTIVE_CODE[collective], 0 if op is None else op.code,
                  _DTYPE_CODE.get(dtype, 15), _algo_code(algorithm)))
 
 
 def fingerprint(seq: int, collective: str, op: ReduceOp | None, dtype: Any, count: int,
                 root: int, algorithm: str | None) -> int:
-    """A 64-bit digest of one call; equal on every rank exactly when the calls agree.
-
-    Mixes the call number ``seq`` (so the n-th call of one rank only matches the n-th of
-    another) with the call's ``signature``: ``hash((seq, signature(...)))``.
-    """
+    """A 64-bit digest of one call, ``hash((seq, signature(...)))``: equal on every rank
+    exactly when the calls agree (the n-th call of one rank only matches the n-th of another)."""
     return hash((seq, signature(collective, op, dtype, count, root, algorithm)))
 
 
 @functools.lru_cache(maxsize=4096)
 def label_code(label: str | None) -> int:
-    """A caller's explicit ``label=`` as part of the call's fingerprint: the same number on
-    every rank (``zlib.crc32``, not ``hash``, which Python salts per process); 0 for none.
-    Cached: a bucket's label repeats every step, and a hit runs no Python line."""
+    """A caller's ``label=`` in the call's fingerprint: ``zlib.crc32`` (``hash`` of a str is
+    salted per process), 0 for none; cached (a bucket's label repeats every step)."""
     return 0 if label is None else zlib.crc32(label.encode())
 
 
 def wire_tag(stream: int, fingerprint: int, max_tag: int) -> int:
-    """The message tag of one collective: ``stream`` low, ``fingerprint`` folded in above it.
-
-    The one function that builds a collective's tag (the layout is transports/base.py's:
-    ``stream_of`` and ``has_fingerprint`` read it back). ``max_tag`` is the transport's largest
-    tag (MPI: the ``MPI_TAG_UB`` attribute, 2**29 - 1 with MPICH: 19 fingerprint bits); the
-    folded fingerprint is never 0, so ``has_fingerprint`` holds for every fingerprinted call.
-    """
-    return stream | ((fingerprint & _MASKS[max_tag]) or 1) << STREAM_BITS
+    """The message tag of one collective: ``stream`` low, ``fingerprint`` folded in above it
+    (never 0), below ``max_tag`` (MPI's ``MPI_TAG_UB``: 2**29 - 1 with MPICH). The layout is
+    transports/base.py's: ``stream_of`` and ``has_fingerprint`` read it back."""
+    return stream | ((fingerprint & _mask_of(max_tag)) or 1) << STREAM_BITS
 
 
-class _Masks(dict):
-    """``fingerprint_mask`` per ``max_tag``, worked out once (``wire_tag`` runs every call)."""
-
-    def __missing__(self, max_tag: int) -> int:
-        mask = self[max_tag] = fingerprint_mask(max_tag)
-        return mask
-
-
-_MASKS = _Masks()
+_mask_of = functools.lru_cache(maxsize=None)(fingerprint_mask)  # per max_tag, worked out once
 
 
 class CallSpec(NamedTuple):
@@ -175,7 +155,7 @@ class Calls:
     def __init__(self, max_tag: int,
                  diagnose: Callable[[Call, BaseException], BaseException] | None = None) -> None:
         self.max_tag = int(max_tag)
-        self._mask = _MASKS[self.max_tag]  # the fingerprint bits that fit in a tag
+        self._mask = _mask_of(self.max_tag)  # the fingerprint bits that fit in a tag
         self.diagnose = diagnose  # the group's failure policy: the error to raise instead
         self.observers: tuple = ()
         self._ends: tuple = ()  # the observers' ``end`` methods, bound once
@@ -184,13 +164,14 @@ class Calls:
 
     def add(self, observer: CollectiveObserver) -> None:
         """Register ``observer``: it sees every call from the next one on."""
-        self.observers = (*self.observers, observer)
-        self._ends = tuple(o.end for o in self.observers)
+        self._watch((*self.observers, observer))
 
     def remove(self, observer: CollectiveObserver) -> None:
         """Stop showing calls to ``observer``."""
-        self.observers = tuple(o for o in self.observers if o is not observer)
-        self._ends = tuple(o.end for o in self.observers)
+        self._watch(tuple(o for o in self.observers if o is not observer))
+
+    def _watch(self, observers: tuple) -> None:
+        self.observers, self._ends = observers, tuple(o.end for o in observers)
 
     def counts(self) -> dict[int, int]:
         """``{stream: calls so far}``."""
@@ -232,8 +213,7 @@ class Calls:
     @contextlib.contextmanager
     def unobserved(self) -> Iterator[None]:
         """Calls in the block are seen by no observer and leave the call numbers as they
-        were (a calibration's measurements: every rank makes the same calls, so the tags
-        still agree). Every rank must use it alike."""
+        were (the auto wing's calibration); every rank must use it alike."""
         observers, ends, counts = self.observers, self._ends, dict(self._seq)
         self.observers, self._ends = (), ()
         try:

@@ -12,9 +12,8 @@ Contract:
 - AVG is SUM followed by one division on every rank (each rank divides identical bits, so the
   result stays identical). Integer AVG is **floor division** (``np.floor_divide``, rounding toward
   minus infinity, like Python's ``//``): ``avg([1, 2]) == 1`` and ``avg([-1, -2]) == -2``.
-- float16 is accumulated in float16 (NumPy computes each add in float32 and rounds back), so a
-  sum over many ranks loses more precision than a float32 sum would; the result is still the same
-  on every rank.
+- float16 is accumulated in float16, so a sum over many ranks loses more precision than a
+  float32 sum would; the result is still the same on every rank.
 """
 
 from __future__ import annotations
@@ -38,27 +37,16 @@ class ReduceOp(enum.Enum):
     MIN = "min"
     PROD = "prod"
 
-    # Set on every member below (annotations only: they are not members).
-    code: int
-    ufunc: Any
+    # Set on every member below (annotations only: they are not members). Read on the hot
+    # path: hashing an Enum member runs Python code, reading an attribute does not.
+    code: int  # a small int, the same in every process (the calls' fingerprints use it)
+    ufunc: Any  # how ``combine`` reduces; AVG combines like SUM and divides at the end
 
 
-# The ufunc that combines two partial results; AVG combines like SUM and divides at the end.
-_UFUNCS = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.AVG: np.add,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.PROD: np.multiply,
-}
-
-
-# Per-member attributes, read on the hot path: hashing an Enum member runs Python code (~0.1-0.2
-# us per dict lookup keyed by it), reading an attribute does not. ``code``: a small int, the
-# same in every process (the ledger's fingerprints use it); ``ufunc``: how ``combine`` reduces.
+_UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 for _i, _o in enumerate(ReduceOp):
     _o.code = _i + 1
-    _o.ufunc = _UFUNCS[_o]
+    _o.ufunc = _UFUNCS[_o.value]
 
 _BY_NAME = {o.value: o for o in ReduceOp}
 SUPPORTED = frozenset(np.dtype(d) for d in SUPPORTED_DTYPES)  # np.dtype hashes fast; .name doesn't

@@ -5,10 +5,9 @@
     plan.algorithm, plan.reason                          # "ring", "bandwidth: ..."
     plan.run(flat, ReduceOp.SUM, call.tag)               # runs it (transport bound)
 
-One answer for everyone who asks: ``ProcessGroup.all_reduce`` runs the plan, and DDP's trace
-labels and run manifest name ``plan.algorithm`` of the same planner.
-
-An explicit algorithm runs as asked. "auto" is the ``chooser``'s question::
+One answer for everyone who asks: ``ProcessGroup.all_reduce`` runs the plan, and DDP names
+``plan.algorithm`` of the same planner. An explicit algorithm runs as asked. "auto" is the
+``chooser``'s question::
 
     spine alone       TextbookChoice: "ring" for every call
     the auto wing     minidist/auto/choice.py: rules, the alpha-beta model, the calibration
@@ -42,15 +41,11 @@ class Plan:
 
     Attributes:
         algorithm: the algorithm that runs ("ring", "mpi", ...), never "auto".
-        reason: why ("explicit", or select.py's words for "auto").
-        run: ``run(flat, op, tag)``: the algorithm on the group's transport, prepared once
-            where the registry entry's ``usable`` held for this buffer kind
-            (``Algorithm.prepare``: "mpi" calls MPI's Iallreduce straight, "shm" runs on its
-            node with no per-call checks); a device buffer the transport cannot read runs
-            through pinned host memory in chunks (``stager``).
+        reason: why ("explicit", or the chooser's words for "auto").
+        run: ``run(flat, op, tag)``: the algorithm on the group's transport (see ``_runner``).
         spec: what the call is (comm/calls.py ``CallSpec``: its fingerprint's signature, and
             what the ledger and the checks record), the same for every call of this shape.
-        stager: the Stager (``STAGERS``) for such a device buffer, else None.
+        stager: the Stager (``STAGERS``) of a device buffer the transport cannot read, else None.
     """
 
     algorithm: str
@@ -95,16 +90,14 @@ class TextbookChoice:
         """Always ``("ring", ...)``."""
         return "ring", "the textbook default (the auto wing is not loaded)"
 
+    # What group_auto_choice.py asks of a chooser: what decides, the table, a calibration.
     def source(self) -> str:
-        """What decides, in words."""
         return "textbook default: ring (the auto wing is not loaded)"
 
     def table(self) -> dict:
-        """What "auto" picks: ring at every size."""
         return {"source": self.source(), "sizes": []}
 
     def use_calibration(self, calibration: Any) -> None:
-        """A calibration is the auto wing's: refuse it (None is accepted)."""
         if calibration is not None:
             raise ValueError("use_calibration: calibrations drive the auto wing, which "
                              "MINIDIST_WINGS leaves out (unset MINIDIST_WINGS or add auto)")
@@ -185,11 +178,10 @@ class Planner:
 
     def _runner(self, algo: Any, stager: Any, flat: Any,
                 tag: int) -> Callable[[Any, ReduceOp, int], None]:
-        """``run(flat, op, tag)`` of ``algo`` on this transport (see ``Plan.run``): prepared
-        once (``Algorithm.prepare``: "mpi" calls MPI's Iallreduce straight, "shm" holds its
-        node) when ``usable`` accepts this plan's buffer kind and stream, else ``algo.run``,
-        which checks its own preconditions at every call (an explicit algorithm that cannot
-        run here raises its own error then)."""
+        """``run(flat, op, tag)`` of ``algo`` on this transport: ``algo.run``, which checks its
+        own preconditions at every call; prepared once (``Algorithm.prepare``: "shm" holds its
+        node) when ``usable`` accepts this plan's buffer kind and stream; through host memory
+        in chunks for a device buffer the transport cannot read (``stager``)."""
         transport = self.transport
         if stager is not None:
             def staged(flat: Any, op: ReduceOp, tag: int) -> None:

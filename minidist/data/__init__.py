@@ -10,7 +10,8 @@
 
 Modules: ``datasets`` (Dataset, TensorDataset, ArrayDataset, Subset, random_split,
 standardize, load_dataset), ``idx`` (MNIST's file format), ``sampler`` (DistributedSampler),
-``collate`` (default_collate: samples -> a batch of Tensors), ``loader`` (DataLoader). See
+``collate`` (default_collate: samples -> a batch of Tensors), ``loader`` (DataLoader;
+``prefetch``: its worker threads), ``resume`` (mid-epoch checkpoints of both). See
 docs/data.md. The same package is ``minidist.utils.data`` (torch's ``torch.utils.data``, with
 ``.distributed``).
 """

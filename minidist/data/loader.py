@@ -18,12 +18,8 @@ other datasets (``len`` + ``__getitem__``) are batched sample by sample by ``def
 ``device`` (default: minidist's default device; on the CPU that is a no-op). A ``collate_fn``
 replaces all of this: the loader yields what it returns.
 
-With ``num_workers=N > 0``, N background threads build the next ``prefetch_factor * N``
-batches while the training loop uses the current one (batches still come out in order, and
-the same batches as with ``num_workers=0``). Threads, not processes: NumPy's indexing and
-copies release the GIL, and nothing has to be pickled. ``persistent_workers=True`` keeps the
-threads between passes. An exception raised while building a batch is raised by the loop at
-that batch.
+With ``num_workers=N > 0``, N background threads build the next batches ahead
+(``minidist/data/prefetch.py``); the batches are the same.
 
 Order: with a sampler, the sampler's ``local_indices()``; with ``shuffle=True``, pass k uses
 ``numpy.random.default_rng(seed + k)``, where k counts passes and ``set_epoch(e)`` sets it to e
@@ -33,16 +29,18 @@ Order: with a sampler, the sampler's ``local_indices()``; with ``shuffle=True``,
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
 
 from minidist import xp as backend
 from minidist.tensor import Tensor
+from minidist.data import prefetch
 from minidist.data.collate import default_collate
 from minidist.data.datasets import ArrayDataset, Subset, TensorDataset
+from minidist.data.resume import LoaderState
 from minidist.data.sampler import DistributedSampler
 
 
@@ -57,7 +55,7 @@ def _to_device(batch: Any, device: str | None) -> Any:
     return batch
 
 
-class DataLoader:
+class DataLoader(LoaderState):
     """Iterate over a dataset in batches (torch's arguments, in torch's order).
 
     Args:
@@ -84,6 +82,9 @@ class DataLoader:
             it, the shuffle follows ``seed`` and the pass number).
         seed: base seed of the shuffle.
         device: "cpu" or "cuda" for the batches (default: ``minidist.xp.default_device()``).
+
+    ``state_dict``/``load_state_dict``/``resume_at`` (mid-epoch resume) are inherited:
+    ``data/resume.py``.
 
     Raises:
         ValueError: batch_size < 1, shuffle=True together with a sampler, num_workers < 0,
@@ -137,45 +138,6 @@ class DataLoader:
         if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Where iteration stands: ``{"epoch", "batches_yielded", "seed", "sampler"}``.
-
-        ``epoch`` is the pass in progress and ``batches_yielded`` how many of its batches were
-        handed out (0 between passes). After ``load_state_dict`` the next pass is that epoch
-        again, starting at the next batch, so a run stopped mid-epoch resumes exactly:
-
-            state = loader.state_dict()                 # saved with the model, mid-epoch
-            loader.load_state_dict(state)               # later, in a fresh process
-            for batch in loader: ...                    # the rest of that epoch
-        """
-        epoch, done = self._pass_epoch, self._yielded
-        if done >= len(self):  # the last batch was handed out: the pass is over
-            epoch, done = epoch + 1, 0
-        return {"epoch": epoch, "batches_yielded": done, "seed": self.seed,
-                "sampler": self.sampler.state_dict() if hasattr(self.sampler, "state_dict")
-                else None}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at ``state``: the next pass is epoch ``state["epoch"]`` from the next batch.
-
-        Raises:
-            ValueError: another seed, or a sampler state that does not fit (see
-                ``DistributedSampler.load_state_dict``).
-        """
-        if int(state["seed"]) != self.seed:
-            raise ValueError(f"DataLoader.load_state_dict: saved seed={state['seed']} but this "
-                             f"loader has seed={self.seed}. Build it with the saved seed.")
-        if state.get("sampler") is not None and hasattr(self.sampler, "load_state_dict"):
-            self.sampler.load_state_dict(state["sampler"])
-        self.set_epoch(int(state["epoch"]))
-        self._resume_at = int(state["batches_yielded"])
-        self._pass_epoch, self._yielded = self.epoch, self._resume_at
-
-    @property
-    def resume_at(self) -> int:
-        """The batch the next pass starts at (0 unless a mid-epoch state was loaded)."""
-        return self._resume_at
-
     def indices(self) -> np.ndarray:
         """The sample indices of the current pass, in order (before batching)."""
         if self.sampler is not None:
@@ -196,7 +158,7 @@ class DataLoader:
         n = self._num_samples()
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
-    def _gather(self, idx: np.ndarray) -> Any:
+    def gather(self, idx: np.ndarray) -> Any:
         """One batch: the collate_fn's result, or Tensors (``default_collate``) on ``device``."""
         if self.collate_fn is not None:
             return self.collate_fn([self.dataset[int(i)] for i in idx])
@@ -211,20 +173,6 @@ class DataLoader:
             return _to_device(default_collate([dataset[int(i)] for i in idx]), self.device)
         return tuple(Tensor(backend.to_device(f, self.device)) for f in fields)
 
-    def _start_workers(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            ids = iter(range(self.num_workers))
-            init = self.worker_init_fn
-            self._pool = ThreadPoolExecutor(
-                self.num_workers, thread_name_prefix="minidist-dataloader",
-                initializer=None if init is None else lambda: init(next(ids)))
-        return self._pool
-
-    def _stop_workers(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-
     def _batches(self) -> Iterator[tuple[Any, slice, int]]:
         """``(batch, its slice of this pass's indices, its size)`` in order (prefetched)."""
         order = self.indices()
@@ -236,28 +184,16 @@ class DataLoader:
         slices = [slice(b * self.batch_size, (b + 1) * self.batch_size)
                   for b in range(start, len(self))]
         if self.num_workers == 0:
-            for sl in slices:
-                batch = self._gather(order[sl])
-                self._yielded += 1
-                yield batch, sl, len(order[sl])
-            self._pass_epoch, self._yielded = self._pass_epoch + 1, 0  # between passes
-            return
-        pool = self._start_workers()
-        ahead = self.num_workers * self.prefetch_factor
-        pending: list[Future] = []
+            batches: Generator[Any, None, None] = (self.gather(order[sl]) for sl in slices)
+        else:                                        # built ahead by worker threads
+            batches = prefetch.prefetched(self, order, slices)
         try:
-            for b, sl in enumerate(slices):
-                while len(pending) < ahead and b + len(pending) < len(slices):
-                    pending.append(pool.submit(self._gather, order[slices[b + len(pending)]]))
-                batch = pending.pop(0).result(timeout=self.timeout or None)
+            for batch, sl in zip(batches, slices):
                 self._yielded += 1
                 yield batch, sl, len(order[sl])
             self._pass_epoch, self._yielded = self._pass_epoch + 1, 0  # between passes
         finally:
-            for f in pending:  # a loop left early: drop the batches nobody will read
-                f.cancel()
-            if not self.persistent_workers:
-                self._stop_workers()
+            batches.close()                          # a loop left early: stop building
 
     def iter_with_mask(self) -> Iterator[tuple[Any, ...]]:
         """Like iteration, with a host bool array appended per batch: False marks padding.
@@ -275,6 +211,9 @@ class DataLoader:
     def __iter__(self) -> Iterator[Any]:
         for batch, _, _ in self._batches():
             yield batch
+
+    def _stop_workers(self) -> None:
+        prefetch.stop_workers(self)
 
     def __del__(self) -> None:
         pool = getattr(self, "_pool", None)

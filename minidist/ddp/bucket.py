@@ -142,9 +142,7 @@ class Bucket:
     place it in shared memory); ``views[k]`` is the gradient view of parameter
     ``spec.param_indices[k]``. ``pending`` counts the gradients still missing this step.
 
-    It is also what a comm hook receives (torch's ``GradBucket``): ``buffer``, ``index``,
-    ``views``, ``names``, ``world_size``, ``divisor``, ``is_last`` and ``all_reduce``, which
-    reduces an array over the DDP's process group with its algorithm.
+    It is also what a comm hook receives (torch's ``GradBucket``; hooks.py).
 
     Args:
         spec: the bucket's plan (``plan_buckets``).

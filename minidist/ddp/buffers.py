@@ -3,6 +3,7 @@ message per dtype.
 
     packs = pack_buffers(module)        # once, at construction: [(flat, [buffer arrays])]
     broadcast_buffer_packs(packs, group)   # COLLECTIVE: before a forward (broadcast_buffers)
+    broadcast_others(module, params, src, group)   # COLLECTIVE: construction and join's end
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from minidist import comm
 from minidist import xp as backend
+from minidist.optim.grad_scaling import master_owner
 
 
 def pack_buffers(module: Any) -> list[tuple[Any, list[Any]]]:
@@ -43,4 +45,25 @@ def broadcast_buffer_packs(packs: list[tuple[Any, list[Any]]], group: Any = None
             at += a.size
 
 
-__all__ = ["broadcast_buffer_packs", "pack_buffers"]
+def broadcast_others(module: Any, params: list[Any], src: int, group: Any = None) -> None:
+    """Rank ``src``'s state beside the bucketed parameters ``params`` (COLLECTIVE): the float32
+    master weights of a model converted by amp.MasterWeights, the frozen parameters and the
+    buffers, one broadcast each."""
+    # float16 weights (amp.MasterWeights): the float32 masters the optimizer steps, too
+    owners = {id(o): o for o in map(master_owner, params) if o is not None}
+    for owner in owners.values():
+        comm.broadcast(owner.master_buffer, src=src, group=group)
+    others = [p for _, p in module.named_parameters() if not p.requires_grad]
+    if hasattr(module, "named_buffers"):
+        others += [t for _, t in module.named_buffers()]
+    for t in others:
+        arr = t.array if hasattr(t, "array") else t
+        if arr.flags.c_contiguous:
+            comm.broadcast(arr, src=src, group=group)
+        else:
+            tmp = backend.get_array_module(arr).ascontiguousarray(arr)
+            comm.broadcast(tmp, src=src, group=group)
+            arr[...] = tmp
+
+
+__all__ = ["broadcast_buffer_packs", "broadcast_others", "pack_buffers"]

@@ -14,11 +14,11 @@ An observer overrides only the events it needs; the Reducer calls only those (an
 observer wants costs one empty loop). Registered here:
 
     NonfiniteCheck (watch wing)  nonfinite_grads="warn"|"raise" (default "warn")
-    AmpUnscale                   a GradScaler scaled this step's loss (amp.add_scale_listener)
+    grad_checks.AmpUnscale       a GradScaler scaled this step's loss (amp.add_scale_listener)
     timeline.StepTrace           MINIDIST_TRACE: the step timeline (minidist/tracing.py)
-    StepStats                    DistributedDataParallel.last_step_stats, once read
-    hooks.FoldedAverage          brought by the comm hook hooks.prescaled_allreduce_hook (a
-                                 hook's ``observer`` attribute: registered while it is the hook)
+    timeline.StepStats           DistributedDataParallel.last_step_stats, once read
+    prescaled.FoldedAverage      brought by the comm hook prescaled_allreduce_hook (a hook's
+                                 ``observer`` attribute: registered while it is the hook)
 
     reducer.add_observer(obs)            # for every step from now on
     reducer.add_observer(obs, step=True) # this step only (dropped by the next forward)
@@ -26,7 +26,6 @@ observer wants costs one empty loop). Registered here:
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 
@@ -54,61 +53,6 @@ def overridden(observer: ReducerObserver, event: str) -> bool:
     return getattr(type(observer), event) is not getattr(ReducerObserver, event)
 
 
-class AmpUnscale(ReducerObserver):
-    """A GradScaler's unscale-on-reduce: each bucket is unscaled right after its reduction.
-
-    The scaler's fused kernel unscales the bucket and flags inf/NaN in one pass, in place of
-    the NaN/inf check (``bucket.finite = True``: the scaler reports, and skips the step); the
-    flags are identical on every rank because the reduced buckets are. Registered for one
-    step when ``scaler.scale(loss)`` runs on the thread that built the DDP model.
-    """
-
-    def __init__(self, scaler: Any) -> None:
-        self.scaler = scaler
-
-    def bucket_reduced(self, bucket: Any) -> None:
-        if self.scaler.unscale_bucket_(bucket.buffer, bucket.params, bucket.names):
-            bucket.finite = True
-
-
-class StepStats(ReducerObserver):
-    """Seconds of the last synced backward: ``wait_s`` (from the last bucket's launch until
-    every bucket was reduced: the exposed communication) and ``comm_s`` (busy reducing).
-
-    Reductions run one at a time in bucket order, so bucket k's starts when it was launched
-    and the one before it ended (with overlap), or when the last bucket was launched and the
-    one before it ended (without: they all run at the end of backward).
-    """
-
-    def __init__(self, overlap: bool) -> None:
-        self.overlap = overlap
-        self.stats = {"wait_s": 0.0, "comm_s": 0.0}
-        self._launched: dict[int, float] = {}  # bucket index -> launch time, this step
-        self._last_launch = 0.0
-        self._free = 0.0  # when the previous reduction ended
-        self._busy = 0.0
-
-    def bucket_ready(self, bucket: Any) -> None:
-        self._last_launch = self._launched[bucket.index] = time.perf_counter()
-        if bucket.index == 0:
-            self._free, self._busy = 0.0, 0.0
-
-    def reduction_span(self, bucket: Any) -> tuple[float, float]:
-        """(start, end) of ``bucket``'s reduction, which has just ended."""
-        end = time.perf_counter()
-        start = self._launched.get(bucket.index, end) if self.overlap else self._last_launch
-        start = max(start, self._free)
-        self._free = end
-        return start, end
-
-    def bucket_reduced(self, bucket: Any) -> None:
-        start, end = self.reduction_span(bucket)
-        self._busy += end - start
-
-    def step_end(self, reducer: Any) -> None:
-        self.stats = {"wait_s": time.perf_counter() - self._last_launch, "comm_s": self._busy}
-
-
 class DDPExtension:
     """What a wing does to every DistributedDataParallel when it is built (``DDP_EXTENSIONS``):
     each method a no-op here. The watch wing's checks that every rank built the same run
@@ -125,5 +69,10 @@ class DDPExtension:
 DDP_EXTENSIONS: list[DDPExtension] = []  # a wing appends its own when it loads
 
 
-__all__ = ["AmpUnscale", "DDPExtension", "DDP_EXTENSIONS", "EVENTS", "ReducerObserver",
-           "StepStats", "overridden"]
+def __getattr__(name: str) -> Any:  # observers.AmpUnscale, .StepStats: where they moved
+    from minidist.ddp import grad_checks, timeline
+    return getattr(timeline if name == "StepStats" else grad_checks, name)
+
+
+__all__ = ["DDPExtension", "DDP_EXTENSIONS", "EVENTS", "ReducerObserver",
+           "overridden"]

@@ -2,6 +2,7 @@
 
     check_device_ids(module, device_ids, output_device)   # torch's one-device-per-process rule
     auto_overlap(world_size)                               # what overlap="auto" picks
+    resolve_overlap(overlap, module, world_size)           # True, False or "auto" -> a bool
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from minidist import xp as backend
 from minidist.comm.env import cores_per_rank, ranks_on_this_node
+from minidist.ddp.sync_batchnorm import SyncBatchNorm
 from minidist.logger import rank_prefix
 
 
@@ -71,4 +73,26 @@ def auto_overlap(world_size: int, cpus: int | None = None, env: Any = None) -> b
     return per_rank >= 2 or per_rank < 1
 
 
-__all__ = ["auto_overlap", "check_device_ids"]
+def resolve_overlap(overlap: bool | str, module: Any, world_size: int) -> bool:
+    """What DistributedDataParallel's ``overlap`` (True, False or "auto") means for ``module``.
+
+    SyncBatchNorm all-reduces inside backward on the main thread; a comm thread reducing
+    buckets at the same time could order the two differently on different ranks. So True is
+    refused for a model with SyncBatchNorm layers, and "auto" is off for it (otherwise
+    ``auto_overlap``).
+    """
+    sync_bn = any(isinstance(m, SyncBatchNorm) for m in getattr(module, "modules", list)())
+    if overlap is True and sync_bn and world_size > 1:
+        raise ValueError(f"{rank_prefix()} DistributedDataParallel: overlap=True with "
+                         "SyncBatchNorm layers in the model: their backward all-reduce would "
+                         "race the comm thread's bucket reductions. Pass overlap=False or "
+                         "'auto'.")
+    if overlap == "auto":
+        return auto_overlap(world_size) and not sync_bn
+    if not isinstance(overlap, bool):
+        raise ValueError(f"{rank_prefix()} DistributedDataParallel: overlap={overlap!r}; "
+                         "use True, False or 'auto'.")
+    return overlap
+
+
+__all__ = ["auto_overlap", "check_device_ids", "resolve_overlap"]

@@ -3,8 +3,7 @@
     reducer = Reducer(params, names, buckets, overlap=True)
     reducer.prepare_for_forward()        # DDP.forward calls this: new step (None grads stay None)
     out = module(x)
-    reducer.mark_unused(unused_param_indices(out, params, parents))  # find_unused_parameters:
-                                         # parameters the output does not reach are ready now
+    reducer.mark_unused(unused)          # find_unused_parameters: those out does not reach
     loss.backward()                      # hooks fire; returns with every bucket averaged
 
 Bucket, reduce, average, done. How one synced backward runs (overlap=True; 3 buckets,
@@ -23,12 +22,8 @@ Where the gradients live: every parameter's bucket slot is its gradient destinat
 (``minidist.tensor.GradDestination``), so backward writes each gradient straight into the
 buffer the all-reduce sends (linear's weight gradient is the GEMM's own output there), with
 no gradient array allocated and copied in; ``zero_grad()`` sets ``p.grad = None`` and forward
-leaves it so (no memset). The comm hook turns the bucket into the average. The default,
-``hooks.avg_allreduce_hook``, is one all-reduce with op AVG (the algorithm divides the sum by
-n); ``hooks.allreduce_hook`` is torch's textbook one (divide, then sum);
-``hooks.prescaled_allreduce_hook`` is an opt-in fast path that folds the division into
-backward's write and only sums (it brings its own observer, ``hooks.FoldedAverage``, which
-gives the destinations scale 1/n).
+leaves it so (no memset). The comm hook turns the bucket into the average (hooks.py; the
+default, ``avg_allreduce_hook``, is one all-reduce with op AVG).
 
 Rules that keep every rank in step:
 - buckets are LAUNCHED IN INDEX ORDER on every rank; if bucket 2 is ready before bucket 1, it
@@ -47,7 +42,8 @@ Rules that keep every rank in step:
 
 What watches the step (the NaN/inf check, a GradScaler's unscale, the trace, timing stats)
 is an observer (observers.py), called at four events: step start, bucket ready, bucket
-reduced, step end.
+reduced, step end. The NaN/inf check, the unscale and ``mark_unused`` (for
+``find_unused_parameters``) are the mixin ``ReducerExtras``'s (grad_checks.py).
 """
 
 from __future__ import annotations
@@ -56,12 +52,12 @@ from typing import Any, Callable, Sequence
 
 from minidist import xp as backend
 from minidist.optim.grad_scaling import add_scale_listener, remove_scale_listener
-from minidist.comm.advice import failure_advice, sentence
 from minidist.ddp.bucket import Bucket, BucketState
 from minidist.ddp.comm_thread import CommThread
-from minidist.ddp.grad_checks import NONFINITE_POLICIES, bypassed_error, missing_gradients_error
+from minidist.ddp.grad_checks import (NONFINITE_POLICIES, ReducerExtras, bucket_failed_error,
+                                      bypassed_error, missing_gradients_error)
 from minidist.ddp.hooks import avg_allreduce_hook
-from minidist.ddp.observers import EVENTS, AmpUnscale, ReducerObserver, overridden
+from minidist.ddp.observers import EVENTS, ReducerObserver, overridden
 from minidist.ddp.states import StepState
 from minidist.logger import get_logger, rank_prefix
 from minidist.tensor import GradDestination, queue_callback
@@ -73,7 +69,7 @@ log = get_logger(__name__)
 NONFINITE_CHECK: Callable[[str, int], Any] | None = None
 
 
-class Reducer:
+class Reducer(ReducerExtras):
     """Bucketed, optionally overlapped gradient averaging for a list of parameters.
 
     Args:
@@ -84,8 +80,7 @@ class Reducer:
         overlap: reduce buckets on a comm thread during backward (True) or all at the end.
         find_unused_parameters: see :class:`minidist.ddp.DistributedDataParallel`.
         nonfinite_grads: ``"warn"`` (once, then count), ``"raise"`` or ``"ignore"`` a NaN/inf
-            after a reduction (grad_checks.NonfiniteCheck; not for buckets a GradScaler
-            unscales).
+            after a reduction (grad_checks.py; not for buckets a GradScaler unscales).
         rank: this process's rank in the group (names the ranks in the non-finite report).
     """
 
@@ -122,12 +117,12 @@ class Reducer:
         # parameter position -> (bucket, slot in bucket)
         self._slot: dict[int, tuple[Bucket, int]] = {}
         # parameter position -> its reserved gradient slot: backward writes the gradient there
-        self._dests: list[GradDestination] = [None] * len(self.params)  # type: ignore[list-item]
+        self.grad_dests: list[GradDestination] = [None] * len(params)  # type: ignore[list-item]
         for b in self.buckets:
             for k, i in enumerate(b.spec.param_indices):
                 self._slot[i] = (b, k)
-                self._dests[i] = GradDestination(b.views[k])
-                self.params[i].grad_destination = self._dests[i]
+                self.grad_dests[i] = GradDestination(b.views[k])
+                self.params[i].grad_destination = self.grad_dests[i]
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                          for i, p in enumerate(self.params)]
         device = getattr(self.buckets[0].buffer, "device", None) if self.buckets and \
@@ -139,46 +134,6 @@ class Reducer:
         self._nonfinite_policy = "ignore"
         self.nonfinite_grads = nonfinite_grads
         add_scale_listener(self._use_scaler)  # a GradScaler's scale() on this thread
-
-    # ------------------------------------------------------------------ features as observers
-
-    @property
-    def nonfinite_grads(self) -> str:
-        """The NaN/inf policy: "warn", "raise" or "ignore" (no check is registered then)."""
-        return self._nonfinite_policy
-
-    @nonfinite_grads.setter
-    def nonfinite_grads(self, policy: str) -> None:
-        if self._nonfinite is not None:
-            self.remove_observer(self._nonfinite)
-        make = NONFINITE_CHECK
-        if policy == "raise" and make is None:
-            raise ValueError(f"{rank_prefix()} DistributedDataParallel: nonfinite_grads='raise' "
-                             "needs the NaN/inf check of the watch wing, which MINIDIST_WINGS "
-                             "leaves out; unset MINIDIST_WINGS or add watch to it.")
-        self._nonfinite = None if policy == "ignore" or make is None else make(policy, self.rank)
-        self._nonfinite_policy = policy if self._nonfinite is not None else "ignore"
-        if self._nonfinite is not None:
-            self.add_observer(self._nonfinite)
-
-    @property
-    def nonfinite_grad_steps(self) -> int:
-        """Synced steps whose reduced gradients held NaN/inf (counted by the check)."""
-        return self._nonfinite.steps if self._nonfinite is not None else 0
-
-    def watch_output(self, output: Any) -> None:
-        """Keep a reference to this forward's output (no copy, no check: free); checked only
-        if a reduced gradient turns out non-finite, to name the ranks where it started."""
-        if self._nonfinite is not None:
-            self._nonfinite.watch(output)
-
-    def _use_scaler(self, scaler: Any) -> None:
-        """A GradScaler scaled this step's loss: unscale each bucket after its reduction."""
-        if self.step_state is not StepState.IDLE:
-            for o in self._step_observers:
-                if isinstance(o, AmpUnscale):
-                    self.remove_observer(o)
-            self.add_observer(AmpUnscale(scaler), step=True)
 
     # ------------------------------------------------------------------ observers
 
@@ -223,11 +178,8 @@ class Reducer:
     # ------------------------------------------------------------------ step boundaries
 
     def prepare_for_forward(self) -> None:
-        """Start a step: re-attach user-set grads, reset the buckets.
-
-        (An unfinished previous step was reported at the end of its own backward, see
-        ``_end_of_backward``; one interrupted by an exception is simply started over.)
-        """
+        """Start a step: re-attach user-set grads, reset the buckets (a step that an exception
+        interrupted is simply started over)."""
         for b in self.buckets:
             # None grads stay None: backward writes them into their reserved slots.
             if b.attach_grads(zero_missing=False):
@@ -245,20 +197,6 @@ class Reducer:
         for call in self._calls["step_start"]:
             call(self)
 
-    def mark_unused(self, unused: Sequence[int]) -> None:
-        """Mark parameters that will get no gradient this step as ready (reduced as they are).
-
-        Their bucket slots keep what they hold: zeros after ``zero_grad``, or the gradient
-        accumulated under ``no_sync``. Called right after forward, before backward starts.
-        """
-        if self.step_state is StepState.IDLE:
-            return
-        self._unused = list(unused)
-        for i in unused:
-            self._grad_ready(i)
-        if unused:
-            log.debug("step %d: %d unused parameter(s) marked ready", self.num_syncs, len(unused))
-
     # ------------------------------------------------------------------ hooks
 
     def _make_hook(self, i: int) -> Callable[[Any], None]:
@@ -275,11 +213,8 @@ class Reducer:
     def _end_of_backward(self) -> None:
         """Runs once when a synced backward has finished: every bucket must have been reduced.
 
-        A bucket that never became ready means some parameter got no gradient on THIS rank.
-        Its all-reduce was never launched here, so the peers that launched it are waiting for
-        this rank, and this rank's gradients in it were never averaged. Raise now, before an
-        optimizer step can use them: uncaught, the exception ends the whole job through the
-        excepthook that ``init_process_group`` installs (MPI Abort), so no rank hangs.
+        A bucket that never became ready means some parameter got no gradient on THIS rank:
+        the peers wait in its all-reduce. Raise now (the third rule of the module docstring).
         """
         if self.step_state is StepState.IDLE:  # finalized by the hook of the last bucket
             return
@@ -337,11 +272,7 @@ class Reducer:
 
     def _raise_bucket_error(self, bucket: Bucket, err: BaseException) -> None:
         self.step_state = StepState.IDLE
-        raise RuntimeError(
-            f"{rank_prefix()} DistributedDataParallel: all-reduce of bucket {bucket.index} "
-            f"({bucket.spec.numel} x {bucket.spec.dtype}, parameters {bucket.names[:4]}"
-            f"{'...' if len(bucket.names) > 4 else ''}) failed at step {self.num_syncs}: "
-            f"{type(err).__name__}: {sentence(str(err))}. {failure_advice(err)}.") from err
+        raise bucket_failed_error(bucket, err, self.num_syncs) from err
 
     # ------------------------------------------------------------------ reduction
 
@@ -359,7 +290,7 @@ class Reducer:
         for h in self._handles:
             h.remove()
         self._handles = []
-        for p, d in zip(self.params, self._dests):
+        for p, d in zip(self.params, self.grad_dests):
             if p.grad_destination is d:  # backward allocates p.grad again from now on
                 p.grad_destination = None
         if self._thread is not None:

@@ -1,4 +1,5 @@
-"""What DistributedDataParallel records on the step timeline (minidist/tracing.py, MINIDIST_TRACE).
+"""What DistributedDataParallel records on the step timeline (minidist/tracing.py, MINIDIST_TRACE),
+and the timing of its last step (``last_step_stats``: StepStats, which the timeline extends).
 
 A Reducer observer (observers.py), registered by ``follow_tracer`` (DDP's forward asks it every
 step) while a Tracer is active::
@@ -10,10 +11,49 @@ step) while a Tracer is active::
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 from minidist import tracing as trace
-from minidist.ddp.observers import StepStats
+from minidist.ddp.observers import ReducerObserver
+
+
+class StepStats(ReducerObserver):
+    """Seconds of the last synced backward: ``wait_s`` (from the last bucket's launch until
+    every bucket was reduced: the exposed communication) and ``comm_s`` (busy reducing).
+
+    Reductions run one at a time in bucket order, so bucket k's starts when it was launched
+    and the one before it ended (with overlap), or when the last bucket was launched and the
+    one before it ended (without: they all run at the end of backward).
+    """
+
+    def __init__(self, overlap: bool) -> None:
+        self.overlap = overlap
+        self.stats = {"wait_s": 0.0, "comm_s": 0.0}
+        self._launched: dict[int, float] = {}  # bucket index -> launch time, this step
+        self._last_launch = 0.0
+        self._free = 0.0  # when the previous reduction ended
+        self._busy = 0.0
+
+    def bucket_ready(self, bucket: Any) -> None:
+        self._last_launch = self._launched[bucket.index] = time.perf_counter()
+        if bucket.index == 0:
+            self._free, self._busy = 0.0, 0.0
+
+    def reduction_span(self, bucket: Any) -> tuple[float, float]:
+        """(start, end) of ``bucket``'s reduction, which has just ended."""
+        end = time.perf_counter()
+        start = self._launched.get(bucket.index, end) if self.overlap else self._last_launch
+        start = max(start, self._free)
+        self._free = end
+        return start, end
+
+    def bucket_reduced(self, bucket: Any) -> None:
+        start, end = self.reduction_span(bucket)
+        self._busy += end - start
+
+    def step_end(self, reducer: Any) -> None:
+        self.stats = {"wait_s": time.perf_counter() - self._last_launch, "comm_s": self._busy}
 
 
 class StepTrace(StepStats):
@@ -82,4 +122,4 @@ def follow_tracer(current: StepTrace | None, reducer: Any,
     return new
 
 
-__all__ = ["StepTrace", "follow_tracer"]
+__all__ = ["StepStats", "StepTrace", "follow_tracer"]

@@ -109,8 +109,7 @@ def _check_headers(node: ShmNode) -> tuple[bool, bool]:
     mine = h[node.rank]
     if any(x[:3] != mine[:3] or x[6] != mine[6] for x in h):  # numel, dtype, op; fingerprint
         raise_mismatch(node, h)
-    shared = all(x[3] >= 0 and x[3:5] == mine[3:5] for x in h)
-    return shared, all(x[5] for x in h)
+    return all(x[3] >= 0 and x[3:5] == mine[3:5] for x in h), all(x[5] for x in h)
 
 
 class _Scratch:
@@ -163,8 +162,7 @@ def _reduce_push(node: ShmNode, buf: np.ndarray, srcs: list, dsts: list, op: Red
         out = buf[p0:p0 + step]
         _reduce_mine(node, [s[p0:p0 + step] for s in srcs], out, op)
         finalize(out, op, node.size)  # AVG: divide the piece while it is in cache
-        if check:
-            finite = finite and finite_fast(out)
+        finite = finite and (not check or finite_fast(out))  # the NaN/inf check, in cache
         for j, d in enumerate(dsts):
             if j != node.rank:
                 d[p0:p0 + step] = out

@@ -62,11 +62,12 @@ Invariants and limits:
 - ``state_dict()`` is COLLECTIVE (every rank calls it; the Trainer does) and returns torch's
   per-parameter layout, the same as the inner optimizer's over the whole model, so a
   checkpoint resumes at any world size, with or without ZeRO.
+
+Parts: the shards in zero_shard.py, the path without buckets in zero_partition.py.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 from minidist import comm
@@ -74,63 +75,11 @@ from minidist import xp as backend
 from minidist.ddp.hooks import GradBucket
 from minidist.logger import get_logger, rank_prefix
 from minidist.optim import Optimizer
-from minidist.tensor import Tensor
 from minidist.optim.options import run_closure
+from minidist.memory.zero_partition import Partition
+from minidist.memory.zero_shard import BucketShard, GradState
 
 log = get_logger(__name__)
-
-
-class GradState(enum.Enum):
-    """Whether the gradient shards hold this step's average (set by the comm hook)."""
-
-    STALE = "stale"   # no synced backward since the last step()
-    READY = "ready"   # every bucket was reduce-scattered
-
-
-class _Shard:
-    """One bucket's part owned by this rank: what the inner optimizer sees as parameters.
-
-    The bucket's N elements split as ``n`` equal chunks of c = N // n, then a tail of
-    N - n c < n elements. Rank r owns chunk r; the tail is tiny, so every rank averages it
-    with a small all-reduce and steps it (identically) itself: no padding, no extra copy of
-    the bucket::
-
-        flat (N)   | chunk 0 | chunk 1 | ... | chunk n-1 | tail |
-        rank r     owns chunk r (optimizer state for c elements) and the tail (< n elements)
-    """
-
-    def __init__(self, bucket: Any, rank: int, world_size: int) -> None:
-        self.index = bucket.index
-        self.numel = bucket.spec.numel
-        self.chunk = self.numel // world_size                 # c
-        self.split = self.chunk * world_size                  # where the tail starts
-        self.lo = rank * self.chunk
-        xp = backend.get_array_module(bucket.buffer)
-        dtype = bucket.buffer.dtype
-        self.flat = xp.empty(self.numel, dtype=dtype)         # every parameter of the bucket
-        for p, off in zip(bucket.params, bucket.spec.offsets):
-            n = p.array.size
-            self.flat[off:off + n] = p.array.reshape(-1)
-            p.array = self.flat[off:off + n].reshape(p.array.shape)   # rebound once, here
-        # the reduce-scatter's output; after the step, the all-gather's input
-        self.own_buffer = world_size > 1
-        self.grad_shard = (bucket.buffer if world_size == 1  # one rank: the bucket is the mean
-                           else xp.zeros(self.chunk, dtype=dtype))
-        self.parts = [_Part(self.flat[self.lo:self.lo + self.chunk], self.grad_shard),
-                      _Part(self.flat[self.split:], bucket.buffer[self.split:])]
-        self.offsets = list(bucket.spec.offsets)
-        self.params = list(bucket.params)
-
-    def nbytes(self) -> int:
-        return int(self.grad_shard.nbytes) if self.own_buffer else 0
-
-
-def _Part(data: Any, grad: Any) -> Tensor:  # noqa: N802 - builds what it names
-    """A flat "parameter" of the inner optimizer: a Tensor over a view of the parameters,
-    whose ``.grad`` is the matching view of the gradients."""
-    part = Tensor(data)
-    part.grad = grad
-    return part
 
 
 class ZeroRedundancyOptimizer(Optimizer):
@@ -159,8 +108,8 @@ class ZeroRedundancyOptimizer(Optimizer):
                  parameters_as_bucket_view: bool = False, overlap_with_ddp: bool = False, *,
                  ddp: Any = None, **defaults: Any) -> None:
         name = f"{rank_prefix()} ZeroRedundancyOptimizer"
-        self._partition: _Partition | None = None
-        self._shards: list[_Shard] = []
+        self._partition: Partition | None = None
+        self._shards: list[BucketShard] = []
         if ddp is not None and not hasattr(ddp, "register_comm_hook"):
             raise ValueError(f"{name}: ddp= must be the DistributedDataParallel model whose "
                              f"buckets it shards, got {type(ddp).__name__}.")
@@ -172,7 +121,7 @@ class ZeroRedundancyOptimizer(Optimizer):
             self.rank, self.world_size = group.rank, group.size
             self._check_same_everywhere(name, [[f"#{i}", list(p.array.shape), str(p.array.dtype)]
                                                for i, p, _ in self.indexed_params()])
-            self._partition = _Partition(self, optimizer_class, defaults)
+            self._partition = Partition(self, optimizer_class, defaults)
             self.optim = self._partition.optim
             self.grad_state = GradState.READY  # DDP's all-reduce: always this step's average
             self._consolidated, self._consolidated_to = None, None
@@ -188,7 +137,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         group = self.process_group or comm.get_default_group()
         self.rank, self.world_size = group.rank, group.size
         self._check_params(ddp, name)
-        self._shards = [_Shard(b, self.rank, self.world_size) for b in ddp.buckets]
+        self._shards = [BucketShard(b, self.rank, self.world_size) for b in ddp.buckets]
         # inner parameter 2k: bucket k's chunk of this rank, 2k+1: bucket k's tail
         self.optim = optimizer_class([part for s in self._shards for part in s.parts],
                                      **defaults)
@@ -405,134 +354,6 @@ class ZeroRedundancyOptimizer(Optimizer):
                 self.param_groups[0][key] = tuple(v) if isinstance(v, list) else v
         self.optim.state = new_state
         self._consolidated = None
-
-
-class _Partition:
-    """The path without buckets: whole parameters partitioned between the ranks (torch's way).
-
-    ``owner[i]`` is the rank that steps parameter ``i`` (its index in the outer optimizer);
-    the inner optimizer holds this rank's parameters only, in the outer groups' structure
-    (group k inside = group k outside, with only the parameters this rank owns).
-    """
-
-    def __init__(self, outer: ZeroRedundancyOptimizer, optimizer_class: type,
-                 defaults: dict[str, Any]) -> None:
-        self.outer = outer
-        params = [p for _, p, _ in outer.indexed_params()]
-        sizes = [0] * outer.world_size
-        self.owner = [0] * len(params)
-        index = {id(p): i for i, p, _ in outer.indexed_params()}
-        for group in outer.param_groups:  # torch's _partition_parameters: greedy by size
-            for p in sorted(group["params"], key=lambda t: t.array.size, reverse=True):
-                r = sizes.index(min(sizes))
-                self.owner[index[id(p)]] = r
-                sizes[r] += int(p.array.size)
-        self.mine = [i for i, r in enumerate(self.owner) if r == outer.rank]
-        groups = []
-        for group in outer.param_groups:
-            opts = {k: v for k, v in group.items() if k != "params"}
-            groups.append({**opts, "params": [p for p in group["params"]
-                                              if self.owner[index[id(p)]] == outer.rank]})
-        self.optim = optimizer_class(groups, **defaults)
-        self.inner_index = {i: k for k, i in enumerate(self.mine)}  # outer -> inner index
-        # per rank, per dtype: (flat buffer, its parameters); one broadcast each per step
-        self.plan: list[tuple[int, Any, list[Any]]] = []
-        for r in range(outer.world_size):
-            by_dtype: dict[Any, list[Any]] = {}
-            for i, p in enumerate(params):
-                if self.owner[i] == r:
-                    by_dtype.setdefault((p.array.dtype, backend.get_array_module(p.array)),
-                                        []).append(p)
-            for (dtype, xp), ps in by_dtype.items():
-                self.plan.append((r, xp.empty(sum(p.array.size for p in ps), dtype), ps))
-
-    def nbytes(self) -> int:
-        return sum(int(flat.nbytes) for _, flat, _ in self.plan)
-
-    def step(self) -> None:
-        """Step this rank's parameters, then every rank's go out from their owner."""
-        outer = self.outer
-        for inner_group, group in zip(self.optim.param_groups, outer.param_groups):
-            inner_group.update({k: v for k, v in group.items() if k != "params"})
-        self.optim.step()
-        if outer.world_size == 1:
-            return
-        for r, flat, ps in self.plan:
-            at = 0
-            if r == outer.rank:
-                for p in ps:
-                    flat[at:at + p.array.size] = p.array.reshape(-1)
-                    at += p.array.size
-            comm.broadcast(flat, src=r, group=outer.process_group)
-            if r != outer.rank:
-                for p in ps:
-                    p.array[...] = flat[at:at + p.array.size].reshape(p.array.shape)
-                    at += p.array.size
-
-    def gather_state(self) -> dict[str, Any]:
-        """Every parameter's state from its owner (COLLECTIVE), in torch's layout."""
-        outer = self.outer
-        mine = {i: self.optim.state.get(k, {}) for i, k in self.inner_index.items()}
-        state: dict[int, dict[str, Any]] = {}
-        params = [p for _, p, _ in outer.indexed_params()]
-        for r in range(outer.world_size):
-            meta = {str(i): {key: (["array", str(v.dtype)] if hasattr(v, "shape") and
-                                   getattr(v, "ndim", 0) > 0 else ["value", v])
-                             for key, v in s.items()}
-                    for i, s in mine.items() if s} if r == outer.rank else None
-            if outer.world_size > 1:
-                meta = comm.broadcast_object(meta, src=r, group=outer.process_group)
-            meta = meta or {}
-            for key_i in sorted(meta, key=int):  # one order on every rank (JSON may sort)
-                i, entries = int(key_i), meta[key_i]
-                full: dict[str, Any] = {}
-                for key in sorted(entries):
-                    kind, v = entries[key]
-                    if kind == "value":
-                        full[key] = v
-                        continue
-                    xp = backend.get_array_module(params[i].array)
-                    arr = mine[i][key].copy() if r == outer.rank else \
-                        xp.empty(params[i].array.shape, dtype=v)
-                    if outer.world_size > 1:
-                        comm.broadcast(arr, src=r, group=outer.process_group)
-                    full[key] = arr
-                state[i] = full
-        groups, start = [], 0
-        for group in outer.param_groups:
-            g = {k: v for k, v in group.items() if k != "params"}
-            g["params"] = list(range(start, start + len(group["params"])))
-            start += len(group["params"])
-            groups.append(g)
-        return {"state": dict(sorted(state.items())), "param_groups": groups}
-
-    def load_state(self, name: str, state_dict: dict[str, Any]) -> None:
-        """Keep this rank's entries of a whole state dict; checked as the inner class does."""
-        outer = self.outer
-        groups = state_dict.get("param_groups", [])
-        sizes = [len(g["params"]) for g in outer.param_groups]
-        if [len(g.get("params", [])) for g in groups] != sizes:
-            raise ValueError(f"{name}: the checkpoint has groups of "
-                             f"{[len(g.get('params', [])) for g in groups]} parameters; this "
-                             f"optimizer has {sizes}. Build the same model and groups.")
-        saved = {int(k): v for k, v in state_dict.get("state", {}).items()}
-        inner_groups = []
-        for saved_group, group, inner in zip(groups, outer.param_groups,
-                                             self.optim.param_groups):
-            opts = {k: (tuple(v) if isinstance(v, list) else v)
-                    for k, v in saved_group.items() if k != "params"}
-            group.update(opts)
-            inner_groups.append({**opts, "params": list(range(len(inner["params"])))})
-        k0, numbered = 0, []
-        for inner in inner_groups:  # renumber the inner groups' parameters consecutively
-            numbered.append({**inner, "params": [k0 + j for j in inner["params"]]})
-            k0 += len(inner["params"])
-        inner_state = {self.inner_index[i]: s for i, s in saved.items() if i in self.inner_index}
-        bad = [i for i in saved if not 0 <= i < len(self.owner)]
-        if bad:
-            raise ValueError(f"{name}: state for parameters {bad[:4]}, outside 0.."
-                             f"{len(self.owner) - 1}. The checkpoint belongs to another model.")
-        self.optim.load_state_dict({"state": inner_state, "param_groups": numbered})
 
 
 def reduce_scatter_hook(state: ZeroRedundancyOptimizer, bucket: GradBucket) -> None:

@@ -8,13 +8,16 @@
     loss.backward()
     model.state_dict().keys()                    # '0.weight', '0.bias', '2.weight', '2.bias'
 
-Modules: ``module`` (Module, Parameter, state_dict), ``layers`` (Linear, LayerNorm, Dropout,
-Dropout2d, Embedding, activations, Sequential, ModuleList, ModuleDict), ``conv`` (Conv2d,
+Modules: ``module`` (Module, Parameter, state_dict; ``module_devices``: to, cuda, half, ...),
+``layers`` (Linear, ReLU, Dropout, Flatten, Identity, Sequential), ``activations`` (GELU,
+Tanh, Sigmoid, LeakyReLU, Softmax, LogSoftmax), ``norm_dropout_embedding`` (LayerNorm,
+Dropout2d, Embedding), ``containers`` (ModuleList, ModuleDict), ``conv`` (Conv2d,
 ConvTranspose2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d), ``attention``
 (MultiheadAttention), ``norm`` (BatchNorm1d/2d, GroupNorm), ``rnn`` (RNN, LSTM, GRU),
 ``transformer`` (TransformerEncoderLayer, TransformerEncoder, TransformerDecoderLayer,
-TransformerDecoder, Transformer), ``losses``, ``init``, ``functional``, ``utils``
-(clip_grad_norm_), ``modules`` (torch's nn.modules.<file> paths).
+TransformerDecoder, Transformer), ``losses`` (CrossEntropyLoss, MSELoss), ``nll_bce_losses``
+(NLLLoss, BCELoss, BCEWithLogitsLoss), ``init``, ``functional``, ``utils`` (clip_grad_norm_),
+``modules`` (torch's nn.modules.<file> paths).
 ``nn.SyncBatchNorm`` is attached by the package root: it communicates, so it lives in
 ``minidist/ddp/sync_batchnorm.py``, above comm.
 """

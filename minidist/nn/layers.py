@@ -1,23 +1,24 @@
-"""Layers with torch's names, shapes and default init: Linear, LayerNorm, Dropout, Dropout2d,
-Flatten, Embedding, activations (ReLU, GELU, Tanh, Sigmoid, Softmax, LogSoftmax), Identity and
-the containers Sequential, ModuleList, ModuleDict.
+"""The main job's layers, with torch's names, shapes and default init: Linear, ReLU, Dropout,
+Flatten, Identity and the container Sequential.
+
+torch's other layers are beside this file and importable from it too: the activations
+(LeakyReLU, GELU, Tanh, Sigmoid, Softmax, LogSoftmax) in ``activations.py``; LayerNorm, Dropout2d,
+Embedding in ``norm_dropout_embedding.py``; ModuleList, ModuleDict in ``containers.py``.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator
 
 import numpy
 
 from minidist import xp as backend
 from minidist.nn import init
 from minidist.nn.module import Module, Parameter
-from minidist.tensor import (Tensor, dropout, dropout2d, embedding, layer_norm, linear,
-                             log_softmax, softmax)
+from minidist.tensor import Tensor, dropout, linear
 from minidist.tensor.core import error
-from minidist.tensor.nn_ops import leaky_relu
 
 
 def empty_parameter(*shape: int, dtype: Any = numpy.float32) -> Parameter:
@@ -67,32 +68,6 @@ class Linear(Module):
                 f"bias={self.bias is not None}")
 
 
-class LayerNorm(Module):
-    """Normalize over the trailing ``normalized_shape`` dims; keys ``weight`` (ones), ``bias``
-    (zeros; none with ``bias=False``), torch's arguments including ``device``/``dtype``."""
-
-    def __init__(self, normalized_shape: int | tuple[int, ...], eps: float = 1e-5,
-                 elementwise_affine: bool = True, bias: bool = True, device: Any = None,
-                 dtype: Any = None) -> None:
-        super().__init__()
-        dtype = factory_dtype(dtype)
-        if isinstance(normalized_shape, int):
-            normalized_shape = (normalized_shape,)
-        self.normalized_shape, self.eps = tuple(normalized_shape), eps
-        if elementwise_affine:
-            self.weight = init.ones_(empty_parameter(*self.normalized_shape, dtype=dtype))
-            self.bias = empty_parameter(*self.normalized_shape, dtype=dtype) if bias else None
-        else:
-            self.weight = self.bias = None
-        place(self, device)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
-
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}"
-
-
 class Dropout(Module):
     """Inverted dropout with probability ``p`` in training mode; the identity in eval mode.
 
@@ -111,14 +86,6 @@ class Dropout(Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}, inplace={self.inplace}" if self.inplace else f"p={self.p}"
-
-
-class Dropout2d(Dropout):
-    """Channel dropout: zero whole channels of (N, C, H, W) with probability ``p`` in training
-    (torch's ``nn.Dropout2d``); the identity in eval mode."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return dropout2d(x, self.p, self.training)
 
 
 class Flatten(Module):
@@ -144,44 +111,6 @@ class ReLU(Module):
 
     def extra_repr(self) -> str:
         return "inplace=True" if self.inplace else ""
-
-
-class LeakyReLU(Module):
-    """``x`` where positive, ``negative_slope * x`` elsewhere (torch's ``nn.LeakyReLU``);
-    ``inplace=True`` is accepted (computed out of place, same values)."""
-
-    def __init__(self, negative_slope: float = 0.01, inplace: bool = False) -> None:
-        super().__init__()
-        self.negative_slope, self.inplace = negative_slope, inplace
-
-    def forward(self, x: Tensor) -> Tensor:
-        return leaky_relu(x, self.negative_slope)
-
-    def extra_repr(self) -> str:
-        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace
-                                                          else "")
-
-
-class GELU(Module):
-    """GELU; ``approximate="none"`` (exact erf form, torch's default) or ``"tanh"``."""
-
-    def __init__(self, approximate: str = "none") -> None:
-        super().__init__()
-        self.approximate = approximate
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x.gelu(self.approximate)
-
-
-class Tanh(Module):
-    def forward(self, x: Tensor) -> Tensor:
-        return x.tanh()
-
-
-class Sigmoid(Module):
-    def forward(self, x: Tensor) -> Tensor:
-        return x.sigmoid()
-
 
 class Identity(Module):
     def forward(self, x: Tensor) -> Tensor:
@@ -228,141 +157,8 @@ class Sequential(Module):
         return self
 
 
-
-class Softmax(Module):
-    """``softmax`` along ``dim`` (torch's ``nn.Softmax(dim)``)."""
-
-    def __init__(self, dim: int = -1) -> None:
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, x: Tensor) -> Tensor:
-        return softmax(x, self.dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
-
-
-class LogSoftmax(Softmax):
-    """``log_softmax`` along ``dim`` (pair it with ``NLLLoss``)."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return log_softmax(x, self.dim)
-
-
-class Embedding(Module):
-    """A lookup table: ``weight[indices]``, weight (num_embeddings, embedding_dim) ~ N(0, 1).
-
-    The gradient of a row used several times in a batch is the sum of its uses. With
-    ``padding_idx`` that row starts at zeros and gets no gradient (torch's behaviour), so it
-    stays what it is set to.
-    """
-
-    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
-                 max_norm: float | None = None, norm_type: float = 2.0,
-                 scale_grad_by_freq: bool = False, sparse: bool = False, _weight: Any = None,
-                 _freeze: bool = False, device: Any = None, dtype: Any = None) -> None:
-        super().__init__()
-        dtype = factory_dtype(dtype)
-        if max_norm is not None or scale_grad_by_freq or sparse:
-            raise ValueError(error("Embedding", "max_norm, scale_grad_by_freq and sparse are "
-                                   "not supported; leave them at their defaults."))
-        if padding_idx is not None:
-            if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ValueError(error("Embedding", f"padding_idx {padding_idx} is outside "
-                                       f"[-{num_embeddings}, {num_embeddings})."))
-            padding_idx %= num_embeddings
-        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.padding_idx = padding_idx
-        self.weight = empty_parameter(num_embeddings, embedding_dim, dtype=dtype)
-        if _weight is None:
-            self.reset_parameters()
-        else:  # torch's from_pretrained path: these values, as they are
-            self.weight.copy_(_weight)
-        self.weight.requires_grad = not _freeze
-        place(self, device)
-
-    def reset_parameters(self) -> None:
-        """N(0, 1) draws, the padding row zeroed (torch's init)."""
-        init.normal_(self.weight)
-        if self.padding_idx is not None:
-            self.weight.array[self.padding_idx] = 0
-
-    def forward(self, indices: Any) -> Tensor:
-        return embedding(indices, self.weight, self.padding_idx)
-
-    def extra_repr(self) -> str:
-        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
-        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
-
-
-class ModuleList(Module):
-    """A list of modules, registered as children "0", "1", ... (no forward of its own)."""
-
-    def __init__(self, modules: Iterable[Module] | None = None) -> None:
-        super().__init__()
-        for m in modules or ():
-            self.append(m)
-
-    def append(self, module: Module) -> ModuleList:
-        if not isinstance(module, Module):
-            raise TypeError(error("ModuleList", f"can only hold Modules, got "
-                                  f"{type(module).__name__}."))
-        setattr(self, str(len(self._modules)), module)
-        return self
-
-    def extend(self, modules: Iterable[Module]) -> ModuleList:
-        for m in modules:
-            self.append(m)
-        return self
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
-
-    def __getitem__(self, index: int | slice) -> Any:
-        layers = list(self._modules.values())
-        if isinstance(index, slice):
-            return ModuleList(layers[index])
-        if not -len(layers) <= index < len(layers):
-            raise IndexError(error("ModuleList", f"index {index} is out of range for "
-                                   f"{len(layers)} modules."))
-        return layers[index]
-
-
-class ModuleDict(Module):
-    """A dict of modules, registered as children under their keys (insertion order)."""
-
-    def __init__(self, modules: Mapping[str, Module] | None = None) -> None:
-        super().__init__()
-        for name, m in (modules or {}).items():
-            self[name] = m
-
-    def __setitem__(self, name: str, module: Module) -> None:
-        if not isinstance(module, Module):
-            raise TypeError(error("ModuleDict", f"value for {name!r} is a "
-                                  f"{type(module).__name__}, not a Module."))
-        setattr(self, name, module)
-
-    def __getitem__(self, name: str) -> Module:
-        return self._modules[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._modules
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._modules)
-
-    def keys(self) -> Any:
-        return self._modules.keys()
-
-    def values(self) -> Any:
-        return self._modules.values()
-
-    def items(self) -> Any:
-        return self._modules.items()
+# torch's other layers, importable from here as before (they import this module's helpers)
+from minidist.nn.activations import (GELU, LeakyReLU, LogSoftmax, Sigmoid,  # noqa: E402,F401
+                                     Softmax, Tanh)
+from minidist.nn.containers import ModuleDict, ModuleList  # noqa: E402,F401
+from minidist.nn.norm_dropout_embedding import Dropout2d, Embedding, LayerNorm  # noqa: E402,F401

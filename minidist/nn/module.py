@@ -24,8 +24,8 @@ import numpy
 
 from minidist import xp as backend
 from minidist.tensor import Tensor
-from minidist.tensor.conversion import parse_to_args
-from minidist.tensor.core import error, is_floating
+from minidist.nn.module_devices import DeviceMethods
+from minidist.tensor.core import error
 
 
 def as_input(value: Any) -> Any:
@@ -58,10 +58,16 @@ class IncompatibleKeys(NamedTuple):
     unexpected_keys: list[str]
 
 
-class Module:
-    """Base class of every layer and model: registers parameters, buffers and sub-modules."""
+class Module(DeviceMethods):
+    """Base class of every layer and model: registers parameters, buffers and sub-modules.
+
+    Moving and casting (``to``, ``cpu``, ``cuda``, ``float``, ``half``, ``double``) are torch's
+    surface, inherited from ``DeviceMethods`` (``minidist/nn/module_devices.py``)."""
 
     training: bool  # set by __init__ and train()/eval()
+    _parameters: OrderedDict[str, Parameter | None]  # the registries, in registration order
+    _buffers: OrderedDict[str, Tensor | None]
+    _modules: OrderedDict[str, Module]
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -182,63 +188,6 @@ class Module:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.array[...] = 0
-
-    # ---- devices and dtypes ----------------------------------------------------------------
-
-    def to(self, *args: Any, **kwargs: Any) -> Module:
-        """Move and/or cast every parameter and buffer IN PLACE; returns self (torch's ``to``).
-
-            model.to("cuda:0"); model.to(numpy.float64); model.to(device, dtype); model.to(t)
-
-        The Parameter objects stay the same objects (only their ``.array``, and ``.grad`` if set,
-        are replaced), so an optimizer built before ``.to()`` still updates them. As in torch, a
-        dtype applies to floating-point parameters and buffers only (integer buffers keep theirs).
-        Call it before wrapping the model in DistributedDataParallel, whose buckets hold views
-        of the gradients.
-
-        Raises:
-            DeviceUnavailableError: a CUDA device was asked for on a machine without one.
-        """
-        where, dtype = parse_to_args("Module.to", args, kwargs)
-        return self._apply_to_tensors(where, dtype)
-
-    def _apply_to_tensors(self, where: Any, dtype: Any) -> Module:
-        def convert(array: Any) -> Any:
-            if where is not None:
-                array = backend.move(array, where)
-            if dtype is not None and is_floating(array.dtype):
-                array = array.astype(dtype, copy=False)
-            return array
-
-        for mod in self.modules():
-            for registry in (mod._parameters, mod._buffers):
-                for t in registry.values():
-                    if t is not None:
-                        t.array = convert(t.array)
-                        if t.grad is not None:
-                            t.grad = convert(t.grad.array)
-        return self
-
-    def cpu(self) -> Module:
-        """Move every parameter and buffer to the CPU, in place; returns self."""
-        return self._apply_to_tensors(backend.device("cpu"), None)
-
-    def cuda(self, device: Any = None) -> Module:
-        """Move every parameter and buffer to GPU ``device`` (default: current), in place."""
-        return self._apply_to_tensors(backend.device("cuda", device) if isinstance(
-            device, (int, type(None))) else backend.device(device), None)
-
-    def float(self) -> Module:
-        """Cast floating-point parameters and buffers to float32, in place; returns self."""
-        return self._apply_to_tensors(None, numpy.dtype(numpy.float32))
-
-    def half(self) -> Module:
-        """Cast floating-point parameters and buffers to float16, in place; returns self."""
-        return self._apply_to_tensors(None, numpy.dtype(numpy.float16))
-
-    def double(self) -> Module:
-        """Cast floating-point parameters and buffers to float64, in place; returns self."""
-        return self._apply_to_tensors(None, numpy.dtype(numpy.float64))
 
     # ---- state ---------------------------------------------------------------------------
 

@@ -9,7 +9,8 @@
         optim.clip_grad_norm_(model.parameters(), 1.0)
         opt.step(); sched.step()
 
-Modules: ``optimizer`` (base class: groups, state_dict; how to write one), ``sgd``, ``adam``
+Modules: ``optimizer`` (base class: groups, state_dict), ``param_state`` (its state; how to
+write one torch's way), ``inplace`` (an element function run in place), ``sgd``, ``adam``
 (Adam, AdamW, amsgrad), ``adadelta``, ``adagrad``, ``rmsprop``, ``options`` (their shared
 checks), ``lr_scheduler``, ``fused`` (``fused=True`` steps, ``flatten_parameters``),
 ``registry`` (``FusedStep``: one entry per fused element function; ``FUSED_STEPS`` lists them,

@@ -13,8 +13,9 @@ Per parameter p with gradient g, at step t = 1, 2, ... (torch.optim.Adam / AdamW
     p = p - lr / (1 - beta1**t) * m / denom
 
 The state of each parameter is ``{"step": int, "exp_avg": arr, "exp_avg_sq": arr}`` (and
-``"max_exp_avg_sq"`` with amsgrad), the same keys as torch's (``step`` is a plain int here). Updates run in place with two preallocated work
-buffers per parameter.
+``"max_exp_avg_sq"`` with amsgrad), the same keys as torch's (``step`` is a plain int here).
+The update is written once, for one element (``adam_element`` below), and runs in place with
+one preallocated work buffer per parameter.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from minidist import xp as backend
+from numpy import maximum
+
 from minidist.kernels.optim_math import sqrt
 from minidist.logger import rank_prefix
 from minidist.optim import fused as fused_step
@@ -72,52 +74,11 @@ class Adam(Optimizer):
                                       foreach=foreach, fused=fused))
 
     def fused_kernel(self, group: dict[str, Any]) -> FusedStep:
-        """The registry entry of ``fused=True`` (amsgrad groups take ``_update``)."""
+        """The entry that updates ``group`` (amsgrad's has no compiled kernel: ``fused=True``
+        runs it on whole arrays, as the default path does)."""
+        if group.get("amsgrad"):
+            return ADAMW_AMSGRAD if self.decoupled else ADAM_AMSGRAD
         return ADAMW_STEP if self.decoupled else ADAM_STEP
-
-    def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
-        xp = backend.get_array_module(p.array)
-        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-        beta1, beta2 = group["betas"]
-        param, g = p.array, p.grad.array
-        state = self.state.setdefault(i, {})
-        if not state:
-            state["step"] = 0
-            state["exp_avg"] = xp.zeros_like(param)
-            state["exp_avg_sq"] = xp.zeros_like(param)
-            if group.get("amsgrad"):
-                state["max_exp_avg_sq"] = xp.zeros_like(param)
-        state["step"] += 1
-        t = state["step"]
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        a, b = self.scratch(i, param, 0), self.scratch(i, param, 1)
-
-        if wd != 0:
-            if self.decoupled:                       # AdamW: p *= 1 - lr * wd
-                xp.multiply(param, 1.0 - lr * wd, out=param)
-            else:                                    # Adam: g = g + wd * p
-                xp.multiply(param, wd, out=a)
-                xp.add(a, g, out=a)
-                g = a
-        xp.multiply(m, beta1, out=m)                 # m = beta1 m + (1 - beta1) g
-        xp.multiply(g, 1.0 - beta1, out=b)
-        xp.add(m, b, out=m)
-        xp.multiply(v, beta2, out=v)                 # v = beta2 v + (1 - beta2) g g
-        xp.multiply(g, g, out=b)
-        xp.multiply(b, 1.0 - beta2, out=b)
-        xp.add(v, b, out=v)
-
-        bias_correction1 = 1.0 - beta1 ** t
-        bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** t)
-        step_size = lr / bias_correction1
-        if group.get("amsgrad"):                     # v_max = max(v_max, v): denom uses it
-            v = xp.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
-        xp.sqrt(v, out=a)                            # denom = sqrt(v) / sqrt(bc2) + eps
-        xp.divide(a, bias_correction2_sqrt, out=a)
-        xp.add(a, eps, out=a)
-        xp.divide(m, a, out=a)                       # p = p - step_size * m / denom
-        xp.multiply(a, step_size, out=a)
-        xp.subtract(param, a, out=param)
 
 
 class AdamW(Adam):
@@ -136,26 +97,42 @@ class AdamW(Adam):
                          amsgrad=amsgrad, foreach=foreach, fused=fused)
 
 
-# ----------------------------------------------------------------- the fused step (fused=True)
-# One element of ``_update``, as scalar Python, in the same order of operations (float
-# arithmetic is not associative), so the compiled loops give the same bits:
-#   p = p * decay                        (AdamW: 1 - lr * wd; Adam: 1.0, exact)
-#   g = p * l2 + g                       (Adam's L2 term; AdamW: l2 = 0, skipped)
+# ----------------------------------------------------------------- the update, written once
+# One element of the update, as scalar Python. The fused kernels compile it (fused=True); the
+# default path runs it on whole arrays, in place (``Optimizer._update``, ``optim/inplace.py``).
+# Both compute the same bits: the same operations in the same order (float arithmetic is not
+# associative), and none whose result is known (Adam's ``p * 1.0``, AdamW's ``l2 = 0`` term):
+#   p = p * decay                        (AdamW: 1 - lr * wd)
+#   g = p * l2 + g                       (Adam's L2 term)
 #   m = m * beta1 + g * (1 - beta1)
 #   v = v * beta2 + (g * g) * (1 - beta2)
 #   p = p - (m / (sqrt(v) / sqrt(1 - beta2^t) + eps)) * (lr / (1 - beta1^t))
 
 def adam_element(p: Any, g: Any, m: Any, v: Any, decay: Any, l2: Any, beta1: Any,
                  one_minus_beta1: Any, beta2: Any, one_minus_beta2: Any,
-                 bias_correction2_sqrt: Any, eps: Any, step_size: Any) -> tuple[Any, Any, Any]:
-    """torch's Adam / AdamW for one element: ``(new_p, new_exp_avg, new_exp_avg_sq)``."""
-    p = p * decay
+                 bias_correction2_sqrt: Any, eps: Any, step_size: Any,
+                 v_max: Any = None) -> tuple[Any, ...]:
+    """torch's Adam / AdamW for one element: ``(new_p, new_exp_avg, new_exp_avg_sq)``; with
+    ``v_max`` (amsgrad) also ``new_max_exp_avg_sq``, the denominator's running maximum."""
+    if decay != 1:
+        p = p * decay
     if l2 != 0:
         g = p * l2 + g
     m = m * beta1 + g * one_minus_beta1
     v = v * beta2 + (g * g) * one_minus_beta2
-    denom = sqrt(v) / bias_correction2_sqrt + eps
-    return p - (m / denom) * step_size, m, v
+    v_hat = v                                        # amsgrad: the running maximum of v
+    if v_max is not None:                            # (the kernels compile without it)
+        v_hat = maximum(v_max, v)
+    p = p - (m / (sqrt(v_hat) / bias_correction2_sqrt + eps)) * step_size
+    if v_max is None:
+        return p, m, v
+    return p, m, v, v_hat
+
+
+def adam_amsgrad_element(p: Any, g: Any, m: Any, v: Any, v_max: Any,
+                         *scalars: Any) -> tuple[Any, ...]:
+    """Adam / AdamW with amsgrad, one element (no compiled kernel: the default path only)."""
+    return adam_element(p, g, m, v, *scalars, v_max=v_max)  # type: ignore[misc]  # 9 scalars
 
 
 def adam_scalars(group: dict[str, Any], step: int, first: bool) -> tuple[Any, ...]:
@@ -177,3 +154,7 @@ ADAM_STEP = register(FusedStep("adam", adam_element, adam_scalars,
                                state=("exp_avg", "exp_avg_sq"), counts_steps=True))
 ADAMW_STEP = register(FusedStep("adamw", adam_element, adamw_scalars,
                                 state=("exp_avg", "exp_avg_sq"), counts_steps=True))
+ADAM_AMSGRAD = FusedStep("adam_amsgrad", adam_amsgrad_element, adam_scalars,
+                         state=("exp_avg", "exp_avg_sq", "max_exp_avg_sq"), counts_steps=True)
+ADAMW_AMSGRAD = FusedStep("adamw_amsgrad", adam_amsgrad_element, adamw_scalars,
+                          state=("exp_avg", "exp_avg_sq", "max_exp_avg_sq"), counts_steps=True)

@@ -13,49 +13,18 @@ number is the key of the per-parameter state and of ``state_dict()``, exactly to
      "param_groups": [{"lr": 0.1, "momentum": 0.9, ..., "params": [0, 1]},
                       {"lr": 0.01, ...,                "params": [2, 3]}]}
 
-Values are plain arrays and numbers, so a checkpoint stores them without pickle. A torch-style
-optimizer that keeps Tensors (``state["mu"] = torch.zeros_like(p)``) gets copies of them in
-``state_dict()``, and ``load_state_dict`` gives it Tensors back, from Tensors or arrays (a
-file stores arrays), so its next ``mu.mul_(...)`` works.
+Values are plain arrays and numbers (a torch-style optimizer's Tensors too: see
+``minidist/optim/param_state.py``), so a checkpoint stores them without pickle.
 
-An optimizer with a fused kernel (``fused=True``) is written differently: its update is one
-element function registered as a ``FusedStep`` (``minidist.optim.registry``), and the class
-only names it in ``fused_kernel(group)``; ``step`` then runs the compiled loops built from it,
-or (without ``_update`` of its own) the same function on whole arrays. docs/layout.md,
-"A new optimizer with a fused kernel", has a whole one.
+The optimizers here write their update once, for ONE element, as scalar Python (an *element
+function*, e.g. ``sgd_momentum_element`` in ``sgd.py``), registered as a ``FusedStep``
+(``minidist.optim.registry``) that the class names in ``fused_kernel(group)``. ``step`` runs
+it on whole arrays, in place (``_update``), or with ``fused=True`` as compiled loops built
+from it (``minidist.optim.fused``). docs/layout.md, "A new optimizer with a fused kernel",
+has a whole one.
 
-Writing an optimizer (torch's way): subclass, pass the defaults up, override ``step`` and walk
-``self.param_groups``; ``self.state[p]`` is the parameter's state dict (empty at first), and
-``state_dict``/``load_state_dict`` then work as they are. ``p`` and ``p.grad`` are Tensors,
-updated with torch's in-place methods under ``no_grad`` (the optimizers here work on
-``p.array`` and ``p.grad.array``, the arrays, which is the same memory)::
-
-    import numpy as np
-    import minidist
-    from minidist import nn, optim
-
-    class SignSGD(optim.Optimizer):
-        def __init__(self, params, lr=0.01, momentum=0.9):
-            super().__init__(params, dict(lr=lr, momentum=momentum))
-
-        @minidist.no_grad()
-        def step(self, closure=None):
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    state = self.state[p]
-                    if "momentum_buffer" not in state:
-                        state["momentum_buffer"] = minidist.zeros_like(p)
-                    buf = state["momentum_buffer"]
-                    buf.mul_(group["momentum"]).add_(p.grad)
-                    p.add_(buf.sign(), alpha=-group["lr"])
-
-    model = nn.Linear(3, 1)
-    opt = SignSGD(model.parameters())
-    model(np.ones((2, 3), np.float32)).sum().backward()
-    opt.step()
-    assert list(opt.state_dict()["state"]) == [0, 1]
+Writing an optimizer torch's way (override ``step``, keep Tensors in ``self.state[p]``) works
+as in torch: ``minidist/optim/param_state.py`` has a whole one.
 """
 
 from __future__ import annotations
@@ -63,14 +32,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import numpy
-
 from minidist import xp as backend
 from minidist.logger import get_logger, rank_prefix
-from minidist.optim import fused
+from minidist.optim import fused, inplace
 from minidist.optim.options import run_closure
+from minidist.optim.param_state import ParamState, copy_value, load_value
 from minidist.optim.registry import FusedStep
-from minidist.tensor import Tensor
 
 log = get_logger(__name__)
 
@@ -98,6 +65,7 @@ class Optimizer:
         self._index_of: dict[int, int] | None = None  # id(param) -> its index (see ParamState)
         self.state = ParamState(self)  # param index -> its state (see __setattr__)
         self._scratch: dict[tuple[int, int], Any] = {}  # (param index, slot) -> work buffer
+        self._plans: dict[FusedStep, inplace.Plan] = {}  # entry -> its last plan (_update)
         params = list(params)
         if len(params) == 0:
             raise ValueError(f"{rank_prefix()} {type(self).__name__}: got an empty parameter list. "
@@ -194,36 +162,55 @@ class Optimizer:
         """One update of every parameter whose ``.grad`` is not None (skipped ones keep state).
 
         ``closure`` (torch's): re-evaluates the model and returns the loss; it runs first, with
-        grad mode on, and its loss is returned. The public extension point is this method:
-        a new optimizer overrides ``step`` and walks ``self.param_groups`` and
-        ``self.state[p]`` as in torch (see the module docstring). The optimizers here
-        implement ``_update(i, p, group)`` instead, one parameter at a time, and groups with
-        ``fused=True`` (or ``foreach=True``) go to ``minidist.optim.fused.step``.
+        grad mode on, and its loss is returned. A torch-style optimizer overrides ``step``; the
+        ones here name an element function (``fused_kernel``), which ``_update`` runs, one
+        parameter at a time; groups with ``fused=True`` (or ``foreach=True``) go to
+        ``minidist.optim.fused.step``.
         """
         loss = None if closure is None else run_closure(closure)
         if any(g.get("fused") or g.get("foreach") for g in self.param_groups):
             fused.step(self, self._update)
             return loss
-        for i, p, group in self.indexed_params():
-            if p.grad is not None:
-                self._update(i, p, group)
+        i = 0                                        # the parameter's index in state_dict
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(i, p, group)
+                i += 1
         return loss
 
     def fused_kernel(self, group: dict[str, Any]) -> FusedStep | None:
-        """The ``minidist.optim.registry`` entry that updates ``group`` when it sets
-        ``fused=True``, or None (no fused step: ``_update`` runs). Optimizers with a fused
-        kernel override it."""
+        """The ``minidist.optim.registry`` entry, the element function and its scalars, that
+        updates ``group``; None: no entry (the subclass overrides ``step``)."""
         return None
 
     def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
-        """The update rule for parameter ``i`` (its flat index) of ``group``. By default the
-        fused entry's element function on whole arrays (``fused.reference_update``); the
-        optimizers here write their own, allocation-free."""
+        """Update parameter ``i`` (its flat index) of ``group`` in place: its entry's element
+        function on the whole arrays. The element was traced once, for steps of this kind,
+        into ufunc calls with ``out=`` (``minidist.optim.inplace``); for SGD with momentum::
+
+            buf *= momentum;  buf += g;  tmp = buf * lr;  p -= tmp
+
+        The results go into the parameter, its state and a work buffer (``scratch``), so a
+        step allocates nothing, and the bits are the fused kernels'.
+        """
         entry = self.fused_kernel(group)
         if entry is None:
             raise NotImplementedError(f"{type(self).__name__} must override step(), _update() "
                                       "or fused_kernel().")
-        fused.reference_update(self, entry, i, p, group)
+        state = self.state[i] if entry.state or entry.counts_steps else {}  # SGD: none
+        first = not state
+        t = state.get("step", 0) + 1 if entry.counts_steps else 0   # torch's "step" count
+        scalars = entry.scalars(group, t, first)
+        plan = self._plans.get(entry)                # the entry's last plan, while it fits
+        if plan is None or plan.scalars != scalars or type(p.array) is not plan.array_type:
+            plan = self._plans[entry] = inplace.plan_for(entry, scalars, p.array)
+        if first:                                    # the state arrays start as zeros
+            xp = backend.get_array_module(p.array)
+            state.update({name: xp.zeros_like(p.array) for name in entry.state})
+        if entry.counts_steps:
+            state["step"] = t
+        plan.run(p.array, p.grad.array, state, self.scratch, i, scalars)
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -237,14 +224,8 @@ class Optimizer:
         state = {}
         for i, s in self.state.items():
             if s:  # entries only read (``self.state[p]`` creates them) are not state
-                state[i] = {k: _copy_value(v) for k, v in s.items()}
+                state[i] = {k: copy_value(v) for k, v in s.items()}
         return {"state": state, "param_groups": groups}
-
-    def _keeps_tensors(self) -> bool:
-        """True for a torch-style optimizer (its own ``step()``, no declared ``state_keys``):
-        torch keeps such state as Tensors (``torch.zeros_like(p)``), so arrays loaded into it
-        become Tensors; minidist's own optimizers keep arrays (their kernels read arrays)."""
-        return self.state_keys is None and type(self).step is not Optimizer.step
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore state saved by ``state_dict()``; arrays are copied onto each parameter's device.
@@ -290,7 +271,7 @@ class Optimizer:
                                  f"checkpoint of the same optimizer type.")
             live = self.state.get(index_of[id(p)]) or {}
             new_state[index_of[id(p)]] = {
-                k: self._load_value(name, sid, k, v, p, self._wants_tensor(v, live.get(k)))
+                k: load_value(self, name, sid, k, v, p, live.get(k))
                 for k, v in s.items()}
         for saved, group in zip(saved_groups, self.param_groups):
             for k, v in saved.items():
@@ -298,98 +279,9 @@ class Optimizer:
                     group[k] = tuple(v) if isinstance(v, list) else v
         self.state = ParamState(self, new_state)
 
-    def _wants_tensor(self, value: Any, live: Any) -> bool:
-        """Whether a loaded state value becomes a Tensor: it is one, the live state holds one
-        under that key, or (no live value) the optimizer keeps Tensors (``_keeps_tensors``)."""
-        if isinstance(value, Tensor) or isinstance(live, Tensor):
-            return True
-        return live is None and self._keeps_tensors()
-
-    @staticmethod
-    def _load_value(name: str, sid: int, key: str, value: Any, p: Any,
-                    as_tensor: bool = False) -> Any:
-        if isinstance(value, Tensor):
-            value = value.array
-        is_array = hasattr(value, "shape") and not isinstance(value, numpy.generic)
-        if as_tensor and is_array:  # torch's rule: floating state takes the parameter's dtype
-            xp = backend.get_array_module(p.array)
-            arr = xp.array(xp.asarray(value), copy=True)
-            if arr.dtype.kind == "f" and p.array.dtype.kind == "f" and key != "step":
-                arr = arr.astype(p.array.dtype)
-            return Tensor(arr)
-        if key == "step":
-            return int(value)
-        if not hasattr(value, "shape") or getattr(value, "ndim", 0) == 0:
-            return value.item() if hasattr(value, "item") else value  # a number (a custom key)
-        shape = tuple(getattr(value, "shape", ()))
-        if shape != tuple(p.array.shape):
-            raise ValueError(f"{name}: state {key!r} of parameter {sid} has shape {shape} but the "
-                             f"parameter has shape {tuple(p.array.shape)}. The checkpoint belongs to "
-                             "a different model.")
-        xp = backend.get_array_module(p.array)
-        return xp.array(xp.asarray(value), dtype=p.array.dtype, copy=True)
-
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]
         for i, g in enumerate(self.param_groups):
             opts = ", ".join(f"{k}={v}" for k, v in g.items() if k != "params")
             lines.append(f"  group {i}: {len(g['params'])} params, {opts}")
         return "\n".join(lines + [")"])
-
-
-def _copy_value(v: Any) -> Any:
-    """A state value as ``state_dict`` returns it: arrays and Tensors copied, numbers as they are."""
-    if isinstance(v, Tensor):
-        return Tensor(v.array.copy())
-    return v.copy() if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0 else v
-
-
-class ParamState(dict):
-    """``Optimizer.state``: a dict by parameter index that also takes the parameter itself.
-
-    ``state[p]`` and ``state[i]`` are the same entry (``i = optimizer.param_index(p)``), and a
-    missing entry reads as a new empty dict (torch's ``defaultdict(dict)``), so a torch-style
-    ``step()`` ports as it is; ``state_dict()`` numbers the entries by index, torch's layout.
-    """
-
-    def __init__(self, owner: Optimizer, entries: dict[Any, dict[str, Any]] | None = None
-                 ) -> None:
-        super().__init__()
-        self._owner = owner
-        for key, value in (entries or {}).items():
-            self[key] = value
-
-    def _key(self, key: Any) -> int:
-        if isinstance(key, (int, numpy.integer)):
-            return int(key)
-        return self._owner.param_index(key)
-
-    def __missing__(self, key: Any) -> dict[str, Any]:
-        # dict's own lookup found no entry under ``key``: an index or parameter seen for the
-        # first time (a new empty entry), or a parameter whose entry sits under its index.
-        # An index that exists is found by dict's C lookup and never comes here.
-        k = self._key(key)
-        if not super().__contains__(k):
-            super().__setitem__(k, {})
-        return super().__getitem__(k)
-
-    def __setitem__(self, key: Any, value: dict[str, Any]) -> None:
-        super().__setitem__(self._key(key), value)
-
-    def __delitem__(self, key: Any) -> None:
-        super().__delitem__(self._key(key))
-
-    def __contains__(self, key: Any) -> bool:
-        try:
-            return super().__contains__(self._key(key))
-        except KeyError:
-            return False
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        return super().get(self._key(key), default)
-
-    def setdefault(self, key: Any, default: Any = None) -> Any:
-        return super().setdefault(self._key(key), default)
-
-    def pop(self, key: Any, *default: Any) -> Any:
-        return super().pop(self._key(key), *default)

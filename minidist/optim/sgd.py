@@ -11,8 +11,9 @@ The update, per parameter p with gradient g (torch.optim.SGD, step t = 1, 2, ...
     g   = g + momentum * buf   if nesterov  else  buf      (if momentum != 0)
     p   = p - lr * g
 
-All of it runs in place on ``p.array`` with one or two work buffers per parameter, allocated on
-first use, so steady-state steps allocate no arrays (tests/unit/test_optim.py checks it).
+The update is written once, for one element (``sgd_momentum_element`` below): the default path
+runs it on whole arrays in place, with one work buffer per parameter allocated on first use,
+so steady-state steps allocate no arrays (tests/unit/test_optim.py checks it).
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from minidist import xp as backend
 from minidist.logger import rank_prefix
 from minidist.optim import fused as fused_step
 from minidist.optim.optimizer import Optimizer, _required
-from minidist.optim.options import run_closure
 from minidist.optim.registry import FusedStep, register
 
 
@@ -67,63 +66,14 @@ class SGD(Optimizer):
                                       weight_decay=weight_decay, nesterov=nesterov,
                                       foreach=foreach, fused=fused))
 
-    def step(self, closure: Any = None) -> Any:
-        """One update of every parameter with a gradient (fused groups: compiled kernels);
-        ``closure`` as in torch (re-evaluates the model, its loss is returned)."""
-        loss = None if closure is None else run_closure(closure)
-        if any(g.get("fused") or g.get("foreach") for g in self.param_groups):
-            fused_step.step(self, self._update)
-            return loss
-        i = 0                                        # the parameter's index in state_dict
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(i, p, group)
-                i += 1
-        return loss
 
-    def _update(self, i: int, p: Any, group: dict[str, Any]) -> None:
-        """torch's single-tensor SGD for parameter ``i``: whole-array ops, in place."""
-        xp = backend.get_array_module(p.array)
-        lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
-        param, d = p.array, p.grad.array
-        out = self.scratch(i, param, 0)              # p - lr * d: one reusable work buffer
-        if wd != 0:                                  # d = g + wd * p  (the grad itself is kept)
-            xp.multiply(param, wd, out=out)
-            xp.add(out, d, out=out)
-            d = out
-        if momentum != 0:
-            state = self.state[i]
-            buf = state.get("momentum_buffer")
-            if buf is None:                          # first step: buf = d, no dampening
-                buf = state["momentum_buffer"] = xp.array(d, copy=True)
-            else:
-                xp.multiply(buf, momentum, out=buf)
-                if group["dampening"] != 0:          # buf += (1 - dampening) * d
-                    tmp = self.scratch(i, param, 1)
-                    xp.multiply(d, 1.0 - group["dampening"], out=tmp)
-                    xp.add(buf, tmp, out=buf)
-                else:
-                    xp.add(buf, d, out=buf)
-            if group["nesterov"]:                    # d = d + momentum * buf
-                tmp = self.scratch(i, param, 1)
-                xp.multiply(buf, momentum, out=tmp)
-                xp.add(d, tmp, out=out)
-                d = out
-            else:
-                d = buf
-        xp.multiply(d, lr, out=out)                  # p = p - lr * d
-        xp.subtract(param, out, out=param)
-
-
-# ----------------------------------------------------------------- the fused step (fused=True)
-# One element of ``_update``, as scalar Python, in the same order of operations (float
-# arithmetic is not associative), so the compiled loops give the same bits:
-#   d = p * wd + g                       (_update: out = param * wd; out = out + g)
-#   buf = d                  (first step)
-#   buf = buf * momentum + d * keep      (keep = 1 - dampening; d * 1.0 == d exactly)
-#   d = d + buf * momentum   (nesterov)  else  d = buf
-#   p = p - d * lr
+# ----------------------------------------------------------------- the update, written once
+# One element of the update, as scalar Python. The fused kernels compile it (fused=True); the
+# default path runs it on whole arrays, in place (``Optimizer._update``, ``optim/inplace.py``),
+# e.g. with momentum after the first step, for each parameter:
+#   buf *= momentum;  buf += g;  tmp = buf * lr;  p -= tmp
+# Both compute the same bits: the same operations in the same order (float arithmetic is not
+# associative), and no operation whose result is known (``d * 1.0``, the dampening of 0).
 
 def sgd_element(p: Any, g: Any, lr: Any, weight_decay: Any) -> tuple[Any]:
     """SGD without momentum, one element: ``(new_p,)``."""
@@ -139,10 +89,12 @@ def sgd_momentum_element(p: Any, g: Any, buf: Any, lr: Any, momentum: Any, keep:
     d = g
     if weight_decay != 0:
         d = p * weight_decay + d
-    if first:
+    if first:                                        # the first step: buf = d
         buf = d
-    else:
+    elif keep != 1:                                  # keep = 1 - dampening
         buf = buf * momentum + d * keep
+    else:
+        buf = buf * momentum + d
     if nesterov:
         d = d + buf * momentum
     else:

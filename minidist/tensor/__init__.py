@@ -25,7 +25,13 @@ tables ``torch_methods`` and ``more_methods`` (flip, roll, logsumexp, amax...), 
 multinomial, randperm... with torch's default dtypes); ``printing`` (repr and str in torch's
 layout); ``dtypes`` (torch's dtype names, bfloat16, the refused legacy constructors);
 ``inplace`` (add_, mul_, clamp_... with torch's autograd rules); ``mathops`` (sin cos sqrt
-abs clamp where norm trace); ``views`` (diagonal, narrow, expand, t).
+abs clamp where norm trace); ``views`` (diagonal, narrow, expand, t). Beside the spine's files,
+what they do not teach: ``activations_math`` (tanh sigmoid gelu erf, base ** x),
+``casts_copies`` (astype to_device clone masked_fill), ``cross_entropy_paths``
+(cross_entropy on a GPU, with class weights, smoothing or probabilities), ``nll_mse_losses``
+(nll_loss, mse_loss), ``compat_methods`` (x.size(dim), len, ordering operators),
+``autograd_grad`` (autograd.grad), ``inference`` (set_grad_enabled, inference_mode),
+``scaled_grad`` (ScaledGradDestination).
 See docs/tensor.md for how the tape works and the two contracts DDP relies on.
 """
 
@@ -50,7 +56,8 @@ from minidist.tensor.elementwise import erf, exp, gelu, log, masked_fill, relu, 
 from minidist.tensor.functional import (dropout, dropout2d, embedding, layer_norm, log_softmax,
                                         softmax)
 from minidist.tensor.losses import cross_entropy, mse_loss, nll_loss
-from minidist.tensor.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from minidist.tensor.grad_mode import enable_grad, is_grad_enabled, no_grad
+from minidist.tensor.inference import set_grad_enabled
 from minidist.tensor.deterministic import (are_deterministic_algorithms_enabled,
                                            is_deterministic_algorithms_warn_only_enabled,
                                            use_deterministic_algorithms)
@@ -74,7 +81,7 @@ from minidist.tensor.statistics import cumprod, cumsum, prod, std, var
 from minidist.tensor.einsum import einsum
 from minidist.tensor.creation import randperm
 from minidist.tensor.random import Generator
-from minidist.tensor.grad_mode import inference_mode
+from minidist.tensor.inference import inference_mode
 from minidist.tensor.switches import (compile, get_float32_matmul_precision,  # noqa: A004
                                      set_float32_matmul_precision)
 

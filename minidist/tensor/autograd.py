@@ -33,13 +33,13 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from minidist import tracing as trace
 from minidist import xp as backend
 from minidist.tensor.core import Tensor, as_array, error
-from minidist.tensor.grad_destination import (GradDestination, capturing, claim_grad_destination,
-                                              scale_of, store_first)
+from minidist.tensor.grad_destination import (GradDestination, claim_grad_destination,
+                                              store_first)
 
 _handle_ids = itertools.count()
 
@@ -171,9 +171,11 @@ def _accumulate(leaf: Tensor, g: Any) -> None:
     if leaf._grad is None:
         store_first(leaf, g)
     elif g is not leaf._grad:
-        scale = scale_of(leaf)
-        xp = backend.get_array_module(leaf._grad)
-        xp.add(leaf._grad, g if scale == 1.0 else g * scale, out=leaf._grad, casting="unsafe")
+        if leaf._grad_dest is None:
+            xp = backend.get_array_module(leaf._grad)
+            xp.add(leaf._grad, g, out=leaf._grad, casting="unsafe")
+        else:  # a reserved buffer: its destination adds it (``GradDestination.add``)
+            leaf._grad_dest.add(leaf._grad, g)
 
 
 def _fire_hooks(leaf: Tensor) -> None:
@@ -194,53 +196,19 @@ def run_backward(root: Tensor, gradient: Any = None, retain_graph: bool = False)
         ValueError: root is not a scalar and no gradient was given, or gradient has the wrong shape.
         RuntimeError: root does not require grad, or the graph was already freed.
     """
-    seed = _seed(root, gradient)
+    seed = seed_gradient(root, gradient)
     callbacks: list[Callable[[], None]] = []
     _running.frames.append(callbacks)
     try:
         with trace.span("backward"):  # the step timeline (minidist/tracing.py); off: nothing
-            _walk(root, seed, retain_graph, _accumulate, _fire_hooks)
+            walk_tape(root, seed, retain_graph, _accumulate, _fire_hooks)
             for callback in callbacks:  # a callback may queue more: they join the end
                 callback()
     finally:  # an error in the walk drops the queued callbacks
         _running.frames.pop()
 
 
-def grad(outputs: Tensor, inputs: Sequence[Tensor], grad_outputs: Any = None,
-         retain_graph: bool = False) -> tuple[Any, ...]:
-    """torch.autograd.grad: the gradients of ``outputs`` w.r.t. ``inputs``, RETURNED.
-
-    Nothing is accumulated into any ``.grad`` and no post-accumulate-grad hook fires: leaves
-    that are not in ``inputs`` are simply skipped. Activation checkpointing
-    (``minidist.utils.checkpoint``) uses it to differentiate a recomputed segment and hand
-    the results to the outer backward, which then accumulates them and fires the hooks once.
-
-    Args:
-        outputs: the tensor to differentiate (a scalar, or pass ``grad_outputs``).
-        inputs: leaf tensors; a leaf the graph does not reach gets None.
-        grad_outputs: d(something)/d(outputs), same shape as outputs (default 1 for a scalar).
-        retain_graph: keep the tape so backward can run through it again.
-
-    Returns:
-        One gradient (an xp array, or None) per input, in order.
-    """
-    captured: dict[int, Any] = {id(t): None for t in inputs}
-
-    def capture(leaf: Tensor, g: Any) -> None:  # summed in arrival order, as .grad is
-        key = id(leaf)
-        if key in captured:
-            captured[key] = g if captured[key] is None else captured[key] + g
-
-    seed = _seed(outputs, grad_outputs)
-    capturing.depth += 1  # no op may claim a destination or adopt into .grad meanwhile
-    try:
-        _walk(outputs, seed, retain_graph, capture, lambda leaf: None)
-    finally:
-        capturing.depth -= 1
-    return tuple(captured[id(t)] for t in inputs)
-
-
-def _seed(root: Tensor, gradient: Any) -> Any:
+def seed_gradient(root: Tensor, gradient: Any) -> Any:
     """The gradient the walk starts from: 1 for a scalar root, else ``gradient``."""
     if not root.requires_grad:
         raise RuntimeError(error(
@@ -261,8 +229,8 @@ def _seed(root: Tensor, gradient: Any) -> Any:
     return seed
 
 
-def _walk(root: Tensor, seed: Any, retain_graph: bool,
-          deliver: Callable[[Tensor, Any], None], complete: Callable[[Tensor], None]) -> None:
+def walk_tape(root: Tensor, seed: Any, retain_graph: bool,
+              deliver: Callable[[Tensor, Any], None], complete: Callable[[Tensor], None]) -> None:
     """The backward walk (steps 1-4 of the module docstring).
 
     Every tensor is visited after all its consumers (reverse topological order). An
@@ -287,6 +255,9 @@ def _walk(root: Tensor, seed: Any, retain_graph: bool,
         if not retain_graph:
             node._backward, node._parents = _freed, ()
 
+
+# torch.autograd.grad (the gradients returned, not accumulated): autograd_grad.py
+from minidist.tensor.autograd_grad import grad  # noqa: E402
 
 __all__ = ["GradDestination", "RemovableHandle", "claim_grad_destination", "grad",
            "queue_callback", "register_post_accumulate_grad_hook", "run_backward"]

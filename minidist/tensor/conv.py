@@ -138,7 +138,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
             if dest is None:
                 gw = adopt_grad(weight, mm(g2, cols.T).reshape(o, c, kh, kw))
             else:  # the GEMM writes it there: no temporary, no copy
-                mm(g2, cols.T, out=dest.buffer.reshape(o, c * kh * kw), scale=dest.scale)
+                dest.write(mm, g2, cols.T, out=dest.buffer.reshape(o, c * kh * kw))
                 gw = dest.buffer
         if x.requires_grad:
             gcols = mm(wmat.T, g2).reshape(c, kh, kw, n, ho, wo)
@@ -146,8 +146,8 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
                         )[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]]
         if bias is not None and bias.requires_grad:
             dest = claim_grad_destination(bias)
-            gb = adopt_grad(bias, sum_rows(g2, axis=1)) if dest is None else sum_rows(
-                g2, axis=1, out=dest.buffer, scale=dest.scale)
+            gb = adopt_grad(bias, sum_rows(g2, axis=1)) if dest is None else dest.write(
+                sum_rows, g2.T)  # axis 0 of the transpose: the same sums
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     return Tensor._make(out, parents, backward, "conv2d")

@@ -13,12 +13,10 @@ the inputs (``_parents``) and a ``_backward(g)`` closure that maps the output's 
 gradient per input. ``autograd.run_backward`` walks those nodes; see docs/tensor.md.
 
 This file holds what a Tensor IS: its array, its tape entry, its gradient, its shape, and
-Python's operators (``a + b``, ``a @ b``, ``a == b``, ``x[i]``), which stay in the class body
-where a type checker sees them. torch's named methods are plain functions on a Tensor's public
-surface, each naming the op module that does the work, in ``methods`` (x.relu(), x.sum(dim=1),
-x.view(-1, 4), x.new_zeros(3)), ``inplace_methods`` (x.add_(y), x += y, x.zero_()) and
-``conversion`` (x.float(), x.to("cuda"), x.item(), x.numpy(), repr(x)). Each ends with a
-``METHODS`` table, which the bottom of this file attaches to the class in one visible place
+Python's operators (``a + b``, ``a @ b``, ``a == b``, ``x[i]``). torch's named methods are plain
+functions in ``methods`` (x.relu(), x.sum(dim=1), x.view(-1, 4)), ``inplace_methods`` (x.add_(y),
+x.zero_()), ``conversion`` (x.float(), x.to("cuda"), x.item()) and others; each module ends with
+a ``METHODS`` table that the bottom of this file attaches to the class in one visible place
 (``Tensor.sum is methods.sum``): no base classes reaching into this one.
 
 ``.data`` and ``.grad`` are Tensors, as in torch: ``w.data`` is a detached Tensor sharing
@@ -27,12 +25,12 @@ gradient (for DDP: a view into its bucket). The array itself is ``.array`` (NumP
 copy; the library's own code works on it) and, on the host, ``.numpy()``.
 
 Dtypes: Python floats and lists become float32; arrays keep their dtype (float16, float32,
-float64 are carried through every op; Python scalars never upcast them).
+float64 are carried through every op, Python scalars never upcast them).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy
 
@@ -52,18 +50,6 @@ def error(op: str, message: str) -> str:
 def is_floating(dtype: Any) -> bool:
     """True for float16/bfloat16/float32/float64 (the dtypes that can carry gradients)."""
     return dtypes.is_floating(dtype)
-
-
-class ElementCount(int):
-    """``Tensor.size``: an int (the element count) that torch code can call: ``x.size(1)``."""
-
-    def __new__(cls, numel: int, shape: tuple[int, ...]) -> ElementCount:
-        obj = super().__new__(cls, numel)
-        obj.shape = shape
-        return obj
-
-    def __call__(self, dim: int | None = None) -> Any:
-        return self.shape if dim is None else self.shape[dim]
 
 
 def as_array(data: Any, dtype: Any = None) -> Any:
@@ -96,6 +82,8 @@ class Tensor:
 
     __slots__ = ("array", "_grad", "_grad_view", "requires_grad", "_parents", "_backward", "_op",
                  "_hooks", "_grad_dest", "__weakref__")
+    if TYPE_CHECKING:  # to a type checker: the methods the METHODS tables attach (see above)
+        def __getattr__(self, name: str) -> Any: ...
 
     def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None) -> None:
         self.array = as_array(data, dtype)
@@ -105,7 +93,7 @@ class Tensor:
         self._backward: BackwardFn | None = None
         self._op = ""
         self._hooks: dict[int, Callable[[Tensor], None]] | None = None
-        self._grad_dest: Any = None  # autograd.GradDestination or None
+        self._grad_dest: Any = None  # grad_destination.GradDestination or None
         self.requires_grad = False
         if requires_grad:
             self.requires_grad_(True)
@@ -208,45 +196,13 @@ class Tensor:
                                    f"a tensor of shape {self.array.shape}. Shapes must match."))
         self._grad, self._grad_view = value, None
 
-    @property
-    def grad_destination(self) -> Any:
-        """The buffer reserved for this leaf's gradient (``autograd.GradDestination``) or None.
-
-        While ``.grad`` is None, backward writes the gradient straight into the reserved
-        buffer (times its ``scale``) and makes that buffer ``.grad``, instead of allocating a
-        new array: ``zero_grad(set_to_none=True)`` then costs nothing, and the next backward
-        fills the same memory again. DDP reserves each parameter's slot of its gradient bucket
-        (see docs/tensor.md, "Gradient destinations"). Assign None to release it.
-        """
-        return self._grad_dest
-
-    @grad_destination.setter
-    def grad_destination(self, dest: Any) -> None:
-        if dest is not None:
-            if not isinstance(dest, autograd.GradDestination):
-                raise TypeError(error("grad_destination", f"expected a GradDestination or None, "
-                                      f"got {type(dest).__name__}. Wrap the buffer: "
-                                      "GradDestination(buffer, scale=1.0)."))
-            if not self.is_leaf or not self.requires_grad:
-                raise RuntimeError(error(
-                    "grad_destination", "only a leaf that requires grad has a gradient to "
-                    f"write (this one: requires_grad={self.requires_grad}, "
-                    f"is_leaf={self.is_leaf}). Reserve it on the parameter itself."))
-            if tuple(dest.buffer.shape) != self.array.shape:
-                raise ValueError(error(
-                    "grad_destination", f"buffer of shape {tuple(dest.buffer.shape)} for a tensor "
-                    f"of shape {self.array.shape}. Reshape the buffer to the tensor's shape."))
-        self._grad_dest = dest
-
     def backward(self, gradient: Any = None, retain_graph: bool = False) -> None:
         """Backpropagate from this tensor; see ``autograd.run_backward``."""
         autograd.run_backward(self, gradient, retain_graph)
 
     def register_post_accumulate_grad_hook(self, hook: Callable[[Tensor], None]) -> Any:
-        """Call ``hook(self)`` once per backward, right after this leaf's grad is complete.
-
-        See ``autograd.register_post_accumulate_grad_hook``. Returns a handle with ``.remove()``.
-        """
+        """Call ``hook(self)`` right after this leaf's grad is complete, once per backward
+        (``autograd.register_post_accumulate_grad_hook``); returns a handle with ``.remove()``."""
         return autograd.register_post_accumulate_grad_hook(self, hook)
 
     def detach(self) -> Tensor:
@@ -269,38 +225,9 @@ class Tensor:
         return int(self.array.ndim)
 
     @property
-    def size(self) -> ElementCount:
-        """Number of elements (NumPy's ``x.size``), also callable as torch's ``x.size(dim)``.
-
-        ``x.size`` is an int (the element count); ``x.size()`` is the shape tuple and
-        ``x.size(1)`` the length of dim 1, as in torch.
-        """
-        return ElementCount(int(self.array.size), tuple(self.array.shape))
-
-    @property
     def device(self) -> backend.device:
         """Where the data lives: ``device(type='cpu')`` or ``device(type='cuda', index=N)``."""
         return backend.device_of(self.array)
-
-    @property
-    def is_cuda(self) -> bool:
-        return backend.is_device_array(self.array)
-
-    def __len__(self) -> int:
-        if self.array.ndim == 0:
-            raise TypeError(error("len", "len() of a 0-d tensor. Use .item()."))
-        return int(self.array.shape[0])
-
-    def __getattr__(self, name: str) -> Any:
-        """Only for names Tensor lacks: say so clearly when it is an array's (``p.grad.copy()``
-        from code written when ``.data``/``.grad`` were arrays), with torch's spelling where
-        NumPy's method means something else (``torch_methods.UNLIKE_NUMPY``)."""
-        if not name.startswith("__") and hasattr(numpy.ndarray, name):
-            raise AttributeError(error(f"Tensor.{name}", torch_methods.unlike_numpy_message(
-                name) or f"'Tensor' object has no attribute {name!r} (a NumPy array's, with no "
-                "torch method of that name). .data and .grad are Tensors, as in torch: for the "
-                "array use .array (NumPy or CuPy, no copy) or .numpy() (on the host)."))
-        raise AttributeError(f"'Tensor' object has no attribute {name!r}")
 
     # ---- Python's operators (their ops, with the backward, in elementwise, linalg, shape) ----
 
@@ -326,49 +253,23 @@ class Tensor:
     def __rtruediv__(self, other: Any) -> Tensor:  # other / self
         return elementwise.rdiv(self, other)
 
-    def __abs__(self) -> Tensor:  # abs(self)
-        return mathops.abs(self)
-
     def __neg__(self) -> Tensor:
         return elementwise.neg(self)
 
     def __pow__(self, exponent: Any) -> Tensor:
         return elementwise.pow(self, exponent)
 
-    def __rpow__(self, base: Any) -> Tensor:  # base ** self
-        return elementwise.rpow(self, base)
-
     def __matmul__(self, other: Any) -> Tensor:
         return linalg.matmul(self, other)
 
-    def __rmatmul__(self, other: Any) -> Tensor:  # other @ self
-        return linalg.matmul(Tensor(other), self)
-
-    # ``==``/``!=`` are elementwise, as torch; hashing stays by identity, so tensors can key
-    # dicts and sets (whose lookups compare by ``is`` first and only call ``==`` on equal
-    # hashes, which distinct live tensors never have). Never use ``in`` on a list of tensors or
-    # ``list.index``: they call ``==``. Weak maps keyed by tensors: ``WeakIdKeyDictionary``.
+    # ``==`` is elementwise, as torch; hashing stays by identity, so tensors can key dicts and
+    # sets (lookups compare by ``is`` first). ``in`` on a list of tensors calls ``==``: avoid.
 
     def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
         return elementwise.compare("eq", self, other)
 
-    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
-        return elementwise.compare("ne", self, other)
-
     def __hash__(self) -> int:
         return id(self)
-
-    def __lt__(self, other: Any) -> Tensor:
-        return elementwise.compare("lt", self, other)
-
-    def __le__(self, other: Any) -> Tensor:
-        return elementwise.compare("le", self, other)
-
-    def __gt__(self, other: Any) -> Tensor:
-        return elementwise.compare("gt", self, other)
-
-    def __ge__(self, other: Any) -> Tensor:
-        return elementwise.compare("ge", self, other)
 
     def __getitem__(self, index: Any) -> Tensor:
         return shape_ops.getitem(self, index)
@@ -389,9 +290,11 @@ def attach_methods(cls: type, *tables: dict[str, Any]) -> None:
 # ---- the rest of Tensor's methods, attached in one place ---------------------------------------
 # The op modules import Tensor from here, so they (and the method modules, which call them)
 # are imported after the class exists. Each method module ends with its METHODS table.
-from minidist.tensor import (autograd, conversion, elementwise, inplace_methods,  # noqa: E402
-                             linalg, mathops, methods, more_methods, torch_methods)
+from minidist.tensor import (autograd, conversion, elementwise, grad_destination,  # noqa: E402
+                             inplace_methods, linalg, methods, more_methods, compat_methods,
+                             torch_methods)
 from minidist.tensor import shape as shape_ops  # noqa: E402
 
-attach_methods(Tensor, methods.METHODS, inplace_methods.METHODS, conversion.METHODS,
-               torch_methods.METHODS, more_methods.METHODS)
+attach_methods(Tensor, grad_destination.METHODS, methods.METHODS, inplace_methods.METHODS,
+               conversion.METHODS, torch_methods.METHODS, more_methods.METHODS,
+               compat_methods.METHODS)

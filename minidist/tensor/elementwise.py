@@ -13,20 +13,13 @@ keep their dtype); NumPy arrays and scalars are cast to the tensor's float dtype
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy
 
 from minidist import xp as backend
 from minidist.tensor.autocast_mode import autocast_args
 from minidist.tensor.core import Tensor, error, is_floating
 from minidist.tensor.deterministic import array_math
-
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-
 
 def unbroadcast(g: Any, shape: tuple[int, ...]) -> Any:
     """Sum ``g`` down to ``shape``: the gradient of broadcasting an input of ``shape``."""
@@ -161,15 +154,6 @@ def pow(a: Tensor, exponent: Any) -> Tensor:  # noqa: A001 - the op's name
     return Tensor._make(out, (a, e), backward, "pow")
 
 
-def rpow(a: Tensor, base: Any) -> Tensor:
-    """``base ** a`` for a positive Python scalar base."""
-    base = coerce(base, a)
-    if isinstance(base, Tensor):
-        return pow(base, a)
-    out = base ** a.array
-    return Tensor._make(out, (a,), lambda g: (g * out * math.log(base),), "rpow")
-
-
 def exp(a: Tensor) -> Tensor:
     """``e ** a``."""
     (a,) = autocast_args("exp", a)
@@ -184,116 +168,10 @@ def log(a: Tensor) -> Tensor:
     return Tensor._make(out, (a,), lambda g: (g / a.array,), "log")
 
 
-def tanh(a: Tensor) -> Tensor:
-    """Hyperbolic tangent; d/dx = 1 - tanh^2."""
-    out = backend.get_array_module(a.array).tanh(a.array)
-    return Tensor._make(out, (a,), lambda g: (g * (1 - out * out),), "tanh")
-
-
-def sigmoid(a: Tensor) -> Tensor:
-    """``1 / (1 + e^-a)``, computed as ``(1 + tanh(a/2)) / 2`` (no overflow for large |a|)."""
-    out = 0.5 * (1 + backend.get_array_module(a.array).tanh(0.5 * a.array))
-    return Tensor._make(out, (a,), lambda g: (g * out * (1 - out),), "sigmoid")
-
-
 def relu(a: Tensor) -> Tensor:
     """``max(a, 0)``; the gradient at 0 is 0 (torch's choice)."""
     out = backend.get_array_module(a.array).maximum(a.array, 0)
     return Tensor._make(out, (a,), lambda g: (g * (a.array > 0),), "relu")
-
-
-def erfc_abs(a: Any) -> Any:
-    """``erfc(a)`` for ``a >= 0`` (Numerical Recipes' Chebyshev fit: relative error < 1.2e-7).
-
-    A RELATIVE bound matters: GELU's negative tail is ``x * erfc(|x|/sqrt 2) / 2``, tiny numbers
-    that an absolute-error erf (e.g. Abramowitz & Stegun 7.1.26, 1.5e-7) gets 1e-4 wrong.
-    """
-    xp = backend.get_array_module(a)
-    t = 1.0 / (1.0 + 0.5 * a)
-    poly = (-1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
-        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
-            -0.82215223 + t * 0.17087277)))))))))
-    return t * xp.exp(-a * a + poly)
-
-
-def erf(x: Any) -> Any:
-    """Vectorized error function (via ``erfc_abs``): |error| < 1.2e-7, float32 resolution.
-
-    Computed in float32 or wider and returned in x's dtype. NumPy has no erf and SciPy is not a
-    dependency; ``math.erf`` per element would be orders of magnitude slower.
-    """
-    xp = backend.get_array_module(x)
-    z = x.astype(numpy.float32) if x.dtype == numpy.float16 else x
-    return (xp.sign(z) * (1.0 - erfc_abs(xp.abs(z)))).astype(x.dtype, copy=False)
-
-
-def normal_cdf(x: Any) -> Any:
-    """``Phi(x) = P(N(0,1) <= x)`` with relative error < 1.2e-7 in both tails."""
-    xp = backend.get_array_module(x)
-    z = x.astype(numpy.float32) if x.dtype == numpy.float16 else x
-    half_tail = 0.5 * erfc_abs(xp.abs(z) * _INV_SQRT_2)  # Phi(-|x|)
-    return xp.where(z >= 0, 1.0 - half_tail, half_tail).astype(x.dtype, copy=False)
-
-
-def gelu(a: Tensor, approximate: str = "none") -> Tensor:
-    """GELU: ``x * Phi(x)``, torch's defaults.
-
-    Args:
-        a: input.
-        approximate: ``"none"`` (default, as torch's nn.GELU): the exact form ``x * Phi(x)``,
-            Phi from ``normal_cdf`` (relative error < 1.2e-7, float32 resolution); ``"tanh"``: torch's ``approximate='tanh'``,
-            ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``.
-    """
-    xp = backend.get_array_module(a.array)
-    x = a.array
-    if approximate == "none":
-        cdf = normal_cdf(x)
-        out = x * cdf
-        return Tensor._make(out, (a,), lambda g: (g * (cdf + x * _INV_SQRT_2PI
-                                                       * xp.exp(-0.5 * x * x)),), "gelu")
-    if approximate == "tanh":
-        inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
-        t = xp.tanh(inner)
-        out = 0.5 * x * (1.0 + t)
-
-        def backward(g: Any) -> tuple:
-            dinner = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
-            return (g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner),)
-
-        return Tensor._make(out, (a,), backward, "gelu")
-    raise ValueError(error("gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}."))
-
-
-def astype(a: Tensor, dtype: Any) -> Tensor:
-    """Cast to ``dtype`` (differentiable between float dtypes; a no-op if already that dtype)."""
-    dtype = numpy.dtype(dtype)
-    if a.array.dtype == dtype:
-        return a
-    src = a.array.dtype
-    with numpy.errstate(over="ignore"):  # float16 overflows to inf, as on a device
-        out = a.array.astype(dtype)
-
-    def backward(g: Any) -> tuple:
-        with numpy.errstate(over="ignore"):
-            return (g.astype(src),)
-
-    return Tensor._make(out, (a,), backward, "astype")
-
-
-def to_device(a: Tensor, device: Any) -> Tensor:
-    """Copy to ``device`` (differentiable: the gradient goes back to ``a``'s device).
-
-    Returns ``a`` itself when it already lives there, as torch's ``Tensor.to`` does.
-    """
-    src = backend.device_of(a.array)
-    out = backend.move(a.array, device)
-    if out is a.array:
-        return a
-
-    def backward(g: Any) -> tuple:
-        return (backend.move(g, src),)
-
-    return Tensor._make(out, (a,), backward, "to")
 
 
 def compare(op: str, a: Tensor, b: Any) -> Tensor:
@@ -306,36 +184,8 @@ def compare(op: str, a: Tensor, b: Any) -> Tensor:
     return Tensor(getattr(a.array, fn)(xp.asarray(other)))
 
 
-def clone(a: Tensor) -> Tensor:
-    """A copy of ``a``'s data that stays on the tape (the gradient passes through unchanged)."""
-    return Tensor._make(a.array.copy(), (a,), lambda g: (g,), "clone")
-
-
-def masked_fill(a: Tensor, mask: Any, value: Any) -> Tensor:
-    """``value`` where ``mask`` is True, ``a`` elsewhere (the mask broadcasts to ``a``'s shape).
-
-    The gradient passes where the mask is False and is zero where it is True (those elements
-    no longer depend on ``a``). A common use: ``scores.masked_fill(~causal, float("-inf"))``.
-    """
-    m = mask.array if isinstance(mask, Tensor) else mask
-    xp = backend.get_array_module(a.array)
-    m = xp.asarray(m)
-    if m.dtype != numpy.bool_:
-        raise TypeError(error("masked_fill", f"mask must be a bool tensor, got dtype {m.dtype}. "
-                              "Build it with a comparison (x == 0) or .bool()."))
-    if isinstance(value, Tensor):
-        if value.array.size != 1:
-            raise ValueError(error("masked_fill", f"value must be a number or a one-element "
-                                   f"tensor, got shape {value.shape}."))
-        value = value.item()
-    try:
-        out = xp.where(m, xp.asarray(value, dtype=a.array.dtype), a.array)
-    except ValueError:
-        raise ValueError(broadcast_message("masked_fill", a.shape, tuple(m.shape))) from None
-    if out.shape != a.array.shape:
-        raise ValueError(error("masked_fill", f"mask of shape {tuple(m.shape)} broadcasts the "
-                               f"tensor of shape {a.shape} to {out.shape}. The mask must "
-                               "broadcast to the tensor's shape."))
-    return Tensor._make(out, (a,), lambda g: (xp.where(m, 0, g).astype(g.dtype, copy=False),),
-                        "masked_fill")
-
+# torch's other elementwise ops (tanh, sigmoid, gelu, casts, masked_fill...), kept importable
+# from here: activations_math.py and casts_copies.py
+from minidist.tensor.activations_math import (erf, erfc_abs, gelu, normal_cdf,  # noqa: E402,F401
+                                              rpow, sigmoid, tanh)
+from minidist.tensor.casts_copies import astype, clone, masked_fill, to_device  # noqa: E402,F401

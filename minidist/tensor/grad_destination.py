@@ -1,24 +1,17 @@
 """Where a leaf's gradient is written: a reserved buffer, and the ops that write it in place.
 
-The backward walk (autograd.py) only accumulates: the first contribution of a backward is
-stored in ``leaf.grad``, the next ones are added into it. This module holds what lets that
-happen without extra copies; the walk asks it one thing (``store_first``), and the ops that
-can compute a leaf's whole gradient in one go ask it the other two::
+The backward walk (autograd.py) only accumulates: it hands a leaf's first contribution to
+``store_first`` and adds the next ones in place. The ops that compute a leaf's whole gradient
+in one go write it straight into the reserved buffer::
 
     leaf.grad_destination = GradDestination(buffer)   # DDP: the parameter's bucket slot
+    gw = write_leaf_grad(weight, mm, g2.T, x2)        # in linear's backward: the GEMM's own
+                                                      # output is the buffer (or a fresh .grad)
 
-    in an op's backward (linear, 2-D matmul):
-        gw = write_leaf_grad(weight, lambda out, scale: mm(g.T, x, out, scale))
-                  # into the reserved buffer (claimed), else a fresh array that IS .grad
-
-    in the walk, for any other op's gradient:
-        store_first(leaf, g)                          # into the buffer (one pass), or a copy
-
-A claimed destination (or an adopted array) becomes ``leaf.grad`` at once, so the walk finds
-the op's result already in place (``g is leaf.grad``) and adds nothing; a second use of the
-same leaf in the same op gets no claim and is added onto it. Claims and adoption are off while
-``autograd.grad()`` runs (``capturing``): it returns gradients and never touches ``.grad`` or
-a destination.
+The buffer (or the adopted array) becomes ``leaf.grad`` at once, so the walk finds the op's
+result already in place (``g is leaf.grad``) and adds nothing. Claims and adoption are off
+while ``autograd.grad()`` runs (``capturing``): it returns gradients and never touches
+``.grad`` or a destination.
 """
 
 from __future__ import annotations
@@ -30,29 +23,26 @@ from minidist import xp as backend
 from minidist.tensor.core import Tensor, error
 
 
-
 class GradDestination:
     """A buffer reserved for a leaf's gradient, so backward writes it there without a copy.
 
-    Assign it with ``leaf.grad_destination = GradDestination(buffer, scale)``. Backward then
-    treats the leaf like this (torch's in-place accumulation, plus a place for the first
-    write)::
+    Assign it with ``leaf.grad_destination = GradDestination(buffer)``. Backward then treats
+    the leaf like this (torch's in-place accumulation, plus a place for the first write)::
 
-        leaf.grad is None     ->  buffer[...] = scale * gradient;  leaf.grad = buffer
+        leaf.grad is None     ->  buffer[...] = gradient;  leaf.grad = buffer
                                   (ops that can, e.g. linear's weight GEMM, write it there
-                                  directly: see ``claim_grad_destination``)
-        leaf.grad is an array ->  leaf.grad += scale * gradient    (in place, never rebound)
+                                  directly: see ``write_leaf_grad``)
+        leaf.grad is an array ->  leaf.grad += gradient    (in place, never rebound)
 
     So ``zero_grad(set_to_none=True)`` costs nothing and loses nothing: the next backward
     fills the same buffer again, and ``leaf.grad`` is the same Tensor again (``grad``, as
     torch's bucket views: no new object per step). DDP reserves each parameter's slot of
-    its bucket (scale 1); its opt-in fast path ``hooks.prescaled_allreduce_hook`` sets
-    ``scale = 1/n`` to fold the average into this write.
+    its bucket. (``scaled_grad.ScaledGradDestination`` also multiplies every contribution
+    by a factor: DDP's opt-in ``prescaled_allreduce_hook``.)
 
     Args:
         buffer: a writable, C-contiguous float array of the leaf's shape (its dtype may differ
             from the leaf's: the write casts).
-        scale: every gradient contribution is multiplied by it (1.0: stored as computed).
 
     Attributes:
         grad: the Tensor over ``buffer`` that ``leaf.grad`` returns while the buffer is the
@@ -65,10 +55,10 @@ class GradDestination:
         >>> from minidist.tensor import GradDestination, Tensor
         >>> w = Tensor(np.ones((2, 3), np.float32), requires_grad=True)
         >>> flat = np.zeros(6, np.float32)              # e.g. one slot of a larger buffer
-        >>> w.grad_destination = GradDestination(flat.reshape(2, 3), scale=0.5)
+        >>> w.grad_destination = GradDestination(flat.reshape(2, 3))
         >>> (w * 4.0).sum().backward()
         >>> bool(np.shares_memory(w.grad, flat)), flat.tolist()
-        (True, [2.0, 2.0, 2.0, 2.0, 2.0, 2.0])
+        (True, [4.0, 4.0, 4.0, 4.0, 4.0, 4.0])
         >>> g = w.grad
         >>> w.grad = None                               # zero_grad(set_to_none=True)
         >>> (w * 4.0).sum().backward()
@@ -76,9 +66,9 @@ class GradDestination:
         True
     """
 
-    __slots__ = ("buffer", "scale", "grad")
+    __slots__ = ("buffer", "grad")
 
-    def __init__(self, buffer: Any, scale: float = 1.0) -> None:
+    def __init__(self, buffer: Any) -> None:
         flags = getattr(buffer, "flags", None)
         if flags is None or not flags.c_contiguous or not getattr(flags, "writeable", True) \
                 or buffer.dtype.kind != "f":
@@ -87,12 +77,52 @@ class GradDestination:
                 f"{type(buffer).__name__} {getattr(buffer, 'dtype', '?')}. Pass a contiguous "
                 "slice of a flat float buffer, reshaped to the tensor's shape."))
         self.buffer = buffer
-        self.scale = float(scale)
         self.grad = Tensor(buffer)  # shares the buffer (as detach)
 
+    def write(self, compute: Callable[..., Any], *operands: Any, out: Any = None) -> Any:
+        """``compute(*operands, out=...)``: an op's whole gradient, written into the buffer
+        (or ``out``, a view of it) as the computation's own output. Returns that array."""
+        return compute(*operands, out=self.buffer if out is None else out)
+
+    def store(self, g: Any) -> None:
+        """The first contribution, computed elsewhere: copied in (one pass, cast on the way)."""
+        backend.get_array_module(self.buffer).copyto(self.buffer, g, casting="unsafe")
+
+    def add(self, grad: Any, g: Any) -> None:
+        """A later contribution: ``grad += g`` in place."""
+        backend.get_array_module(grad).add(grad, g, out=grad, casting="unsafe")
+
     def __repr__(self) -> str:
-        return (f"GradDestination(shape={tuple(self.buffer.shape)}, dtype={self.buffer.dtype}, "
-                f"scale={self.scale})")
+        return f"{type(self).__name__}(shape={tuple(self.buffer.shape)}, dtype={self.buffer.dtype})"
+
+
+def _get_destination(self: Tensor) -> GradDestination | None:
+    """``Tensor.grad_destination``: the ``GradDestination`` reserved for this leaf's gradient,
+    or None (docs/tensor.md, "Gradient destinations"). Assign None to release it."""
+    return self._grad_dest
+
+
+def _set_destination(self: Tensor, dest: GradDestination | None) -> None:
+    if dest is not None:
+        if not isinstance(dest, GradDestination):
+            raise TypeError(error("grad_destination", f"expected a GradDestination or None, "
+                                  f"got {type(dest).__name__}. Wrap the buffer: "
+                                  "GradDestination(buffer)."))
+        if not self.is_leaf or not self.requires_grad:
+            raise RuntimeError(error(
+                "grad_destination", "only a leaf that requires grad has a gradient to "
+                f"write (this one: requires_grad={self.requires_grad}, "
+                f"is_leaf={self.is_leaf}). Reserve it on the parameter itself."))
+        if tuple(dest.buffer.shape) != self.array.shape:
+            raise ValueError(error(
+                "grad_destination", f"buffer of shape {tuple(dest.buffer.shape)} for a tensor "
+                f"of shape {self.array.shape}. Reshape the buffer to the tensor's shape."))
+    self._grad_dest = dest
+
+
+METHODS = {"grad_destination": property(_get_destination, _set_destination,
+                                        doc=_get_destination.__doc__)}
+"""Attached to Tensor by core.py: ``leaf.grad_destination = GradDestination(buffer)``."""
 
 
 class _Capturing(threading.local):
@@ -108,16 +138,13 @@ capturing = _Capturing()
 
 
 def claim_grad_destination(tensor: Tensor) -> GradDestination | None:
-    """For an op's backward: the buffer to write ``tensor``'s gradient into, or None.
+    """For an op's backward: the destination to write ``tensor``'s gradient into, or None.
 
     Non-None only when ``tensor`` is a leaf with a ``GradDestination``, its ``.grad`` is None
     and no ``autograd.grad()`` walk is running (``capturing``). The buffer becomes
-    ``tensor.grad`` at once (so a second claim in this backward gets None). The op
-    MUST write ``scale * gradient`` into ``dest.buffer`` and return ``dest.buffer`` itself
-    as that input's gradient; the walk then finds it in place::
-
-        dest = claim_grad_destination(weight)
-        gw = mm(g2.T, x2) if dest is None else mm(g2.T, x2, out=dest.buffer, scale=dest.scale)
+    ``tensor.grad`` at once (so a second claim in this backward gets None). The op MUST write
+    the gradient with ``dest.write(...)`` and return ``dest.buffer`` as that input's gradient;
+    the walk then finds it in place (``write_leaf_grad`` does both).
     """
     dest = tensor._grad_dest
     if dest is None or tensor._grad is not None or capturing.depth:
@@ -135,21 +162,19 @@ def _install(leaf: Tensor, dest: GradDestination) -> None:
     leaf._grad, leaf._grad_view = dest.buffer, dest.grad
 
 
-def write_leaf_grad(leaf: Tensor, compute: Callable[[Any, float], Any]) -> Any:
+def write_leaf_grad(leaf: Tensor, compute: Callable[..., Any], *operands: Any) -> Any:
     """For an op's backward that computes ``leaf``'s whole gradient in one go.
 
-    ``compute(out, scale)`` must return ``scale * gradient``: written into ``out`` and
-    returning ``out`` itself, or, called with ``(None, 1.0)``, as a fresh array. The leaf's
-    reserved buffer is claimed when it can be (``claim_grad_destination``); otherwise the
-    fresh array becomes ``.grad`` when it may (``adopt_grad``). Either way the op returns
-    the result as the leaf's gradient::
-
-        gw = write_leaf_grad(weight, lambda out, scale: mm(g2.T, x2, out, scale))
+    ``compute(*operands, out=None)`` returns the gradient: written into ``out`` (returning
+    ``out``), or as a fresh array. The leaf's reserved buffer is claimed when it can be
+    (``claim_grad_destination``) and the gradient written there; otherwise the fresh array
+    becomes ``.grad`` when it may (``adopt_grad``). Either way the op returns the result as
+    the leaf's gradient: ``gw = write_leaf_grad(weight, mm, g2.T, x2)``.
     """
     dest = claim_grad_destination(leaf)
     if dest is None:
-        return adopt_grad(leaf, compute(None, 1.0))
-    return compute(dest.buffer, dest.scale)
+        return adopt_grad(leaf, compute(*operands))
+    return dest.write(compute, *operands)
 
 
 def adopt_grad(tensor: Tensor, g: Any) -> Any:
@@ -165,25 +190,14 @@ def adopt_grad(tensor: Tensor, g: Any) -> Any:
 
 def store_first(leaf: Tensor, g: Any) -> None:
     """Make ``leaf.grad`` hold its first contribution ``g``: its reserved buffer, written with
-    ``scale * g`` (``_install``), else a copy of ``g`` the leaf owns (an op may keep ``g``)."""
+    ``g`` (``_install``), else a copy of ``g`` the leaf owns (an op may keep ``g``)."""
     dest = leaf._grad_dest
     if dest is None:
         leaf._grad = g.astype(leaf.array.dtype, copy=True)
         return
-    xp = backend.get_array_module(dest.buffer)
-    if dest.scale == 1.0:
-        xp.copyto(dest.buffer, g, casting="unsafe")
-    else:
-        xp.multiply(g, dest.scale, out=dest.buffer, casting="unsafe")
+    dest.store(g)
     _install(leaf, dest)
 
 
-def scale_of(leaf: Tensor) -> float:
-    """The factor every contribution to ``leaf``'s gradient is multiplied by (1.0 without a
-    destination)."""
-    dest = leaf._grad_dest
-    return 1.0 if dest is None else dest.scale
-
-
-__all__ = ["GradDestination", "adopt_grad", "capturing", "claim_grad_destination", "scale_of",
+__all__ = ["GradDestination", "adopt_grad", "capturing", "claim_grad_destination",
            "store_first", "write_leaf_grad"]

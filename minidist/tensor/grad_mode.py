@@ -24,29 +24,8 @@ def is_grad_enabled() -> bool:
     return getattr(_state, "enabled", True)
 
 
-def _set(enabled: bool) -> None:
+def set_grad_mode(enabled: bool) -> None:  # no_grad's switch; torch's call: set_grad_enabled
     _state.enabled = bool(enabled)
-
-
-class set_grad_enabled:  # noqa: N801 - torch's name
-    """Turn tape recording on or off for this thread: as a call, or as a context manager.
-
-        set_grad_enabled(False)              # off from here on (a plain call, as torch)
-        with set_grad_enabled(is_train):     # on or off inside the block, restored after
-            out = model(x)
-
-    The mode changes when the object is created; ``__exit__`` restores the mode from before.
-    """
-
-    def __init__(self, mode: bool) -> None:
-        self._prev = is_grad_enabled()
-        _set(mode)
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        _set(self._prev)
 
 
 class no_grad:  # noqa: N801 - torch's name
@@ -59,10 +38,10 @@ class no_grad:  # noqa: N801 - torch's name
 
     def __enter__(self) -> None:
         self._prev = is_grad_enabled()
-        _set(False)
+        set_grad_mode(False)
 
     def __exit__(self, *exc: object) -> None:
-        _set(self._prev)
+        set_grad_mode(self._prev)
 
     def __call__(self, fn: F) -> F:
         @functools.wraps(fn)
@@ -78,38 +57,4 @@ class enable_grad(no_grad):  # noqa: N801 - torch's name
 
     def __enter__(self) -> None:
         self._prev = is_grad_enabled()
-        _set(True)
-
-
-class inference_mode(no_grad):  # noqa: N801 - torch's name
-    """torch's ``inference_mode(mode=True)``: here the same as ``no_grad`` (no tape inside the
-    block; minidist has no separate inference tensors), ``mode=False`` changes nothing.
-
-        with minidist.inference_mode():
-            logits = model(x)
-
-        @minidist.inference_mode()        # or @minidist.inference_mode, as torch allows
-        def evaluate(model, loader): ...
-    """
-
-    def __new__(cls, mode: Any = True) -> Any:
-        if callable(mode):  # used bare as a decorator: @inference_mode
-            return cls()(mode)
-        return super().__new__(cls)
-
-    def __init__(self, mode: bool = True) -> None:
-        self.mode = bool(mode)
-
-    def __enter__(self) -> None:
-        self._prev = is_grad_enabled()
-        if self.mode:
-            _set(False)
-
-    def __call__(self, fn: F) -> F:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with inference_mode(self.mode):
-                return fn(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
-
+        set_grad_mode(True)

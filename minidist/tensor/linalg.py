@@ -11,10 +11,8 @@ node, so its backward writes ``grad W = g^T @ x`` directly in W's (out, in) layo
 reserved gradient buffer when it has one (``grad_destination.write_leaf_grad``: a DDP bucket
 slot), as the GEMM's own output, with no copy; the bias gradient is summed into its slot too.
 
-Under autocast (``autocast_mode``) all three run in float16. Every product goes through ``mm``,
-which emulates a float16 GEMM on the CPU (float32 BLAS, result rounded to float16): NumPy has no
-float16 BLAS. Bias gradients of float16 outputs are summed in float32 and rounded once, as a
-device's reduction does.
+Under autocast (``autocast_mode``) all three run in float16; every product goes through ``mm``
+(float16 on the CPU: emulated with float32 BLAS) and bias gradients through ``sum_rows``.
 """
 
 from __future__ import annotations
@@ -32,38 +30,29 @@ from minidist.tensor.deterministic import OFF
 from minidist.tensor.elementwise import broadcast_message, unbroadcast
 from minidist.tensor.grad_destination import write_leaf_grad
 
-
 LOW_PRECISION = (numpy.dtype(numpy.float16), dtypes.BFLOAT16_NUMPY)
 """The 16-bit floats whose CPU products are emulated with float32 BLAS (see ``mm``)."""
 
 
-def mm(a: Any, b: Any, out: Any = None, scale: float = 1.0) -> Any:
-    """``scale * (a @ b)`` on xp arrays, into ``out`` if given (then returns ``out``); ``out``
-    and ``scale`` are for 2-D operands (gradients of 2-D weights).
+def mm(a: Any, b: Any, out: Any = None) -> Any:
+    """``a @ b`` on xp arrays, into ``out`` if given (then returns ``out``): for 2-D operands,
+    ``out`` (a C-contiguous array, e.g. a gradient bucket slot) receives the product as the
+    GEMM's own output, with no temporary; another dtype than the product's is cast on the way.
 
     float16 @ float16 on the CPU is computed in float32 and rounded: NumPy multiplies float16
     matrices without BLAS (far slower than float32). The emulation widens both operands
     exactly, uses float32 BLAS (float32 accumulation, like a device's half-precision GEMM) and
-    rounds the product to float16, overflowing to inf where a device would; ``scale`` is
-    applied in float32 before that rounding. On a GPU, CuPy runs the real float16 GEMM.
-
-    ``scale`` costs no pass over the product: it multiplies the smaller of the three arrays
-    (for a weight gradient ``g^T @ x`` with a batch of 64: the 64-row operand). ``out`` (a
-    C-contiguous array, e.g. a gradient bucket slot) receives the product as the GEMM's own
-    output, with no temporary; another dtype than the product's is cast on the way.
+    rounds the product to float16, overflowing to inf where a device would. On a GPU, CuPy runs
+    the real float16 GEMM.
     """
     xp = backend.get_array_module(a, b)
     if a.dtype in LOW_PRECISION and b.dtype == a.dtype and xp is numpy:  # bfloat16 alike
         with numpy.errstate(over="ignore", invalid="ignore"):  # inf, NaN: as on a device
             prod = numpy.matmul(a.astype(numpy.float32), b.astype(numpy.float32))
-            if scale != 1.0:
-                prod *= numpy.float32(scale)
             if out is None:
                 return prod.astype(a.dtype)
             numpy.copyto(out, prod, casting="unsafe")
             return out
-    if scale != 1.0:  # the average folded into a weight gradient (DDP's prescaled hook)
-        return _scaled_mm(a, b, out, scale)
     math = xp if deterministic.state is OFF else deterministic.array_math(xp)
     if out is None:
         return math.matmul(a, b)
@@ -74,34 +63,16 @@ def mm(a: Any, b: Any, out: Any = None, scale: float = 1.0) -> Any:
     return out
 
 
-def _scaled_mm(a: Any, b: Any, out: Any, scale: float) -> Any:
-    """``scale * (a @ b)`` with the scale on the smallest of the three arrays (no extra pass
-    over the product when an operand is smaller)."""
-    smallest = min(a.size, b.size, a.shape[0] * b.shape[-1])
-    if a.size == smallest:
-        return mm(a * a.dtype.type(scale), b, out)
-    if b.size == smallest:
-        return mm(a, b * b.dtype.type(scale), out)
-    res = mm(a, b, out)
-    res *= res.dtype.type(scale)
-    return res
-
-
-def sum_rows(g: Any, axis: int = 0, out: Any = None, scale: float = 1.0) -> Any:
-    """``scale * g.sum(axis)``, into ``out`` if given; float16 is accumulated in float32 and
-    rounded once (bias gradients)."""
+def sum_rows(g: Any, axis: int = 0, out: Any = None) -> Any:
+    """``g.sum(axis)``, into ``out`` if given; float16 is accumulated in float32 and rounded
+    once (bias gradients)."""
     if g.dtype in LOW_PRECISION:
         s = g.sum(axis=axis, dtype=numpy.float32)
-        if scale != 1.0:
-            s *= numpy.float32(scale)
         if out is None:
             return s.astype(g.dtype)
         backend.get_array_module(g).copyto(out, s, casting="unsafe")
         return out
-    out = g.sum(axis=axis, out=out)
-    if scale != 1.0:
-        out *= out.dtype.type(scale)
-    return out
+    return g.sum(axis=axis, out=out)
 
 
 def _check_aligned(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> None:
@@ -152,11 +123,11 @@ def matmul(a: Tensor, b: Any) -> Tensor:
         ga = gb = None
         plain = A.ndim == 2 and B.ndim == 2  # one GEMM per gradient: may go to a destination
         if a.requires_grad and plain:
-            ga = write_leaf_grad(a, lambda out, scale: mm(g, B.T, out, scale))
+            ga = write_leaf_grad(a, mm, g, B.T)
         elif a.requires_grad:
             ga = unbroadcast(mm(g2, xp.swapaxes(B2, -1, -2)), A2.shape).reshape(A.shape)
         if b.requires_grad and plain:
-            gb = write_leaf_grad(b, lambda out, scale: mm(A.T, g, out, scale))
+            gb = write_leaf_grad(b, mm, A.T, g)
         elif b.requires_grad:
             gb = unbroadcast(mm(xp.swapaxes(A2, -1, -2), g2), B2.shape).reshape(B.shape)
         return ga, gb
@@ -189,10 +160,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         g2 = g.reshape(-1, g.shape[-1])
         x2 = x.array.reshape(-1, x.shape[-1])
         gx = mm(g, weight.array) if x.requires_grad else None
-        gw = write_leaf_grad(weight, lambda out, scale: mm(g2.T, x2, out, scale)) \
-            if weight.requires_grad else None
-        gb = write_leaf_grad(bias, lambda out, scale: sum_rows(g2, 0, out, scale)) \
-            if bias is not None and bias.requires_grad else None
+        gw = write_leaf_grad(weight, mm, g2.T, x2) if weight.requires_grad else None
+        gb = write_leaf_grad(bias, sum_rows, g2) if bias is not None and bias.requires_grad \
+            else None
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     return Tensor._make(out, parents, backward, "linear")

@@ -38,234 +38,29 @@ From Python (the tests in tests/cluster/ do this)::
         results = c.wait(jobs, timeout_s=60)      # NodeResult: node, returncode, stdout, stderr
         c.link(1, up=False)                       # cut node 1's link
         c.kill_node(1)                            # SIGKILL every process of node 1
+
+Parts: the namespaces in netns.py, a node and its processes in node_process.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import Any, Sequence
 
-PREFIX = "mdc"                     # every name this tool creates starts with it
-SUBNET = "10.77.0."                # node i is SUBNET + (i + 1), /24, on its own bridge
-MASTER_PORT = 29500                # free in a fresh namespace: nothing else listens there
-NETNS_ETC = Path("/etc/netns")     # ip netns exec mounts /etc/netns/NS/* over /etc/*
-_SERIAL = itertools.count(secrets.randbelow(256))  # 2 hex digits: distinct within a process
-_NAME = re.compile(rf"^{PREFIX}([0-9a-f]{{6}})[0-9a-f]{{2}}")  # the pid inside a tag
-
-
-class ClusterUnavailable(RuntimeError):
-    """This machine cannot build namespace nodes (not root, no ``ip``, not Linux ...)."""
-
-
-def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    res = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         stdin=subprocess.DEVNULL)
-    if check and res.returncode != 0:
-        raise RuntimeError(f"cluster: `{' '.join(argv)}` failed (exit {res.returncode}): "
-                           f"{res.stderr.strip()}")
-    return res
-
-
-_REASON: list[str | None] = []
-
-
-def unavailable_reason() -> str | None:
-    """Why no cluster can be built here, in one line; None when it can (probed once)."""
-    if _REASON:
-        return _REASON[0]
-    reason = None
-    if not sys.platform.startswith("linux"):
-        reason = f"needs Linux network namespaces (this is {sys.platform})"
-    elif os.geteuid() != 0:
-        reason = "needs root (network namespaces, links and tc need CAP_NET_ADMIN)"
-    else:
-        missing = [t for t in ("ip", "unshare") if shutil.which(t) is None]
-        if missing:
-            reason = f"needs {' and '.join(missing)} on PATH (iproute2, util-linux)"
-        else:
-            probe = f"{PREFIX}{os.getpid():06x}{secrets.token_hex(1)}probe"
-            made = _sh("ip", "netns", "add", probe, check=False)
-            if made.returncode != 0:
-                why = "; ".join(made.stderr.split("\n")).strip("; ")
-                reason = f"cannot create a network namespace (ip netns add: {why})"
-            else:  # a command inside it, under a host name of its own (as every node runs)
-                ran = _sh("ip", "netns", "exec", probe, "unshare", "-u", "true", check=False)
-                if ran.returncode != 0:
-                    why = "; ".join(ran.stderr.split("\n")).strip("; ")
-                    reason = f"cannot run a command in a network + UTS namespace ({why})"
-                _sh("ip", "netns", "del", probe, check=False)
-    _REASON.append(reason)
-    return reason
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def netns_pids(ns: str) -> list[int]:
-    """The processes inside network namespace ``ns``."""
-    res = _sh("ip", "netns", "pids", ns, check=False)
-    return [int(x) for x in res.stdout.split()] if res.returncode == 0 else []
-
-
-def _kill_netns(ns: str, wait_s: float = 5.0) -> None:
-    """SIGKILL every process inside ``ns`` (again, until none is left or ``wait_s`` passed)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        pids = netns_pids(ns)
-        if not pids or time.monotonic() > deadline:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
-
-
-def cleanup_stale(verbose: bool = False) -> list[str]:
-    """Remove namespaces, links, /etc/netns and temporary folders of runs whose process is gone.
-
-    Only names of this tool (``mdc`` + a pid + 2 hex digits) whose pid is not alive: a run in
-    progress, here or in another process, is never touched. Returns what was removed.
-    """
-    removed = []
-
-    def dead(name: str) -> bool:  # this tool's name, and the run that made it is gone
-        m = _NAME.match(name)
-        return m is not None and not _alive(int(m.group(1), 16))
-
-    for line in _sh("ip", "netns", "list", check=False).stdout.splitlines():
-        ns = line.split()[0] if line.split() else ""
-        if dead(ns):
-            _kill_netns(ns)
-            _sh("ip", "netns", "del", ns, check=False)
-            removed.append(f"netns {ns}")
-    for line in _sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
-        parts = line.split(": ")
-        name = parts[1].split("@")[0] if len(parts) > 1 else ""
-        if dead(name):
-            _sh("ip", "link", "del", name, check=False)
-            removed.append(f"link {name}")
-    if NETNS_ETC.is_dir():
-        for d in NETNS_ETC.iterdir():
-            if dead(d.name):
-                shutil.rmtree(d, ignore_errors=True)
-                removed.append(f"{d}")
-    for d in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):  # a run's files (its sockets)
-        if d.is_dir() and dead(d.name):
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(f"{d}")
-    if verbose:
-        for r in removed:
-            print(f"[cluster] removed stale {r}", file=sys.stderr)
-    return removed
-
-
-def rate_bytes_per_s(rate: str) -> float:
-    """``"1gbit"`` -> bytes per second (tc's units: kbit, mbit, gbit; k/m/g = bytes)."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(bit|bps|b?)\s*", rate.lower())
-    if m is None:
-        raise ValueError(f"--rate {rate!r}: use a tc rate such as 100mbit, 1gbit or 10gbit")
-    value = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2)]
-    return value / 8 if m.group(3) == "bit" else value
-
-
-@dataclass
-class Node:
-    """One node: its index, host name, namespace, address and host-side link."""
-
-    index: int
-    hostname: str
-    netns: str
-    addr: str
-    link: str
-
-
-@dataclass
-class NodeResult:
-    """What one command on one node did."""
-
-    node: int
-    returncode: int | None  # None: still running when the wait gave up (it was killed)
-    stdout: str
-    stderr: str
-    elapsed_s: float
-
-    def report(self, tail: int = 3000) -> str:
-        return (f"--- node {self.node}: exit {self.returncode} after {self.elapsed_s:.1f} s ---\n"
-                f"[stdout]\n{self.stdout[-tail:]}\n[stderr]\n{self.stderr[-tail:]}")
-
-
-class NodeProcess:
-    """A command running on a node; its output is collected (and echoed if asked)."""
-
-    def __init__(self, node: int, argv: list[str], env: dict[str, str] | None,
-                 echo: bool = False, cwd: str | None = None) -> None:
-        self.node, self.argv, self.echo = node, argv, echo
-        self.t0 = time.monotonic()
-        self.ended: float | None = None
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                                     start_new_session=True)
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self.readers = [threading.Thread(target=self._read, args=(src, buf, dst), daemon=True)
-                        for src, buf, dst in ((self.proc.stdout, self.out, sys.stdout),
-                                              (self.proc.stderr, self.err, sys.stderr))]
-        for t in self.readers:
-            t.start()
-
-    def _read(self, src: IO[bytes], buf: list[str], dst: IO[str]) -> None:
-        for raw in iter(src.readline, b""):
-            line = raw.decode(errors="replace")
-            buf.append(line)
-            if self.echo:
-                dst.write(f"[node{self.node}] {line}" + ("" if line.endswith("\n") else "\n"))
-                dst.flush()
-        src.close()
-
-    def poll(self) -> int | None:
-        code = self.proc.poll()
-        if code is not None and self.ended is None:
-            self.ended = time.monotonic()
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def result(self) -> NodeResult:
-        self.proc.wait()
-        self.poll()
-        for t in self.readers:
-            t.join(timeout=5.0)
-        return NodeResult(self.node, self.proc.returncode, "".join(self.out), "".join(self.err),
-                          (self.ended or time.monotonic()) - self.t0)
-
+from minidist.testing.netns import (MASTER_PORT, NETNS_ETC, PREFIX, SUBNET,  # noqa: F401
+                                    TAG_SERIAL, ClusterUnavailable, cleanup_stale, kill_netns,
+                                    netns_pids, rate_bytes_per_s, run_command,
+                                    unavailable_reason)
+from minidist.testing.node_process import Node, NodeProcess, NodeResult  # noqa: F401
 
 WRAPPER = """#!/bin/sh
 # ssh's stand-in for mpiexec (-launcher ssh -launcher-exec THIS): `THIS [-x ...] HOST COMMAND`
@@ -297,7 +92,7 @@ class Cluster:
         if rate is not None:
             rate_bytes_per_s(rate)  # a bad rate fails before anything is built
         self.num_nodes, self.rate, self.echo = nodes, rate, echo
-        self.tag = f"{PREFIX}{os.getpid():06x}{next(_SERIAL) % 256:02x}"
+        self.tag = f"{PREFIX}{os.getpid():06x}{next(TAG_SERIAL) % 256:02x}"
         self.bridge = f"{self.tag}b"
         self.nodes = [Node(i, f"node{i}", f"{self.tag}n{i}", f"{SUBNET}{i + 1}",
                            f"{self.tag}v{i}") for i in range(nodes)]
@@ -332,25 +127,25 @@ class Cluster:
 
     def _build(self) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
-        _sh("ip", "link", "add", self.bridge, "type", "bridge")
-        _sh("ip", "link", "set", self.bridge, "up")
+        run_command("ip", "link", "add", self.bridge, "type", "bridge")
+        run_command("ip", "link", "set", self.bridge, "up")
         hosts = "127.0.0.1 localhost\n" + "".join(f"{n.addr} {n.hostname}\n" for n in self.nodes)
         for n in self.nodes:
             inner = f"{self.tag}p{n.index}"
-            _sh("ip", "netns", "add", n.netns)
+            run_command("ip", "netns", "add", n.netns)
             etc = NETNS_ETC / n.netns
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(hosts)
             (etc / "hostname").write_text(n.hostname + "\n")
-            _sh("ip", "link", "add", n.link, "type", "veth", "peer", "name", inner)
-            _sh("ip", "link", "set", n.link, "master", self.bridge)
-            _sh("ip", "link", "set", n.link, "up")
-            _sh("ip", "link", "set", inner, "netns", n.netns)
+            run_command("ip", "link", "add", n.link, "type", "veth", "peer", "name", inner)
+            run_command("ip", "link", "set", n.link, "master", self.bridge)
+            run_command("ip", "link", "set", n.link, "up")
+            run_command("ip", "link", "set", inner, "netns", n.netns)
             ns = ("ip", "netns", "exec", n.netns)
-            _sh(*ns, "ip", "link", "set", inner, "name", "eth0")
-            _sh(*ns, "ip", "addr", "add", f"{n.addr}/24", "dev", "eth0")
-            _sh(*ns, "ip", "link", "set", "eth0", "up")
-            _sh(*ns, "ip", "link", "set", "lo", "up")
+            run_command(*ns, "ip", "link", "set", inner, "name", "eth0")
+            run_command(*ns, "ip", "addr", "add", f"{n.addr}/24", "dev", "eth0")
+            run_command(*ns, "ip", "link", "set", "eth0", "up")
+            run_command(*ns, "ip", "link", "set", "lo", "up")
             if self.rate is not None:
                 self._limit(n, self.rate)
         cases = "\n".join(f"  {n.hostname}) ns={n.netns} ;;" for n in self.nodes)
@@ -362,8 +157,8 @@ class Cluster:
         """tbf on the node's eth0: its egress runs at ``rate``; the bucket holds 2 ms of data
         (at least 64 KiB: one GSO packet must fit, or tbf drops it)."""
         burst = max(64 << 10, int(rate_bytes_per_s(rate) * 0.002))
-        _sh("ip", "netns", "exec", n.netns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
-            "rate", rate, "burst", str(burst), "latency", "100ms")
+        run_command("ip", "netns", "exec", n.netns, "tc", "qdisc", "add", "dev", "eth0", "root",
+                    "tbf", "rate", rate, "burst", str(burst), "latency", "100ms")
 
     def down(self) -> None:
         """Kill every process left in a node, delete namespaces, links and files (idempotent)."""
@@ -371,11 +166,11 @@ class Cluster:
             p.kill()
         if self._built:
             for n in self.nodes:
-                _kill_netns(n.netns)
-                _sh("ip", "netns", "del", n.netns, check=False)
-                _sh("ip", "link", "del", n.link, check=False)  # gone with its peer, usually
+                kill_netns(n.netns)
+                run_command("ip", "netns", "del", n.netns, check=False)
+                run_command("ip", "link", "del", n.link, check=False)  # gone with its peer, usually
                 shutil.rmtree(NETNS_ETC / n.netns, ignore_errors=True)
-            _sh("ip", "link", "del", self.bridge, check=False)
+            run_command("ip", "link", "del", self.bridge, check=False)
             self._built = False
         for p in self.procs:
             p.result()  # reap, join the readers
@@ -460,19 +255,19 @@ class Cluster:
 
     def link(self, node: int, up: bool) -> None:
         """Bring ``node``'s link up or down (down: its packets vanish, no error to anyone)."""
-        _sh("ip", "link", "set", self.nodes[node].link, "up" if up else "down")
+        run_command("ip", "link", "set", self.nodes[node].link, "up" if up else "down")
 
     def kill_node(self, node: int) -> None:
         """SIGKILL every process of ``node`` (a machine that dies: its sockets close)."""
-        _kill_netns(self.nodes[node].netns)
+        kill_netns(self.nodes[node].netns)
 
     def link_stats(self, node: int) -> dict[str, int]:
         """What left ``node`` by its eth0 so far: ``sent_bytes``, ``packets`` (the interface's
         counters) and ``dropped`` (by the rate limiter, its queue full; 0 without --rate)."""
         ns = ("ip", "netns", "exec", self.nodes[node].netns)
-        tx = json.loads(_sh(*ns, "ip", "-j", "-s", "link", "show", "dev", "eth0").stdout)
+        tx = json.loads(run_command(*ns, "ip", "-j", "-s", "link", "show", "dev", "eth0").stdout)
         tx = tx[0]["stats64"]["tx"]
-        text = _sh(*ns, "tc", "-s", "qdisc", "show", "dev", "eth0", check=False).stdout
+        text = run_command(*ns, "tc", "-s", "qdisc", "show", "dev", "eth0", check=False).stdout
         m = re.search(r"\(dropped (\d+),", text)
         return {"sent_bytes": int(tx["bytes"]), "packets": int(tx["packets"]),
                 "dropped": int(m.group(1)) if m else 0}

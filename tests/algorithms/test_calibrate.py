@@ -13,7 +13,7 @@ def write(tmp_path, monkeypatch, data, transport="mpi", n=2):
     monkeypatch.setenv("MINIDIST_CACHE_DIR", str(tmp_path))
     path = calibrate.cache_path(transport, n)
     path.write_text(data if isinstance(data, str) else json.dumps(data))
-    calibrate._warned.discard(path)
+    calibrate.warned_paths.discard(path)
     return path
 
 

@@ -209,7 +209,7 @@ def test_foreach_joins_pieces_of_one_buffer_and_matches_the_reference():
     after = kcuda.PLAN_STATS.as_dict()
     assert after["launches"] - before["launches"] == 1       # joined: one buffer, one launch
     layouts = list(kcuda._FOREACH.values())                  # indices only: nothing kept alive
-    assert layouts == [[[kcuda._Run(0, 3, 900, True, "f")]]]
+    assert layouts == [[[kcuda.Run(0, 3, 900, True, "f")]]]
     assert want_found and found[0] == 1.0
     assert np.array_equal(flat.view(np.uint32), want.view(np.uint32))
 
@@ -278,8 +278,8 @@ def test_cuda_kernels_that_cannot_compile_fall_back_once(monkeypatch, error):
                 raise error("module 'numpy' has no attribute 'row_stack'")
             return launch
 
-    for name in ("_unscale_kernel", "_unscale_kernel_device_inv", "_to_half_kernel",
-                 "_foreach_unscale_kernel", "_update_scale_kernel"):
+    for name in ("unscale_kernel", "unscale_kernel_device_inv", "to_half_kernel",
+                 "foreach_unscale_kernel", "update_scale_kernel"):
         monkeypatch.setattr(kcuda, name, Broken())
     monkeypatch.setattr(kcuda, "check_usable", lambda: None)
     kcuda.clear_plans()

@@ -23,15 +23,15 @@ from minidist.kernels import cuda as kcuda  # noqa: E402
 assert kcuda.JIT == "numba-cuda-mlir", kcuda.JIT
 f32, f16, i32 = "float32[::1]", "float16[::1]", "int32[::1]"
 CASES = [
-    ("_unscale_kernel", f"void({f32}, {f32}, float32, {f32})", "mul.f32"),
-    ("_unscale_kernel", f"void({f16}, {f32}, float32, {f32})", "cvt.f32.f16"),
-    ("_unscale_kernel_device_inv", f"void({f16}, {f32}, {f32}, {f32})", "cvt.f32.f16"),
-    ("_foreach_unscale_kernel", f"void(UniTuple({f16}, 4), UniTuple({f32}, 4), int64, float32, "
+    ("unscale_kernel", f"void({f32}, {f32}, float32, {f32})", "mul.f32"),
+    ("unscale_kernel", f"void({f16}, {f32}, float32, {f32})", "cvt.f32.f16"),
+    ("unscale_kernel_device_inv", f"void({f16}, {f32}, {f32}, {f32})", "cvt.f32.f16"),
+    ("foreach_unscale_kernel", f"void(UniTuple({f16}, 4), UniTuple({f32}, 4), int64, float32, "
      f"{f32})", "cvt.f32.f16"),
-    ("_foreach_unscale_kernel_device_inv", f"void(UniTuple({f32}, 16), UniTuple({f32}, 16), "
+    ("foreach_unscale_kernel_device_inv", f"void(UniTuple({f32}, 16), UniTuple({f32}, 16), "
      f"int64, {f32}, {f32})", "mul.f32"),
-    ("_to_half_kernel", f"void({f32}, {f16})", "cvt.rn.f16.f32"),
-    ("_update_scale_kernel", f"void({f32}, {i32}, {f32}, float64, float64, int64)",
+    ("to_half_kernel", f"void({f32}, {f16})", "cvt.rn.f16.f32"),
+    ("update_scale_kernel", f"void({f32}, {i32}, {f32}, float64, float64, int64)",
      "cvt.rn.f32.f64"),
 ]
 failed = 0
@@ -47,7 +47,7 @@ for name, sig, needle in CASES:
         continue
     loads = [m.start() for m in re.finditer(r"\bld\.(global\.)?[ufb](16|32)", ptx)]
     stores = [m.start() for m in re.finditer(r"\bst\.(global\.)?[ufb](16|32)", ptx)] or [0]
-    unrolled = name == "_update_scale_kernel" or (len(loads) >= 4 and loads[3] < stores[0])
+    unrolled = name == "update_scale_kernel" or (len(loads) >= 4 and loads[3] < stores[0])
     ok = ".target sm_90" in ptx and needle in ptx and unrolled
     failed += not ok
     print(f"{'ok' if ok else 'FAIL'} {name} {sig} (loads before the first store: "

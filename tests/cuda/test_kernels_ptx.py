@@ -36,17 +36,17 @@ def test_every_kernel_compiles_to_sm90_ptx(kcuda):
     f32, f16, i32 = types.float32[::1], types.float16[::1], types.int32[::1]
     tup = lambda t, k: types.UniTuple(t, k)  # noqa: E731
     cases = [
-        ("_unscale_kernel", (f32, f32, types.float32, f32), "mul.f32"),
-        ("_unscale_kernel", (f16, f32, types.float32, f32), "cvt.f32.f16"),
-        ("_unscale_kernel_device_inv", (f16, f32, f32, f32), "cvt.f32.f16"),
-        ("_foreach_unscale_kernel", (tup(f16, 4), tup(f32, 4), types.int64, types.float32, f32),
+        ("unscale_kernel", (f32, f32, types.float32, f32), "mul.f32"),
+        ("unscale_kernel", (f16, f32, types.float32, f32), "cvt.f32.f16"),
+        ("unscale_kernel_device_inv", (f16, f32, f32, f32), "cvt.f32.f16"),
+        ("foreach_unscale_kernel", (tup(f16, 4), tup(f32, 4), types.int64, types.float32, f32),
          "cvt.f32.f16"),
-        ("_foreach_unscale_kernel", (tup(f32, 16), tup(f32, 16), types.int64, types.float32,
+        ("foreach_unscale_kernel", (tup(f32, 16), tup(f32, 16), types.int64, types.float32,
                                      f32), "mul.f32"),
-        ("_foreach_unscale_kernel_device_inv", (tup(f32, 4), tup(f32, 4), types.int64, f32, f32),
+        ("foreach_unscale_kernel_device_inv", (tup(f32, 4), tup(f32, 4), types.int64, f32, f32),
          "mul.f32"),
-        ("_to_half_kernel", (f32, f16), "cvt.rn.f16.f32"),  # round to nearest even
-        ("_update_scale_kernel", (f32, i32, f32, types.float64, types.float64, types.int64),
+        ("to_half_kernel", (f32, f16), "cvt.rn.f16.f32"),  # round to nearest even
+        ("update_scale_kernel", (f32, i32, f32, types.float64, types.float64, types.int64),
          "cvt.rn.f32.f64"),  # products in float64, narrowed once, as ATen
     ]
     for name, sig, needle in cases:
@@ -57,7 +57,7 @@ def test_every_kernel_compiles_to_sm90_ptx(kcuda):
                 pytest.skip(f"numba-cuda without its CUDA toolkit extra: {exc}")
             raise
         assert ".target sm_90" in ptx and needle in ptx, (name, sig)
-        if name != "_update_scale_kernel":  # unrolled: four loads before the first store
+        if name != "update_scale_kernel":  # unrolled: four loads before the first store
             # (global or generic: the multi-buffer kernel's tuple entries are generic pointers)
             loads = [m.start() for m in re.finditer(r"\bld\.(global\.)?[ufb](16|32)", ptx)]
             stores = [m.start() for m in re.finditer(r"\bst\.(global\.)?[ufb](16|32)", ptx)]

@@ -119,7 +119,7 @@ def test_a_stranger_cannot_take_a_launched_rank_s_slot(port, tmp_path):
             nonce_s = reply[len(tcp.MAGIC):len(tcp.MAGIC) + tcp.NONCE_BYTES]
             msg = json.dumps({"rank": 1, "world_size": 2, "host": "127.0.0.1", "port": 1})
             try:
-                s.sendall(tcp._mac(b"", b"client", nonce_s, nonce_c)
+                s.sendall(tcp.handshake_mac(b"", b"client", nonce_s, nonce_c)
                           + struct.pack("<I", len(msg)) + msg.encode())
                 table = s.recv(4096)
             except OSError:

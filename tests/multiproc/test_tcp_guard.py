@@ -111,7 +111,7 @@ def _huge_after_handshake(s: socket.socket) -> None:
                 return
             reply += got
         nonce_s = reply[len(tcp.MAGIC):len(tcp.MAGIC) + tcp.NONCE_BYTES]
-        s.sendall(tcp._mac(b"", b"client", nonce_s, nonce_c) + struct.pack("<I", 0xFFFFFFFF))
+        s.sendall(tcp.handshake_mac(b"", b"client", nonce_s, nonce_c) + struct.pack("<I", 0xFFFFFFFF))
     except OSError:
         pass
 
@@ -216,7 +216,7 @@ def _handshake(s: socket.socket, key: bytes, mac_for=None) -> bytes:
         reply += got
     nonce_s = reply[len(tcp.MAGIC):len(tcp.MAGIC) + tcp.NONCE_BYTES]
     old_s, old_c = mac_for if mac_for else (nonce_s, nonce_c)
-    s.sendall(tcp._mac(key, b"client", old_s, old_c))
+    s.sendall(tcp.handshake_mac(key, b"client", old_s, old_c))
     return b"x"
 
 

@@ -10,7 +10,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from minidist.tensor import GradDestination, Tensor, conv2d, linear
+from minidist.tensor import Tensor, conv2d, linear
+from minidist.tensor.scaled_grad import ScaledGradDestination as GradDestination
 from minidist.tensor.autograd import grad
 
 RNG = np.random.default_rng(0)

@@ -99,8 +99,9 @@ def test_fused_matches_the_numpy_reference(name, kwargs):
 MUTATIONS = [
     # (module, the line as written, a plausible slip, the optimizer and options it breaks)
     ("rmsprop", "sq += (1 - alpha) * g * g", "sq += 2 * (1 - alpha) * g * g", "RMSprop", {}),
-    ("adam", "v = xp.maximum(state[", "v = xp.minimum(state[", "Adam", {"amsgrad": True}),
-    ("adam", "v = xp.maximum(state[", "v = xp.minimum(state[", "AdamW",
+    ("adam", "v_hat = maximum(v_max, v)", "v_hat = -maximum(-v_max, -v)", "Adam",
+     {"amsgrad": True}),
+    ("adam", "v_hat = maximum(v_max, v)", "v_hat = -maximum(-v_max, -v)", "AdamW",
      {"amsgrad": True, "fused": True}),
 ]
 

@@ -1,4 +1,4 @@
-"""Recursive doubling (small messages) and recursive halving/doubling, Rabenseifner (large).
+"""Recursive doubling (small messages); recursive halving/doubling, Rabenseifner (large).
 
 Recursive doubling, p=4 (p a power of two): in step k each rank swaps its WHOLE buffer with the
 partner whose rank differs in bit k, and both reduce:
@@ -6,13 +6,8 @@ partner whose rank differs in bit k, and both reduce:
   step 0:  0<->1   2<->3        afterwards 0,1 hold x0+x1 and 2,3 hold x2+x3
   step 1:  0<->2   1<->3        afterwards everyone holds (x0+x1)+(x2+x3)
 
-Rabenseifner (large K): reduce-scatter by recursive HALVING (step k swaps half of the current
-segment, keeps and reduces the other half), then all-gather by recursive DOUBLING (the same
-partners in reverse order swap the finished segments):
-
-  halving  step 0 (distance 2):  0<->2 keep [0,K/2)   1<->3 keep [0,K/2)   2,3 keep [K/2,K)
-           step 1 (distance 1):  0<->1, 2<->3: each keeps a quarter, fully reduced
-  doubling step 0 (distance 1), step 1 (distance 2): swap owned segments until all own [0,K)
+Rabenseifner (K >= HALVING_MIN_BYTES, rabenseifner.py): reduce-scatter by recursive HALVING,
+then all-gather by recursive DOUBLING with the same partners (fewer bytes per rank).
 
 Non-power-of-two N: with p = 2^floor(log2 N) and rem = N - p, the first 2*rem ranks fold in
 pairs before (even rank r sends its buffer to r+1, which reduces) and unfold after (r+1 sends
@@ -31,19 +26,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from minidist.comm.algorithms.rabenseifner import (HALVING_MIN_BYTES,  # noqa: F401
+                                                   halving_doubling, uses_halving)
 from minidist.comm.algorithms.registry import Algorithm, model
 from minidist.comm.algorithms.scratch import scratch
 from minidist.comm.ops import ReduceOp, combine, finalize
 from minidist.comm.transports.base import Transport
-
-# At or above this many bytes, halving/doubling beats doubling (fewer bytes per rank); 64 KiB.
-HALVING_MIN_BYTES = 64 * 1024
-
-
-def uses_halving(nbytes: int, numel: int, n: int) -> bool:
-    """Whether ``rd_all_reduce`` runs Rabenseifner (else plain doubling) for this message."""
-    p = 1 << (n.bit_length() - 1)
-    return nbytes >= HALVING_MIN_BYTES and numel >= p
 
 
 def _doubling(transport: Transport, buf: Any, op: ReduceOp, v: int, p: int, real: Any,
@@ -55,26 +43,6 @@ def _doubling(transport: Transport, buf: Any, op: ReduceOp, v: int, p: int, real
         transport.sendrecv(buf, peer, incoming, peer, tag)
         combine(buf, incoming, op)
         mask <<= 1
-
-
-def _halving_doubling(transport: Transport, buf: Any, op: ReduceOp, v: int, p: int, real: Any,
-                      tag: int) -> None:
-    incoming = scratch(transport, buf, (buf.size + 1) // 2, tag)
-    lo, hi = 0, buf.size
-    steps = []
-    mask = p >> 1
-    while mask:  # reduce-scatter by recursive halving
-        peer = real(v ^ mask)
-        mid = lo + (hi - lo) // 2
-        keep, give = ((mid, hi), (lo, mid)) if v & mask else ((lo, mid), (mid, hi))
-        got = incoming[:keep[1] - keep[0]]
-        transport.sendrecv(buf[give[0]:give[1]], peer, got, peer, tag)
-        combine(buf[keep[0]:keep[1]], got, op)
-        steps.append((peer, give, keep))
-        lo, hi = keep
-        mask >>= 1
-    for peer, give, keep in reversed(steps):  # all-gather by recursive doubling
-        transport.sendrecv(buf[keep[0]:keep[1]], peer, buf[give[0]:give[1]], peer, tag)
 
 
 def rd_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -> None:
@@ -100,7 +68,7 @@ def rd_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) ->
             return 2 * u + 1 if u < rem else u + rem
 
         if uses_halving(buf.nbytes, buf.size, n):
-            _halving_doubling(transport, buf, op, v, p, real, tag)
+            halving_doubling(transport, buf, op, v, p, real, tag)
         else:
             _doubling(transport, buf, op, v, p, real, tag)
         if r < 2 * rem:

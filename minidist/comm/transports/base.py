@@ -18,44 +18,25 @@ Rules every implementation keeps:
   unchanged. The process group builds each collective's tag from its stream (the caller's
   ``tag`` argument, ``0 <= tag < MAX_STREAMS``) in the low bits and the call's fingerprint in
   the high bits (``comm/calls.py: wire_tag``), so calls that differ across ranks never match
-  each other's messages; ``stream_of(tag)`` recovers the stream (scratch buffers are cached per stream);
+  each other's messages; ``stream_of(tag)`` recovers the stream;
 - every blocking call honours ``timeout_s`` (default ``MINIDIST_TIMEOUT_S``, 300 s) and raises
   ``CommTimeout`` with the rank, the operation and the peer instead of hanging forever.
 
-Side channel (used only when a collective fails, and at ``destroy_process_group``): small byte
-messages of a few kinds (``SIDE_FAIL``, ``SIDE_BYE``, ``SIDE_DONE``) that travel apart from the
-data messages, so they get through while a collective is stuck::
+Every transport also has these attributes and methods (the defaults below suit a transport
+without the feature), so callers use them directly instead of probing::
 
-    side = t.side_channel                    # a SideChannel (one rank: NO_SIDE_CHANNEL)
-    side.send(dst, SIDE_FAIL, payload)       # never blocks; a lost peer is ignored
-    side.try_recv(src, SIDE_FAIL)            # bytes, or None when nothing arrived yet
-    side.pending(SIDE_FAIL)                  # a peer with such a message unread, or None
-    side.peer_lost(src)                      # why ``src`` is unreachable, or None
-    side.stray_tag(src, tag)                 # a message from src on tag's stream, other tag
-
-Capabilities: every transport has these attributes and methods (the defaults below suit a
-transport without the feature), so callers use them directly instead of probing::
-
-    t.timeout_s                  deadline of every blocking wait (seconds)
-    t.abort(code)                end this rank's part of the job now (default: ``close()``)
-    t.abort_ends_job             True when ``abort`` takes every rank down at once (MPI Abort)
-    t.mpi                        MPI transports: its communicators (``MPIHandles``), else None
-    t.cuda_aware()               True when device (CuPy) buffers may be passed as they are
-    t.thread_safe                True when several threads may call it at once (async work)
-    t.split(members, timeout_s)  a transport over some ranks (sub-groups; see ``split``)
-
-Byte counters: every transport counts the payload bytes it sends, split by where the peer
-lives (``set_peer_nodes``: the node of every rank, from ``minidist.comm.topology``)::
-
-    t.traffic()          # {"intra_node": bytes to ranks on my node, "inter_node": to others}
-    t.reset_traffic()    # zero both (a test or benchmark counts one collective)
+    t.timeout_s        deadline of every blocking wait (seconds)
+    t.thread_safe      True when several threads may call it at once (async work)
+    t.abort(code)      end this rank's part of the job now (default: ``close()``)
+    t.split(members, timeout_s)   a transport over some ranks (sub-groups)
+    t.side_channel     small messages beside the data ones (side.py: failure notices)
+    t.traffic()        payload bytes sent, by the peer's node (nodes.py)
+    t.mpi, t.cuda_aware()   MPI-only code's handles; whether device buffers pass as they are
 
 Polling: waits that outlast their spin phase call ``t.poll_hook(src, tag)`` every ``POLL_S``
-(the process group installs it; ``src`` None for collective waits). It returns an exception
-when the wait cannot succeed - a peer reported a failure, a peer sent a message of ANOTHER call
-on this stream (a mismatch: per-pair order means the awaited one would have come first), a
-peer already finished all its collectives - and the wait raises it unless one more test shows
-the message arrived after all (which makes the check race-free).
+(the watch wing installs it; ``src`` None for collective waits). It returns an exception when
+the wait cannot succeed (a peer failed, or sent a message of ANOTHER call on this stream), and
+the wait raises it unless one more test shows the message arrived after all (race-free).
 """
 
 from __future__ import annotations
@@ -67,6 +48,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from minidist.comm.transports.nodes import (ByteCounters, host_machine_key,  # noqa: F401
+                                            set_peer_nodes)  # (re-exported)
+from minidist.comm.transports.side import (NO_SIDE_CHANNEL, SIDE_BYE, SIDE_DONE,  # noqa: F401
+                                           SIDE_FAIL, SIDE_KINDS, SideChannel)  # (re-exported)
 from minidist.envvars import env
 
 DEFAULT_TIMEOUT_S = float(env("MINIDIST_TIMEOUT_S"))
@@ -81,12 +66,6 @@ _STREAM_MASK = MAX_STREAMS - 1
 GROUP_SHIFT = 40
 MAX_GROUPS = (1 << 22) - 1  # group numbers 1..MAX_GROUPS (tags stay below 2**62)
 _GROUP_MASK = MAX_GROUPS << GROUP_SHIFT
-
-# Side-channel message kinds.
-SIDE_FAIL = 1  # "my collective failed; here is my ledger"
-SIDE_BYE = 2   # destroy_process_group: "I am done; here are my collective counts"
-SIDE_DONE = 3  # "I have read every ledger" (lets every rank print before the job ends)
-SIDE_KINDS = (SIDE_FAIL, SIDE_BYE, SIDE_DONE)
 
 
 def stream_of(tag: int) -> int:
@@ -133,28 +112,10 @@ def wait_until(test: Callable[[], bool], timeout_s: float, timed_out: Callable[[
         os.sched_yield()  # releases the GIL and the core (time.sleep(0): a scheduler tick)
 
 
-def set_peer_nodes(transport: Transport, nodes: list[int]) -> None:
-    """Tell ``transport``'s byte counters the node of every rank (``nodes[r]``); counts restart
-    at 0 (topology.py calls it once the nodes are known)."""
-    me = nodes[transport.rank]
-    transport._other_node = [int(n != me) for n in nodes]
-    transport._sent = [0, 0]
-
-
 def poller(transport: Transport, src: int | None, tag: int) -> Callable[[], Any] | None:
     """The ``poll`` argument of ``wait_until`` for a wait of ``transport`` on ``(src, tag)``."""
     hook = transport.poll_hook
     return None if hook is None else (lambda: hook(src, tag))
-
-
-def host_machine_key() -> int:
-    """An integer equal on ranks that share one machine (a hash of the host name); MPI asks
-    MPI instead (``MPIHandles.machine_key``: its shared-memory split)."""
-    import hashlib
-    import socket
-
-    digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=7).digest()
-    return int.from_bytes(digest, "little")
 
 
 class Request(abc.ABC):
@@ -169,37 +130,7 @@ class Request(abc.ABC):
         """True once the operation has completed (never blocks)."""
 
 
-class SideChannel:
-    """Small byte messages beside the data messages (failure notices, farewells); see the
-    module docstring. This base is the "no side channel" of a one-rank transport: nothing ever
-    arrives; each transport with peers has its own (``transport.side_channel``)."""
-
-    def send(self, dst: int, kind: int, payload: bytes) -> None:
-        """Queue ``payload`` for rank ``dst``; never blocks, never raises for a lost peer."""
-        raise NotImplementedError("this transport has no side channel (one rank, no peers)")
-
-    def try_recv(self, src: int, kind: int) -> bytes | None:
-        """The next side message of ``kind`` from ``src``, or None if none arrived yet."""
-        return None
-
-    def pending(self, kind: int) -> int | None:
-        """A peer whose side message of ``kind`` waits unread, or None (cheap; polled)."""
-        return None
-
-    def stray_tag(self, src: int, tag: int) -> int | None:
-        """The tag of a data message from ``src`` waiting unmatched on ``tag``'s stream with
-        another tag (another call's fingerprint), or None."""
-        return None
-
-    def peer_lost(self, src: int) -> str | None:
-        """Why rank ``src`` can no longer be reached (connection closed), or None."""
-        return None
-
-
-NO_SIDE_CHANNEL = SideChannel()
-
-
-class Transport(abc.ABC):
+class Transport(ByteCounters, abc.ABC):
     """Point-to-point messaging between ``size`` ranks; see the module docstring."""
 
     rank: int
@@ -211,40 +142,11 @@ class Transport(abc.ABC):
     poll_hook: PollHook | None = None  # installed by the process group (see "Polling")
     timeout_s: float = DEFAULT_TIMEOUT_S  # deadline of every blocking wait (set per instance)
     abort_ends_job: bool = False  # abort() ends every rank (MPI), not only this one
-    # MPI transports: their MPIHandles (communicators, the mpi4py module) for MPI-only code
-    # (MPI's own Allreduce, shared-memory windows); None elsewhere.
-    mpi: Any = None
+    mpi: Any = None  # MPI transports: their MPIHandles (communicators) for MPI-only code
     side_channel: SideChannel = NO_SIDE_CHANNEL  # each transport with peers sets its own
-    # Calls from several threads at once are safe (async collectives run on a worker thread;
-    # MPI: only with MPI_THREAD_MULTIPLE).
-    thread_safe: bool = True
+    thread_safe: bool = True  # MPI: only with MPI_THREAD_MULTIPLE
     subgroups_made: int = 0  # how many ``split`` calls this rank made (numbers the groups)
-
-    # Class defaults: a transport needs no constructor call for these.
     one_process: bool = False  # every rank lives in this process (threads, local): one node
-    _other_node: list | None = None  # per rank: 1 if it lives on another node, else 0
-    _sent: list | None = None  # payload bytes sent: [to my node, to other nodes]
-
-    def _count_sent(self, dst: int, nbytes: int) -> None:
-        """Add ``nbytes`` sent to ``dst`` to the byte counters (every send path calls this)."""
-        sent, other = self._sent, self._other_node
-        if sent is None:
-            sent = self._sent = [0, 0]
-        sent[other[dst] if other is not None else 0] += nbytes
-
-    def traffic(self) -> dict:
-        """Payload bytes this rank sent since the last reset, split by the peer's node.
-
-        Returns:
-            ``{"intra_node": int, "inter_node": int}``; every rank counts as on my node until
-            ``set_peer_nodes`` was called (the process group does it at construction).
-        """
-        sent = self._sent or [0, 0]
-        return {"intra_node": int(sent[0]), "inter_node": int(sent[1])}
-
-    def reset_traffic(self) -> None:
-        """Zero the byte counters."""
-        self._sent = [0, 0]
 
     @abc.abstractmethod
     def isend(self, buf: Any, dst: int, tag: int = 0) -> Request:
@@ -271,11 +173,8 @@ class Transport(abc.ABC):
         r.wait(timeout_s)
 
     def alloc_buffer(self, numel: int, dtype: Any, xp: Any = np) -> Any:
-        """Allocate a 1-D communication buffer where this transport moves data best.
-
-        The process group (and DDP's buckets) allocate through here, so a transport may place
-        buffers in shared memory or pinned memory. The default is a plain array.
-        """
+        """A 1-D communication buffer where this transport moves data best (the default: a
+        plain array); the process group and DDP's buckets allocate through here."""
         return xp.empty(int(numel), dtype=dtype)
 
     def cuda_aware(self) -> bool:
@@ -284,34 +183,17 @@ class Transport(abc.ABC):
         return False
 
     def split(self, members: list[int], timeout_s: float) -> Transport | None:
-        """A transport over ``members`` (ranks of this one; index = rank in the new one).
-
-        Collective: every rank of this transport calls it with the same ``members``, in the
-        same order as its other ``split`` calls; ranks outside ``members`` get None (and still
-        count the call, so group numbers agree everywhere). ``new_group`` builds sub-groups
-        through it. The default is a ``SubgroupTransport`` view that shares this transport's
-        messages in a tag space of its own; MPI overrides it with ``MPI_Comm_split``.
-
-        Raises:
-            ValueError: more than ``MAX_GROUPS`` sub-groups on this transport.
-        """
-        from minidist.comm.transports.subgroup import SubgroupTransport
-        self.subgroups_made += 1
-        if self.subgroups_made > MAX_GROUPS:
-            raise ValueError(f"[rank {self.rank}/{self.size}] new_group: more than {MAX_GROUPS} "
-                             "sub-groups on one transport. Reuse the groups you made.")
-        if self.rank not in members:
-            return None
-        return SubgroupTransport(self, members, self.subgroups_made, timeout_s)
+        """A transport over ``members`` (ranks of this one; index = rank in the new one), None
+        on the other ranks; collective (``new_group`` builds sub-groups through it). The
+        default is a view sharing this transport's messages in a tag space of its own
+        (subgroup.py); MPI splits its communicator."""
+        from minidist.comm.transports.subgroup import split_view
+        return split_view(self, members, timeout_s)
 
     def abort(self, code: int = 1) -> None:
-        """End this rank's part of the job now, after an uncaught exception or Ctrl-C.
-
-        The default closes the transport, so peers blocked on this rank fail fast with a
-        closed connection instead of waiting for their deadline, and returns (the caller then
-        exits). MPI overrides it with ``MPI_Abort``, which ends every rank and does not return
-        (``abort_ends_job`` is True there).
-        """
+        """End this rank's part of the job now (an uncaught exception, Ctrl-C): the default
+        closes the transport, so blocked peers fail fast, and returns; MPI's ``MPI_Abort``
+        ends every rank and does not return (``abort_ends_job``)."""
         self.close()
 
     def close(self) -> None:

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from minidist.comm.errors import CommTimeout
-from minidist.comm.transports.base import (GROUP_SHIFT, Request, SideChannel, Transport, poller,
-                                           wait_until)
+from minidist.comm.transports.base import (GROUP_SHIFT, MAX_GROUPS, Request, SideChannel,
+                                           Transport, poller, wait_until)
 
 SIDE_SHIFT = 8  # side kinds of a group: kind + (group number << SIDE_SHIFT)
 
@@ -131,3 +131,22 @@ class SubgroupTransport(Transport):
 
     def close(self) -> None:
         """Nothing to release: the parent's group owns the sockets and threads."""
+
+
+def split_view(parent: Transport, members: list[int], timeout_s: float) -> Transport | None:
+    """``Transport.split`` of a transport without sub-communicators: a ``SubgroupTransport``
+    over ``members`` in a tag space of its own (None on ranks outside ``members``).
+
+    Collective: every rank of ``parent`` calls it with the same ``members``, in the same order
+    as its other ``split`` calls; ranks outside still count the call, so group numbers agree.
+
+    Raises:
+        ValueError: more than ``MAX_GROUPS`` sub-groups on this transport.
+    """
+    parent.subgroups_made += 1
+    if parent.subgroups_made > MAX_GROUPS:
+        raise ValueError(f"[rank {parent.rank}/{parent.size}] new_group: more than {MAX_GROUPS} "
+                         "sub-groups on one transport. Reuse the groups you made.")
+    if parent.rank not in members:
+        return None
+    return SubgroupTransport(parent, members, parent.subgroups_made, timeout_s)

@@ -15,9 +15,6 @@ must match exactly (a mismatch raises CommError naming both ranks).
 
 Counting hook for structural tests: every transport counts ``messages_sent`` and ``bytes_sent``,
 and ``world.log`` records ``(src, dst, tag, nbytes)`` of every message in send order.
-
-Side channel: ``side_channel.send`` drops bytes into a mailbox keyed ``(src, dst, ("side", kind))``
-(never counted or logged) and wakes every waiter, which then runs the ``poll_hook``.
 """
 
 from __future__ import annotations
@@ -25,13 +22,13 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from minidist.comm.errors import CommError, CommTimeout
-from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, Request, SideChannel, Transport,
-                                           stream_of)
+from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Request, Transport
+from minidist.comm.transports.side import ThreadSideChannel
 
 
 class ThreadWorld:
@@ -132,49 +129,6 @@ class _RecvRequest(Request):
                     raise error
 
 
-class _ThreadSideChannel(SideChannel):
-    """The threads side channel: mailboxes keyed ('side', kind) in the shared world."""
-
-    def __init__(self, t: "ThreadTransport") -> None:
-        self.t = t
-
-    def send(self, dst: int, kind: int, payload: bytes) -> None:
-        t = self.t
-        t._check_peer("side_send", dst)
-        with t.world.cond:
-            t.world.mailboxes[(t.rank, dst, ("side", kind))].append(bytes(payload))
-            t.world.cond.notify_all()
-
-    def try_recv(self, src: int, kind: int) -> bytes | None:
-        t = self.t
-        with t.world.cond:
-            key = (src, t.rank, ("side", kind))
-            box = t.world.mailboxes.get(key)
-            if not box:
-                return None
-            data = box.popleft()
-            if not box:
-                del t.world.mailboxes[key]
-            return data
-
-    def pending(self, kind: int) -> int | None:
-        t = self.t
-        with t.world.cond:
-            boxes = t.world.mailboxes
-            return next((src for src in range(t.size)
-                         if boxes.get((src, t.rank, ("side", kind)))), None)
-
-    def stray_tag(self, src: int, tag: int) -> int | None:
-        t = self.t
-        stream = stream_of(tag)
-        with t.world.cond:
-            for (s, d, other), box in t.world.mailboxes.items():
-                if (s == src and d == t.rank and box and type(other) is int and other != tag
-                        and stream_of(other) == stream):
-                    return other
-        return None
-
-
 class ThreadTransport(Transport):
     """One rank's view of a ``ThreadWorld``."""
 
@@ -188,7 +142,7 @@ class ThreadTransport(Transport):
         self.timeout_s = world.timeout_s
         self.messages_sent = 0
         self.bytes_sent = 0
-        self.side_channel = _ThreadSideChannel(self)
+        self.side_channel = ThreadSideChannel(self)  # side.py
 
     def _check_peer(self, op: str, peer: int) -> None:
         if not 0 <= peer < self.size:
@@ -211,45 +165,6 @@ class ThreadTransport(Transport):
         self._check_peer("irecv", src)
         return _RecvRequest(self, buf, src, tag)
 
-    # -- side channel ------------------------------------------------------------------------
 
-
-def run_threads(n: int, fn: Callable[[ThreadTransport], Any], timeout_s: float = 60.0,
-                world: ThreadWorld | None = None) -> list:
-    """Run ``fn(transport)`` on ``n`` thread ranks; return the results indexed by rank.
-
-    Raises:
-        RuntimeError: naming the first rank that raised (chained to its exception); the other
-            ranks are woken with CommError so nothing hangs.
-        TimeoutError: naming the ranks still running after ``timeout_s``.
-    """
-    world = world or ThreadWorld(n, timeout_s=timeout_s)
-    results: list = [None] * n
-    errors: dict = {}
-
-    def target(rank: int) -> None:
-        try:
-            results[rank] = fn(world.transport(rank))
-        except BaseException as e:  # noqa: BLE001 - reported to the caller below
-            errors[rank] = e
-            world.abort(f"rank {rank} raised {type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=target, args=(r,), name=f"rank{r}", daemon=True)
-               for r in range(n)]
-    for th in threads:
-        th.start()
-    deadline = time.monotonic() + timeout_s
-    for th in threads:
-        th.join(max(0.0, deadline - time.monotonic()))
-    alive = [r for r, th in enumerate(threads) if th.is_alive()]
-    if alive:
-        world.abort("run_threads timed out")
-        raise TimeoutError(f"run_threads({n}): ranks {alive} still running after {timeout_s} s "
-                           f"(errors so far: {errors})")
-    if errors:
-        # Report the root cause: a rank whose error is not the abort echo of another rank's.
-        first = min(errors, key=lambda r: (isinstance(errors[r], CommError)
-                                           and "aborted" in str(errors[r]), r))
-        raise RuntimeError(f"run_threads({n}): rank {first} raised "
-                           f"{type(errors[first]).__name__}: {errors[first]}") from errors[first]
-    return results
+# The harness that runs a function on N thread ranks (tests, examples): thread_runner.py.
+from minidist.comm.transports.thread_runner import run_threads  # noqa: E402,F401
