@@ -1,8 +1,11 @@
 """The suite mirrors the code: where a module's tests live, and one name for rank scripts.
 
 A test file of a wing lives in the wing's folder (tests/watch/, tests/fastpath/, tests/auto/),
-and every script a test starts as a rank (under mpiexec, the launcher, or as a thread body) is
-named ``<what>_rank.py`` beside the tests that start it: pytest collects none of them.
+a benchmark's in tests/benchmarks/, a part of the spine's in its folder (tests/unit/,
+tests/algorithms/, tests/ddp/, ...); the top of tests/ holds only what spans the whole project
+(``SPANNING`` below: a new file there must say why it belongs), and every script a test starts
+as a rank (under mpiexec, the launcher, or as a thread body) is named ``<what>_rank.py`` beside
+the tests that start it: pytest collects none of them.
 """
 
 import re
@@ -19,6 +22,35 @@ def test_rank_scripts_have_one_naming_scheme():
     assert not old, f"rank scripts are named <what>_rank.py: rename {old}"
     ranks = list(tests.rglob("*_rank.py"))
     assert len(ranks) >= 40 and not any(p.name.startswith("test_") for p in ranks)
+
+
+# the top of tests/: checks of the whole project, not of one module
+SPANNING = {
+    "test_bootstrap.py": "the README's two commands set up a fresh machine",
+    "test_course.py": "the course's steps", "test_course_tasks.py": "the course's exercises",
+    "test_doc_tables.py": "docs' tables", "test_docs_index.py": "docs' index",
+    "test_docs_porting.py": "the porting guide", "test_docs_snippets.py": "every docs snippet",
+    "test_entry_points_help.py": "every command's --help",
+    "test_examples.py": "the main job", "test_examples_amp.py": "the AMP example",
+    "test_examples_zero.py": "the ZeRO example", "test_from_torch.py": "torch scripts ported",
+    "test_executed_path.py": "one default step across every layer",
+    "test_import_contracts.py": "the import contracts", "test_layers.py": "the layer order",
+    "test_lint.py": "lint", "test_typecheck.py": "types",
+    "test_mutate_list.py": "scripts/mutate.py against the code",
+    "test_newcomer_mistakes.py": "what a newcomer gets wrong, anywhere",
+    "test_private_names.py": "names across modules", "test_procs.py": "the tests' helpers",
+    "test_reading_path.py": "docs/layout.md against the code",
+    "test_readme.py": "the README", "test_spine.py": "the spine alone",
+    "test_tests_layout.py": "this layout", "test_torch_namespaces.py": "torch's namespaces",
+    "test_train_errors.py": "the main job's error messages",
+}
+
+
+def test_the_top_of_tests_holds_only_what_spans_the_project():
+    top = {p.name for p in (REPO / "tests").glob("test_*.py")}
+    assert top <= set(SPANNING), (f"move {sorted(top - set(SPANNING))} into the folder of the "
+                                  "code it tests (or add it to SPANNING, saying why)")
+    assert not set(SPANNING) - top, sorted(set(SPANNING) - top)
 
 
 def test_wing_tests_live_in_the_wings_folders():

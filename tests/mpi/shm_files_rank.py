@@ -1,4 +1,4 @@
-"""Prints the MPICH shared-memory files a rank maps, then ends one way (tests/test_mpi_shm_files.py).
+"""Prints the MPICH shared-memory files a rank maps, then ends one way (tests/algorithms/test_mpi_shm_files.py).
 
     ./mpirun.sh -n 2 python tests/mpi/shm_files_rank.py raise|exit3|wait|clean
 """

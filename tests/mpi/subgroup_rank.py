@@ -1,6 +1,6 @@
 """new_group, async collectives and Tensors on 4 ranks (rank body); rank 0 prints ``RESULT {...}``.
 
-    ./mpirun.sh -n 4 python tests/mpi/subgroup_rank.py     # tests/test_subgroups_mpi.py
+    ./mpirun.sh -n 4 python tests/mpi/subgroup_rank.py     # tests/algorithms/test_subgroups_mpi.py
     # or 4 TCP ranks started torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 
 Two sub-groups of 2 ranks, {0, 1} and {2, 3}: collectives inside each see only its members;
