@@ -12,7 +12,7 @@ SCRIPT = REPO / "benchmarks" / "executed_path.py"
 # The budget of one default step, tightened as the path shrinks; the script's TARGETS (280
 # lines, 14 files, 5 %) are the goal. The script counts the step of five with the fewest
 # lines (a step whose barriers did not outlast their spin), so little slack is needed.
-BUDGET = {"lines": 285, "files": 22, "instrumentation_pct": 6.0}
+BUDGET = {"lines": 282, "files": 22, "instrumentation_pct": 6.0}
 MAX_MODULE_LINES = 400  # no module a default step runs is longer (split along concepts)
 
 

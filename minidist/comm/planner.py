@@ -138,8 +138,8 @@ class Planner:
             ValueError: unknown ``algorithm``, or one that cannot run on this transport at all
                 (its entry's ``check``; nothing was sent).
         """
-        bases = self.shared_bases  # does flat lie in a window "auto" may reduce in place?
-        shared = algorithm == "auto" and not tag and bool(bases) and id(flat.base) in bases
+        # does flat lie in a window "auto" may reduce in place?
+        shared = algorithm == "auto" and not tag and id(flat.base) in self.shared_bases
         key = (algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag, type(flat))
         try:
             return self._plans[key]

@@ -4,8 +4,9 @@
     shm_usable(transport, buf, stream)  # may "auto" pick "shm" for this call (planning)
     raise_mismatch(node, headers)       # CollectiveMismatch naming the first rank that differs
 
-The header every rank writes before a call (minidist/fastpath/shm.py) encodes the dtype and op
-by their index in ``DTYPES`` and ``OPS``; a mismatch is decoded from the same tables.
+The header every rank writes before a call (minidist/fastpath/shm.py) encodes the dtype by its
+index in ``DTYPES`` and the op by its ``ReduceOp.code``; a mismatch is decoded from ``DTYPES``
+and ``OPS``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from minidist.comm.topology import detect_topology
 from minidist.comm.transports.base import Transport
 from minidist.fastpath.shm_window import ShmNode, shm_node, shm_owns
 
-OPS = list(ReduceOp)
+OPS = {op.code: op for op in ReduceOp}  # a header's op code -> the op
 DTYPES = ["float16", "float32", "float64", "int32", "int64", "int8", "uint8", "int16"]
 # A header's dtype code: equal for equal dtypes (``dtype.num`` differs for int64 'l' vs 'q'),
 # 100 + ``dtype.num`` for any other dtype; a dict hit (``dtype.name`` is slow in NumPy 2.x).

@@ -77,6 +77,11 @@ if n > 1:
         raise SystemExit(f"[rank {r}/{n}] mismatch not detected")
     except CommError as e:
         assert "numel=11" in str(e) and "numel=10" in str(e), str(e)
+    try:  # the op is decoded from the header too
+        shm_all_reduce(t, np.ones(10, np.float32), ReduceOp.MAX if r == n - 1 else ReduceOp.SUM)
+        raise SystemExit(f"[rank {r}/{n}] op mismatch not detected")
+    except CommError as e:
+        assert "op=max" in str(e) and "op=sum" in str(e), str(e)
 world = world_of(5000, np.float64, 9)
 buf = world[r].copy()
 shm_all_reduce(t, buf, ReduceOp.SUM)
