@@ -6,11 +6,32 @@
 
 ``DataLoader`` (``minidist/data/loader.py``) inherits ``LoaderState``; the sampler's part is
 ``DistributedSampler.state_dict``. The Trainer's checkpoints save both.
+
+The same position tells the ranks' training steps apart: ``batch_position()`` is the batch a
+loader with a ``DistributedSampler`` handed out last in this thread. Every rank hands out its
+shard's batches in step, so the watch wing puts the position into the label of DDP's bucket
+all-reduces (minidist/watch/step_labels.py), and a rank that skipped or repeated a step fails
+at its next bucket, before any wrong average is returned.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
+
+_HANDED_OUT = threading.local()  # .position: (epoch, batch) or None; per thread (thread ranks)
+
+
+def batch_position() -> tuple[int, int] | None:
+    """``(epoch, batch index)`` of the batch a DistributedSampler-fed loader handed out last
+    in this thread, while its pass lasts (an inner pass's end restores the outer one's); None
+    outside any such pass."""
+    return getattr(_HANDED_OUT, "position", None)
+
+
+def set_batch_position(position: tuple[int, int] | None) -> None:
+    """Record ``position`` as this thread's (``DataLoader._batches``)."""
+    _HANDED_OUT.position = position
 
 
 class LoaderState:

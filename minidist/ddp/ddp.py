@@ -23,7 +23,8 @@ What construction does (every rank, same order)::
     4. allocate one flat buffer per bucket (process group's alloc_buffer), make every p.grad
        a view into it and reserve that view as the parameter's gradient destination (backward
        writes the gradient there, no copy), register a post-accumulate-grad hook per
-       parameter (reducer.py)
+       parameter (reducer.py); then the wings' ``built`` (the watch wing labels each step's
+       bucket all-reduces with the DataLoader's batch: a skipped step fails at the next)
 
 A forward first broadcasts rank 0's buffers (see ``forward``). The rest of a step is the
 Reducer's (reducer.py); docs/how_ddp_works.md walks through it with the scaling numbers.
@@ -137,8 +138,6 @@ class DistributedDataParallel(DDPSurface):
                                is_last=s.index == len(specs) - 1)
                         for s, b in zip(specs, buffers)]
         self.bucket_algorithms = self._bucket_algorithms(group)  # what each bucket runs
-        for ext in DDP_EXTENSIONS:
-            ext.built(self)
         if broadcast_parameters and self.world_size > 1:
             self._broadcast_state()
         self._buffer_packs = pack_buffers(self.module) if broadcast_buffers and \
@@ -154,6 +153,8 @@ class DistributedDataParallel(DDPSurface):
                                find_unused_parameters=find_unused_parameters,
                                nonfinite_grads=nonfinite_grads, rank=self.rank)
         self.reducer.forward_required = True  # calling the inner model is named at backward
+        for ext in DDP_EXTENSIONS:
+            ext.built(self)
         self._trace: StepTrace | None = None  # the step timeline's observer, while tracing
         self._stats = None  # last_step_stats' observer, once read (ddp_beyond_step.py)
         if comm_hook is not None:

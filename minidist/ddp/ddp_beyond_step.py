@@ -107,6 +107,11 @@ class DDPSurface(ModulePassThrough):
         if finished:  # an exception ends the job through the excepthook: no shadowing then
             join.shadow_until_all_joined(self)
 
+    @property
+    def joining(self) -> bool:
+        """True inside ``join()``: the ranks may hand out different numbers of batches."""
+        return self._join is not None  # type: ignore[attr-defined]
+
     def _shadow_step(self, divisor: int) -> None:
         """The collectives of one synced step, contributing nothing (see ``join``): the comm
         hook on zero buckets, with the training ranks' ``divisor`` (so it makes the same calls)."""

@@ -63,7 +63,8 @@ class DDPExtension:
         runs the same extensions in the same order."""
 
     def built(self, ddp: Any) -> None:
-        """The buckets are built and each one's all-reduce algorithm is known."""
+        """The buckets and the reducer are built and each bucket's all-reduce algorithm is
+        known (``ddp.reducer.add_observer`` attaches to every step)."""
 
 
 DDP_EXTENSIONS: list[DDPExtension] = []  # a wing appends its own when it loads

@@ -17,7 +17,9 @@
     comm's names       minidist.comm.ledger_label, Ledger, LedgerEntry, CallStatus
     DDP                Preflight (ddp/observers.py DDP_EXTENSIONS): the run manifest every rank
                        must agree on; NonfiniteCheck (ddp/reducer.py NONFINITE_CHECK): the NaN/inf
-                       check of the averaged gradients; minidist.ddp.PreflightError,
+                       check of the averaged gradients; LabelSteps (step_labels.py): each
+                       step's bucket all-reduces carry the DataLoader's batch, so a rank
+                       that skipped a step fails at the next; minidist.ddp.PreflightError,
                        check_manifest
     long waits         comm/waits.py NOTICE: what the TCP rendezvous says when it waits long
 """
@@ -42,6 +44,7 @@ from minidist.watch.failure.policy import FailurePolicy
 from minidist.watch.failure.waiting import notice_text
 from minidist.watch.nonfinite import NonfiniteCheck
 from minidist.watch.preflight import PreflightError, check_manifest, run_manifest
+from minidist.watch.step_labels import LabelSteps
 
 log = get_logger("minidist.comm.group")  # the logger these lines always came from
 
@@ -153,6 +156,7 @@ def attach() -> None:
     waits.NOTICE = (FailurePolicy.wait_notice_s, notice_text)  # a long rendezvous says so
     ddp.reducer.NONFINITE_CHECK = NonfiniteCheck  # DDP's NaN/inf check of averaged grads
     ddp.observers.DDP_EXTENSIONS.append(Preflight())
+    ddp.observers.DDP_EXTENSIONS.append(LabelSteps())  # a skipped step fails at the next
     ddp_names: tuple[tuple[str, Any], ...] = (("PreflightError", PreflightError),
                                               ("check_manifest", check_manifest))
     for name, value in ddp_names:
