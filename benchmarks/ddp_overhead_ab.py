@@ -14,10 +14,10 @@ round, and compares them round by round::
     ...                                          the job's DDP step / plain step
 
 A job measures as ``ddp_scaling.py --paired`` does: the 784-1024-1024-10 MLP (batch 64 per
-rank, SGD); each round of a job takes two steps per side and times the second (a step right
-after the other model's finds its weights out of cache); an untimed barrier starts each timed
-step; a step counts at its slowest rank; the job's ratio is the median of its per-round
-ratios. The job uses only the public API (``nn``, ``optim``, ``DistributedDataParallel``), so
+rank, SGD), its steps inside a ``DataLoader`` pass as in a training loop; each round of a job
+takes two steps per side and times the second (a step right after the other model's finds its
+weights out of cache); an untimed barrier starts each timed step; a step counts at its slowest
+rank; the job's ratio is the median of its per-round ratios. The job uses only the public API (``nn``, ``optim``, ``DistributedDataParallel``), so
 any commit with DDP runs it.
 
 The old code is ``git archive <rev> minidist`` unpacked into a temporary folder; its jobs
@@ -67,6 +67,13 @@ def job(pairs: int, warmup: int, momentum: float) -> dict[str, Any] | None:
     from minidist.tensor import Tensor
 
     comm.init_process_group()
+    # the steps run inside a sharded DataLoader's pass, as a training loop's do (what DDP
+    # does per step may depend on it: the watch wing labels each step's buckets with the batch)
+    from minidist.data import ArrayDataset, DataLoader, DistributedSampler
+    rows = 4 * comm.get_world_size()
+    data = ArrayDataset(np.zeros((rows, 1), np.float32), np.zeros(rows, np.int64))
+    batches = iter(DataLoader(data, batch_size=1, sampler=DistributedSampler(data)))
+    next(batches)
     rng = np.random.default_rng(comm.get_rank())
     x = Tensor(rng.normal(size=(BATCH, LAYERS[0])).astype(np.float32))
     y = rng.integers(0, LAYERS[-1], BATCH)
