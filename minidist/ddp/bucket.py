@@ -175,7 +175,8 @@ class Bucket:
         # the number of ranks that trained this step (the Reducer sets it per step)
         self.divisor = self.world_size
         self.is_last = is_last
-        self.label = f"bucket={spec.index}"  # its name in the ledger of every collective it runs
+        self.name = f"bucket={spec.index}"  # in the ledger of every collective it runs: its
+        self.label = self.name  # label, which an observer may extend per step (the batch)
         self.on_device = backend.is_device_array(buffer)  # GPU: sync the stream before sending
         self.state = BucketState.EMPTY
         self.pending = len(self.params)

@@ -120,6 +120,7 @@ class DDPSurface(ModulePassThrough):
         for b in self.buckets:
             b.buffer[...] = 0
             b.divisor = divisor
+            b.label = b.name  # a shadow has no batch: the training ranks' label inside join
             self.reducer.comm_hook(self.reducer.hook_state, b)
 
     @property

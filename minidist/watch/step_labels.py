@@ -14,10 +14,9 @@ wrong. This observer adds where the rank stands in its ``DataLoader`` (a loader 
 
 The ranks of a job hand out their shards' batches in step, so the labels differ only where
 the steps do. Without a sharded loader (batches built by hand), and inside
-``DistributedDataParallel.join()`` (ranks hand out different numbers of batches there), a
-bucket keeps its plain label; label your own collectives where that matters
-(docs/troubleshooting.md). After each synced step the plain labels return, so the steps a
-joined rank shadows match.
+``DistributedDataParallel.join()`` (ranks hand out different numbers of batches there; the
+steps a rank shadows have no batch), a bucket keeps its plain label, its ``name``; label your
+own collectives where that matters (docs/troubleshooting.md).
 """
 
 from __future__ import annotations
@@ -29,25 +28,17 @@ from minidist.ddp.observers import DDPExtension, ReducerObserver
 
 
 class StepLabels(ReducerObserver):
-    """Labels every bucket's all-reduce with this step's batch (``step_start``), and puts the
-    plain labels back when the step ends (``step_end``)."""
+    """Labels every bucket's all-reduce with this step's batch, when DDP's forward starts the
+    step (``step_start``: before backward, so the reduction itself runs no line of it)."""
 
     def __init__(self, ddp: Any) -> None:
         self.ddp = ddp
-        self.plain = [b.label for b in ddp.buckets]
 
     def step_start(self, reducer: Any) -> None:
-        position = batch_position()
-        if position is None or self.ddp.joining:
-            self.step_end(reducer)
-            return
-        epoch, batch = position
-        for b, plain in zip(reducer.buckets, self.plain):
-            b.label = f"{plain}, epoch {epoch} batch {batch}"
-
-    def step_end(self, reducer: Any) -> None:
-        for b, plain in zip(reducer.buckets, self.plain):
-            b.label = plain
+        position = None if self.ddp.joining else batch_position()
+        for b in reducer.buckets:
+            b.label = b.name if position is None else \
+                f"{b.name}, epoch {position[0]} batch {position[1]}"
 
 
 class LabelSteps(DDPExtension):
