@@ -1,10 +1,7 @@
 """MPI's own all-reduce (algorithm "mpi"): the baseline every benchmark shows beside ours.
 
     mpi_all_reduce(transport, buf, ReduceOp.SUM)   # = MPI_Iallreduce(MPI_IN_PLACE, buf, ...)
-
-    native = native_all_reduce(transport)          # the process group's overlap:
-    req = native.post(buf, ReduceOp.SUM, tag)      #   post, write the ledger row while the
-    native.wait(req, buf, ReduceOp.SUM, tag)       #   data is in flight, then wait
+    native_all_reduce(transport).all_reduce(buf, ReduceOp.SUM, tag)   # a plan's run
 
 It only exists on the MPI transport (``transport.mpi`` is its ``MPIHandles``); elsewhere
 ``mpi_all_reduce`` raises a ValueError before anything is sent. MPI picks its own algorithm
@@ -52,50 +49,36 @@ class NativeAllReduce:
         self.where = f"[rank {transport.rank}/{transport.size}]"
         self.in_place = self.MPI.IN_PLACE
         self.spin_tests = mpi.spin_tests  # Test() calls before the deadline-bounded wait
+        self.comm = mpi.comm
         self.guard = np.zeros(2, np.int64)  # across nodes: [fp, -fp] reduced with MAX
         self.ops = [None] + [getattr(self.MPI, _MPI_OPS[op]) for op in ReduceOp]  # by op.code
-        # The guard of the call in flight (post -> wait): its call number in the shared guard
-        # lines (0: none), the [fp, -fp] request across nodes, the copy back of a staged view.
-        self.k: int = 0
-        self.guard_req: Any = None
-        self.after: Any = None
 
-    def post(self, buf: Any, op: ReduceOp, tag: int = 0) -> Any:
-        """Publish the fingerprint guard and post the ``Iallreduce``; return its request, or
-        None when it completed at once.
+    def all_reduce(self, buf: Any, op: ReduceOp, tag: int = 0,
+                   timeout_s: float | None = None) -> None:
+        """All-reduce ``buf`` in place: publish the fingerprint guard, post the ``Iallreduce``,
+        wait with the deadline, check the guard, finalize AVG.
 
-        One call is in flight per transport: ``wait`` for it before the next ``post`` (MPI
-        issues the collectives of a communicator in program order, so they never overlap).
+        One call at a time per transport (MPI issues the collectives of a communicator in
+        program order, so they never overlap).
         """
-        view, self.after = ((buf, None) if type(buf) is np.ndarray
-                            else self.mpi.host_view(buf, True))
-        self.k, self.guard_req = 0, None
+        view, after = (buf, None) if type(buf) is np.ndarray else self.mpi.host_view(buf, True)
+        k, guard_req = 0, None  # the guard: my call number in the shared lines, or a request
         if tag >> STREAM_BITS:  # has_fingerprint(tag): the ledger is on (no call on this path)
             node = self.mpi.guard_node
             if node is not None:
-                self.k = node.guard_post(tag)  # my guard line in the shared window (shm_window)
+                k = node.guard_post(tag)  # my guard line in the shared window (shm_window)
             else:
                 self.guard[0], self.guard[1] = tag, -tag
-                self.guard_req = self.mpi.comm.Iallreduce(self.in_place, self.guard,
-                                                          op=self.MPI.MAX)
-        req = self.mpi.comm.Iallreduce(self.in_place, view, op=self.ops[op.code])
-        # MPICH advances a non-blocking collective only inside MPI calls (no progress thread):
-        # one Test() now sends this rank's data, so the caller's work until wait() overlaps
-        # the transfer instead of delaying it.
-        return None if req.Test() else req
-
-    def wait(self, req: Any, buf: Any, op: ReduceOp, tag: int = 0,
-             timeout_s: float | None = None) -> None:
-        """Finish the ``post`` of ``buf`` that returned ``req`` (None: already complete): wait
-        with the deadline, check the guard, finalize AVG."""
-        k, guard_req = self.k, self.guard_req
+                guard_req = self.comm.Iallreduce(self.in_place, self.guard, op=self.MPI.MAX)
+        req = self.comm.Iallreduce(self.in_place, view, op=self.ops[op.code])
         try:
-            if req is not None:
-                for _ in range(self.spin_tests):
-                    if req.Test():
-                        break
-                else:
-                    self._wait(req, buf.nbytes, timeout_s, k, tag)
+            # MPICH advances a non-blocking collective only inside MPI calls (no progress
+            # thread): spin on Test() a while, then wait with the deadline and the failure poll
+            for _ in range(self.spin_tests):
+                if req.Test():
+                    break
+            else:
+                self._wait(req, buf.nbytes, timeout_s, k, tag)
             if guard_req is not None:
                 self._wait(guard_req, 16, timeout_s, 0, tag)
         except self.MPI.Exception as e:
@@ -109,15 +92,10 @@ class NativeAllReduce:
             raise CollectiveMismatch(
                 f"{self.where} all_reduce(algorithm=\"mpi\"): another rank called a different "
                 "collective here (its call fingerprint differs).")
-        if self.after is not None:
-            self.after()
+        if after is not None:
+            after()
         if op is ReduceOp.AVG:
             finalize(buf, op, self.transport.size)
-
-    def all_reduce(self, buf: Any, op: ReduceOp, tag: int = 0,
-                   timeout_s: float | None = None) -> None:
-        """``wait(post(buf, op, tag), buf, op, tag, timeout_s)``."""
-        self.wait(self.post(buf, op, tag), buf, op, tag, timeout_s)
 
     def _wait(self, req: Any, nbytes: int, timeout_s: float | None, k: int, tag: int) -> None:
         t = self.transport
