@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/call_count.py                 # driver: launches n=2 itself
     .venv/bin/python benchmarks/call_count.py --bytes 1024 --calls 2000
+    .venv/bin/python benchmarks/call_count.py --stages        # what each part of it costs
 
 What it counts: ``cProfile`` over ``--calls`` calls of ``md.all_reduce`` on a float32 buffer of
 ``--bytes`` bytes, the default group over MPI at n=2 (``mpiexec -n 2`` from the venv), with the
@@ -13,8 +14,15 @@ rank spins in the deadline-bounded wait (``wait_until``: ``Test``, yield, the po
 those calls grow with the load. They are printed apart ("waiting"), and the count that matters
 is the rest ("per call"). Rank 0 prints the table: per function, calls per all_reduce.
 
-Output: a table on stdout and ``call_count.json`` in ``--out`` (default runs/bench/,
-git-ignored).
+``--stages`` times the parts of the same call instead (microseconds per call, the median of
+7 tight loops of ``--calls`` calls, rank 0; both ranks call in step): MPI's own blocking
+``Allreduce`` (mpi4py, the floor), the ``Iallreduce`` + ``Test`` that a deadline needs, the
+plan's run without and with the fingerprint guard, the group's validation, plan lookup and
+call numbering with its ledger row, and the whole ``group.all_reduce`` and ``md.all_reduce``.
+What a part costs is what the whole call saves without it.
+
+Output: a table on stdout and ``call_count.json`` (``call_stages.json``) in ``--out`` (default
+runs/bench/, git-ignored).
 """
 
 from __future__ import annotations
@@ -76,36 +84,101 @@ def profile(nbytes: int, calls: int) -> dict:
     return out
 
 
+def stages(nbytes: int, calls: int) -> dict:
+    """This rank's time per call of each part of a small all-reduce (run under mpiexec)."""
+    import time
+
+    import numpy as np
+
+    import minidist as md
+
+    group = md.init_process_group()
+    comm, mpi = group.transport.comm, group.transport.MPI
+    x = np.ones(max(1, nbytes // 4), np.float32)
+    for _ in range(200):
+        md.all_reduce(x)
+    flat, op, stream = group._check_all_reduce(x, "sum", "auto", 0)
+    plan = group.planner.plan("auto", flat, op, stream)
+    probe = group.calls.begin(plan.spec, stream, x.shape)
+    group.calls.end(probe)
+
+    def iallreduce() -> None:
+        req = comm.Iallreduce(mpi.IN_PLACE, x, op=mpi.SUM)
+        while not req.Test():
+            pass
+
+    def numbered() -> None:  # every rank calls begin alike: the call numbers stay in step
+        group.calls.end(group.calls.begin(plan.spec, stream, x.shape))
+
+    parts = {
+        "MPI Allreduce (mpi4py, blocking)": lambda: comm.Allreduce(mpi.IN_PLACE, x, op=mpi.SUM),
+        "MPI Iallreduce + Test loop": iallreduce,
+        f"plan.run ({plan.algorithm}), no guard": lambda: plan.run(flat, op, 0),
+        f"plan.run ({plan.algorithm}), with the guard": lambda: plan.run(flat, op, probe.tag),
+        "validate (_check_all_reduce)": lambda: group._check_all_reduce(x, "sum", "auto", 0),
+        "plan lookup (planner.plan)": lambda: group.planner.plan("auto", flat, op, stream),
+        "number, tag, ledger row (calls.begin + end)": numbered,
+        "group.all_reduce": lambda: group.all_reduce(x),
+        "md.all_reduce": lambda: md.all_reduce(x),
+    }
+    us = {}
+    for name, fn in parts.items():
+        loops = []
+        for _ in range(7):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            loops.append((time.perf_counter() - t0) / calls * 1e6)
+        us[name] = round(sorted(loops)[3], 3)
+    out = {"rank": group.rank, "world_size": group.size, "nbytes": x.nbytes,
+           "algorithm": plan.algorithm, "calls": calls, "us": us}
+    md.destroy_process_group()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bytes", type=int, default=8, help="buffer size (default 8)")
     p.add_argument("--calls", type=int, default=1000, help="profiled calls (default 1000)")
     p.add_argument("--out", default=str(REPO / "runs" / "bench"), help="where the JSON goes")
+    p.add_argument("--stages", action="store_true",
+                   help="time the parts of one call instead of counting its calls")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)  # under mpiexec
     args = p.parse_args()
     if args.rank:
-        result = profile(args.bytes, args.calls)
+        result = (stages if args.stages else profile)(args.bytes, args.calls)
         if result["rank"] == 0:
             print("RESULT " + json.dumps(result), flush=True)
         return
     mpiexec = Path(sys.executable).parent / "mpiexec"
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     job = subprocess.run([str(mpiexec), "-n", "2", sys.executable, __file__, "--rank",
-                          "--bytes", str(args.bytes), "--calls", str(args.calls)],
+                          "--bytes", str(args.bytes), "--calls", str(args.calls)]
+                         + (["--stages"] if args.stages else []),
                          capture_output=True, text=True, timeout=300, env=env)
     lines = [ln for ln in job.stdout.splitlines() if ln.startswith("RESULT ")]
     if job.returncode != 0 or not lines:
         sys.exit(f"the profiled job failed ({job.returncode}):\n{job.stderr[-3000:]}")
     result = json.loads(lines[0][len("RESULT "):])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.stages:
+        print(f"# the parts of one all_reduce of {result['nbytes']} B at "
+              f"n={result['world_size']} over MPI (ran {result['algorithm']!r}): us per call, "
+              f"median of 7 loops of {result['calls']} calls, rank 0")
+        for name, us in result["us"].items():
+            print(f"{us:8.2f}  {name}")
+        (out / "call_stages.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(f"# wrote {out / 'call_stages.json'}")
+        return
     print(f"# md.all_reduce of {result['nbytes']} B at n={result['world_size']} over MPI "
           f"(ran {result['algorithm']!r}), cProfile over {result['calls']} calls, rank 0")
     print(f"# per call: {result['per_call']:.1f} calls; waiting for the peer: "
           f"{result['waiting']:.1f} more (the machine's load)")
     for name, n in sorted(result["functions"].items(), key=lambda kv: (-kv[1], kv[0])):
         print(f"{n:8.2f}  {name}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "call_count.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"# wrote {out / 'call_count.json'}")
 

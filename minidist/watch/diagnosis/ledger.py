@@ -129,20 +129,18 @@ _PACKAGE_DIR = str(Path(os.path.abspath(__file__)).parents[2]) + os.sep  # minid
 # Frames that are not the caller: minidist's own, and contextlib's (``group.observed``).
 _INSIDE = (_PACKAGE_DIR, contextlib.__file__)
 _THREADING_FILE = threading.__file__
-# Code objects met in the walk, by side: after the first call from a site the walk runs no
-# Python call at all (a set lookup per frame)
-_OURS: set = set()
-_THEIRS: set = set()
-_MAX_CODES = 1 << 14  # code made by exec/eval could grow the sets without end: start over
+# The files met in the walk, by side: after the first call from a file the walk runs no
+# Python call at all (a set lookup per frame). Keyed by file name, whose hash a str keeps:
+# a code object's hash is worked out anew each time, from all of its code (0.7 us for a
+# training loop's function).
+_OURS: set[str] = set()
+_THEIRS: set[str] = set()
 
 
-def inside(code: Any) -> bool:
-    """True for a frame of minidist (or contextlib), remembering the answer per code object."""
-    if len(_OURS) + len(_THEIRS) > _MAX_CODES:
-        _OURS.clear()
-        _THEIRS.clear()
-    ours = code.co_filename.startswith(_INSIDE)
-    (_OURS if ours else _THEIRS).add(code)
+def inside(filename: str) -> bool:
+    """True for a file of minidist (or contextlib), remembering the answer per file name."""
+    ours = filename.startswith(_INSIDE)
+    (_OURS if ours else _THEIRS).add(filename)
     return ours
 
 
@@ -262,8 +260,8 @@ class Ledger:
         # frame 1 is Calls.begin (skipped without building its frame object), 2 the collective:
         # start at the collective's caller, or the collective when begin ran at a top level
         f = sys._getframe(2).f_back or sys._getframe(2)
-        # a frame of minidist (or contextlib): known by its code, or seen the first time
-        while ((f.f_code in _OURS or f.f_code not in _THEIRS and inside(f.f_code))
+        # a frame of minidist (or contextlib): known by its file, or seen the first time
+        while (((file := f.f_code.co_filename) in _OURS or file not in _THEIRS and inside(file))
                and f.f_back is not None and f.f_back.f_code.co_filename != _THREADING_FILE):
             f = f.f_back
         call.site = (f.f_code, f.f_lasti)
