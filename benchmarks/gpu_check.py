@@ -195,7 +195,7 @@ def section_env(args: argparse.Namespace) -> dict:
 
 def section_gpu_tests(args: argparse.Namespace) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-           "tests/cuda", "tests/unit/test_amp.py"]
+           "tests/cuda", "tests/amp/test_amp.py"]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout - 5)
     tail = res.stdout[-3000:] + res.stderr[-1000:]
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error)", tail)}

@@ -190,7 +190,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
 READ_ELSEWHERE = ("MINIDIST_JOB_TIMEOUT_S",  # mpirun.sh
                   "MINIDIST_PYTHON", "MINIDIST_VENV",  # scripts/bootstrap_venv.sh
                   "MINIDIST_TEST_TORCH",  # scripts/bootstrap_venv.sh: the [torch] extra
-                  "MINIDIST_EXHAUSTIVE")  # tests/unit/test_kernels.py
+                  "MINIDIST_EXHAUSTIVE")  # tests/kernels/test_kernels.py
 
 
 def validate(environ: Mapping[str, str] | None = None) -> list[str]:

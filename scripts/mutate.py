@@ -4,7 +4,7 @@
     .venv/bin/python scripts/mutate.py --list             # names, files and the tests each runs
     .venv/bin/python scripts/mutate.py reducer-launches-filling-bucket   # one (or several) by name
     .venv/bin/python scripts/mutate.py --all-failures NAME   # every failing test, not the first
-    .venv/bin/python scripts/mutate.py --tests tests/unit/test_x.py NAME  # other tests for NAME
+    .venv/bin/python scripts/mutate.py --tests tests/tensor/test_x.py NAME  # other tests for NAME
 
 How it works: the repository's files (tracked, and untracked ones git does not ignore) are
 copied into a temporary folder once; the checkout itself is never edited. First the selected
@@ -51,7 +51,7 @@ class Mutation:
 
 GRAD_MATRIX = "tests/ddp/test_ddp_grad_matrix.py"
 RULES = "tests/ddp/test_reducer_rules.py"
-WITNESSES = "tests/unit/test_independent_oracles.py"
+WITNESSES = "tests/test_independent_oracles.py"
 THREAD_WITNESSES = "tests/ddp/test_ddp_independent_oracles.py"
 
 MUTATIONS = [
@@ -107,7 +107,7 @@ MUTATIONS = [
     Mutation("sampler-ignores-epoch", "minidist/data/sampler.py",
              "default_rng(self.seed + self.epoch)", "default_rng(self.seed)",
              (WITNESSES + "::test_loader_shuffle_follows_the_epoch",
-              "tests/unit/test_sampler.py"),
+              "tests/data/test_sampler.py"),
              "the shuffle is the same every epoch"),
     Mutation("resume-keeps-generator", "minidist/checkpoint/resume.py",
              'tensor_random.default_generator().bit_generator.state = ckpt["rng"]',
@@ -124,13 +124,13 @@ MUTATIONS = [
     Mutation("grad-scaler-backoff-grows", "minidist/kernels/reference.py",
              "return np.float32(scale * backoff_factor), 0",
              "return np.float32(scale * growth_factor), 0",
-             ("tests/unit/test_kernels.py",),
+             ("tests/kernels/test_kernels.py",),
              "an overflow grows the loss scale instead of backing off"),
     # --- autograd, layers, ZeRO-1
     Mutation("autograd-overwrites-instead-of-adding", "minidist/tensor/autograd.py",
              'xp.add(leaf._grad, g, out=leaf._grad, casting="unsafe")',
              'xp.copyto(leaf._grad, g, casting="unsafe")',
-             ("tests/unit/test_tensor_autograd.py",),
+             ("tests/tensor/test_tensor_autograd.py",),
              "a second gradient contribution overwrites the first"),
     Mutation("syncbn-biased-running-var", "minidist/nn/norm.py",
              "rv[...] = (1 - m) * rv + m * (var * n / (n - 1)).astype(rv.dtype)",
@@ -145,22 +145,22 @@ MUTATIONS = [
     # --- all-reduce algorithms
     Mutation("ring-all-gather-wrong-chunk", "minidist/comm/algorithms/ring.py",
              "sc, rc = (r - s) % n, (r - s - 1) % n", "sc, rc = (r - s) % n, (r - s + 1) % n",
-             ("tests/algorithms/test_algorithms.py::test_counts_float32_sum",),
+             ("tests/comm/test_algorithms.py::test_counts_float32_sum",),
              "the ring's all-gather writes the received chunk in the wrong place"),
     Mutation("tree-drops-last-child", "minidist/comm/algorithms/tree.py",
              "        if v + mask < n:\n            incoming",
              "        if v + mask < n - 1:\n            incoming",
-             ("tests/algorithms/test_algorithms.py::test_counts_float32_sum",),
+             ("tests/comm/test_algorithms.py::test_counts_float32_sum",),
              "the tree's reduce skips the last rank's contribution"),
     Mutation("rd-doubling-same-peer", "minidist/comm/algorithms/recursive_doubling.py",
              "        mask <<= 1\n\n\ndef rd_all_reduce",
              "        mask <<= 2\n\n\ndef rd_all_reduce",
-             ("tests/algorithms/test_algorithms.py::test_counts_float32_sum",),
+             ("tests/comm/test_algorithms.py::test_counts_float32_sum",),
              "recursive doubling skips every other round"),
     Mutation("shm-drops-third-rank", "minidist/fastpath/shm.py",
              "    for s in srcs[2:]:\n        combine(out, s, op)",
              "    for s in srcs[3:]:\n        combine(out, s, op)",
-             ("tests/multiproc/test_shm.py",),
+             ("tests/fastpath/test_shm.py",),
              "the shared-memory all-reduce drops the third rank's data"),
 ]
 

@@ -1,11 +1,13 @@
 """The suite mirrors the code: where a module's tests live, and one name for rank scripts.
 
-A test file of a wing lives in the wing's folder (tests/watch/, tests/fastpath/, tests/auto/),
-a benchmark's in tests/benchmarks/, a part of the spine's in its folder (tests/unit/,
-tests/algorithms/, tests/ddp/, ...); the top of tests/ holds only what spans the whole project
-(``SPANNING`` below: a new file there must say why it belongs), and every script a test starts
-as a rank (under mpiexec, the launcher, or as a thread body) is named ``<what>_rank.py`` beside
-the tests that start it: pytest collects none of them.
+A module's tests live in the folder named after its package: ``minidist/comm/planner.py``'s in
+tests/comm/, a wing's in the wing's folder (tests/watch/, tests/fastpath/, ...), the modules at
+the top of the package (``minidist/xp.py``, ...) in tests/root/; a benchmark's in
+tests/benchmarks/, the launcher's and the emulated cluster's in tests/launch/ and
+tests/cluster/, the GPU's in tests/cuda/ (``FOLDERS`` below). The top of tests/ holds only what
+spans the whole project (``SPANNING``: a new file there must say why it belongs), and every
+script a test starts as a rank (under mpiexec, the launcher, or as a thread body) is named
+``<what>_rank.py`` beside the tests that start it: pytest collects none of them.
 """
 
 import re
@@ -27,6 +29,9 @@ def test_rank_scripts_have_one_naming_scheme():
 # the top of tests/: checks of the whole project, not of one module
 SPANNING = {
     "test_bootstrap.py": "the README's two commands set up a fresh machine",
+    "test_docstring_examples.py": "every docstring example of the package",
+    "test_independent_oracles.py": "behaviours of several parts against oracles of their own",
+    "test_torch_name_scan.py": "every torch name the ported scripts use",
     "test_course.py": "the course's steps", "test_course_tasks.py": "the course's exercises",
     "test_doc_tables.py": "docs' tables", "test_docs_index.py": "docs' index",
     "test_docs_porting.py": "the porting guide", "test_docs_snippets.py": "every docs snippet",
@@ -57,3 +62,20 @@ def test_wing_tests_live_in_the_wings_folders():
     from minidist.wings import WINGS
     for folder in ("watch", "fastpath", "auto"):
         assert folder in WINGS and any((REPO / "tests" / folder).glob("test_*.py")), folder
+
+
+# test folders that are not a package of minidist: what each one holds
+FOLDERS = {"root": "the modules at the top of minidist/ (xp.py, envvars.py, tracing.py, ...)",
+           "benchmarks": "the scripts of benchmarks/",
+           "launch": "python -m minidist.launch (launch.py) and mpiexec",
+           "cluster": "the emulated cluster (minidist/testing/cluster) and SLURM on it",
+           "cuda": "the GPU (cuda.py, the CUDA kernels) and Numba's simulator"}
+
+
+def test_every_test_folder_is_named_after_a_package():
+    packages = {p.name for p in (REPO / "minidist").iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.name for p in (REPO / "tests").iterdir()
+               if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))}
+    stray = sorted(folders - packages - set(FOLDERS))
+    assert not stray, (f"tests/{stray[0]}/ names no package of minidist/: put its tests in the "
+                       "folder of the package they test (or add it to FOLDERS, saying why)")

@@ -187,7 +187,7 @@ class Calls:
         seq = self._seq[stream] + 1
         self._seq[stream] = seq
         # wire_tag(stream, fingerprint, max_tag), its formula inline (begin runs every call;
-        # tests/algorithms/test_ledger.py holds the two equal)
+        # tests/watch/test_ledger.py holds the two equal)
         fp = hash((seq, spec.signature, label_code(label)))
         tag = stream | ((fp & self._mask) or 1) << STREAM_BITS
         call = Call(spec, stream, seq, tag, shape, label)

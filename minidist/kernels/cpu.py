@@ -35,7 +35,7 @@ Numba has no float16 on the CPU (any float16 array raises ``NotImplementedError`
 arrays come in as ``.view(np.uint16)`` and are converted with integer code here, branch-free so
 the loops vectorize: decoding is exact, and encoding (``master_to_model``) rounds to nearest
 even with NumPy's NaN rule; it gave NumPy's ``astype(np.float16)`` bits for all 2^32 float32
-inputs (``MINIDIST_EXHAUSTIVE=1`` in tests/unit/test_kernels.py).
+inputs (``MINIDIST_EXHAUSTIVE=1`` in tests/kernels/test_kernels.py).
 
 No ``fastmath``: it lets LLVM assume there are no inf/NaN, and ``isfinite`` then folds to True
 (the check silently disappears). ``cache=True`` stores the machine code next to this file (or,

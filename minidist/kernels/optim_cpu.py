@@ -19,7 +19,7 @@ bytes of memory traffic per parameter; this loop reads p, g, m, v once and write
     a = sqrt(v); a /= ...    2 temporaries)       p[i] = new[0]
 
 The element runs inlined, in its own order of operations: the results are the same bits as
-the same function on whole NumPy arrays (tests/unit/test_fused_optim.py). The loop vectorizes
+the same function on whole NumPy arrays (tests/optim/test_fused_optim.py). The loop vectorizes
 (AVX) because of two settings: ``error_model="numpy"`` (Python's error model checks every
 division for zero and raises, a branch that stops vectorization; NumPy's gives IEEE inf/NaN,
 as the NumPy path does) and no ``fastmath`` (which would let LLVM reassociate, and change bits).

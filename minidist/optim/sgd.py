@@ -13,7 +13,7 @@ The update, per parameter p with gradient g (torch.optim.SGD, step t = 1, 2, ...
 
 The update is written once, for one element (``sgd_momentum_element`` below): the default path
 runs it on whole arrays in place, with one work buffer per parameter allocated on first use,
-so steady-state steps allocate no arrays (tests/unit/test_optim.py checks it).
+so steady-state steps allocate no arrays (tests/optim/test_optim.py checks it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``python -m minidist.tune``: a real 2-rank calibration writes the cache, a second job uses
 it (and says so in the debug log); corrupt and mismatched cache files are ignored with one
-warning. Rank body: tests/mpi/tune_rank.py."""
+warning. Rank body: tests/auto/tune_rank.py."""
 
 import json
 
@@ -34,7 +34,7 @@ def test_tune_writes_a_cache_that_the_next_job_uses_and_bad_files_are_ignored(tm
     assert set(data["rules"]) == {"2", "2s"} and "mpi" in data["model"]
     assert "wrote" in job.stdout and str(files[0]) in job.stdout
 
-    used = run_mpi(2, ["tests/mpi/tune_rank.py"], timeout_s=60, env=env)
+    used = run_mpi(2, ["tests/auto/tune_rank.py"], timeout_s=60, env=env)
     assert used.returncode == 0, used.report()
     for r in results(used):
         assert r["source"] == f"calibration {files[0]}" == r["table_source"]
@@ -43,7 +43,7 @@ def test_tune_writes_a_cache_that_the_next_job_uses_and_bad_files_are_ignored(tm
     assert f"auto uses the calibration {files[0]}" in used.stderr
 
     files[0].write_text('{"format": 1, "key": ')  # corrupt: cut off
-    corrupt = run_mpi(2, ["tests/mpi/tune_rank.py"], timeout_s=60, env=env)
+    corrupt = run_mpi(2, ["tests/auto/tune_rank.py"], timeout_s=60, env=env)
     assert corrupt.returncode == 0, corrupt.report()
     assert all(r["source"].startswith("shipped") and r["sum"] == 3.0 for r in results(corrupt))
     warnings = warned(corrupt)
@@ -53,7 +53,7 @@ def test_tune_writes_a_cache_that_the_next_job_uses_and_bad_files_are_ignored(tm
 
     data["key"]["version"] = "0.0.1"  # made by another minidist version
     files[0].write_text(json.dumps(data))
-    other = run_mpi(2, ["tests/mpi/tune_rank.py"], timeout_s=60, env=env)
+    other = run_mpi(2, ["tests/auto/tune_rank.py"], timeout_s=60, env=env)
     assert other.returncode == 0, other.report()
     assert all(r["source"].startswith("shipped") for r in results(other))
     warnings = warned(other)

@@ -131,7 +131,7 @@ def test_killed_node_is_named(cluster):
 
 
 def test_node_started_20s_late_is_waited_for(cluster):
-    jobs = cluster.launch_tcp(["tests/multiproc/torchrun_rank.py"], 2, env(),
+    jobs = cluster.launch_tcp(["tests/tcp/torchrun_rank.py"], 2, env(),
                               delays={1: 20.0}, cwd=str(REPO))
     results = cluster.wait(jobs, timeout_s=80)
     assert [r.returncode for r in results] == [0, 0], report(results)
@@ -145,7 +145,7 @@ def test_wrong_auth_token_is_refused_fast(cluster):
     launcher without waiting for rank 0, which runs under another launcher); to rank 0 their
     connections are strangers (one warning each), so it waits for its ranks until its timeout,
     and then names the host whose connections failed authentication."""
-    jobs = cluster.launch_tcp(["tests/multiproc/torchrun_rank.py"], 2,
+    jobs = cluster.launch_tcp(["tests/tcp/torchrun_rank.py"], 2,
                               env(MINIDIST_AUTH_TOKEN="right", MINIDIST_TIMEOUT_S="15"),
                               node_env={1: {"MINIDIST_AUTH_TOKEN": "wrong"}}, cwd=str(REPO))
     results = cluster.wait(jobs, timeout_s=60)

@@ -1,6 +1,6 @@
 """cross_entropy's fused CuPy kernels on a real GPU, against the NumPy reference.
 
-Skipped without CuPy and a GPU. CPU twin: tests/unit/test_sync_free_step.py (the same
+Skipped without CuPy and a GPU. CPU twin: tests/root/test_sync_free_step.py (the same
 expectations, through ``functional.cross_entropy_on_device`` on NumPy arrays: values,
 gradients, ignore_index masking, a bad label's NaN) and the counted sync-free step.
 """

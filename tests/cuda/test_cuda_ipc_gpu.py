@@ -1,5 +1,5 @@
 """The "cuda_ipc" all-reduce on a real GPU, two MPI ranks (sharing one GPU works). Skipped
-without CuPy and a GPU. CPU twins: tests/algorithms/test_cuda_ipc.py (the algorithm on host
+without CuPy and a GPU. CPU twins: tests/fastpath/test_cuda_ipc.py (the algorithm on host
 windows) and tests/cuda/train_kernels_cudasim_rank.py (the reduce kernel in the simulator)."""
 
 import pytest

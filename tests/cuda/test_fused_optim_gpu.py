@@ -1,6 +1,6 @@
 """The fused optimizer steps on a real GPU (CuPy arrays, numba.cuda), against the host path.
 
-Skipped unless CuPy sees a GPU and numba.cuda can use it. CPU twins: tests/unit/
+Skipped unless CuPy sees a GPU and numba.cuda can use it. CPU twins: tests/optim/
 test_fused_optim.py (same expectations on NumPy arrays) and train_kernels_cudasim_rank.py (the
 same kernels in the simulator). NVVM fuses multiply-adds, so results match the host's within
 float rounding, not bit for bit.
@@ -89,7 +89,7 @@ def test_flat_device_parameters_take_one_launch(cp, monkeypatch):
 ])
 def test_unflattened_device_parameters_take_one_launch_per_step(cp, monkeypatch, make):
     """18 separate device tensors: one multi-tensor launch per step through a cached plan
-    (CPU twin: tests/unit/test_fused_optim.py::test_unflattened_18_tensor_mlp_...)."""
+    (CPU twin: tests/optim/test_fused_optim.py::test_unflattened_18_tensor_mlp_...)."""
     from minidist.kernels import cuda as kcuda
 
     rng = np.random.default_rng(0)

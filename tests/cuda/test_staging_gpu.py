@@ -1,7 +1,7 @@
 """Staged all-reduce of CuPy buffers on a real GPU (pinned buffers, copy streams), against the
 host all-reduce of the same data. Skipped without CuPy and a GPU.
 
-CPU twin: tests/unit/test_staging.py (the same pipeline over a stand-in device whose copy
+CPU twin: tests/fastpath/test_staging.py (the same pipeline over a stand-in device whose copy
 queues run only when waited for). The DDP check (two MPI ranks sharing one GPU, device
 buckets equal the host run) is ddp_device_rank.py, run here under mpiexec and in CI
 on the CPU.

@@ -1,7 +1,7 @@
-"""algorithm="hier" and virtual nodes under real mpiexec (rank body: tests/mpi/hier_rank.py):
+"""algorithm="hier" and virtual nodes under real mpiexec (rank body: tests/fastpath/hier_rank.py):
 equal to NumPy and bit-identical across ranks for n = 2..8 and 1..4 ranks per virtual node
 (even and uneven nodes), every dtype and op at n=5 (2+2+1); inter-node bytes per rank =
-2(N-1)/N x size / k; DDP with hier. (Every shape on thread ranks: tests/algorithms/test_hier.py.)
+2(N-1)/N x size / k; DDP with hier. (Every shape on thread ranks: tests/fastpath/test_hier.py.)
 """
 
 import json
@@ -16,7 +16,7 @@ def expected_nodes(n, k):
 
 
 def run(n, ks, mode, default_k, tcp=False):
-    args = ["tests/mpi/hier_rank.py", ",".join(map(str, ks)) or "-", mode]
+    args = ["tests/fastpath/hier_rank.py", ",".join(map(str, ks)) or "-", mode]
     env = {"MINIDIST_RANKS_PER_NODE": str(default_k), "MINIDIST_TIMEOUT_S": "30"}
     job = (run_env_ranks(n, args, timeout_s=120, env=env) if tcp else
            run_mpi(n, args, timeout_s=120, env=env))

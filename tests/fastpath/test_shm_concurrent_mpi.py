@@ -1,5 +1,5 @@
 """Shared-memory all-reduces in flight at once cannot corrupt each other (rank body:
-tests/mpi/shm_concurrent_rank.py): two groups in two threads, DDP's comm thread beside a user
+tests/fastpath/shm_concurrent_rank.py): two groups in two threads, DDP's comm thread beside a user
 thread on another group, and two streams of one group (only stream 0 uses the window)."""
 
 import json
@@ -12,7 +12,7 @@ from procs import run_mpi
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [3])
 def test_two_shm_collectives_in_flight(n):
-    job = run_mpi(n, ["tests/mpi/shm_concurrent_rank.py"], timeout_s=120,
+    job = run_mpi(n, ["tests/fastpath/shm_concurrent_rank.py"], timeout_s=120,
                   env={"MINIDIST_SHM_CHUNK_BYTES": str(1 << 20)})  # the chunked path too
     assert job.returncode == 0, job.report()
     rows = json.loads(next(line for line in job.stdout.splitlines()

@@ -1,5 +1,5 @@
 """The NaN/inf check rides on the shared-memory all-reduce (rank body:
-tests/mpi/shm_nonfinite_rank.py): every rank learns every slice's verdict, DDP's check makes
+tests/fastpath/shm_nonfinite_rank.py): every rank learns every slice's verdict, DDP's check makes
 no pass of its own over buckets reduced that way, and a NaN raises the same error as before."""
 
 import json
@@ -12,7 +12,7 @@ from procs import run_mpi
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])
 def test_the_check_rides_on_the_shm_reduction(n):
-    job = run_mpi(n, ["tests/mpi/shm_nonfinite_rank.py"], timeout_s=120)
+    job = run_mpi(n, ["tests/fastpath/shm_nonfinite_rank.py"], timeout_s=120)
     assert job.returncode == 0, job.report()
     rows = json.loads(next(line for line in job.stdout.splitlines()
                            if line.startswith("RESULT "))[len("RESULT "):])

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.mpi
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_all_collectives_under_mpiexec(n):
-    result = run_mpi(n, ["tests/mpi/collectives_rank.py"], timeout_s=120)
+    result = run_mpi(n, ["tests/launch/collectives_rank.py"], timeout_s=120)
     assert result.returncode == 0, result.report()
     assert f"collectives ok at n={n}" in result.stdout
 
@@ -25,7 +25,7 @@ def test_all_collectives_under_mpiexec(n):
 def test_one_failing_rank_ends_the_job_quickly(where):
     # Collectives would wait 600 s for the dead rank; the job must end far sooner, through
     # MPI Abort, or run_mpi's 60 s timeout fails the test (no wall-clock assertion needed).
-    result = run_mpi(3, ["tests/mpi/failing_rank.py", where], timeout_s=60,
+    result = run_mpi(3, ["tests/launch/failing_rank.py", where], timeout_s=60,
                      env={"MINIDIST_TIMEOUT_S": "600"})
     assert result.returncode != 0, result.report()
     assert "[rank 2/3]" in result.stderr and "deliberate failure" in result.stderr, result.report()
@@ -34,7 +34,7 @@ def test_one_failing_rank_ends_the_job_quickly(where):
 
 @pytest.mark.parametrize("algorithm", ["ring", "tree"])
 def test_mismatched_shapes_raise_comm_error_naming_the_rank(algorithm):
-    result = run_mpi(3, ["tests/mpi/mismatch.py", algorithm], timeout_s=60,
+    result = run_mpi(3, ["tests/watch/mismatch.py", algorithm], timeout_s=60,
                      env={"MINIDIST_DEBUG": "1"})
     assert result.returncode == 0, result.report()
     assert result.stdout.count("rank 1 passed numel=99") == 3, result.report()

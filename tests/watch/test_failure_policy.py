@@ -16,7 +16,7 @@ import pytest
 from minidist.watch.failure import FailurePolicy
 from procs import REPO, run_env_ranks
 
-BODY = REPO / "tests" / "multiproc" / "policy_rank.py"
+BODY = REPO / "tests" / "watch" / "policy_rank.py"
 
 
 def test_the_default_policy_ends_the_job():

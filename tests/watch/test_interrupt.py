@@ -21,7 +21,7 @@ from procs import REPO, job_env, mpiexec_path, readline_within, run_mpi
 
 pytestmark = pytest.mark.mpi
 
-SCRIPT = REPO / "tests" / "mpi" / "interrupted_rank.py"
+SCRIPT = REPO / "tests" / "watch" / "interrupted_rank.py"
 N = 2
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from procs import REPO, free_port, job_env, mpiexec_path
 
-SCRIPT = REPO / "tests" / "mpi" / "interrupted_rank.py"
+SCRIPT = REPO / "tests" / "watch" / "interrupted_rank.py"
 ENV = {"MINIDIST_TIMEOUT_S": "60"}
 BOUND_S = 20.0  # far below the timeout: a rank that waited it out fails here
 LINE = re.compile(r"\[rank (\d)/(\d)\] interrupted \(SIGINT\): ending the job on all \d ranks "

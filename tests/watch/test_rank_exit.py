@@ -10,7 +10,7 @@ import pytest
 
 from procs import REPO, run_mpi, run_python
 
-BODY = REPO / "tests" / "mpi" / "leaving_rank.py"
+BODY = REPO / "tests" / "watch" / "leaving_rank.py"
 ENV = {"MINIDIST_TIMEOUT_S": "120"}
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from procs import REPO, free_port, job_env
 
-SCRIPT = REPO / "tests" / "mpi" / "interrupted_rank.py"
+SCRIPT = REPO / "tests" / "watch" / "interrupted_rank.py"
 
 
 def _first_warning(procs: list, which: int, limit_s: float = 40.0) -> str:

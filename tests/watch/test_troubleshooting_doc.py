@@ -3,7 +3,7 @@ here, and every line of the code block after it must appear in what the command 
 
 Marker syntax: ``<!-- run: [VAR=VALUE ...] KIND N ARGS... -->``
 
-    mpi N ARGS           mpiexec -n N python tests/mpi/mismatch_cases.py ARGS
+    mpi N ARGS           mpiexec -n N python tests/watch/mismatch_cases.py ARGS
     mpi-noclean N ARGS   the same with mpiexec -disable-auto-cleanup
     tcp N ARGS           N torchrun-style ranks of mismatch_cases.py --tcp ARGS
     tcp-missing N R      N-1 ranks of a script that calls init_process_group (rank R missing)
@@ -26,7 +26,7 @@ from procs import (REPO, _run_group, job_env, mpiexec_path, reserved_ports, run_
                    run_mpi)
 
 DOC = REPO / "docs" / "troubleshooting.md"
-CASES = REPO / "tests" / "mpi" / "mismatch_cases.py"
+CASES = REPO / "tests" / "watch" / "mismatch_cases.py"
 MARKER = re.compile(r"^<!-- run: ([^>\n]*?) -->\n```\n(.*?)```", re.S | re.M)
 
 
