@@ -13,7 +13,7 @@ from minidist.comm.ops import ReduceOp, reference_reduce
 from minidist.comm.topology import Topology, detect_topology, ranks_per_node
 from minidist.comm.transports.threads import run_threads
 
-from algorithms.test_algorithms import DTYPES, TOL, world_data
+from comm.test_algorithms import DTYPES, TOL, world_data
 
 
 def run_hier(data, op, k, monkeypatch):
