@@ -24,7 +24,7 @@ from minidist.comm.ops import ReduceOp, reference_reduce
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "ddp"))
-sys.path.insert(0, os.path.join(HERE, "..", "mpi"))
+sys.path.insert(0, os.path.join(HERE, "..", "fastpath"))
 from ddp_rank import close, data, identical_everywhere, train_ddp, train_reference  # noqa: E402
 from hier_rank import DTYPES, TOL, world_data  # noqa: E402
 
