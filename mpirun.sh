@@ -148,7 +148,7 @@ watchdog() {
 # The job runs in the background so that a SIGTERM to this script reaches it at once; a
 # terminal's Ctrl-C reaches mpiexec directly (same process group), which forwards it to the ranks.
 got=""
-trap 'got=TERM; kill -TERM "$job" 2>/dev/null' TERM
+trap 'got=TERM; kill -TERM "$job" 2>/dev/null || true' TERM  # (the job may be gone: set -e)
 trap 'got=INT' INT
 MPIRUN_SH_JOB=$$ "${cmd[@]}" > >(tee >(grep -a --line-buffered -o 'PID [0-9]* RUNNING AT' \
     >> "$ranks_file")) &
