@@ -66,7 +66,6 @@ MAX_RANKS = 8
 MIN_HALF_BYTES = 1 << 20
 MAX_PLANS = 64
 CALL_LIMIT = 1 << 31  # flags are uint32 call numbers: new windows (flags at 0) before they wrap
-_OPS = list(ReduceOp)
 
 
 class IpcPlan(NamedTuple):
@@ -152,8 +151,8 @@ def _build_plan(w: Windows, half: int, flat: Any, op: ReduceOp, n: int, me: int)
     return IpcPlan(flat.nbytes, w.base(me, half), outs, reduce)
 
 
-def _header(flat: Any, op_index: int, tag: int) -> list[int]:
-    return [flat.size, flat.dtype.num, op_index, tag]
+def _header(flat: Any, op_code: int, tag: int) -> list[int]:
+    return [flat.size, flat.dtype.num, op_code, tag]
 
 
 def run_cuda_ipc(state: IpcState, transport: Transport, flat: Any, op: ReduceOp,
@@ -165,7 +164,7 @@ def run_cuda_ipc(state: IpcState, transport: Transport, flat: Any, op: ReduceOp,
     """
     n, me = transport.size, transport.rank
     call = state.calls + 1
-    state.agreement.check(_header(flat, _OPS.index(op), tag), call)  # (0)
+    state.agreement.check(_header(flat, op.code, tag), call)  # (0)
     state.calls = call
     if flat.size == 0:
         return
