@@ -283,3 +283,25 @@ def write_json(path: Path, data: dict) -> Path:
     tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def use_library(folder: str) -> None:
+    """Import minidist from ``folder`` (an unpacked older commit) instead of this checkout:
+    drop the editable install's finder, which would otherwise answer first."""
+    sys.meta_path[:] = [f for f in sys.meta_path  # (a finder class or instance: its module)
+                        if not getattr(f, "__module__", "").startswith("__editable__")]
+    sys.path.insert(0, folder)
+
+
+def export_commit(rev: str, into: Path, tool: str) -> str:
+    """``rev``'s minidist package, unpacked into ``into`` (for ``use_library``); returns the full
+    commit id. A bad ``rev`` ends ``tool`` with one line."""
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                            capture_output=True, text=True)
+    if commit.returncode != 0:
+        sys.exit(f"{tool}: --old {rev!r} is not a commit of this repository "
+                 f"({commit.stderr.strip()}). Pass a commit id, tag or branch, e.g. HEAD~10.")
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit.stdout.strip(),
+                              "minidist"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return commit.stdout.strip()

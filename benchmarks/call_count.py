@@ -2,12 +2,14 @@
 
     .venv/bin/python benchmarks/call_count.py                 # driver: launches n=2 itself
     .venv/bin/python benchmarks/call_count.py --bytes 1024 --calls 2000
+    .venv/bin/python benchmarks/call_count.py --algorithm mpi   # MPI's Allreduce, guarded
     .venv/bin/python benchmarks/call_count.py --stages        # what each part of it costs
 
 What it counts: ``cProfile`` over ``--calls`` calls of ``md.all_reduce`` on a float32 buffer of
 ``--bytes`` bytes, the default group over MPI at n=2 (``mpiexec -n 2`` from the venv), with the
-defaults (ledger on, ``algorithm="auto"``), after 200 warm-up calls. Every function call counts,
-Python's and C's (``hash``, ``perf_counter``, a ``deque.append``), as cProfile sees them.
+defaults (ledger on, ``algorithm="auto"``: on one node the shared-memory mailboxes; or
+``--algorithm``), after 200 warm-up calls. Every function call counts, Python's and C's
+(``hash``, ``perf_counter``, a ``deque.append``), as cProfile sees them.
 
 A wait for the peer is not the library's path but the machine's load: on a busy machine a
 rank spins in the deadline-bounded wait (``wait_until``: ``Test``, yield, the poll hook), and
@@ -38,7 +40,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # the functions of a wait for the peer (their calls measure the load, not the path)
-WAITING = ("wait_until", "_wait", "sched_yield", "monotonic", "poll", "_poll", "sleep")
+WAITING = ("wait_until", "_wait", "_spin", "sched_yield", "monotonic", "poll", "_poll",
+           "sleep")
 
 
 def label(key: tuple) -> str:
@@ -48,7 +51,7 @@ def label(key: tuple) -> str:
     return f"{path}:{line}({name})" if line else name
 
 
-def profile(nbytes: int, calls: int) -> dict:
+def profile(nbytes: int, calls: int, algorithm: str = "auto") -> dict:
     """This rank's counts (run under mpiexec)."""
     import numpy as np
 
@@ -57,11 +60,11 @@ def profile(nbytes: int, calls: int) -> dict:
     md.init_process_group()
     x = np.ones(max(1, nbytes // 4), np.float32)
     for _ in range(200):
-        md.all_reduce(x)
+        md.all_reduce(x, algorithm=algorithm)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
-        md.all_reduce(x)
+        md.all_reduce(x, algorithm=algorithm)
     prof.disable()
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
     # a wait's functions, and every function called only from inside a wait
@@ -76,7 +79,7 @@ def profile(nbytes: int, calls: int) -> dict:
     for key, v in stats.items():
         if "disable" not in key[2]:
             (waiting if key in wait_keys else path)[label(key)] = v[1] / calls
-    algorithm = md.comm.get_default_group().plan_all_reduce(x).algorithm
+    algorithm = md.comm.get_default_group().plan_all_reduce(x, algorithm).algorithm
     out = {"rank": md.get_rank(), "world_size": md.get_world_size(), "nbytes": x.nbytes,
            "calls": calls, "algorithm": algorithm, "per_call": round(sum(path.values()), 3),
            "waiting": round(sum(waiting.values()), 3), "functions": path}
@@ -84,7 +87,7 @@ def profile(nbytes: int, calls: int) -> dict:
     return out
 
 
-def stages(nbytes: int, calls: int) -> dict:
+def stages(nbytes: int, calls: int, algorithm: str = "auto") -> dict:
     """This rank's time per call of each part of a small all-reduce (run under mpiexec)."""
     import time
 
@@ -96,9 +99,9 @@ def stages(nbytes: int, calls: int) -> dict:
     comm, mpi = group.transport.comm, group.transport.MPI
     x = np.ones(max(1, nbytes // 4), np.float32)
     for _ in range(200):
-        md.all_reduce(x)
-    flat, op, stream = group._check_all_reduce(x, "sum", "auto", 0)
-    plan = group.planner.plan("auto", flat, op, stream)
+        md.all_reduce(x, algorithm=algorithm)
+    flat, op, stream = group._check_all_reduce(x, "sum", algorithm, 0)
+    plan = group.planner.plan(algorithm, flat, op, stream)
     probe = group.calls.begin(plan.spec, stream, x.shape)
     group.calls.end(probe)
 
@@ -115,11 +118,11 @@ def stages(nbytes: int, calls: int) -> dict:
         "MPI Iallreduce + Test loop": iallreduce,
         f"plan.run ({plan.algorithm}), no guard": lambda: plan.run(flat, op, 0),
         f"plan.run ({plan.algorithm}), with the guard": lambda: plan.run(flat, op, probe.tag),
-        "validate (_check_all_reduce)": lambda: group._check_all_reduce(x, "sum", "auto", 0),
-        "plan lookup (planner.plan)": lambda: group.planner.plan("auto", flat, op, stream),
+        "validate (_check_all_reduce)": lambda: group._check_all_reduce(x, "sum", algorithm, 0),
+        "plan lookup (planner.plan)": lambda: group.planner.plan(algorithm, flat, op, stream),
         "number, tag, ledger row (calls.begin + end)": numbered,
-        "group.all_reduce": lambda: group.all_reduce(x),
-        "md.all_reduce": lambda: md.all_reduce(x),
+        "group.all_reduce": lambda: group.all_reduce(x, algorithm=algorithm),
+        "md.all_reduce": lambda: md.all_reduce(x, algorithm=algorithm),
     }
     us = {}
     for name, fn in parts.items():
@@ -143,19 +146,21 @@ def main() -> None:
     p.add_argument("--bytes", type=int, default=8, help="buffer size (default 8)")
     p.add_argument("--calls", type=int, default=1000, help="profiled calls (default 1000)")
     p.add_argument("--out", default=str(REPO / "runs" / "bench"), help="where the JSON goes")
+    p.add_argument("--algorithm", default="auto", help="what all_reduce runs (default auto)")
     p.add_argument("--stages", action="store_true",
                    help="time the parts of one call instead of counting its calls")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)  # under mpiexec
     args = p.parse_args()
     if args.rank:
-        result = (stages if args.stages else profile)(args.bytes, args.calls)
+        result = (stages if args.stages else profile)(args.bytes, args.calls, args.algorithm)
         if result["rank"] == 0:
             print("RESULT " + json.dumps(result), flush=True)
         return
     mpiexec = Path(sys.executable).parent / "mpiexec"
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     job = subprocess.run([str(mpiexec), "-n", "2", sys.executable, __file__, "--rank",
-                          "--bytes", str(args.bytes), "--calls", str(args.calls)]
+                          "--bytes", str(args.bytes), "--calls", str(args.calls),
+                          "--algorithm", args.algorithm]
                          + (["--stages"] if args.stages else []),
                          capture_output=True, text=True, timeout=300, env=env)
     lines = [ln for ln in job.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -43,18 +43,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import LOCAL_RESULTS, REPO, mpiexec_path, one_thread_env, shown  # noqa: E402
+from _common import (LOCAL_RESULTS, export_commit, mpiexec_path, one_thread_env,  # noqa: E402
+                     shown, use_library)
 
 LAYERS = (784, 1024, 1024, 10)
 BATCH = 64
-
-
-def use_library(folder: str) -> None:
-    """Import minidist from ``folder`` (an unpacked older commit) instead of this checkout:
-    drop the editable install's finder, which would otherwise answer first."""
-    sys.meta_path[:] = [f for f in sys.meta_path  # (a finder class or instance: its module)
-                        if not getattr(f, "__module__", "").startswith("__editable__")]
-    sys.path.insert(0, folder)
 
 
 def job(pairs: int, warmup: int, momentum: float) -> dict[str, Any] | None:
@@ -117,19 +110,6 @@ def job(pairs: int, warmup: int, momentum: float) -> dict[str, Any] | None:
             "ratio": float(np.median(slowest[1] / slowest[0]))}
 
 
-def export(rev: str, into: Path) -> str:
-    """``rev``'s minidist package, unpacked into ``into``; returns the full commit id."""
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"],
-                            capture_output=True, text=True)
-    if commit.returncode != 0:
-        sys.exit(f"ddp_overhead_ab: --old {rev!r} is not a commit of this repository "
-                 f"({commit.stderr.strip()}). Pass a commit id, tag or branch, e.g. HEAD~10.")
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit.stdout.strip(),
-                              "minidist"], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return commit.stdout.strip()
-
-
 def run_side(args: argparse.Namespace, library: Path | None, out: Path) -> dict[str, Any]:
     cmd = [mpiexec_path(), "-n", str(args.n), sys.executable,
            __file__, "--job-out", str(out), "--pairs", str(args.pairs),
@@ -165,7 +145,7 @@ def driver(args: argparse.Namespace) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     rounds = []
     with tempfile.TemporaryDirectory(prefix="ddp_ab_") as tmp:
-        old = export(args.old, Path(tmp))
+        old = export_commit(args.old, Path(tmp), "ddp_overhead_ab")
         for k in range(args.rounds):
             order = ("old", "new") if k % 2 == 0 else ("new", "old")
             row: dict[str, Any] = {"round": k + 1, "first": order[0], "n": args.n}

@@ -327,8 +327,11 @@ def ranks_per_node(result: dict) -> int | None:
     for holder in (result, result.get("topology") or {}, result.get("machine") or {}):
         if holder.get("ranks_per_node"):
             return int(holder["ranks_per_node"])
-    if result.get("nodes") and len(result["nodes"]) > 1:  # benchmarks/hier.py: [[0, 1], [2, 3]]
-        return max(len(node) for node in result["nodes"])
+    nodes = result.get("nodes")  # hier.py: [[0, 1], [2, 3]]; allreduce.py: how many
+    if isinstance(nodes, list) and len(nodes) > 1:
+        return max(len(node) for node in nodes)
+    if isinstance(nodes, int) and nodes > 1:
+        return -(-int(result.get("n") or nodes) // nodes)
     m = re.search(r"MINIDIST_RANKS_PER_NODE=(\d+)", result.get("command", ""))
     return int(m.group(1)) if m else None
 

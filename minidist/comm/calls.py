@@ -188,7 +188,7 @@ class Calls:
         self._seq[stream] = seq
         # wire_tag(stream, fingerprint, max_tag), its formula inline (begin runs every call;
         # tests/watch/test_ledger.py holds the two equal)
-        fp = hash((seq, spec.signature, label_code(label)))
+        fp = hash((seq, spec.signature, 0 if label is None else label_code(label)))
         tag = stream | ((fp & self._mask) or 1) << STREAM_BITS
         call = Call(spec, stream, seq, tag, shape, label)
         for observer in self.observers:

@@ -179,16 +179,17 @@ class Planner:
     def _runner(self, algo: Any, stager: Any, flat: Any,
                 tag: int) -> Callable[[Any, ReduceOp, int], None]:
         """``run(flat, op, tag)`` of ``algo`` on this transport: ``algo.run``, which checks its
-        own preconditions at every call; prepared once (``Algorithm.prepare``: "shm" holds its
-        node) when ``usable`` accepts this plan's buffer kind and stream; through host memory
-        in chunks for a device buffer the transport cannot read (``stager``)."""
+        own preconditions at every call; prepared once for this size and dtype
+        (``Algorithm.prepare``: "shm" holds its node, or a small buffer's mailboxes) when
+        ``usable`` accepts this plan's buffer kind and stream; through host memory in chunks
+        for a device buffer the transport cannot read (``stager``)."""
         transport = self.transport
         if stager is not None:
             def staged(flat: Any, op: ReduceOp, tag: int) -> None:
                 stager.all_reduce(flat, lambda chunk: algo.run(transport, chunk, op, tag))
             return staged
         if algo.prepare is not None and algo.usable(transport, flat, tag):
-            return algo.prepare(transport)
+            return algo.prepare(transport, flat)
         return functools.partial(algo.run, transport)
 
     def candidates(self, flat: Any, tag: int = 0) -> tuple:

@@ -51,7 +51,7 @@ class SharedMemory:
 
     def native_ahead(self, peer: int) -> int:
         """The MPI call number ``peer`` posted beyond this rank's (the guard lines)."""
-        return self.node.native_ahead(peer)
+        return self.node.guard.ahead(peer)
 
 
 class FastPathExtension:

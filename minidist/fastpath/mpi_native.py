@@ -11,8 +11,9 @@ call is non-blocking and waited with the transport's deadline.
 MPI's Allreduce cannot carry a tag, so the fingerprint of the call (``tag`` from the process
 group; ``has_fingerprint``) is guarded beside it: on one node each rank writes ``(call number,
 fingerprint)`` into its line of the shared control window before posting and compares the
-peers' lines after (or while) waiting (``ShmNode.guard_post`` / ``guard_agrees``); across
-nodes a 2-word ``Iallreduce(MAX)`` of ``[fp, -fp]`` runs alongside the data. A difference is
+peers' lines after (or while) waiting (``ShmNode.guard``: shm_guard.py; stream 0
+only: the small shared-memory all-reduce posts there too); across nodes, and on other
+streams, a 2-word ``Iallreduce(MAX)`` of ``[fp, -fp]`` runs alongside the data. A difference is
 ``CollectiveMismatch`` on every rank, never a silently wrong sum (MPICH itself sums mismatched
 dtypes and even counts silently).
 """
@@ -28,7 +29,7 @@ import numpy as np
 from minidist.comm.algorithms.registry import Algorithm, model
 from minidist.comm.errors import CollectiveMismatch, CommError, CommTimeout
 from minidist.comm.ops import ReduceOp, finalize
-from minidist.comm.transports.base import STREAM_BITS, Transport, wait_until
+from minidist.comm.transports.base import MAX_STREAMS, STREAM_BITS, Transport, wait_until
 
 _MPI_OPS = {ReduceOp.SUM: "SUM", ReduceOp.AVG: "SUM", ReduceOp.MAX: "MAX", ReduceOp.MIN: "MIN",
             ReduceOp.PROD: "PROD"}
@@ -64,9 +65,10 @@ class NativeAllReduce:
         view, after = (buf, None) if type(buf) is np.ndarray else self.mpi.host_view(buf, True)
         k, guard_req = 0, None  # the guard: my call number in the shared lines, or a request
         if tag >> STREAM_BITS:  # has_fingerprint(tag): the ledger is on (no call on this path)
-            node = self.mpi.guard_node
+            # the shared guard lines serve stream 0 only, as the window's other users do
+            node = None if tag & (MAX_STREAMS - 1) else self.mpi.guard_node
             if node is not None:
-                k = node.guard_post(tag)  # my guard line in the shared window (shm_window)
+                k = node.guard.post(tag)  # my guard line in the shared window (shm_guard)
             else:
                 self.guard[0], self.guard[1] = tag, -tag
                 guard_req = self.comm.Iallreduce(self.in_place, self.guard, op=self.MPI.MAX)
@@ -86,7 +88,7 @@ class NativeAllReduce:
             raise CommError(f"{self.where} all_reduce(algorithm=\"mpi\", {buf.nbytes} bytes): "
                             f"MPI error {e}. Every rank must pass the same shape and dtype.") from e
         if k:
-            if not self.mpi.guard_node.guard_agrees(k, tag):
+            if not self.mpi.guard_node.guard.agrees(k, tag):
                 self._check_guard(k, tag, complete=True)
         elif guard_req is not None and (self.guard[0] != tag or self.guard[1] != -tag):
             raise CollectiveMismatch(
@@ -122,7 +124,7 @@ class NativeAllReduce:
     def _check_guard(self, k: int, tag: int, complete: bool) -> None:
         if not k:
             return
-        bad = self.mpi.guard_node.guard_mismatch(k, tag, complete)
+        bad = self.mpi.guard_node.guard.mismatch(k, tag, complete)
         if bad:
             raise CollectiveMismatch(
                 f"{self.where} all_reduce(algorithm=\"mpi\"): rank"
@@ -162,7 +164,7 @@ def mpi_usable(transport: Transport, buf: Any, stream: int) -> bool:
     return transport.mpi is not None
 
 
-def mpi_prepare(transport: Transport) -> Any:
+def mpi_prepare(transport: Transport, buf: Any) -> Any:
     """``run(buf, op, tag)`` for a plan (``Algorithm.prepare``): the transport's
     ``NativeAllReduce.all_reduce``, MPI's Iallreduce with its guard and deadline."""
     return native_all_reduce(transport).all_reduce

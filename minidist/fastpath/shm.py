@@ -23,8 +23,9 @@ rank sees the same header), and double-buffered: successive calls (and chunks of
 ``CHUNK_BYTES``) alternate halves, so step (1) of the next call may start before peers finish
 step (5) of this one: 2 barriers per call. Three special cases:
 
-- small messages (<= ``SMALL_BYTES``): every rank reduces the WHOLE buffer from all slots, one
-  barrier, no copy-out (latency-bound sizes pay per barrier and NumPy call, not per byte);
+- small messages (<= ``SMALL_BYTES``, 32 KiB): no header, no barrier, no scratch window; each
+  rank copies its message into its mailbox and reduces the WHOLE buffer from every mailbox
+  once all have posted (fastpath/shm_mailbox.py: latency-bound sizes pay per step, not byte);
 - ``buf`` lies in a shared window (``shm_alloc_buffer``) at the same offset on every rank: steps
   (1) and (5) disappear, (3) reads and pushes into the peers' buffers themselves, and a final
   barrier says every peer's slice has landed in mine - the zero-copy path;
@@ -62,13 +63,12 @@ from minidist.comm.transports.base import Transport, stream_of
 from minidist.envvars import env
 from minidist.fastpath.shm_checks import (DTYPE_CODES, raise_mismatch, shm_available,
                                           shm_is_shared, shm_usable)
-from minidist.fastpath.shm_window import (SharedWindow, ShmNode, shm_alloc_buffer, shm_close,
-                                          shm_node, window_of)
+from minidist.fastpath.shm_mailbox import mailbox_all_reduce
+from minidist.fastpath.shm_window import (SMALL_BYTES, SharedWindow, ShmNode, shm_alloc_buffer,
+                                          shm_close, shm_node, window_of)
 
 CHUNK_BYTES = int(env("MINIDIST_SHM_CHUNK_BYTES"))  # default 64 MiB
-SMALL_BYTES = int(env("MINIDIST_SHM_SMALL_BYTES"))  # default 32 KiB -> _small_path
 PIECE_BYTES = int(env("MINIDIST_SHM_PIECE_BYTES"))  # default 1 MiB -> _reduce_push
-SMALL_LIMIT = min(SMALL_BYTES, CHUNK_BYTES)  # messages up to this take the small path
 
 
 @functools.lru_cache(maxsize=256)  # the same few sizes every step (DDP's buckets)
@@ -207,24 +207,6 @@ def _copy_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool) 
         node.half ^= 1
 
 
-def _small_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool) -> None:
-    """Small messages: every rank reduces the whole buffer from every slot (one barrier).
-
-    Latency-bound sizes pay per barrier and per NumPy call, not per byte, so N-fold redundant
-    adds beat a second barrier plus a copy-out. Rank order everywhere -> identical bits.
-    """
-    node.extra.pop("verdict", None)  # the in-place path's last verdict is no longer the latest
-    if not first_done:
-        slots = scratch_window(node, flat.nbytes).slots(node.half, flat.dtype, flat.size)
-        slots[node.rank][...] = flat
-        node.barrier("all_reduce(shm) copy-in")
-    slots = node.extra["scratch"].slots(node.half, flat.dtype, flat.size)
-    slots[node.rank] = flat  # my own data: read it from my buffer
-    _reduce_mine(node, slots, flat, op)
-    finalize(flat, op, node.size)  # AVG: every rank divides the same sum (identical bits)
-    node.half ^= 1
-
-
 def _in_place_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, where: tuple) -> None:
     """All buffers are shared at the same offset: reduce my slice from them and push it into
     every buffer (no copy-in, no copy-out), then wait until peers pushed theirs into mine.
@@ -298,11 +280,14 @@ def shm_all_reduce(transport: Transport, buf: Any, op: ReduceOp, tag: int = 0) -
 
 def node_all_reduce(node: ShmNode, flat: np.ndarray, op: ReduceOp, tag: int = 0) -> None:
     """The shared-memory all-reduce of ``flat`` (1-D contiguous NumPy) over ``node``'s ranks:
-    write my header, barrier, compare headers, then the in-place, small or copy path.
+    a small message through the mailboxes (shm_mailbox.py); a larger one writes my header,
+    barrier, compare headers, then the in-place or copy path.
 
     The caller has checked what ``shm_all_reduce`` checks (two or more ranks on one node,
     stream 0); a mismatch between the ranks raises CollectiveMismatch on every rank.
     """
+    if flat.nbytes <= SMALL_BYTES:  # by size alone: every rank takes the same path
+        return mailbox_all_reduce(node, flat)(flat, op, tag)
     where = window_of(node, flat)
     early = where[0] < 0 and _copy_in_early(node, flat)
     dtype = DTYPE_CODES.get(flat.dtype, 100 + flat.dtype.num)
@@ -310,13 +295,10 @@ def node_all_reduce(node: ShmNode, flat: np.ndarray, op: ReduceOp, tag: int = 0)
     node.headers[node.rank][node.calls & 1, :7] = (flat.size, dtype, op.code, *where, early, tag)
     node.barrier("all_reduce(shm) start")
     shared, all_early = _check_headers(node)
-    if flat.size:
-        if shared:
-            _in_place_path(node, flat, op, where)
-        elif flat.nbytes <= SMALL_LIMIT:
-            _small_path(node, flat, op, first_done=all_early)
-        else:  # if any rank skipped step (1) (window too small, or its buffer is shared)
-            _copy_path(node, flat, op, first_done=all_early)  # every rank redoes it
+    if shared:
+        _in_place_path(node, flat, op, where)
+    else:  # if any rank skipped step (1) (window too small, or its buffer is shared)
+        _copy_path(node, flat, op, first_done=all_early)  # every rank redoes it
 
 
 def _copy_in_early(node: ShmNode, flat: np.ndarray) -> bool:
@@ -327,18 +309,19 @@ def _copy_in_early(node: ShmNode, flat: np.ndarray) -> bool:
     if not flat.size or sc is None or first.nbytes > sc.half_bytes:
         return False
     slot = sc.slots(node.half, flat.dtype, first.size)[node.rank]
-    if flat.nbytes <= SMALL_LIMIT:  # the small path reads all of it
-        slot[...] = first
-    else:
-        b = line_aligned_bounds(first.size, node.size, flat.itemsize)
-        _copy_in(slot, first, b[node.rank], b[node.rank + 1])
+    b = line_aligned_bounds(first.size, node.size, flat.itemsize)
+    _copy_in(slot, first, b[node.rank], b[node.rank + 1])
     return True
 
 
-def shm_prepare(transport: Transport) -> Any:
+def shm_prepare(transport: Transport, flat: Any) -> Any:
     """``run(flat, op, tag)`` bound to the transport's node (``Algorithm.prepare``): what a plan
-    runs once ``shm_usable`` held for its buffer kind."""
-    return functools.partial(node_all_reduce, shm_node(transport))
+    runs once ``shm_usable`` held for its buffer kind; for a small ``flat``, its mailbox
+    all-reduce itself."""
+    node = shm_node(transport)
+    if flat.nbytes <= SMALL_BYTES:
+        return mailbox_all_reduce(node, flat)
+    return functools.partial(node_all_reduce, node)
 
 
 def shm_cost(n: int, k: float, a: float, b: float, g: float) -> float:

@@ -3,6 +3,7 @@
     shm_available(transport)            # collective on first call: MPI, one real node?
     shm_usable(transport, buf, stream)  # may "auto" pick "shm" for this call (planning)
     raise_mismatch(node, headers)       # CollectiveMismatch naming the first rank that differs
+    describe(header)                    # "numel=10, dtype=float32, op=sum"
 
 The header every rank writes before a call (minidist/fastpath/shm.py) encodes the dtype by its
 index in ``DTYPES`` and the op by its ``ReduceOp.code``; a mismatch is decoded from ``DTYPES``
@@ -29,19 +30,21 @@ DTYPES = ["float16", "float32", "float64", "int32", "int64", "int8", "uint8", "i
 DTYPE_CODES = {np.dtype(name): i for i, name in enumerate(DTYPES)}
 
 
+def describe(x: list) -> str:
+    """``numel=.., dtype=.., op=..`` of a header's first three words."""
+    dt = DTYPES[x[1]] if x[1] < len(DTYPES) else f"dtype#{x[1] - 100}"
+    return f"numel={x[0]}, dtype={dt}, op={OPS[x[2]].value if x[2] in OPS else x[2]}"
+
+
 def raise_mismatch(node: ShmNode, h: list) -> None:
     """CollectiveMismatch naming the first rank whose header differs from mine."""
     mine = h[node.rank]
-
-    def desc(x: list) -> str:
-        dt = DTYPES[x[1]] if x[1] < len(DTYPES) else f"dtype#{x[1] - 100}"
-        return f"numel={x[0]}, dtype={dt}, op={OPS[x[2]].value}"
     for j, other in enumerate(h):
         if other[:3] != mine[:3]:
             raise CollectiveMismatch(
-                f"{node.prefix} all_reduce(algorithm=\"shm\"): rank {j} passed {desc(other)} "
-                f"but rank {node.rank} passed {desc(mine)}. Every rank must pass the same "
-                f"shape, dtype and op.")
+                f"{node.prefix} all_reduce(algorithm=\"shm\"): rank {j} passed "
+                f"{describe(other)} but rank {node.rank} passed {describe(mine)}. Every rank "
+                "must pass the same shape, dtype and op.")
         if other[6] != mine[6]:
             raise CollectiveMismatch(
                 f"{node.prefix} all_reduce(algorithm=\"shm\"): rank {j} called a different "

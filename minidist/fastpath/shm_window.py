@@ -23,22 +23,21 @@ MPI's own set-up calls here are blocking collectives (``Split_type``, ``Win_allo
 ``Win_free``), so each is preceded by an ``Ibarrier`` with the transport's deadline: they only
 start once every rank has arrived, and a rank that never comes is a CommTimeout, not a hang.
 
-Per-rank control window layout (one cache line each)::
+Per-rank control window layout::
 
-    line 0: the barrier flag    line 1: fingerprint guard of MPI's Allreduce (4 x (call, fp))
-    lines 2-3: two header rows of the shm all-reduce (algorithms/shm.py)
+    line 0: the barrier flag    line 1: the guard, 4 x (call number, fingerprint)
+    lines 2-3: two header rows of the shm all-reduce (fastpath/shm.py)
+    then two mailboxes (calls alternate): a line (numel, dtype, op) + SMALL_BYTES of data
+                                          (the small all-reduce, fastpath/shm_mailbox.py)
 
-The guard: before each ``MPI_Iallreduce`` a rank writes the call's fingerprint and then its
-call number ``k`` into slot ``k % 4`` of its line; after completion it reads slot ``k % 4`` of
-every peer. A peer can be at most one call ahead (call k+1 cannot complete without this rank),
-so 4 slots never wrap onto a slot still being read. The data MPI moved for call k was sent
-after the peer's stores, so x86's store order (elsewhere: MPI's own release/acquire on its
-queues) makes them visible.
+The guard line (call numbers and fingerprints of MPI's Allreduce and of the mailbox
+all-reduce) has its own module: fastpath/shm_guard.py.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import time
 import weakref
 from typing import Any
@@ -48,11 +47,17 @@ import numpy as np
 from minidist.comm.env import cores_per_rank
 from minidist.comm.errors import CommError, CommTimeout
 from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Transport, wait_until
+from minidist.envvars import env
+from minidist.fastpath.shm_guard import GuardLine
 
 LINE = 64                # bytes: one cache line per flag (pollers never share a writer's line)
 HEADER_INTS = 8          # per-rank int64 header words beside the flag (see algorithms/shm.py)
 SPINS_BEFORE_YIELD = 2000  # busy polls before sched_yield; 0 when ranks outnumber cores
-GUARD_SLOTS = 4          # (call number, fingerprint) pairs per rank in control line 1
+SMALL_BYTES = int(env("MINIDIST_SHM_SMALL_BYTES"))  # default 32 KiB: a mailbox's data
+MAILBOX = LINE + -(-SMALL_BYTES // LINE) * LINE      # one mailbox: its line, its data
+# Stores reach other cores in program order on x86; elsewhere a fence (MPI_Win_sync) orders a
+# mailbox's data before the call number that publishes it (shm_guard.py).
+WEAK_ORDER = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
 
 class SharedWindow:
@@ -130,14 +135,17 @@ class ShmNode:
         self.spins = 0 if cores_per_rank(self.size) < 1 else SPINS_BEFORE_YIELD
         # Per rank: a flag line, then two header rows used alternately by successive calls, so
         # a fast rank writing the next call's header never overwrites one a slow rank still reads.
-        self.control = SharedWindow(self.comm, 2 * LINE + 2 * HEADER_INTS * 8, self.arrive)
+        boxes = 2 * LINE + 2 * HEADER_INTS * 8  # where the mailboxes start
+        self.control = SharedWindow(self.comm, boxes + 2 * MAILBOX, self.arrive)
         self.flags = [s[:8].view(np.int64) for s in self.control.slots]
-        self.guards = [memoryview(s[LINE:2 * LINE]).cast("q") for s in self.control.slots]
-        for i in range(2 * GUARD_SLOTS):  # zero my line before any peer can read it
-            self.guards[self.rank][i] = 0
-        self.my_guard = self.guards[self.rank]
-        self.peer_guards = [g for j, g in enumerate(self.guards) if j != self.rank]
-        self.ncoll = 0  # MPI collectives guarded so far
+        # the guard line of MPI's Allreduce and the mailbox all-reduce (shm_guard.py)
+        self.guard = GuardLine([memoryview(s[LINE:2 * LINE]).cast("q") for s in
+                                self.control.slots], self.rank, prefix, self.spins,
+                               self.timeout_s, self._poll,
+                               self.control.win.Sync if WEAK_ORDER else None)
+        # mailboxes[half][rank]: that rank's mailbox for the calls with ``k & 1 == half``
+        self.mailboxes = [[s[boxes + h * MAILBOX: boxes + (h + 1) * MAILBOX]
+                           for s in self.control.slots] for h in (0, 1)]
         self.headers = [s[2 * LINE: 2 * LINE + 2 * HEADER_INTS * 8].view(np.int64)
                         .reshape(2, HEADER_INTS) for s in self.control.slots]
         self.calls = 0  # collectives started on this node (same count on every rank)
@@ -171,51 +179,9 @@ class ShmNode:
         hook = None if t is None else t.poll_hook
         return None if hook is None else hook(None, 0)
 
-    def guard_post(self, fp: int) -> int:
-        """Publish the fingerprint of my next MPI collective; return its call number."""
-        self.ncoll = k = self.ncoll + 1
-        g, i = self.guards[self.rank], (k & 3) << 1
-        g[i + 1] = fp  # fingerprint first, then the call number that makes it valid
-        g[i] = k
-        return k
-
-    def guard_agrees(self, k: int, fp: int) -> bool:
-        """True when every peer's slot for call ``k`` holds ``(k, fp)`` (the fast check after
-        an MPI call completed; ``guard_mismatch`` names the ranks that differ)."""
-        i = (k & 3) << 1
-        for g in self.peer_guards:
-            if g[i] != k or g[i + 1] != fp:
-                return False
-        return True
-
-    def guard_mismatch(self, k: int, fp: int, complete: bool) -> list[int]:
-        """Ranks whose slot for call ``k`` holds another fingerprint.
-
-        ``complete``: the MPI call finished, so every peer has posted call ``k``; a peer whose
-        slot holds another call number then counted its MPI calls differently, a mismatch too.
-        """
-        i, bad = (k & 3) << 1, []
-        for j, g in enumerate(self.guards):
-            if g[i] == k:
-                if g[i + 1] != fp:
-                    bad.append(j)
-            elif complete:
-                bad.append(j)
-        return bad
-
     def owns(self, flat: Any) -> bool:
         """True when ``flat`` (a NumPy array) views one of this rank's shared windows."""
         return id(flat.base) in self.owners
-
-    def native_ahead(self, peer: int) -> int:
-        """The call number ``peer`` has posted beyond this rank's guarded MPI calls, else 0.
-
-        A peer that posted MPI call ``ncoll + 1`` has finished every collective before it; if
-        this rank still waits for that peer's message in one of those, the ranks diverged.
-        """
-        g = self.guards[peer]
-        k = max(g[0], g[2], g[4], g[6])
-        return k if k > self.ncoll else 0
 
     def barrier(self, what: str = "shm barrier") -> None:
         """Wait until every rank of the node reached its matching ``barrier`` call."""

@@ -111,15 +111,18 @@ def test_calibration_times_the_usable_candidates(saved_registry):
 
 
 def test_a_plan_runs_the_prepared_function_where_usable_held(saved_registry):
-    # ``prepare`` binds what ``usable`` established once per plan; a plan whose buffer kind is
-    # not usable (here: any stream but 0) runs the checking function instead.
-    prepared, checked = [], []
+    # ``prepare`` binds what ``usable`` established once per plan (one size and dtype: it is
+    # given the buffer); a plan whose buffer kind is not usable (here: any stream but 0) runs
+    # the checking function instead.
+    prepared, checked, sizes = [], [], []
 
     def checking_all_reduce(transport, buf, op, tag=0):
         checked.append(transport.rank)
         ring_all_reduce(transport, buf, op, tag)
 
-    def prepare(transport):
+    def prepare(transport, flat):
+        sizes.append(flat.size)
+
         def run(buf, op, tag):
             prepared.append(transport.rank)
             ring_all_reduce(transport, buf, op, tag)
@@ -139,3 +142,4 @@ def test_a_plan_runs_the_prepared_function_where_usable_held(saved_registry):
     out = run_threads(2, body, timeout_s=30)
     assert all(v == [12.0] * 8 for v in out)  # (1 + 2) * 2 * 2
     assert sorted(prepared) == [0, 0, 1, 1] and sorted(checked) == [0, 1]
+    assert sizes == [8, 8]  # once per rank

@@ -60,9 +60,10 @@ class Algorithm:
     # exception ("cuda_ipc" hands small buffers to "host_copy")
     refine: Callable[[int, int, Any], tuple[str, str]] | None = None
     takes_device_buffers: bool = False  # reads device memory itself: never staged via host
-    # prepare(transport) -> run(buf, op, tag): bound once for a plan whose buffer kind usable
-    # accepted ("shm": its node); check(transport): its own error where it can never run
-    prepare: Callable[[Any], Callable[[Any, Any, int], None]] | None = None
+    # prepare(transport, buf) -> run(buf, op, tag): bound once for a plan (one size and dtype)
+    # whose buffer kind usable accepted ("shm": its node, or a small buffer's mailboxes);
+    # check(transport): its own error where it can never run
+    prepare: Callable[[Any, Any], Callable[[Any, Any, int], None]] | None = None
     check: Callable[[Any], None] | None = None
 
     def __call__(self, transport: Any, buf: Any, op: Any, tag: int = 0) -> None:

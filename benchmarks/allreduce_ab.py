@@ -1,0 +1,158 @@
+"""Small all-reduce latency, this checkout against an older commit, alternated in one window.
+
+    .venv/bin/python benchmarks/allreduce_ab.py --old HEAD~10            # 4 rounds, n=2
+    .venv/bin/python benchmarks/allreduce_ab.py --old v1.0 --rounds 6 --sizes 8,1K,1M
+
+Did a change make ``all_reduce`` slower, or bring it nearer MPI's own? Each job times, per size,
+``ProcessGroup.all_reduce`` with the defaults (``auto``, ledger on: what a user's call runs)
+beside ``mpi_raw``, mpi4py's ``comm.Allreduce`` on the same communicator (no minidist at all),
+interleaved call by call as ``allreduce.py`` does: a barrier, one call, its time at the slowest
+rank. The old and the new code run one after the other, ``--rounds`` times each, the order
+flipping every round::
+
+    round 1:  old job, new job        each job: every size, auto and mpi_raw taking turns
+    round 2:  new job, old job        result:   per size and side, the median over the rounds
+    ...                                         of the job's median auto / median mpi_raw
+
+The old code is ``git archive <rev> minidist`` unpacked into a temporary folder (as
+``ddp_overhead_ab.py`` does); a job uses only the public API, so any commit runs it.
+
+Output: a table on stdout, ``allreduce_ab.json`` and ``.txt`` in ``--out`` (default runs/bench/,
+git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (LOCAL_RESULTS, export_commit, human, mpiexec_path,  # noqa: E402
+                     one_thread_env, parse_bytes, shown, use_library)
+
+
+def job(sizes: list[int], iters: int, warmup: int) -> dict[str, Any] | None:
+    """One side's measurement (every rank runs it; rank 0 returns the result)."""
+    import numpy as np
+
+    from minidist import comm
+
+    comm.init_process_group()
+    group = comm.get_default_group()
+    mpi, MPI = group.transport.comm, group.transport.MPI
+    rows = []
+    for nbytes in sizes:
+        x = np.ones(max(1, nbytes // 4), np.float32)
+        runs = (lambda x=x: group.all_reduce(x),
+                lambda x=x: mpi.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM))
+        times = np.zeros((2, iters))
+        for i in range(warmup + iters):
+            for k in ((0, 1) if i % 2 == 0 else (1, 0)):  # the order flips every iteration
+                x[...] = 1.0
+                mpi.Barrier()
+                t0 = time.perf_counter()
+                runs[k]()
+                if i >= warmup:
+                    times[k, i - warmup] = time.perf_counter() - t0
+        mpi.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # each call at its slowest rank
+        auto, raw = (float(np.median(t)) * 1e6 for t in times)
+        rows.append({"nbytes": x.nbytes, "auto_us": auto, "raw_us": raw, "ratio": auto / raw,
+                     "algorithm": group.plan_all_reduce(x).algorithm})
+    rank = group.rank
+    comm.destroy_process_group()
+    return {"rows": rows} if rank == 0 else None
+
+
+def run_side(args: argparse.Namespace, library: Path | None, out: Path) -> dict[str, Any]:
+    cmd = [mpiexec_path(), "-n", str(args.n), sys.executable, __file__, "--job-out", str(out),
+           "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    cmd += ["--library", str(library)] if library else []
+    done = subprocess.run(cmd, env=one_thread_env(), timeout=args.timeout)
+    if done.returncode != 0:
+        sys.exit(f"allreduce_ab: the {'old' if library else 'new'} side's job failed "
+                 f"(exit {done.returncode}; its output is above).")
+    res = json.loads(out.read_text())
+    out.unlink()
+    return res
+
+
+def table(rounds: list[dict[str, Any]], old: str, n: int) -> str:
+    lines = [f"# all_reduce (auto, ledger on) / mpi4py Allreduce at n={n}, {len(rounds)} rounds "
+             f"per side: old = {old[:10]}, new = this checkout",
+             "#     size  old auto us  old raw us  old ratio  new auto us  new raw us  new ratio"
+             "  new algorithm"]
+    for i, row in enumerate(rounds[0]["new"]["rows"]):
+        med = {(side, key): statistics.median(r[side]["rows"][i][key] for r in rounds)
+               for side in ("old", "new") for key in ("auto_us", "raw_us", "ratio")}
+        lines.append(f"  {human(row['nbytes']):>7}  {med['old', 'auto_us']:11.2f}  "
+                     f"{med['old', 'raw_us']:10.2f}  {med['old', 'ratio']:8.2f}x  "
+                     f"{med['new', 'auto_us']:11.2f}  {med['new', 'raw_us']:10.2f}  "
+                     f"{med['new', 'ratio']:8.2f}x  {row['algorithm']}")
+    return "\n".join(lines)
+
+
+def driver(args: argparse.Namespace) -> None:
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="allreduce_ab_") as tmp:
+        old = export_commit(args.old, Path(tmp), "allreduce_ab")
+        for k in range(args.rounds):
+            order = ("old", "new") if k % 2 == 0 else ("new", "old")
+            row: dict[str, Any] = {"round": k + 1, "first": order[0]}
+            for side in order:
+                print(f"# round {k + 1}: {side}", flush=True)
+                row[side] = run_side(args, Path(tmp) if side == "old" else None,
+                                     out_dir / ".allreduce_ab.tmp.json")
+            rounds.append(row)
+    text = table(rounds, old, args.n)
+    print(text)
+    meta = {"command": " ".join(["python benchmarks/allreduce_ab.py", *sys.argv[1:]]),
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
+            "old": old, "rounds": rounds}
+    (out_dir / "allreduce_ab.json").write_text(json.dumps(meta, indent=2))
+    (out_dir / "allreduce_ab.txt").write_text(f"# {meta['command']}  ({meta['machine']})\n"
+                                              + text + "\n")
+    print(f"# wrote {shown(out_dir / 'allreduce_ab.json')} and allreduce_ab.txt")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--old", help="the commit to compare with (id, tag, branch); required")
+    p.add_argument("--rounds", type=int, default=4, help="jobs per side, alternated")
+    p.add_argument("--sizes", default="8,1K,1M", help="message sizes (default 8,1K,1M)")
+    p.add_argument("--iters", type=int, default=300, help="timed calls per size and row")
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("-n", type=int, default=2, help="ranks per job")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per job")
+    p.add_argument("--out", default=str(LOCAL_RESULTS), help="folder for the JSON/text results")
+    p.add_argument("--job-out", help=argparse.SUPPRESS)
+    p.add_argument("--library", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    try:
+        sizes = [parse_bytes(s) for s in args.sizes.split(",")]
+    except ValueError as e:
+        p.error(f"--sizes: {e}")
+    if args.job_out:
+        if args.library:
+            use_library(args.library)
+        res = job(sizes, args.iters, args.warmup)
+        if res is not None:
+            Path(args.job_out).write_text(json.dumps(res))
+    elif not args.old:
+        p.error("--old is required: the commit to compare this checkout with (e.g. HEAD~10)")
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()
