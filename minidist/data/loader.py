@@ -40,7 +40,7 @@ from minidist.tensor import Tensor
 from minidist.data import prefetch
 from minidist.data.collate import default_collate
 from minidist.data.datasets import ArrayDataset, Subset, TensorDataset
-from minidist.data.resume import LoaderState, batch_position, set_batch_position
+from minidist.data.resume import LoaderState, pass_ended, pass_started
 from minidist.data.sampler import DistributedSampler
 
 
@@ -187,18 +187,18 @@ class DataLoader(LoaderState):
             batches: Generator[Any, None, None] = (self.gather(order[sl]) for sl in slices)
         else:                                        # built ahead by worker threads
             batches = prefetch.prefetched(self, order, slices)
-        sharded, outer = isinstance(self.sampler, DistributedSampler), batch_position()
+        running = pass_started() if isinstance(self.sampler, DistributedSampler) else None
         try:
             for batch, sl in zip(batches, slices):
-                if sharded:  # where every rank stands in step (resume.py: batch_position)
-                    set_batch_position((self._pass_epoch, self._yielded))
+                if running:  # where every rank stands in step (resume.py: batch_position)
+                    running.position = (self._pass_epoch, self._yielded)
                 self._yielded += 1
                 yield batch, sl, len(order[sl])
             self._pass_epoch, self._yielded = self._pass_epoch + 1, 0  # between passes
         finally:
             batches.close()                          # a loop left early: stop building
-            if sharded:
-                set_batch_position(outer)
+            if running:
+                pass_ended(running)
 
     def iter_with_mask(self) -> Iterator[tuple[Any, ...]]:
         """Like iteration, with a host bool array appended per batch: False marks padding.

@@ -19,19 +19,40 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-_HANDED_OUT = threading.local()  # .position: (epoch, batch) or None; per thread (thread ranks)
+class Pass:
+    """One running pass of a DistributedSampler-fed loader: the batch it handed out last."""
+
+    __slots__ = ("position",)
+
+    def __init__(self) -> None:
+        self.position: tuple[int, int] | None = None  # (epoch, batch index)
+
+
+class _Running(threading.local):
+    def __init__(self) -> None:
+        self.passes: list[Pass] = []  # this thread's running passes, the newest last
+
+
+_RUNNING = _Running()  # per thread (thread ranks)
 
 
 def batch_position() -> tuple[int, int] | None:
-    """``(epoch, batch index)`` of the batch a DistributedSampler-fed loader handed out last
-    in this thread, while its pass lasts (an inner pass's end restores the outer one's); None
-    outside any such pass."""
-    return getattr(_HANDED_OUT, "position", None)
+    """``(epoch, batch index)`` of the batch the newest running pass of a DistributedSampler-fed
+    loader handed out last in this thread (an inner pass's end gives back the outer one's, in
+    whatever order passes end: ``zip(loader_a, loader_b)``); None outside any such pass."""
+    return _RUNNING.passes[-1].position if _RUNNING.passes else None
 
 
-def set_batch_position(position: tuple[int, int] | None) -> None:
-    """Record ``position`` as this thread's (``DataLoader._batches``)."""
-    _HANDED_OUT.position = position
+def pass_started() -> Pass:
+    """A new pass of this thread (``DataLoader._batches``); ``pass_ended`` when it ends."""
+    running = Pass()
+    _RUNNING.passes.append(running)
+    return running
+
+
+def pass_ended(running: Pass) -> None:
+    """``running`` ended (finished, left early or dropped): it no longer counts."""
+    _RUNNING.passes[:] = [p for p in _RUNNING.passes if p is not running]
 
 
 class LoaderState:

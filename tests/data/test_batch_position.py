@@ -68,3 +68,22 @@ def test_worker_threads_do_not_move_the_position():
     loader = DataLoader(DATA, batch_size=2, num_workers=2,
                         sampler=DistributedSampler(DATA, num_replicas=2, rank=1))
     assert [batch_position() for _ in loader] == [(0, 0), (0, 1), (0, 2), (0, 3)]
+
+
+def test_passes_that_end_out_of_order_leave_no_position():
+    # zip(a, b): a's pass ends first (StopIteration), b's when zip is dropped; neither may
+    # leave its position behind (a stale one would label later steps of this thread)
+    a, b = sharded(), sharded()
+    seen = [batch_position() for _ in zip(a, b)]
+    assert seen == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    assert batch_position() is None
+    it = iter(a)
+    next(it)
+    inner = iter(b)
+    next(inner)
+    next(inner)
+    assert batch_position() == (0, 1)  # the newest running pass
+    it.close()  # the older pass ends first
+    assert batch_position() == (0, 1)
+    inner.close()
+    assert batch_position() is None
