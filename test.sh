@@ -18,7 +18,8 @@ case " $* " in  # the caller chose the workers, or asked for what needs one proc
         | *" --pdb"* | *" --trace "*)
         exec python -m pytest "$@" ;;
 esac
-if [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ]; then
+# (nproc without OMP_NUM_THREADS, which bootstrap_venv.sh sets to 1 and nproc would obey)
+if [ "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)" -ge 2 ]; then
     exec python -m pytest -n 2 --dist loadfile "$@"
 fi
 exec python -m pytest "$@"
