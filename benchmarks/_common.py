@@ -19,9 +19,10 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 # The published results (quoted in docs/): regenerate them with ``--out benchmarks/results``.
@@ -305,3 +306,38 @@ def export_commit(rev: str, into: Path, tool: str) -> str:
                               "minidist"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     return commit.stdout.strip()
+
+
+def alternate(tool: str, rev: str, rounds: int, out_dir: Path,
+              run_side: Callable[[Path | None, Path], dict[str, Any]],
+              extra: dict[str, Any] | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """``rounds`` rounds of an A/B benchmark (``ddp_overhead_ab.py``, ``allreduce_ab.py``):
+    the old commit ``rev`` (exported to a temporary folder) and this checkout, one job each,
+    the order flipping every round. ``run_side(library or None for this checkout, a temporary
+    JSON path)`` runs one job. Returns the full commit id and the rounds, each ``{"round",
+    "first", "old", "new", **extra}``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = []
+    with tempfile.TemporaryDirectory(prefix=f"{tool}_") as tmp:
+        old = export_commit(rev, Path(tmp), tool)
+        for k in range(rounds):
+            order = ("old", "new") if k % 2 == 0 else ("new", "old")
+            row: dict[str, Any] = {"round": k + 1, "first": order[0], **(extra or {})}
+            for side in order:
+                print(f"# round {k + 1}: {side}", flush=True)
+                row[side] = run_side(Path(tmp) if side == "old" else None,
+                                     out_dir / f".{tool}.tmp.json")
+            done.append(row)
+    return old, done
+
+
+def write_ab(tool: str, out_dir: Path, old: str, rounds: list[dict[str, Any]], text: str) -> None:
+    """Print an A/B benchmark's table; write ``<tool>.json`` (the rounds) and ``<tool>.txt``."""
+    print(text)
+    meta = {"command": " ".join([f"python benchmarks/{tool}.py", *sys.argv[1:]]),
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
+            "old": old, "rounds": rounds}
+    (out_dir / f"{tool}.json").write_text(json.dumps(meta, indent=2))
+    (out_dir / f"{tool}.txt").write_text(f"# {meta['command']}  ({meta['machine']})\n"
+                                         + text + "\n")
+    print(f"# wrote {shown(out_dir / f'{tool}.json')} and {tool}.txt")

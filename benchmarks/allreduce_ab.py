@@ -25,19 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (LOCAL_RESULTS, export_commit, human, mpiexec_path,  # noqa: E402
-                     one_thread_env, parse_bytes, shown, use_library)
+from _common import (LOCAL_RESULTS, alternate, human, mpiexec_path, write_ab,  # noqa: E402
+                     one_thread_env, parse_bytes, use_library)
 
 
 def job(sizes: list[int], iters: int, warmup: int) -> dict[str, Any] | None:
@@ -101,28 +98,9 @@ def table(rounds: list[dict[str, Any]], old: str, n: int) -> str:
 
 
 def driver(args: argparse.Namespace) -> None:
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rounds = []
-    with tempfile.TemporaryDirectory(prefix="allreduce_ab_") as tmp:
-        old = export_commit(args.old, Path(tmp), "allreduce_ab")
-        for k in range(args.rounds):
-            order = ("old", "new") if k % 2 == 0 else ("new", "old")
-            row: dict[str, Any] = {"round": k + 1, "first": order[0]}
-            for side in order:
-                print(f"# round {k + 1}: {side}", flush=True)
-                row[side] = run_side(args, Path(tmp) if side == "old" else None,
-                                     out_dir / ".allreduce_ab.tmp.json")
-            rounds.append(row)
-    text = table(rounds, old, args.n)
-    print(text)
-    meta = {"command": " ".join(["python benchmarks/allreduce_ab.py", *sys.argv[1:]]),
-            "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
-            "old": old, "rounds": rounds}
-    (out_dir / "allreduce_ab.json").write_text(json.dumps(meta, indent=2))
-    (out_dir / "allreduce_ab.txt").write_text(f"# {meta['command']}  ({meta['machine']})\n"
-                                              + text + "\n")
-    print(f"# wrote {shown(out_dir / 'allreduce_ab.json')} and allreduce_ab.txt")
+    old, rounds = alternate("allreduce_ab", args.old, args.rounds, Path(args.out),
+                            lambda library, out: run_side(args, library, out))
+    write_ab("allreduce_ab", Path(args.out), old, rounds, table(rounds, old, args.n))
 
 
 def main() -> None:

@@ -32,19 +32,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (LOCAL_RESULTS, export_commit, mpiexec_path, one_thread_env,  # noqa: E402
-                     shown, use_library)
+from _common import (LOCAL_RESULTS, alternate, mpiexec_path, one_thread_env,  # noqa: E402
+                     use_library, write_ab)
 
 LAYERS = (784, 1024, 1024, 10)
 BATCH = 64
@@ -141,28 +138,9 @@ def table(rounds: list[dict[str, Any]], old: str) -> str:
 
 
 def driver(args: argparse.Namespace) -> None:
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rounds = []
-    with tempfile.TemporaryDirectory(prefix="ddp_ab_") as tmp:
-        old = export_commit(args.old, Path(tmp), "ddp_overhead_ab")
-        for k in range(args.rounds):
-            order = ("old", "new") if k % 2 == 0 else ("new", "old")
-            row: dict[str, Any] = {"round": k + 1, "first": order[0], "n": args.n}
-            for side in order:
-                print(f"# round {k + 1}: {side}", flush=True)
-                row[side] = run_side(args, Path(tmp) if side == "old" else None,
-                                     out_dir / ".ddp_overhead_ab.tmp.json")
-            rounds.append(row)
-    text = table(rounds, old)
-    print(text)
-    meta = {"command": " ".join(["python benchmarks/ddp_overhead_ab.py", *sys.argv[1:]]),
-            "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
-            "old": old, "rounds": rounds}
-    (out_dir / "ddp_overhead_ab.json").write_text(json.dumps(meta, indent=2))
-    (out_dir / "ddp_overhead_ab.txt").write_text(f"# {meta['command']}  ({meta['machine']})\n"
-                                                 + text + "\n")
-    print(f"# wrote {shown(out_dir / 'ddp_overhead_ab.json')} and ddp_overhead_ab.txt")
+    old, rounds = alternate("ddp_overhead_ab", args.old, args.rounds, Path(args.out),
+                            lambda library, out: run_side(args, library, out), {"n": args.n})
+    write_ab("ddp_overhead_ab", Path(args.out), old, rounds, table(rounds, old))
 
 
 def main() -> None:
