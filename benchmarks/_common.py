@@ -341,3 +341,21 @@ def write_ab(tool: str, out_dir: Path, old: str, rounds: list[dict[str, Any]], t
     (out_dir / f"{tool}.txt").write_text(f"# {meta['command']}  ({meta['machine']})\n"
                                          + text + "\n")
     print(f"# wrote {shown(out_dir / f'{tool}.json')} and {tool}.txt")
+
+
+def ab_entry(p: argparse.ArgumentParser, args: argparse.Namespace,
+             job: Callable[[], dict[str, Any] | None],
+             driver: Callable[[argparse.Namespace], None]) -> None:
+    """An A/B script's entry point: inside a job (``--job-out``, under mpiexec) run ``job()``
+    with the old library when ``--library`` names one, rank 0 writing its result; otherwise
+    the driver, which needs ``--old``."""
+    if args.job_out:
+        if args.library:
+            use_library(args.library)
+        res = job()
+        if res is not None:
+            Path(args.job_out).write_text(json.dumps(res))
+    elif not args.old:
+        p.error("--old is required: the commit to compare this checkout with (e.g. HEAD~10)")
+    else:
+        driver(args)

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (LOCAL_RESULTS, alternate, human, mpiexec_path, write_ab,  # noqa: E402
-                     one_thread_env, parse_bytes, use_library)
+from _common import (LOCAL_RESULTS, ab_entry, alternate, human, mpiexec_path,  # noqa: E402
+                     one_thread_env, parse_bytes, write_ab)
 
 
 def job(sizes: list[int], iters: int, warmup: int) -> dict[str, Any] | None:
@@ -120,16 +120,7 @@ def main() -> None:
         sizes = [parse_bytes(s) for s in args.sizes.split(",")]
     except ValueError as e:
         p.error(f"--sizes: {e}")
-    if args.job_out:
-        if args.library:
-            use_library(args.library)
-        res = job(sizes, args.iters, args.warmup)
-        if res is not None:
-            Path(args.job_out).write_text(json.dumps(res))
-    elif not args.old:
-        p.error("--old is required: the commit to compare this checkout with (e.g. HEAD~10)")
-    else:
-        driver(args)
+    ab_entry(p, args, lambda: job(sizes, args.iters, args.warmup), driver)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (LOCAL_RESULTS, alternate, mpiexec_path, one_thread_env,  # noqa: E402
-                     use_library, write_ab)
+from _common import (LOCAL_RESULTS, ab_entry, alternate, mpiexec_path,  # noqa: E402
+                     one_thread_env, write_ab)
 
 LAYERS = (784, 1024, 1024, 10)
 BATCH = 64
@@ -157,16 +157,7 @@ def main() -> None:
     p.add_argument("--job-out", help=argparse.SUPPRESS)
     p.add_argument("--library", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.job_out:
-        if args.library:
-            use_library(args.library)
-        res = job(args.pairs, args.warmup, args.momentum)
-        if res is not None:
-            Path(args.job_out).write_text(json.dumps(res))
-    elif not args.old:
-        p.error("--old is required: the commit to compare this checkout with (e.g. HEAD~10)")
-    else:
-        driver(args)
+    ab_entry(p, args, lambda: job(args.pairs, args.warmup, args.momentum), driver)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,12 @@ class JobResult:
                 f"--- stdout (tail) ---\n{self.stdout[-tail:]}\n--- stderr (tail) ---\n{self.stderr[-tail:]}")
 
 
+def in_a_git_checkout() -> bool:
+    """True when the repository is a git checkout (the A/B benchmarks export an older commit)."""
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                          capture_output=True).returncode == 0
+
+
 def mpiexec_path() -> str:
     """The mpiexec beside this interpreter (the venv's mpich wheel), else the one on PATH."""
     here = Path(sys.executable).parent / "mpiexec"

@@ -1,18 +1,12 @@
 """benchmarks/allreduce_ab.py: an older commit's all_reduce beside this checkout's, alternated."""
 
 import json
-import subprocess
 
 import pytest
 
-from procs import REPO, run_python
+from procs import REPO, in_a_git_checkout, run_python
 
 AB = REPO / "benchmarks" / "allreduce_ab.py"
-
-
-def in_a_git_checkout() -> bool:
-    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
-                          capture_output=True).returncode == 0
 
 
 @pytest.mark.mpi

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from procs import REPO, run_mpi, run_python
+from procs import REPO, in_a_git_checkout, run_mpi, run_python
 
 BENCH = REPO / "benchmarks" / "ddp_scaling.py"
 
@@ -137,11 +137,6 @@ def run_large_model(tmp_path, *extra):
 
 
 AB = REPO / "benchmarks" / "ddp_overhead_ab.py"
-
-
-def in_a_git_checkout() -> bool:
-    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
-                          capture_output=True).returncode == 0
 
 
 @pytest.mark.mpi
