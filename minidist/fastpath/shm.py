@@ -10,10 +10,10 @@ transports/shm_window.py) and rank r owns slice r of the reduction. N=3::
     slots:    rank 0 [ a0 | a1 | a2 ]      (1) copy my buffer into my slot (all but my own
               rank 1 [ b0 | b1 | b2 ]          slice: only I read that one), write my header
               rank 2 [ c0 | c1 | c2 ]      (2) barrier; compare headers
-                        |    |    |        (3) rank r, piece by piece (PIECE_BYTES): slice r =
-              rank 1 reads a1, b1, c1          a_r + b_r + c_r (rank order) into its own buffer,
-              and writes the sum back over     then PUSH the piece over a_r, c_r in the peers'
-              a1 and c1 (still in cache)       slots (the lines just read: still in cache)
+                        |    |    |        (3) rank r, element by element: slice r =
+              rank 1 reads a1, b1, c1          a_r + b_r + c_r (rank order), written to its
+              and writes the sum back over     own buffer and PUSHED over a_r, c_r in the
+              a1, b1 and c1 in one pass        peers' slots in the same pass
                                            (4) barrier
                                            (5) every finished slice now sits in MY slot: copy
                                                it out (two contiguous copies, local memory)
@@ -32,13 +32,14 @@ step (5) of this one: 2 barriers per call. Three special cases:
 - ranks disagree on numel/dtype/op, or on the call's fingerprint (``tag``: another collective,
   another call number): CollectiveMismatch on every rank (all read the same headers).
 
-Memory traffic per rank, zero-copy: read K, write K (reduce + push fused per cache-sized
-piece; AVG divides each piece there too); the copy path adds a copy-in and a copy-out of
-K(N-1)/N each (timings against MPI: the tables of docs/benchmarks.md). Invariant: each slice
-is reduced once, in rank order (x0 + x1 + ... like ``direct``), so every rank ends with
-identical bits. Only for the MPI transport with all ranks on one node - a real one, not split
-into virtual nodes by ``MINIDIST_RANKS_PER_NODE`` (CommError otherwise; ``shm_available``
-tells "auto").
+Memory traffic per rank, zero-copy: read K, write K (reduce + push fused in one loop, a Numba
+kernel for float sums: kernels/reduce_cpu.py; AVG divides there too, and the NaN/inf check
+rides along; NumPy does the same per cache-sized piece, ``reduce_pieces``); the copy path adds
+a copy-in and a copy-out of K(N-1)/N each (timings against MPI: the tables of
+docs/benchmarks.md). Invariant: each slice is reduced once, in rank order (x0 + x1 + ... like
+``direct``), so every rank ends with identical bits. Only for the MPI transport with all
+ranks on one node - a real one, not split into virtual nodes by ``MINIDIST_RANKS_PER_NODE``
+(CommError otherwise; ``shm_available`` tells "auto").
 
 Concurrency: all state (flag barrier, headers, scratch window) belongs to one transport, so
 collectives on two groups (two transports, e.g. DDP's comm thread on the default group and a
@@ -66,9 +67,17 @@ from minidist.fastpath.shm_checks import (DTYPE_CODES, raise_mismatch, shm_avail
 from minidist.fastpath.shm_mailbox import mailbox_all_reduce
 from minidist.fastpath.shm_window import (SMALL_BYTES, SharedWindow, ShmNode, shm_alloc_buffer,
                                           shm_close, shm_node, window_of)
+from minidist.kernels.fallback import CompiledBackend
 
 CHUNK_BYTES = int(env("MINIDIST_SHM_CHUNK_BYTES"))  # default 64 MiB
-PIECE_BYTES = int(env("MINIDIST_SHM_PIECE_BYTES"))  # default 1 MiB -> _reduce_push
+PIECE_BYTES = int(env("MINIDIST_SHM_PIECE_BYTES"))  # default 1 MiB -> reduce_pieces
+
+# Step (3)'s one-pass sum, loaded and rehearsed by minidist.kernels.fallback: if it cannot
+# compile here, one warning, then ``sum_pieces`` (NumPy, piece by piece: the same bits).
+_KERNEL = CompiledBackend("numba-cpu", "minidist.kernels.reduce_cpu",
+                          "Install a numba that supports this NumPy (`pip install -U numba`) "
+                          "for the one-pass reduction of the shared-memory all-reduce.")
+KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @functools.lru_cache(maxsize=256)  # the same few sizes every step (DDP's buckets)
@@ -77,26 +86,6 @@ def line_aligned_bounds(numel: int, n: int, itemsize: int) -> tuple[int, ...]:
     align = max(1, 64 // itemsize)  # elements per cache line
     per = -(-numel // (n * align)) * align  # ceil(numel / n), rounded up to whole lines
     return (*[min(j * per, numel) for j in range(n)], numel)
-
-
-def _reduce_slice(srcs: list, out: np.ndarray, op: ReduceOp) -> None:
-    """``out = srcs[0] (op) srcs[1] (op) ...`` in rank order; ``out`` may alias srcs[0] or [1]."""
-    op.ufunc(srcs[0], srcs[1], out=out)
-    for s in srcs[2:]:
-        combine(out, s, op)
-
-
-def _reduce_mine(node: ShmNode, srcs: list, out: np.ndarray, op: ReduceOp) -> None:
-    """Reduce into ``out``, which aliases ``srcs[node.rank]`` (my own input)."""
-    if node.rank < 2:  # the output aliases the first or second operand: safe for a ufunc
-        _reduce_slice(srcs, out, op)
-    else:  # my input is read after srcs[0..1]: reduce into a temp first
-        tmp = node.extra.get("tmp")
-        if tmp is None or tmp.nbytes < out.nbytes:
-            tmp = node.extra["tmp"] = np.empty(out.nbytes, np.uint8)
-        t = tmp[: out.nbytes].view(out.dtype)
-        _reduce_slice(srcs, t, op)
-        out[...] = t
 
 
 def _check_headers(node: ShmNode) -> tuple[bool, bool]:
@@ -144,29 +133,51 @@ def _copy_in(slot: np.ndarray, part: np.ndarray, lo: int, hi: int) -> None:
     slot[hi:] = part[hi:]
 
 
-def _reduce_push(node: ShmNode, buf: np.ndarray, srcs: list, dsts: list, op: ReduceOp,
-                 check: bool = False) -> bool:
-    """Step (3): reduce my slice piece by piece into ``buf`` and push each piece to ``dsts``.
+def _reduce_push(node: ShmNode, bufs: list, op: ReduceOp) -> bool:
+    """Step (3): every rank's copy of my slice (``bufs[j]``: rank j's; mine is ``bufs[me]``)
+    becomes the reduction of all of them, in rank order; returns False if the result may hold
+    NaN/inf (True: it holds none).
 
-    ``srcs[j]``/``dsts[j]``: rank j's data for my slice (j == me: ``buf`` itself). A piece
-    (``PIECE_BYTES``, well under the L2/L3 cache) is written to the peers right after it was
-    reduced, while it and the peers' input lines just read are still in cache: one pass over
-    memory instead of reduce, then publish, then a peer's separate copy-out pass. AVG divides
-    the piece there too, in cache, so the average costs no pass of its own; with ``check``,
-    so does the NaN/inf check (``finite_fast`` of each piece): returns False if my slice may
-    hold NaN/inf, True otherwise.
+    A sum or average of float32/float64 runs the one-pass kernel of kernels/reduce_cpu.py
+    (each buffer read once and written once, the divide and the NaN/inf check in the same
+    loop); other ops and dtypes, or a machine where it cannot compile, run ``reduce_pieces``,
+    which computes the same bits.
     """
-    step = max(PIECE_BYTES // buf.itemsize // 64 * 64, 64)  # elements: whole cache lines
+    t = tuple(bufs)
+    if op.ufunc is not np.add or t[0].dtype not in KERNEL_DTYPES:
+        return reduce_pieces(t, op, node.size)
+    divisor = node.size if op is ReduceOp.AVG else 1
+    kernel = node.extra.get(t[0].dtype)  # the kernel or its reference, chosen once per dtype
+    if kernel is None:
+        kernel = node.extra[t[0].dtype] = _KERNEL.bind("sum_to_all", sum_pieces, t, divisor)
+    return bool(kernel(t, divisor))
+
+
+def reduce_pieces(bufs: tuple, op: ReduceOp, n: int) -> bool:
+    """NumPy's ``_reduce_push``: reduce a piece (``PIECE_BYTES``, well under the L2 cache) of
+    every buffer into a temporary, finish it (AVG divides by ``n``), check it (``finite_fast``)
+    and write it back to every buffer while it and the lines just read are still in cache.
+    Returns False if the result may hold NaN/inf."""
+    size, dtype = bufs[0].size, bufs[0].dtype
+    step = max(PIECE_BYTES // dtype.itemsize // 64 * 64, 64)  # elements: whole cache lines
+    tmp = np.empty(min(step, size), dtype)
     finite = True
-    for p0 in range(0, buf.size, step):
-        out = buf[p0:p0 + step]
-        _reduce_mine(node, [s[p0:p0 + step] for s in srcs], out, op)
-        finalize(out, op, node.size)  # AVG: divide the piece while it is in cache
-        finite = finite and (not check or finite_fast(out))  # the NaN/inf check, in cache
-        for j, d in enumerate(dsts):
-            if j != node.rank:
-                d[p0:p0 + step] = out
+    for p0 in range(0, size, step):
+        t = tmp[:min(step, size - p0)]
+        op.ufunc(bufs[0][p0:p0 + step], bufs[1][p0:p0 + step], out=t)
+        for b in bufs[2:]:
+            combine(t, b[p0:p0 + step], op)
+        finalize(t, op, n)
+        finite = finite and finite_fast(t)
+        for b in bufs:
+            b[p0:p0 + step] = t
     return finite
+
+
+def sum_pieces(bufs: tuple, divisor: int) -> bool:
+    """The reference of the kernel ``sum_to_all``: ``reduce_pieces`` of a sum (``divisor``
+    1) or an average over ``divisor`` ranks."""
+    return reduce_pieces(bufs, ReduceOp.SUM if divisor == 1 else ReduceOp.AVG, divisor)
 
 
 def finite_fast(piece: np.ndarray) -> bool:
@@ -201,7 +212,7 @@ def _copy_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, first_done: bool) 
         if hi > lo:  # (3)
             peers = [s[lo:hi] for s in slots]
             peers[me] = part[lo:hi]
-            _reduce_push(node, part[lo:hi], peers, peers, op)
+            _reduce_push(node, peers, op)
         node.barrier("all_reduce(shm) reduce")  # (4)
         _copy_in(part, slots[me], lo, hi)  # (5) everyone else's finished slice, from my slot
         node.half ^= 1
@@ -222,7 +233,7 @@ def _in_place_path(node: ShmNode, flat: np.ndarray, op: ReduceOp, where: tuple) 
     start, end = where[1] + lo * flat.itemsize, where[1] + hi * flat.itemsize  # bytes
     bufs = [s[start:end].view(flat.dtype) for s in node.user_windows[where[0]].slots]
     bufs[node.rank] = flat[lo:hi]
-    finite = _reduce_push(node, flat[lo:hi], bufs, bufs, op, check=True)
+    finite = _reduce_push(node, bufs, op)
     node.headers[node.rank][node.calls & 1, 7] = finite
     node.barrier("all_reduce(shm) push")  # every peer's slice landed in ``flat``
     node.extra["verdict"] = (flat, all(h[node.calls & 1, 7] for h in node.headers))

@@ -4,6 +4,8 @@
     fused = CompiledBackend("numba-cpu", "my_package.my_kernels",
                             fix="Install numba (`pip install numba`) for the fused kernels.")
     out = fused.call("my_op", my_reference_op, src, dst, 0.5)   # compiled, or the reference
+    run = fused.bind("my_op", my_reference_op, src, dst, 0.5)   # the same choice, kept:
+    out = run(src, dst, 0.5)                                    # a hot path calls it directly
 
 A compiled backend can fail in three places, and on some machines each one does: *loading*
 (Numba missing, no driver, a broken install), *compiling* (numba-cuda 0.30 under NumPy 2.5
@@ -156,24 +158,30 @@ class CompiledBackend:
         (any exception) falls back before any argument was written.
         """
         self.calls += 1
+        return self.bind(op, reference, *args)(*args)
+
+    def bind(self, op: str, reference: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+        """The function ``call`` would run for ``args`` (rehearsed now if its signature is
+        new): a hot path that calls one signature again and again keeps it and calls it
+        directly, without the dispatch (such calls are not counted in ``calls``)."""
         module = self.get()
         if module is None:
-            return reference(*args)
+            return reference
         signature = getattr(module, "signature", None)
         key = signature(op, *args) if signature is not None else default_signature(op, args)
         if key not in self.rehearsed:
             with self._lock:
                 if self.module is None:  # another thread gave up meanwhile
-                    return reference(*args)
+                    return reference
                 if key not in self.rehearsed:
                     try:
                         self._rehearse(module, op, args)
                     except Exception as exc:
                         self.give_up(f"compiling or first launching {op} failed: "
                                      f"{type(exc).__name__}: {exc}")
-                        return reference(*args)
+                        return reference
                     self.rehearsed.add(key)
-        return getattr(module, op)(*args)
+        return getattr(module, op)
 
     @staticmethod
     def _rehearse(module: ModuleType, op: str, args: tuple[Any, ...]) -> None:

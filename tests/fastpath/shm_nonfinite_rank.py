@@ -3,7 +3,8 @@
 
 1. a buffer in a shared window, reduced with algorithm "shm" (the in-place path): each rank
    checks the slice it finishes; a NaN, or an inf, that only one rank's slice holds is seen by
-   every rank (``group.shared_memory.reduced_finite``); huge finite values give "maybe" (False);
+   every rank (``group.shared_memory.reduced_finite``); huge finite values are finite (True)
+   with the one-pass kernel, "maybe" (False) with NumPy's pieces (MINIDIST_KERNELS=reference);
    the copy path, or a later shared-memory reduction of another buffer, leaves none (None)
 2. DDP with buckets large enough for "shm": the NaN/inf check makes no pass of its own over the
    buckets (``all_finite_fast`` is never called), and a NaN on the last rank raises the same

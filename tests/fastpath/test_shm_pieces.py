@@ -2,7 +2,8 @@
 
 Small pieces make every message of tests/fastpath/shm_rank.py run through many
 reduce-and-push pieces, on plain and on shared (zero-copy) buffers; the
-body checks bit-identical results on every rank for every dtype and op.
+body checks bit-identical results on every rank for every dtype and op. Float sums and
+averages take the one-pass kernel (kernels/reduce_cpu.py) unless MINIDIST_KERNELS=reference.
 """
 
 import pytest
@@ -15,6 +16,7 @@ BODY = REPO / "tests" / "fastpath" / "shm_rank.py"
 @pytest.mark.mpi
 @pytest.mark.parametrize("n,knobs", [
     (2, {"MINIDIST_SHM_PIECE_BYTES": "4096"}),
+    (2, {"MINIDIST_SHM_PIECE_BYTES": "4096", "MINIDIST_KERNELS": "reference"}),  # sums too
     (3, {"MINIDIST_SHM_PIECE_BYTES": "1000", "MINIDIST_SHM_SMALL_BYTES": "0"}),  # odd piece size
     (3, {"MINIDIST_SHM_PIECE_BYTES": "8192", "MINIDIST_SHM_CHUNK_BYTES": "20000"}),
 ])
