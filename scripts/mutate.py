@@ -157,10 +157,10 @@ MUTATIONS = [
              "        mask <<= 2\n\n\ndef rd_all_reduce",
              ("tests/comm/test_algorithms.py::test_counts_float32_sum",),
              "recursive doubling skips every other round"),
-    Mutation("shm-drops-third-rank", "minidist/fastpath/shm.py",
-             "    for s in srcs[2:]:\n        combine(out, s, op)",
-             "    for s in srcs[3:]:\n        combine(out, s, op)",
-             ("tests/fastpath/test_shm.py",),
+    Mutation("shm-drops-third-rank", "minidist/kernels/reduce_cpu.py",
+             "        for j in range(1, len(bufs)):\n            v += bufs[j][i]",
+             "        for j in range(1, min(len(bufs), 2)):\n            v += bufs[j][i]",
+             ("tests/kernels/test_reduce_cpu.py", "tests/fastpath/test_shm.py"),
              "the shared-memory all-reduce drops the third rank's data"),
 ]
 
