@@ -41,8 +41,9 @@ from minidist.tensor import bool as bool  # noqa: A004,F401 - torch's name (mini
 from minidist.tensor import float as float  # noqa: A004,F401 - torch's name (minidist.float)
 # torch's math functions and dtypes added for ported scripts (minidist/tensor/mathops.py,
 # views.py, dtypes.py); minidist.log and minidist.trace are the functions, as torch's
-from minidist.tensor import (bfloat16, clamp, cos, diagonal, dtype, exp, int8, int16, log,
+from minidist.tensor import (clamp, cos, diagonal, dtype, exp, int8, int16, log,
                              narrow, norm, sin, softmax, sqrt, trace, uint8, where)
+from minidist import tensor as _tensor_package  # minidist.bfloat16: see __getattr__ at the end
 from minidist.tensor import abs as abs  # noqa: A004,F401 - torch's name (minidist.abs)
 # torch's legacy constructors: isinstance checks and x.type(...) work; calling one raises
 # with the modern spelling (minidist.tensor(data, dtype=minidist.int64))
@@ -154,3 +155,11 @@ if "torch" in _loaded:  # torch's namespaces by their paths: torch.distributed (
     # torch's sub-paths and argument orders), torch.backends (flags), torch.multiprocessing
     from minidist import backends, distributed, multiprocessing
     from minidist.distributed.queries import get_backend
+
+
+def __getattr__(name: str) -> object:
+    """``minidist.bfloat16``, made when first asked for: it imports ``ml_dtypes``, which takes
+    longer than NumPy's own import, so ``import minidist`` leaves it out (tensor/dtypes.py)."""
+    if name == "bfloat16":
+        return _tensor_package.bfloat16
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,6 +31,8 @@ float16 = dtypes.float16
 def _check_dtype(device_type: str, dtype: Any) -> Any:
     if dtype is None:  # torch's defaults: float16 on a GPU, bfloat16 on the CPU
         dtype = numpy.float16 if device_type == "cuda" else dtypes.BFLOAT16_NUMPY
+    elif isinstance(dtype, str) and dtype == "bfloat16":  # NumPy knows the name only once
+        dtype = dtypes.BFLOAT16_NUMPY  # ml_dtypes is imported, which this does (dtypes.py)
     try:
         dt = numpy.dtype(dtype)
     except TypeError:

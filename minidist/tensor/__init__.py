@@ -66,7 +66,7 @@ from minidist.tensor.random import default_generator, initial_seed, manual_seed,
 from minidist.tensor.reduce import max, mean, min, sum, topk  # noqa: A004
 from minidist.tensor.sync_norm import sync_batch_norm
 from minidist.tensor import dtypes
-from minidist.tensor.dtypes import bfloat16, dtype, int8, int16, uint8
+from minidist.tensor.dtypes import dtype, int8, int16, uint8
 from minidist.tensor.mathops import abs, clamp, cos, norm, sin, sqrt, trace, where  # noqa: A004
 from minidist.tensor.views import diagonal, narrow
 from minidist.tensor.weak import WeakIdKeyDictionary
@@ -135,3 +135,10 @@ class _CallablePackage(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallablePackage
+
+
+def __getattr__(name: str) -> Any:
+    """``bfloat16``, made when first asked for: it imports ``ml_dtypes`` (tensor/dtypes.py)."""
+    if name == "bfloat16":
+        return dtypes.bfloat16
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

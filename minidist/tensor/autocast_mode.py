@@ -59,7 +59,7 @@ POLICY: dict[str, str] = {
 """Op name -> how autocast treats its floating inputs (torch's lists, for minidist's ops)."""
 
 DEVICE_TYPES = ("cpu", "cuda")
-SUPPORTED_DTYPES = (numpy.dtype(numpy.float16), dtypes.BFLOAT16_NUMPY)
+SUPPORTED_DTYPES = dtypes.HALF  # float16, bfloat16 (``dt in SUPPORTED_DTYPES``)
 LOW_PRECISION = SUPPORTED_DTYPES  # the dtypes the FP32 ops widen back to float32
 
 

@@ -132,11 +132,10 @@ def legacy_type(self: Tensor, dtype: Any = None, non_blocking: bool = False) -> 
     """``x.type()``. No argument: the legacy type name (``"minidist.FloatTensor"``); a dtype, a
     legacy type (``minidist.LongTensor``) or its name: this tensor cast to it (torch's ``type``)."""
     if dtype is None:
-        name = next((n for n, d in dtypes.LEGACY_TYPES.items() if d == self.array.dtype),
-                    None)
+        name = dtypes.legacy_name(self.array.dtype)
         return f"minidist.{name}" if name else f"minidist.{self.array.dtype.name}"
     if isinstance(dtype, str) and dtype.rsplit(".", 1)[-1] in dtypes.LEGACY_TYPES:
-        dtype = dtypes.LEGACY_TYPES[dtype.rsplit(".", 1)[-1]]
+        dtype = dtypes.legacy_dtype(dtype.rsplit(".", 1)[-1])
     dtype = getattr(dtype, "legacy_dtype", dtype)
     return elementwise.astype(self, dtype)
 

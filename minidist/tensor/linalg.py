@@ -30,7 +30,7 @@ from minidist.tensor.deterministic import OFF
 from minidist.tensor.elementwise import broadcast_message, unbroadcast
 from minidist.tensor.grad_destination import write_leaf_grad
 
-LOW_PRECISION = (numpy.dtype(numpy.float16), dtypes.BFLOAT16_NUMPY)
+LOW_PRECISION = dtypes.HALF
 """The 16-bit floats whose CPU products are emulated with float32 BLAS (see ``mm``)."""
 
 
