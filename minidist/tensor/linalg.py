@@ -46,7 +46,9 @@ def mm(a: Any, b: Any, out: Any = None) -> Any:
     the real float16 GEMM.
     """
     xp = backend.get_array_module(a, b)
-    if a.dtype in LOW_PRECISION and b.dtype == a.dtype and xp is numpy:  # bfloat16 alike
+    # (itemsize first: a float32 GEMM, the common case, asks LOW_PRECISION nothing)
+    if a.dtype.itemsize == 2 and a.dtype in LOW_PRECISION and b.dtype == a.dtype and \
+            xp is numpy:  # bfloat16 alike
         with numpy.errstate(over="ignore", invalid="ignore"):  # inf, NaN: as on a device
             prod = numpy.matmul(a.astype(numpy.float32), b.astype(numpy.float32))
             if out is None:
@@ -66,7 +68,7 @@ def mm(a: Any, b: Any, out: Any = None) -> Any:
 def sum_rows(g: Any, axis: int = 0, out: Any = None) -> Any:
     """``g.sum(axis)``, into ``out`` if given; float16 is accumulated in float32 and rounded
     once (bias gradients)."""
-    if g.dtype in LOW_PRECISION:
+    if g.dtype.itemsize == 2 and g.dtype in LOW_PRECISION:
         s = g.sum(axis=axis, dtype=numpy.float32)
         if out is None:
             return s.astype(g.dtype)
