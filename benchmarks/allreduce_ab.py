@@ -4,8 +4,8 @@
     .venv/bin/python benchmarks/allreduce_ab.py --old v1.0 --rounds 6 --sizes 8,1K,1M
 
 Did a change make ``all_reduce`` slower, or bring it nearer MPI's own? Each job times, per size,
-``ProcessGroup.all_reduce`` with the defaults (``auto``, ledger on: what a user's call runs)
-beside ``mpi_raw``, mpi4py's ``comm.Allreduce`` on the same communicator (no minidist at all),
+``minidist.all_reduce(x)`` with the defaults (``auto``, ledger on: the user's call, through
+every layer it passes) beside ``mpi_raw``, mpi4py's ``comm.Allreduce`` on the same communicator (no minidist at all),
 interleaved call by call as ``allreduce.py`` does: a barrier, one call, its time at the slowest
 rank. The old and the new code run one after the other, ``--rounds`` times each, the order
 flipping every round::
@@ -41,6 +41,7 @@ def job(sizes: list[int], iters: int, warmup: int) -> dict[str, Any] | None:
     """One side's measurement (every rank runs it; rank 0 returns the result)."""
     import numpy as np
 
+    import minidist as md
     from minidist import comm
 
     comm.init_process_group()
@@ -49,7 +50,7 @@ def job(sizes: list[int], iters: int, warmup: int) -> dict[str, Any] | None:
     rows = []
     for nbytes in sizes:
         x = np.ones(max(1, nbytes // 4), np.float32)
-        runs = (lambda x=x: group.all_reduce(x),
+        runs = (lambda x=x: md.all_reduce(x),
                 lambda x=x: mpi.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM))
         times = np.zeros((2, iters))
         for i in range(warmup + iters):
@@ -83,7 +84,7 @@ def run_side(args: argparse.Namespace, library: Path | None, out: Path) -> dict[
 
 
 def table(rounds: list[dict[str, Any]], old: str, n: int) -> str:
-    lines = [f"# all_reduce (auto, ledger on) / mpi4py Allreduce at n={n}, {len(rounds)} rounds "
+    lines = [f"# md.all_reduce (auto, ledger on) / mpi4py Allreduce at n={n}, {len(rounds)} rounds "
              f"per side: old = {old[:10]}, new = this checkout",
              "#     size  old auto us  old raw us  old ratio  new auto us  new raw us  new ratio"
              "  new algorithm"]
