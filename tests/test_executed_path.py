@@ -13,7 +13,7 @@ SCRIPT = REPO / "benchmarks" / "executed_path.py"
 # lines, 14 files, 5 %) are the goal. The script counts the step of five with the fewest
 # lines (a step whose barriers did not outlast their spin), so little slack is needed. The
 # instrumentation is 16 lines (the ledger's row, the NaN/inf verdict, the trace flag): its share
-# rises as the core shrinks (16 of 280 lines was 5.7 %, 16 of 267 is 6.0 %).
+# rises as the core shrinks (16 of 280 lines was 5.7 %, 16 of 268 is 6.0 %).
 BUDGET = {"lines": 270, "files": 22, "instrumentation_pct": 6.1}
 MAX_MODULE_LINES = 400  # no module a default step runs is longer (split along concepts)
 

@@ -147,17 +147,18 @@ def _reduce_push(node: ShmNode, bufs: list, op: ReduceOp) -> bool:
     if op.ufunc is not np.add or t[0].dtype not in KERNEL_DTYPES:
         return reduce_pieces(t, op, node.size)
     divisor = node.size if op is ReduceOp.AVG else 1
-    kernel = node.extra.get(t[0].dtype)  # the kernel or its reference, chosen once per dtype
+    chosen = node.extra.setdefault("sum_to_all", {})  # per dtype: the kernel or its reference
+    kernel = chosen.get(t[0].dtype)
     if kernel is None:
-        kernel = node.extra[t[0].dtype] = _KERNEL.bind("sum_to_all", sum_pieces, t, divisor)
+        kernel = chosen[t[0].dtype] = _KERNEL.bind("sum_to_all", sum_pieces, t, divisor)
     return bool(kernel(t, divisor))
 
 
 def reduce_pieces(bufs: tuple, op: ReduceOp, n: int) -> bool:
-    """NumPy's ``_reduce_push``: reduce a piece (``PIECE_BYTES``, well under the L2 cache) of
-    every buffer into a temporary, finish it (AVG divides by ``n``), check it (``finite_fast``)
-    and write it back to every buffer while it and the lines just read are still in cache.
-    Returns False if the result may hold NaN/inf."""
+    """Step (3) in NumPy, for any op and dtype: reduce a piece (``PIECE_BYTES``, well under the
+    L2 cache) of every buffer into a temporary, finish it (AVG divides by ``n``), check it
+    (``finite_fast``) and write it back to every buffer while it and the lines just read are
+    still in cache. Returns False if the result may hold NaN/inf."""
     size, dtype = bufs[0].size, bufs[0].dtype
     step = max(PIECE_BYTES // dtype.itemsize // 64 * 64, 64)  # elements: whole cache lines
     tmp = np.empty(min(step, size), dtype)
