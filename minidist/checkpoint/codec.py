@@ -8,8 +8,9 @@
     decode(tree, arrays)    # the same tree back
 
 Dicts with non-string keys (torch's optimizer state is keyed by parameter index), tuples, NumPy
-scalars (kept as 0-d arrays, so float32 stays float32) and big integers (PCG64 RNG states) all
-come back as they went in. Arrays may be NumPy or CuPy (copied to the host).
+scalars (kept as 0-d arrays, so float32 stays float32), big integers (PCG64 RNG states) and
+bfloat16 arrays (npz stores their bytes as "V2"; the entry names the dtype) all come back as
+they went in. Arrays may be NumPy or CuPy (copied to the host).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def encode(obj: Any, path: str, arrays: dict[str, np.ndarray], devices: bool = F
         arrays[key] = host if host.ndim == 0 else np.ascontiguousarray(host)
         entry = {"__array__": key, "__scalar__": True} if isinstance(obj, np.generic) else {
             "__array__": key}
+        if host.dtype.kind == "V" and host.dtype.names is None:  # bfloat16 & co (ml_dtypes):
+            entry["__dtype__"] = host.dtype.name  # npz keeps only the bytes ("V2")
         if devices and backend.is_device_array(obj):
             entry["__device__"] = str(backend.device_of(obj))
         return entry
@@ -62,11 +65,26 @@ def encode(obj: Any, path: str, arrays: dict[str, np.ndarray], devices: bool = F
                     "lists and dicts (convert objects with their state_dict()).")
 
 
+def ml_dtype(name: str) -> np.dtype:
+    """The ``ml_dtypes`` dtype called ``name`` (``"bfloat16"``), importing ml_dtypes: a process
+    that loads a checkpoint may not have asked for bfloat16 yet (tensor/dtypes.py)."""
+    import ml_dtypes
+
+    try:
+        return np.dtype(getattr(ml_dtypes, name))
+    except AttributeError:
+        raise ValueError(f"load: an array of dtype {name!r}, which this ml_dtypes "
+                         f"({ml_dtypes.__version__}) does not have: upgrade ml_dtypes "
+                         "(`pip install -U ml_dtypes`) to read it.") from None
+
+
 def decode(obj: Any, arrays: Mapping[str, np.ndarray]) -> Any:
     """The inverse of :func:`encode`: ``obj`` with every array reference replaced by its array."""
     if isinstance(obj, dict):
         if "__array__" in obj:
             arr = arrays[obj["__array__"]]
+            if "__dtype__" in obj:
+                arr = arr.view(ml_dtype(obj["__dtype__"]))
             return arr[()] if obj.get("__scalar__") else arr
         if "__items__" in obj:
             return {k: decode(v, arrays) for k, v in obj["__items__"]}

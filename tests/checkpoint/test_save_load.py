@@ -102,3 +102,29 @@ def test_rank0_only_save_does_not_hang(tmp_path):
     result = run_mpi(2, [REPO / "tests/checkpoint/save_rank0.py", tmp_path / "m.npz"], timeout_s=60)
     assert result.returncode == 0, result.report()
     assert result.stdout.count("loaded ok") == 2, result.report()
+
+
+BFLOAT16_SAVE = r"""
+import sys, minidist, numpy as np
+x = minidist.tensor([1.5, -2.0, 3.25]).to(minidist.bfloat16)
+minidist.save({"x": x, "one": x.array[0], "f": np.ones(2, np.float32)}, sys.argv[1])
+"""
+BFLOAT16_LOAD = r"""
+import sys, json, minidist
+got = minidist.load(sys.argv[1])
+print("RESULT " + json.dumps([str(got["x"].dtype), got["x"].astype("float32").tolist(),
+                              str(got["one"].dtype), float(got["one"]), str(got["f"].dtype)]))
+"""
+
+
+def test_bfloat16_arrays_come_back_as_bfloat16_in_a_process_that_never_asked_for_it(tmp_path):
+    """npz keeps a bfloat16 array's bytes only ("V2"): the entry names the dtype, and load
+    imports ml_dtypes for it (``import minidist`` does not: tensor/dtypes.py)."""
+    from procs import run_python
+
+    path = tmp_path / "bf16.npz"
+    assert run_python(["-c", BFLOAT16_SAVE, path], timeout_s=60).returncode == 0
+    res = run_python(["-c", BFLOAT16_LOAD, path], timeout_s=60)
+    assert res.returncode == 0, res.report()
+    line = next(x for x in res.stdout.splitlines() if x.startswith("RESULT "))
+    assert line[7:] == '["bfloat16", [1.5, -2.0, 3.25], "bfloat16", 1.5, "float32"]'
