@@ -331,6 +331,23 @@ def alternate(tool: str, rev: str, rounds: int, out_dir: Path,
     return old, done
 
 
+def run_ab_job(tool: str, script: str, n: int, job_args: list[str], library: Path | None,
+               out: Path, timeout: float) -> dict[str, Any]:
+    """One side of an A/B benchmark: ``mpiexec -n n python script --job-out out *job_args``
+    (``--library`` for the old side), one BLAS thread per rank; returns the JSON its rank 0
+    wrote to ``out`` (then removed). A failed job ends the benchmark, naming the side."""
+    cmd = [mpiexec_path(), "-n", str(n), sys.executable, script, "--job-out", str(out),
+           *job_args]
+    cmd += ["--library", str(library)] if library else []
+    done = subprocess.run(cmd, env=one_thread_env(), timeout=timeout)
+    if done.returncode != 0:
+        sys.exit(f"{tool}: the {'old' if library else 'new'} side's job failed "
+                 f"(exit {done.returncode}; its output is above).")
+    res = json.loads(out.read_text())
+    out.unlink()
+    return res
+
+
 def write_ab(tool: str, out_dir: Path, old: str, rounds: list[dict[str, Any]], text: str) -> None:
     """Print an A/B benchmark's table; write ``<tool>.json`` (the rounds) and ``<tool>.txt``."""
     print(text)

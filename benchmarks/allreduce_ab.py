@@ -24,17 +24,15 @@ git-ignored).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (LOCAL_RESULTS, ab_entry, alternate, human, mpiexec_path,  # noqa: E402
-                     one_thread_env, parse_bytes, write_ab)
+from _common import (LOCAL_RESULTS, ab_entry, alternate, human, parse_bytes,  # noqa: E402
+                     run_ab_job, write_ab)
 
 
 def job(sizes: list[int], iters: int, warmup: int) -> dict[str, Any] | None:
@@ -71,16 +69,9 @@ def job(sizes: list[int], iters: int, warmup: int) -> dict[str, Any] | None:
 
 
 def run_side(args: argparse.Namespace, library: Path | None, out: Path) -> dict[str, Any]:
-    cmd = [mpiexec_path(), "-n", str(args.n), sys.executable, __file__, "--job-out", str(out),
-           "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup)]
-    cmd += ["--library", str(library)] if library else []
-    done = subprocess.run(cmd, env=one_thread_env(), timeout=args.timeout)
-    if done.returncode != 0:
-        sys.exit(f"allreduce_ab: the {'old' if library else 'new'} side's job failed "
-                 f"(exit {done.returncode}; its output is above).")
-    res = json.loads(out.read_text())
-    out.unlink()
-    return res
+    return run_ab_job("allreduce_ab", __file__, args.n, [
+        "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup)],
+        library, out, args.timeout)
 
 
 def table(rounds: list[dict[str, Any]], old: str, n: int) -> str:

@@ -31,17 +31,14 @@ runs/bench/, git-ignored).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (LOCAL_RESULTS, ab_entry, alternate, mpiexec_path,  # noqa: E402
-                     one_thread_env, write_ab)
+from _common import LOCAL_RESULTS, ab_entry, alternate, run_ab_job, write_ab  # noqa: E402
 
 LAYERS = (784, 1024, 1024, 10)
 BATCH = 64
@@ -108,17 +105,9 @@ def job(pairs: int, warmup: int, momentum: float) -> dict[str, Any] | None:
 
 
 def run_side(args: argparse.Namespace, library: Path | None, out: Path) -> dict[str, Any]:
-    cmd = [mpiexec_path(), "-n", str(args.n), sys.executable,
-           __file__, "--job-out", str(out), "--pairs", str(args.pairs),
-           "--warmup", str(args.warmup), "--momentum", str(args.momentum)]
-    cmd += ["--library", str(library)] if library else []
-    done = subprocess.run(cmd, env=one_thread_env(), timeout=args.timeout)
-    if done.returncode != 0:
-        sys.exit(f"ddp_overhead_ab: the {'old' if library else 'new'} side's job failed "
-                 f"(exit {done.returncode}; its output is above).")
-    res = json.loads(out.read_text())
-    out.unlink()
-    return res
+    return run_ab_job("ddp_overhead_ab", __file__, args.n, [
+        "--pairs", str(args.pairs), "--warmup", str(args.warmup),
+        "--momentum", str(args.momentum)], library, out, args.timeout)
 
 
 def table(rounds: list[dict[str, Any]], old: str) -> str:
