@@ -113,9 +113,10 @@ def call_spec(collective: str, text: str, count: int = 0, dtype: Any = None,
                     signature(collective, op, dtype, count, root, algorithm), shared)
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Call:
-    """One collective call as its observers see it (the ledger keeps it as an entry)."""
+    """One collective call as its observers see it (the ledger keeps it as an entry; slots:
+    one is made per call)."""
 
     spec: CallSpec              # what the call is
     stream: int                 # the caller's ``tag``
@@ -158,7 +159,8 @@ class Calls:
         self._mask = _mask_of(self.max_tag)  # the fingerprint bits that fit in a tag
         self.diagnose = diagnose  # the group's failure policy: the error to raise instead
         self.observers: tuple = ()
-        self._ends: tuple = ()  # the observers' ``end`` methods, bound once
+        self._starts: tuple = ()  # the observers' ``start`` and ``end`` methods, bound once
+        self._ends: tuple = ()
         self._seq: collections.defaultdict[int, int] = collections.defaultdict(int)  # stream
         # -> calls so far (a defaultdict: a stream's first call finds 0, no .get per call)
 
@@ -171,7 +173,9 @@ class Calls:
         self._watch(tuple(o for o in self.observers if o is not observer))
 
     def _watch(self, observers: tuple) -> None:
-        self.observers, self._ends = observers, tuple(o.end for o in observers)
+        self.observers = observers
+        self._starts = tuple(o.start for o in observers)
+        self._ends = tuple(o.end for o in observers)
 
     def counts(self) -> dict[int, int]:
         """``{stream: calls so far}``."""
@@ -191,16 +195,16 @@ class Calls:
         fp = hash((seq, spec.signature, 0 if label is None else label_code(label)))
         tag = stream | ((fp & self._mask) or 1) << STREAM_BITS
         call = Call(spec, stream, seq, tag, shape, label)
-        for observer in self.observers:
-            try:
-                observer.start(call)
-            except CommError as e:
-                raise self.failed(call, e) from e
+        try:
+            for start in self._starts:
+                start(call)
+        except CommError as e:
+            raise self.failed(call, e) from e
         return call
 
     def end(self, call: Call) -> None:
         """The call returned: tell every observer."""
-        for end in self._ends:  # (bound once: the one hot loop of an observed call)
+        for end in self._ends:
             end(call)
 
     def failed(self, call: Call, error: BaseException) -> BaseException:
@@ -214,12 +218,12 @@ class Calls:
     def unobserved(self) -> Iterator[None]:
         """Calls in the block are seen by no observer and leave the call numbers as they
         were (the auto wing's calibration); every rank must use it alike."""
-        observers, ends, counts = self.observers, self._ends, dict(self._seq)
-        self.observers, self._ends = (), ()
+        observers, counts = self.observers, dict(self._seq)
+        self._watch(())
         try:
             yield
         finally:
-            self.observers, self._ends = observers, ends
+            self._watch(observers)
             self._seq.clear()
             self._seq.update(counts)
 

@@ -96,7 +96,7 @@ class NativeAllReduce:
                 "collective here (its call fingerprint differs).")
         if after is not None:
             after()
-        if op is ReduceOp.AVG:
+        if op.averages:
             finalize(buf, op, self.transport.size)
 
     def _wait(self, req: Any, nbytes: int, timeout_s: float | None, k: int, tag: int) -> None:

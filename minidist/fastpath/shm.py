@@ -146,7 +146,7 @@ def _reduce_push(node: ShmNode, bufs: list, op: ReduceOp) -> bool:
     t = tuple(bufs)
     if op.ufunc is not np.add or t[0].dtype not in KERNEL_DTYPES:
         return reduce_pieces(t, op, node.size)
-    divisor = node.size if op is ReduceOp.AVG else 1
+    divisor = node.size if op.averages else 1
     chosen = node.extra.setdefault("sum_to_all", {})  # per dtype: the kernel or its reference
     kernel = chosen.get(t[0].dtype)
     if kernel is None:

@@ -46,7 +46,7 @@ class MailboxAllReduce:
     """The mailbox all-reduce of ``numel`` elements of ``dtype`` on ``node`` (module doc)."""
 
     def __init__(self, node: ShmNode, dtype: np.dtype, numel: int) -> None:
-        self.node = node
+        self.node, self.guard = node, node.guard
         self.n = node.size
         # boxes[half]: every rank's message (as ``dtype``); mine[half], rest[half]: my box and
         # the boxes after the first two; lines[half]: my (numel, dtype, op) line
@@ -61,11 +61,10 @@ class MailboxAllReduce:
         self.what = 'all_reduce(algorithm="shm")'
 
     def __call__(self, flat: np.ndarray, op: ReduceOp, tag: int = 0) -> None:
-        node = self.node
-        half = (node.guard.calls + 1) & 1  # the call number guard.exchange gives this call
+        half = (self.guard.calls + 1) & 1  # the call number guard.exchange gives this call
         self.mine[half][...] = flat                                       # (1)
         try:
-            node.guard.exchange(tag or self.stamp(half, op), self.what)  # (2), (3)
+            self.guard.exchange(tag or self.stamp(half, op), self.what)  # (2), (3)
         except CollectiveMismatch as e:
             raise (e if tag else self.mismatch(half, e)) from None
         if self.n > 1:                                                    # (4)
@@ -73,7 +72,7 @@ class MailboxAllReduce:
             op.ufunc(boxes[0], boxes[1], flat)  # (rank order: every rank the same bits)
             for box in self.rest[half]:
                 combine(flat, box, op)
-        if op is ReduceOp.AVG:
+        if op.averages:
             finalize(flat, op, self.n)
 
     def stamp(self, half: int, op: ReduceOp) -> int:
