@@ -57,7 +57,7 @@ import numpy as np
 
 from minidist import kernels
 from minidist import xp as backend
-from minidist.amp.master_weights import MasterParameter, MasterWeights, owner_of
+from minidist.amp.master_weights import MasterParameter, MasterWeights, bucket_offsets, owner_of
 from minidist.amp.overflow import OverflowReport, first_nonfinite
 from minidist.logger import get_logger, rank_prefix
 from minidist.amp.scaled_values import (fusable, map_tensors, params_of, tensors_in,
@@ -199,7 +199,8 @@ class GradScaler(ScalerSettings):
     # ------------------------------------------------------------------ the DDP fold
 
     def unscale_bucket_(self, buffer: Any, params: Sequence[Any],
-                        names: Sequence[str] | None = None) -> bool:
+                        names: Sequence[str] | None = None,
+                        offsets: Sequence[int] | None = None) -> bool:
         """Unscale one flat gradient buffer (a DDP bucket) with ONE kernel call.
 
         Called by DDP's reducer right after the bucket's all-reduce. A float32 bucket is
@@ -208,9 +209,12 @@ class GradScaler(ScalerSettings):
         for ``unscale_``/``step`` of whichever optimizer owns these parameters.
 
         Args:
-            buffer: the flat gradient buffer; ``params``' gradients are consecutive views of it.
+            buffer: the flat gradient buffer; ``params``' gradients are views of it.
             params: the parameters in the bucket, in buffer order.
             names: their names, for the report of a skipped step.
+            offsets: where each gradient starts in ``buffer`` (elements; a DDP bucket starts
+                each one on a cache line, the zeros between them unscale to zeros); None:
+                one after the other from 0.
 
         Returns:
             False when this bucket cannot be folded (float64, or float16 without masters);
@@ -218,7 +222,9 @@ class GradScaler(ScalerSettings):
         """
         if not self._enabled or self._scale is None:
             return False
-        if sum(int(p.array.size) for p in params) != buffer.size:
+        offsets = bucket_offsets(params) if offsets is None else list(offsets)
+        if (not params or len(offsets) != len(params)
+                or offsets[-1] + int(params[-1].array.size) > buffer.size):
             return False
         targets: list[Any] = list(params)
         if buffer.dtype == np.float32:
@@ -229,7 +235,7 @@ class GradScaler(ScalerSettings):
             if owner is None or len(owners) != 1:
                 return False  # float16 without masters: unscale_ raises torch's error
             targets = [owner.master_of(p) for p in params]
-            dst = owner.bucket_grad_buffer(params)
+            dst = owner.bucket_grad_buffer(params, offsets, buffer.size)
         else:
             return False
         assert self._flags is not None

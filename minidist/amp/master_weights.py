@@ -38,7 +38,7 @@ a checkpoint resumes bit for bit although the model's own state_dict holds float
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -51,6 +51,16 @@ from minidist.optim.grad_scaling import master_owner, set_master_owner
 
 log = get_logger(__name__)
 
+
+
+def bucket_offsets(params: Sequence[Any]) -> list[int]:
+    """Where each of ``params``' gradients starts in a flat buffer that holds them one after
+    the other (elements)."""
+    offsets, off = [], 0
+    for p in params:
+        offsets.append(off)
+        off += int(p.array.size)
+    return offsets
 
 class MasterParameter(Parameter):
     """The float32 master copy of a float16 model parameter (what the optimizer updates).
@@ -200,23 +210,26 @@ class MasterWeights(Optimizer):
         off, n, shape = self._grad_slices[id(master)]
         return self.master_grad_buffer[off:off + n].reshape(shape)
 
-    def bucket_grad_buffer(self, params: Iterable[Any]) -> Any:
+    def bucket_grad_buffer(self, params: Iterable[Any], offsets: Sequence[int] | None = None,
+                           numel: int | None = None) -> Any:
         """One flat float32 buffer laid out like a flat float16 bucket of ``params``.
 
         Every master of ``params`` gets ``.grad`` = its view of that buffer, so ONE kernel call
-        can unscale the whole float16 bucket into the masters' gradients. The buffer is kept
-        (per bucket) across steps.
+        can unscale the whole float16 bucket into the masters' gradients. ``offsets`` (where
+        each gradient starts) and ``numel`` (the bucket's size) give the bucket's layout; by
+        default the gradients lie one after the other. The buffer is kept (per bucket) across
+        steps.
         """
         params = list(params)
-        key = tuple(id(p) for p in params)
+        offsets = bucket_offsets(params) if offsets is None else list(offsets)
+        key = (tuple(id(p) for p in params), tuple(offsets))
         entry = self._bucket_grads.get(key)
         if entry is None:
             xp = backend.get_array_module(params[0].array)
-            flat = xp.empty(sum(int(p.array.size) for p in params), dtype=np.float32)
-            views, off = [], 0
-            for p in params:
-                views.append(flat[off:off + p.array.size].reshape(p.array.shape))
-                off += int(p.array.size)
+            end = offsets[-1] + int(params[-1].array.size) if params else 0
+            flat = xp.zeros(max(end, numel or 0), dtype=np.float32)
+            views = [flat[off:off + p.array.size].reshape(p.array.shape)
+                     for p, off in zip(params, offsets)]
             entry = self._bucket_grads[key] = (flat, views)
         flat, views = entry
         for p, v in zip(params, views):

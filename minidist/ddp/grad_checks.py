@@ -40,7 +40,8 @@ class AmpUnscale(ReducerObserver):
         self.scaler = scaler
 
     def bucket_reduced(self, bucket: Any) -> None:
-        if self.scaler.unscale_bucket_(bucket.buffer, bucket.params, bucket.names):
+        if self.scaler.unscale_bucket_(bucket.buffer, bucket.params, bucket.names,
+                                       bucket.spec.offsets):
             bucket.finite = True
 
 

@@ -60,6 +60,15 @@ MAILBOX = LINE + -(-SMALL_BYTES // LINE) * LINE      # one mailbox: its line, it
 WEAK_ORDER = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
 
+def _line_aligned(memory: Any, nbytes: int) -> np.ndarray:
+    """``nbytes`` of ``memory`` from its first cache-line boundary on, as bytes. (A shared
+    segment is mapped at a page boundary in every process, so every rank finds the same
+    offset.)"""
+    raw = np.frombuffer(memory, dtype=np.uint8)
+    start = -raw.ctypes.data % LINE
+    return raw[start: start + nbytes]
+
+
 class SharedWindow:
     """One ``MPI_Win_allocate_shared`` window: ``nbytes`` per rank, every slot mapped locally.
 
@@ -75,9 +84,11 @@ class SharedWindow:
         self.arrive = arrive  # every rank reached this point (Ibarrier with a deadline)
         if arrive is not None:
             arrive("shared window allocation")
-        self.win = MPI.Win.Allocate_shared(max(self.nbytes, LINE), 1, comm=node_comm)
+        # a line more than asked: every slot starts on a cache line (MPI places them end to
+        # end, and an odd size would leave the next rank's mid-line)
+        self.win = MPI.Win.Allocate_shared(max(self.nbytes, LINE) + LINE, 1, comm=node_comm)
         self.win.Lock_all(MPI.MODE_NOCHECK)  # passive epoch for the window's lifetime (Sync)
-        self.slots = [np.frombuffer(self.win.Shared_query(j)[0], dtype=np.uint8)[: self.nbytes]
+        self.slots = [_line_aligned(self.win.Shared_query(j)[0], self.nbytes)
                       for j in range(node_comm.Get_size())]
         self.base = [s.ctypes.data for s in self.slots]
 

@@ -42,7 +42,8 @@ class BucketShard:
         self.lo = rank * self.chunk
         xp = backend.get_array_module(bucket.buffer)
         dtype = bucket.buffer.dtype
-        self.flat = xp.empty(self.numel, dtype=dtype)         # every parameter of the bucket
+        self.flat = xp.zeros(self.numel, dtype=dtype)  # every parameter of the bucket (zeros
+        #                                                 between them: the bucket's padding)
         for p, off in zip(bucket.params, bucket.spec.offsets):
             n = p.array.size
             self.flat[off:off + n] = p.array.reshape(-1)

@@ -112,3 +112,17 @@ def test_no_module_probes_a_transport():
                 hits.append(f"{path.relative_to(PACKAGE.parent)}:{n}: {line.strip()}")
     assert not hits, ("transport capabilities are declared on Transport (base.py); use them "
                       "instead of getattr/hasattr:\n" + "\n".join(hits))
+
+
+def test_a_transports_buffer_starts_on_a_cache_line():
+    """NumPy starts a large array 16 bytes into a cache line; DDP's buckets come from
+    ``alloc_buffer`` and their gradient slots sit on cache lines of the buffer."""
+    import numpy as np
+
+    from minidist.comm.transports.base import line_aligned_empty
+    for numel, dtype in ((0, "float32"), (1, "float64"), (10, "float16"), (1_059_850, "float32")):
+        buf = line_aligned_empty(numel, dtype)
+        assert (numel == 0 or buf.ctypes.data % 64 == 0) and buf.shape == (numel,)
+        assert buf.dtype == dtype
+        assert buf.flags.c_contiguous and buf.flags.writeable
+        buf[...] = 1  # all of it is ours

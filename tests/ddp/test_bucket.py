@@ -26,7 +26,21 @@ def test_big_param_gets_its_own_bucket_and_is_never_split():
     ps = metas(((10,), "float32"), ((1000, 1000), "float32"), ((10,), "float32"))
     plan = plan_buckets(ps, bucket_cap_bytes=1 << 20, first_bucket_cap_bytes=1 << 20)
     assert [b.param_indices for b in plan] == [[2, 1], [0]]
-    assert plan[0].numel == 1_000_010
+    assert plan[0].offsets == [0, 16]  # 10 floats, then zeros up to the next cache line
+    assert plan[0].numel == 1_000_016
+
+
+def test_every_gradient_slot_starts_on_a_cache_line():
+    ps = metas(((10,), "float32"), ((3, 7), "float32"), ((5,), "float64"), ((33,), "float16"),
+               ((1,), "float64"), ((16,), "float32"), ((2, 2), "float16"))
+    plan = plan_buckets(ps)
+    for b in plan:
+        itemsize = np.dtype(b.dtype).itemsize
+        assert all(off * itemsize % 64 == 0 for off in b.offsets), (b.dtype, b.offsets)
+        ends = [off + ps[i].numel for off, i in zip(b.offsets, b.param_indices)]
+        assert all(end <= nxt for end, nxt in zip(ends, b.offsets[1:])), b.offsets  # disjoint
+        assert b.numel == ends[-1]
+        assert all(nxt - end < 64 // itemsize for end, nxt in zip(ends, b.offsets[1:]))
 
 
 def test_dtypes_never_share_a_bucket():
@@ -60,12 +74,13 @@ def test_grads_are_views_and_reattach_keeps_values():
     assert b.attach_grads() == 2
     assert np.shares_memory(params[0].grad, b.buffer) and (b.buffer == 0).all()
     params[0].grad += 1                       # backward writes in place -> lands in the bucket
-    assert b.buffer[3:].sum() == 6 and b.buffer[:3].sum() == 0   # bias first (reverse order)
+    assert spec.offsets == [0, 16]  # bias first (reverse order), the weight on the next line
+    assert b.buffer[16:].sum() == 6 and b.buffer[:16].sum() == 0
     assert b.attach_grads() == 0              # views kept: accumulation not broken
     params[1].grad = None                     # zero_grad(set_to_none=True)
     params[0].grad = np.full((2, 3), 2, np.float32)   # user assigned an array
     assert b.attach_grads() == 2
-    assert (b.buffer[:3] == 0).all() and (b.buffer[3:] == 2).all()
+    assert (b.buffer[:16] == 0).all() and (b.buffer[16:] == 2).all()
     b.reset()
     assert b.state is BucketState.EMPTY and not b.mark_slot_done(1) and b.state is BucketState.FILLING
     assert b.missing_names() == ["b"] and not b.mark_slot_done(1)   # a second report is ignored

@@ -63,6 +63,12 @@ for sl in (slice(None), slice(64, 64 + 1001)):
         shm_all_reduce(t, view, op)
         check(view, reference_reduce(list(world), op), f"zero-copy {sl} {op}")
 
+# Every rank's slot of a window starts on a cache line, whatever its size (DDP's gradient
+# slots sit on cache lines of a bucket, so the bucket must start on one too).
+for odd in (1, 10, 1001, 1_059_850):
+    b = shm_alloc_buffer(t, odd, np.float32)
+    assert b.ctypes.data % 64 == 0, f"rank {r}: {odd} floats start {b.ctypes.data % 64} into a line"
+
 # Mixed: rank 0 passes its shared buffer, the others plain arrays: still correct.
 world = world_of(big, np.float32, 8)
 buf = shared if r == 0 else np.empty(big, np.float32)

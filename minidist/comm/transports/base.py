@@ -130,6 +130,16 @@ class Request(abc.ABC):
         """True once the operation has completed (never blocks)."""
 
 
+def line_aligned_empty(numel: int, dtype: Any) -> np.ndarray:
+    """``np.empty(numel, dtype)`` whose first element starts on a 64-byte cache line (NumPy's
+    own large arrays start 16 bytes into one): DDP's gradient slots sit on cache lines of the
+    bucket, so a matrix product writes whole lines."""
+    dt = np.dtype(dtype)
+    raw = np.empty(numel * dt.itemsize + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start: start + numel * dt.itemsize].view(dt)
+
+
 class Transport(ByteCounters, abc.ABC):
     """Point-to-point messaging between ``size`` ranks; see the module docstring."""
 
@@ -174,8 +184,11 @@ class Transport(ByteCounters, abc.ABC):
 
     def alloc_buffer(self, numel: int, dtype: Any, xp: Any = np) -> Any:
         """A 1-D communication buffer where this transport moves data best (the default: a
-        plain array); the process group and DDP's buckets allocate through here."""
-        return xp.empty(int(numel), dtype=dtype)
+        plain array, a NumPy one starting on a cache line); the process group and DDP's
+        buckets allocate through here."""
+        if xp is not np:
+            return xp.empty(int(numel), dtype=dtype)  # (device memory: 256-byte aligned)
+        return line_aligned_empty(int(numel), dtype)
 
     def cuda_aware(self) -> bool:
         """Whether GPU buffers may be passed to this transport as they are (a CUDA-aware MPI);
