@@ -17,7 +17,7 @@ the last layer first::
     p.grad          = bucket.buffer[offset:offset + numel].reshape(p.shape)   (a view, no copy)
 
 Every gradient starts on a cache line (``SLOT_ALIGN_BYTES``): the matrix product that writes
-a weight's gradient runs 5-8 % slower into a view that starts mid-line
+a weight's gradient runs 6-8 % slower into a view that starts mid-line
 (benchmarks/bucket_alignment.py). The few elements of padding stay zero (the sum of zeros
 over the ranks is zero), and nothing reads them as a gradient.
 
