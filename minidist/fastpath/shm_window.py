@@ -46,11 +46,12 @@ import numpy as np
 
 from minidist.comm.env import cores_per_rank
 from minidist.comm.errors import CommError, CommTimeout
-from minidist.comm.transports.base import DEFAULT_TIMEOUT_S, Transport, wait_until
+from minidist.comm.transports.base import (DEFAULT_TIMEOUT_S, LINE_BYTES, Transport, from_line,
+                                          wait_until)
 from minidist.envvars import env
 from minidist.fastpath.shm_guard import GuardLine
 
-LINE = 64                # bytes: one cache line per flag (pollers never share a writer's line)
+LINE = LINE_BYTES        # bytes: one cache line per flag (pollers never share a writer's line)
 HEADER_INTS = 8          # per-rank int64 header words beside the flag (see algorithms/shm.py)
 SPINS_BEFORE_YIELD = 2000  # busy polls before sched_yield; 0 when ranks outnumber cores
 SMALL_BYTES = int(env("MINIDIST_SHM_SMALL_BYTES"))  # default 32 KiB: a mailbox's data
@@ -58,15 +59,6 @@ MAILBOX = LINE + -(-SMALL_BYTES // LINE) * LINE      # one mailbox: its line, it
 # Stores reach other cores in program order on x86; elsewhere a fence (MPI_Win_sync) orders a
 # mailbox's data before the call number that publishes it (shm_guard.py).
 WEAK_ORDER = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
-
-
-def _line_aligned(memory: Any, nbytes: int) -> np.ndarray:
-    """``nbytes`` of ``memory`` from its first cache-line boundary on, as bytes. (A shared
-    segment is mapped at a page boundary in every process, so every rank finds the same
-    offset.)"""
-    raw = np.frombuffer(memory, dtype=np.uint8)
-    start = -raw.ctypes.data % LINE
-    return raw[start: start + nbytes]
 
 
 class SharedWindow:
@@ -85,10 +77,11 @@ class SharedWindow:
         if arrive is not None:
             arrive("shared window allocation")
         # a line more than asked: every slot starts on a cache line (MPI places them end to
-        # end, and an odd size would leave the next rank's mid-line)
+        # end, and an odd size would leave the next rank's mid-line; a shared segment is
+        # mapped at a page boundary in every process, so every rank finds the same start)
         self.win = MPI.Win.Allocate_shared(max(self.nbytes, LINE) + LINE, 1, comm=node_comm)
         self.win.Lock_all(MPI.MODE_NOCHECK)  # passive epoch for the window's lifetime (Sync)
-        self.slots = [_line_aligned(self.win.Shared_query(j)[0], self.nbytes)
+        self.slots = [from_line(np.frombuffer(self.win.Shared_query(j)[0], np.uint8), self.nbytes)
                       for j in range(node_comm.Get_size())]
         self.base = [s.ctypes.data for s in self.slots]
 

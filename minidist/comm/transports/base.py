@@ -130,14 +130,23 @@ class Request(abc.ABC):
         """True once the operation has completed (never blocks)."""
 
 
+LINE_BYTES = 64  # a cache line
+
+
+def from_line(raw: np.ndarray, nbytes: int) -> np.ndarray:
+    """``nbytes`` of the byte array ``raw``, from its first cache-line boundary on (``raw``
+    holds ``nbytes + LINE_BYTES``)."""
+    start = -raw.ctypes.data % LINE_BYTES
+    return raw[start: start + nbytes]
+
+
 def line_aligned_empty(numel: int, dtype: Any) -> np.ndarray:
-    """``np.empty(numel, dtype)`` whose first element starts on a 64-byte cache line (NumPy's
-    own large arrays start 16 bytes into one): DDP's gradient slots sit on cache lines of the
+    """``np.empty(numel, dtype)`` whose first element starts on a cache line (NumPy's own
+    large arrays start 16 bytes into one): DDP's gradient slots sit on cache lines of the
     bucket, so a matrix product writes whole lines."""
     dt = np.dtype(dtype)
-    raw = np.empty(numel * dt.itemsize + 64, np.uint8)
-    start = -raw.ctypes.data % 64
-    return raw[start: start + numel * dt.itemsize].view(dt)
+    nbytes = numel * dt.itemsize
+    return from_line(np.empty(nbytes + LINE_BYTES, np.uint8), nbytes).view(dt)
 
 
 class Transport(ByteCounters, abc.ABC):
