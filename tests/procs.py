@@ -180,9 +180,10 @@ def wait_job(p: subprocess.Popen, timeout_s: float) -> JobResult:
 
 
 def run_mpi(n: int, python_args: list, timeout_s: float = 90, env: dict | None = None,
-            cwd: str | Path | None = None) -> JobResult:
-    """Run `mpiexec -n n python <python_args>`; return its result (never hangs past timeout_s)."""
-    argv = [mpiexec_path(), "-n", str(n), sys.executable, *map(str, python_args)]
+            cwd: str | Path | None = None, mpiexec_args: tuple = ()) -> JobResult:
+    """Run `mpiexec [mpiexec_args] -n n python <python_args>`; return its result (never hangs
+    past timeout_s)."""
+    argv = [mpiexec_path(), *mpiexec_args, "-n", str(n), sys.executable, *map(str, python_args)]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=job_env(env), cwd=str(cwd or REPO), start_new_session=True)
     return _run_group([p], argv, timeout_s)

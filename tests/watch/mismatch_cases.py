@@ -149,8 +149,9 @@ def main() -> None:
         sys.stdout.write(f"CASE {name} rank {g.rank} {line}\n")
         sys.stdout.flush()
         g.close()
-    # mpiexec ends the job as soon as one rank exits: first wait until every rank has printed
-    # (not with "die", where a rank is gone by design)
+    # mpiexec ends the job as soon as one rank exits unfinalized (unless run with
+    # -disable-auto-cleanup, as the tests do): first wait until every rank has printed (not
+    # with "die", where a rank is gone by design)
     if not a.tcp and "die" not in a.cases:
         from mpi4py import MPI
         req, deadline = MPI.COMM_WORLD.Ibarrier(), time.monotonic() + 30

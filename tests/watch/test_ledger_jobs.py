@@ -14,6 +14,10 @@ from procs import REPO, _run_group, job_env, mpiexec_path, reserved_ports, run_e
 
 SCRIPT = REPO / "tests" / "watch" / "mismatch_cases.py"
 ENV = {"MINIDIST_TIMEOUT_S": "3"}
+# The case runs end every rank with os._exit(0) once all have printed (a failed MPI call may
+# still be pending, so no MPI_Finalize). Without this flag mpiexec takes the first rank gone
+# unfinalized for a crash and kills the ranks still exiting: exit 9 now and then under load.
+NO_CLEANUP = ("-disable-auto-cleanup",)
 
 # case -> what every rank's error must say (n=2; at n=3 the others are "ranks 0, 2")
 EXPECT = {
@@ -56,7 +60,7 @@ def check_cases(stdout: str, n: int, cases: list[str]) -> None:
 @pytest.mark.mpi
 def test_mpi_auto_every_mismatch_is_diagnosed_on_every_rank():
     cases = list(EXPECT)
-    res = run_mpi(2, [SCRIPT, *cases], timeout_s=90, env=ENV)
+    res = run_mpi(2, [SCRIPT, *cases], timeout_s=90, env=ENV, mpiexec_args=NO_CLEANUP)
     assert res.returncode == 0, res.report()
     check_cases(res.stdout, 2, cases)
 
@@ -64,7 +68,8 @@ def test_mpi_auto_every_mismatch_is_diagnosed_on_every_rank():
 @pytest.mark.mpi
 def test_mpi_ring_mismatches():
     cases = ["dtype", "count", "op", "bcast", "labelled"]
-    res = run_mpi(2, [SCRIPT, "--algorithm", "ring", *cases], timeout_s=90, env=ENV)
+    res = run_mpi(2, [SCRIPT, "--algorithm", "ring", *cases], timeout_s=90, env=ENV,
+                  mpiexec_args=NO_CLEANUP)
     assert res.returncode == 0, res.report()
     check_cases(res.stdout, 2, cases)
 
@@ -72,7 +77,7 @@ def test_mpi_ring_mismatches():
 @pytest.mark.mpi
 def test_mpi_three_ranks_name_the_odd_rank_and_the_others():
     cases = ["bcast", "skip"]
-    res = run_mpi(3, [SCRIPT, *cases], timeout_s=90, env=ENV)
+    res = run_mpi(3, [SCRIPT, *cases], timeout_s=90, env=ENV, mpiexec_args=NO_CLEANUP)
     assert res.returncode == 0, res.report()
     check_cases(res.stdout, 3, cases)
 
