@@ -19,13 +19,13 @@ choice, its reason and the predicted beside the measured time (``select.Explaine
 
 from __future__ import annotations
 
-from time import perf_counter
 from typing import Any
 
 import numpy as np
 
 from minidist.auto import calibrate, select
 from minidist.comm.algorithms import ALGORITHMS
+from minidist.comm.calls import CollectiveObserver
 from minidist.logger import debug_level, get_logger
 
 log = get_logger("minidist.comm.group")  # the logger these lines always came from
@@ -93,31 +93,21 @@ class AutoChoice:
         return t
 
 
-class ExplainAuto:
+class ExplainAuto(CollectiveObserver):
     """``MINIDIST_DEBUG >= 1``: an observer of the group's calls (comm/calls.py) that hands
-    each "auto" all-reduce's time to the chooser's ``select.Explainer``."""
+    each "auto" all-reduce's time (``call.t1 - call.t0``) to the chooser's
+    ``select.Explainer``."""
 
     def __init__(self, chooser: AutoChoice) -> None:
         self.chooser = chooser
-        self._t0: dict[int, float] = {}  # id(call) -> perf_counter at start
-
-    def start(self, call: Any) -> None:
-        """Note when an "auto" all-reduce started."""
-        if call.spec.collective == "all_reduce" and call.spec.requested == "auto":
-            self._t0[id(call)] = perf_counter()
 
     def end(self, call: Any) -> None:
-        """Give the explainer the call's time."""
-        t0 = self._t0.pop(id(call), None)
-        if t0 is not None:
-            spec = call.spec
+        """Give the explainer the time of an "auto" all-reduce."""
+        spec = call.spec
+        if spec.collective == "all_reduce" and spec.requested == "auto":
             self.chooser.explainer.add(spec.algorithm or "", spec.reason or "",
                                        spec.numel * np.dtype(spec.dtype).itemsize, spec.shared,
-                                       perf_counter() - t0)
-
-    def failed(self, call: Any, error: BaseException) -> None:
-        """Forget the call's start time."""
-        self._t0.pop(id(call), None)
+                                       call.t1 - call.t0)
 
 
 class AutoExtension:

@@ -13,15 +13,17 @@ tag above the stream bits (``wire_tag``). The signature hashes what the call is 
 op, dtype, count, root, algorithm), so calls that differ across ranks never consume each
 other's messages. The tag depends on the call alone, whoever watches.
 
-Observers watch the calls without being part of them. An observer has three methods, which
-``begin``, ``end`` and ``failed`` call in registration order::
+Observers watch the calls without being part of them. An observer subclasses
+``CollectiveObserver`` and overrides the events it needs, which ``begin``, ``end`` and ``failed``
+call in registration order (an event it leaves alone is never called)::
 
     start(call)           before the call's first message; may raise a CommError (a check)
     end(call)             after the call returned
     failed(call, error)   the call raised ``error`` (before the failure diagnosis runs)
 
 The watch wing registers the ledger, and in debug mode the consistency check and the debug
-log (minidist/watch/diagnosis/). With no observer, a call costs its number and its tag.
+log (minidist/watch/diagnosis/). With no observer, a call costs its number, its tag and its
+start and end times (``call.t0``, ``call.t1``: two clock reads).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ import contextlib
 import dataclasses
 import functools
 import zlib
-from typing import Any, Callable, Iterator, NamedTuple, Protocol
+from time import perf_counter
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -124,15 +127,16 @@ class Call:
     tag: int                    # its message tag
     shape: Any                  # the caller's array shape (None without one)
     label: str | None           # the caller's label (``label=``), or None
-    t0: float = 0.0             # ``perf_counter`` at start (set by the observer that times it)
-    t1: float | None = None     # ... and at the end; None while running
+    t0: float = 0.0             # ``perf_counter`` at ``begin``
+    t1: float | None = None     # ... and at ``end`` or ``failed``; None while running
     status: Any = None          # None while running or done; a failure status once it failed
     error: str | None = None    # the first line of the error, once it failed (status is set)
     site: tuple = ()            # the caller's (code, byte offset), set by the ledger
 
 
-class CollectiveObserver(Protocol):
-    """What watches a group's collectives (see the module docstring)."""
+class CollectiveObserver:
+    """Base class of what watches a group's collectives: override the events you need (the
+    others are never called; see the module docstring)."""
 
     def start(self, call: Call) -> None:
         """Before the call's first message; a CommError raised here fails the call."""
@@ -142,6 +146,12 @@ class CollectiveObserver(Protocol):
 
     def failed(self, call: Call, error: BaseException) -> None:
         """The call raised ``error``."""
+
+
+def handlers(observers: tuple, event: str) -> tuple:
+    """The bound ``event`` methods of the observers that override it, in order."""
+    base = getattr(CollectiveObserver, event)
+    return tuple(getattr(o, event) for o in observers if getattr(type(o), event) is not base)
 
 
 class Calls:
@@ -158,9 +168,7 @@ class Calls:
         self.max_tag = int(max_tag)
         self._mask = _mask_of(self.max_tag)  # the fingerprint bits that fit in a tag
         self.diagnose = diagnose  # the group's failure policy: the error to raise instead
-        self.observers: tuple = ()
-        self._starts: tuple = ()  # the observers' ``start`` and ``end`` methods, bound once
-        self._ends: tuple = ()
+        self._watch(())  # no observer yet (``observers``, and the methods each overrides)
         self._seq: collections.defaultdict[int, int] = collections.defaultdict(int)  # stream
         # -> calls so far (a defaultdict: a stream's first call finds 0, no .get per call)
 
@@ -173,9 +181,10 @@ class Calls:
         self._watch(tuple(o for o in self.observers if o is not observer))
 
     def _watch(self, observers: tuple) -> None:
-        self.observers = observers
-        self._starts = tuple(o.start for o in observers)
-        self._ends = tuple(o.end for o in observers)
+        self.observers: tuple = observers
+        self._starts = handlers(observers, "start")
+        self._ends = handlers(observers, "end")
+        self._faileds = handlers(observers, "failed")
 
     def counts(self) -> dict[int, int]:
         """``{stream: calls so far}``."""
@@ -183,7 +192,7 @@ class Calls:
 
     def begin(self, spec: CallSpec, stream: int, shape: Any = None,
               label: str | None = None) -> Call:
-        """Number and tag the next call on ``stream``; every observer starts watching it.
+        """Number, tag and time the next call on ``stream``; every observer starts watching it.
 
         Raises:
             CommError: an observer's check failed (as ``failed`` turns it).
@@ -194,7 +203,7 @@ class Calls:
         # tests/watch/test_ledger.py holds the two equal)
         fp = hash((seq, spec.signature, 0 if label is None else label_code(label)))
         tag = stream | ((fp & self._mask) or 1) << STREAM_BITS
-        call = Call(spec, stream, seq, tag, shape, label)
+        call = Call(spec, stream, seq, tag, shape, label, perf_counter())
         try:
             for start in self._starts:
                 start(call)
@@ -203,15 +212,17 @@ class Calls:
         return call
 
     def end(self, call: Call) -> None:
-        """The call returned: tell every observer."""
+        """The call returned: its end time; tell every observer."""
+        call.t1 = perf_counter()
         for end in self._ends:
             end(call)
 
     def failed(self, call: Call, error: BaseException) -> BaseException:
-        """The call raised ``error``: tell every observer; return the error to raise (what
-        ``diagnose`` makes of it)."""
-        for observer in self.observers:
-            observer.failed(call, error)
+        """The call raised ``error``: its end time; tell every observer; return the error to
+        raise (what ``diagnose`` makes of it)."""
+        call.t1 = perf_counter()
+        for failed in self._faileds:
+            failed(call, error)
         return error if self.diagnose is None else self.diagnose(call, error)
 
     @contextlib.contextmanager
@@ -229,4 +240,4 @@ class Calls:
 
 
 __all__ = ["Call", "CallSpec", "Calls", "CollectiveObserver", "call_spec", "fingerprint",
-           "signature", "wire_tag", "COLLECTIVES"]
+           "handlers", "signature", "wire_tag", "COLLECTIVES"]

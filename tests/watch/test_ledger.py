@@ -69,6 +69,73 @@ def test_entries_record_each_collective_with_caller_and_label():
     json.dumps([x.to_dict() for x in e])  # JSON-able
 
 
+def test_the_site_of_a_wrapped_collective_is_the_users_line():
+    # md.all_reduce and comm.all_reduce call the group's all_reduce: the ledger walks past
+    # their frames to the line that called them
+    g = ProcessGroup(LocalTransport())
+    x = np.ones(4, np.float32)
+    md.all_reduce(x, group=g)
+    md.comm.all_reduce(x, group=g)
+    g.all_reduce(x)
+    first = test_the_site_of_a_wrapped_collective_is_the_users_line.__code__.co_firstlineno
+    assert [e.where for e in g.ledger.entries()] == [
+        f"test_ledger.py:{first + n}" for n in (5, 6, 7)]
+    g.close()
+
+
+def test_a_collective_at_the_bottom_of_a_thread_is_its_own_site():
+    # a thread started from C whose first frame is the collective itself: no caller to name
+    import _thread
+    import threading
+    g = ProcessGroup(LocalTransport())
+    done = threading.Event()
+
+    def bottom(x):  # the collective as the thread's function, with no Python frame under it
+        try:
+            g.all_reduce(x)
+        finally:
+            done.set()
+
+    _thread.start_new_thread(bottom, (np.ones(2, np.float32),))
+    assert done.wait(10)
+    assert g.ledger.entries()[-1].where.startswith("test_ledger.py:")
+    _thread.start_new_thread(g.all_reduce, (np.ones(2, np.float32),))
+    for _ in range(1000):
+        if len(g.ledger.entries()) == 2 and g.ledger.entries()[-1].status == "ok":
+            break
+        threading.Event().wait(0.01)
+    last = g.ledger.entries()[-1]
+    assert last.status == "ok" and last.file.endswith("group.py"), last
+
+
+def test_observers_see_only_the_events_they_override_and_calls_are_timed():
+    from minidist.comm.calls import CollectiveObserver, handlers
+
+    class Ends(CollectiveObserver):
+        def __init__(self):
+            self.seen = []
+
+        def end(self, call):
+            self.seen.append((call.seq, call.t0 <= call.t1))
+
+    class Nothing(CollectiveObserver):
+        pass
+
+    ends, nothing = Ends(), Nothing()
+    calls = Calls(1 << 40)
+    calls.add(nothing)
+    calls.add(ends)
+    assert handlers(calls.observers, "start") == () and handlers(calls.observers, "failed") == ()
+    assert handlers(calls.observers, "end") == (ends.end,)
+    call = calls.begin(call_spec("barrier", "barrier", algorithm="x"), 0)
+    assert call.t0 > 0 and call.t1 is None
+    calls.end(call)
+    assert ends.seen == [(1, True)] and call.t1 >= call.t0
+    failed = calls.begin(call_spec("barrier", "barrier", algorithm="x"), 0)
+    calls.failed(failed, md.CommTimeout("t"))
+    assert failed.t1 is not None and ends.seen == [(1, True)]
+
+
 def test_ring_buffer_keeps_the_last_entries(monkeypatch):
     monkeypatch.setenv("MINIDIST_LEDGER_SIZE", "16")
     g = ProcessGroup(LocalTransport())

@@ -17,7 +17,7 @@ import numpy as np
 
 from minidist.comm.algorithms import ALGORITHMS
 from minidist.comm.algorithms.ring import ring_all_gather
-from minidist.comm.calls import Call, fingerprint, wire_tag
+from minidist.comm.calls import Call, CollectiveObserver, fingerprint, wire_tag
 from minidist.comm.errors import CollectiveMismatch
 from minidist.comm.ops import SUPPORTED_DTYPES, ReduceOp
 
@@ -26,8 +26,8 @@ CHECKED = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter") 
 FIELDS = ("numel", "dtype", "op", "algorithm", "root")
 
 
-class ConsistencyCheck:
-    """The observer: ``start`` runs the check (COLLECTIVE), ``end`` and ``failed`` do nothing."""
+class ConsistencyCheck(CollectiveObserver):
+    """The observer: ``start`` runs the check (COLLECTIVE); no other event."""
 
     def __init__(self, group: Any) -> None:
         self.group = group
@@ -38,12 +38,6 @@ class ConsistencyCheck:
         if spec.collective in CHECKED and self.group.size > 1:
             check_agreement(self.group, spec.text, spec.numel, spec.dtype, spec.op,
                             spec.requested, spec.root, call.seq, call.stream)
-
-    def end(self, call: Call) -> None:
-        """Nothing to do."""
-
-    def failed(self, call: Call, error: BaseException) -> None:
-        """Nothing to do."""
 
 
 def check_agreement(group: Any, call: str, count: int, dtype: Any, op: ReduceOp | None,

@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from minidist.comm.calls import Call
+from minidist.comm.calls import Call, CollectiveObserver
 from minidist.logger import get_logger
 
 log = get_logger("minidist.comm.group")  # the logger these lines always came from
 
 
-class DebugLog:
-    """The observer (see the module docstring)."""
+class DebugLog(CollectiveObserver):
+    """The observer (see the module docstring): ``start`` only."""
 
     def __init__(self, group: Any) -> None:
         self.group = group
@@ -35,12 +35,6 @@ class DebugLog:
         log.debug("all_reduce: %s ran %s on %d x %s (%d bytes, op=%s, n=%d)", spec.requested,
                   spec.algorithm, spec.numel, np.dtype(spec.dtype).name, nbytes,
                   spec.op.value if spec.op is not None else None, self.group.size)
-
-    def end(self, call: Call) -> None:
-        """Nothing to log."""
-
-    def failed(self, call: Call, error: BaseException) -> None:
-        """Nothing to forget."""
 
 
 __all__ = ["DebugLog"]

@@ -41,8 +41,8 @@ exchange: a failure raises as it was found; the fingerprints stay in the tags);
 ``MINIDIST_LEDGER_DUMP=dir`` writes each rank's ledger as JSON on a failure and at
 ``destroy_process_group``.
 
-Cost (every collective, 8-byte all-reduces included): a short frame walk to the caller, two
-``perf_counter`` calls and an append to a bounded deque; see docs/benchmarks.md.
+Cost (every collective, 8-byte all-reduces included): a short frame walk to the caller and an
+append to a bounded deque (the group's ``Calls`` times every call); see docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from minidist.comm.calls import Call
+from minidist.comm.calls import Call, CollectiveObserver
 from minidist.comm.errors import CommTimeout
 from minidist.envvars import env
 
@@ -227,9 +227,9 @@ def describe(e: dict) -> str:
     return f"{e['collective']}({', '.join(parts)})"
 
 
-class Ledger:
+class Ledger(CollectiveObserver):
     """The ring buffer of one process group's collectives (see the module docstring); an
-    observer of the group's calls (``Calls.add``).
+    observer of the group's calls (``Calls.add``), which time them.
 
     Args:
         rank, size: of the group (for dumps).
@@ -250,16 +250,20 @@ class Ledger:
 
     # -- the observer ----------------------------------------------------------------------
     def start(self, call: Call) -> None:
-        """Keep ``call`` as the newest entry: its caller's site, label and start time.
+        """Keep ``call`` as the newest entry, with its caller's site and its label.
 
         The site is the first frame outside minidist from the collective's caller outwards, or
         the outermost minidist frame when the stack has none (DDP's communication thread starts
         in ``threading``: its stack never leaves minidist); its line is worked out only when
         the entry is read (``line_of``).
         """
-        # frame 1 is Calls.begin (skipped without building its frame object), 2 the collective:
-        # start at the collective's caller, or the collective when begin ran at a top level
-        f = sys._getframe(2).f_back or sys._getframe(2)
+        # frame 1 is Calls.begin, 2 the collective: start at the collective's caller (3), or
+        # the collective when begin ran at a top level. ``sys._getframe(3)`` builds no frame
+        # object for frames 1 and 2 (``f_back`` from them would: a new one every call).
+        try:
+            f = sys._getframe(3)
+        except ValueError:  # (past the outermost frame)
+            f = sys._getframe(2)
         # a frame of minidist (or contextlib): known by its file, or seen the first time
         while (((file := f.f_code.co_filename) in _OURS or file not in _THEIRS and inside(file))
                and f.f_back is not None and f.f_back.f_code.co_filename != _THREADING_FILE):
@@ -267,16 +271,11 @@ class Ledger:
         call.site = (f.f_code, f.f_lasti)
         if _LABELS_OPEN and call.label is None:  # a ledger_label block is open somewhere
             call.label = _LABEL.get()
-        call.t0 = perf_counter()
         self._rows.append(call)
 
-    def end(self, call: Call) -> None:
-        """Mark a call finished (an end time and no status: OK)."""
-        call.t1 = perf_counter()
-
     def failed(self, call: Call, error: BaseException) -> None:
-        """Mark a call failed (TIMEOUT for a deadline) and keep the first line of the error."""
-        call.t1 = perf_counter()
+        """Mark a call failed (TIMEOUT for a deadline) and keep the first line of the error.
+        (A call that returned needs nothing: its end time says OK.)"""
         call.status = CallStatus.TIMEOUT if isinstance(error, CommTimeout) else CallStatus.FAILED
         call.error = str(error).split("\n", 1)[0]
         self.failures += 1
