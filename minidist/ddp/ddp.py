@@ -45,7 +45,7 @@ from minidist import xp as backend
 from minidist.comm.planner import check_algorithm
 from minidist.ddp.buffers import broadcast_buffer_packs, broadcast_others, pack_buffers
 from minidist.ddp.bucket import Bucket, ParamMeta, alloc_bucket_buffer, plan_buckets
-from minidist.ddp.options import check_device_ids, resolve_overlap
+from minidist.ddp.options import check_device_ids, first_bucket_cap, resolve_overlap
 from minidist.ddp.grad_checks import unused_param_indices
 from minidist.ddp.observers import DDP_EXTENSIONS
 from minidist.ddp.reducer import Reducer
@@ -84,7 +84,8 @@ class DistributedDataParallel(DDPSurface):
             of backward on the main thread (False), or ``"auto"`` (default): off only when
             the node has about one core per rank (options.py ``auto_overlap``), or when the model
             has SyncBatchNorm layers (whose backward all-reduces; True is refused then).
-        first_bucket_cap_mb: size limit of the first bucket (torch: 1).
+        first_bucket_cap_mb: size limit of the first bucket (torch: 1) when some rank
+            overlaps; without overlap, bucket_cap_mb (options.py ``first_bucket_cap``).
         nonfinite_grads: after each reduction, "warn" (default), "raise" or "ignore" when an
             averaged gradient holds NaN/inf.
 
@@ -128,7 +129,8 @@ class DistributedDataParallel(DDPSurface):
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         metas = [ParamMeta(n, tuple(p.array.shape), str(p.array.dtype)) for n, p in named]
-        specs = plan_buckets(metas, int(bucket_cap_mb * _MiB), int(first_bucket_cap_mb * _MiB))
+        first_mb = first_bucket_cap(first_bucket_cap_mb, bucket_cap_mb, self.overlap, group)
+        specs = plan_buckets(metas, int(bucket_cap_mb * _MiB), int(first_mb * _MiB))
         self.manifest: dict | None = None  # the run manifest (the watch wing's preflight)
         for ext in DDP_EXTENSIONS:  # collective: every rank, the same extensions in order
             ext.planned(self, metas, specs, group)

@@ -3,12 +3,15 @@
     check_device_ids(module, device_ids, output_device)   # torch's one-device-per-process rule
     auto_overlap(world_size)                               # what overlap="auto" picks
     resolve_overlap(overlap, module, world_size)           # True, False or "auto" -> a bool
+    first_bucket_cap(first_mb, cap_mb, overlap, group)     # the first bucket's cap (agreed)
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
+
+import numpy as np
 
 from minidist import xp as backend
 from minidist.comm.env import cores_per_rank, ranks_on_this_node
@@ -95,4 +98,22 @@ def resolve_overlap(overlap: bool | str, module: Any, world_size: int) -> bool:
     return overlap
 
 
-__all__ = ["auto_overlap", "check_device_ids", "resolve_overlap"]
+def first_bucket_cap(first_mb: float, cap_mb: float, overlap: bool, group: Any) -> float:
+    """The first bucket's size limit in MiB: its own (``first_bucket_cap_mb``) where buckets are
+    reduced while backward runs, so that the first all-reduce starts early; the others'
+    (``bucket_cap_mb``) where no rank overlaps. Without overlap every bucket is reduced at the
+    end of backward, one after another, and a small first bucket would only add a collective
+    (on the shared-memory path: two barriers and the Python of a call) to every step.
+
+    Collective: the bucket plan must be the same on every rank, and "auto" decides overlap from
+    each node's cores, so the ranks agree first (one all-reduce MAX of a flag: one rank that
+    overlaps keeps the small first bucket for all).
+    """
+    if group.size > 1:
+        flag = np.array([int(overlap)], np.int64)
+        group.all_reduce(flag, "max")
+        overlap = bool(flag[0])
+    return first_mb if overlap else max(first_mb, cap_mb)
+
+
+__all__ = ["auto_overlap", "check_device_ids", "first_bucket_cap", "resolve_overlap"]

@@ -10,7 +10,9 @@ import pytest
 from minidist import comm, nn
 from minidist.comm.transports.threads import run_threads
 from minidist.ddp import DistributedDataParallel, auto_overlap
+from minidist.comm.transports.local import LocalTransport
 from minidist.ddp.bucket import Bucket, ParamMeta, plan_buckets
+from minidist.ddp.options import first_bucket_cap
 from minidist.watch.nonfinite import all_finite_fast
 from minidist.ddp.reducer import Reducer
 from minidist.tensor import Tensor
@@ -77,6 +79,36 @@ def test_auto_overlap_is_off_only_at_about_one_core_per_rank():
     assert auto_overlap(4, cpus=2, env={}) is True        # oversubscribed: hides peer waits
     assert auto_overlap(8, cpus=4, env={"LOCAL_WORLD_SIZE": "2"}) is True   # 4 nodes x 2
     assert auto_overlap(8, cpus=4, env={"MPI_LOCALNRANKS": "4"}) is False
+
+
+def test_without_overlap_on_any_rank_the_first_bucket_is_a_full_one():
+    # 784 KiB + 2 MiB of float32 gradients: with overlap, a small first bucket (the last
+    # layer, 1 MiB cap) starts the reduction early; with no rank overlapping it would only add
+    # a collective, so the first bucket takes bucket_cap_mb too. The ranks agree: one rank that
+    # overlaps keeps the small first bucket for all (the plan must be the same everywhere).
+    def model():
+        with BUILD:
+            nn.manual_seed(0)
+            return nn.Sequential(nn.Linear(196, 1024), nn.ReLU(), nn.Linear(1024, 512))
+
+    def buckets(overlaps):
+        def body(t):
+            group = comm.new_group_from_transport(t)
+            ddp = DistributedDataParallel(model(), process_group=group,
+                                          overlap=overlaps[t.rank])
+            sizes = [b.spec.numel for b in ddp.buckets]
+            ddp.close()
+            return sizes
+        return run_threads(2, body, timeout_s=60)
+
+    one = [196 * 1024 + 1024 + 1024 * 512 + 512]
+    assert buckets([False, False]) == [one, one]
+    small_first = buckets([True, True])
+    assert small_first[0] == small_first[1] and len(small_first[0]) == 2
+    assert buckets([True, False]) == small_first      # agreed: the same plan on both ranks
+    assert first_bucket_cap(1, 25, False, comm.ProcessGroup(LocalTransport())) == 25
+    assert first_bucket_cap(1, 25, True, comm.ProcessGroup(LocalTransport())) == 1
+    assert first_bucket_cap(40, 25, False, comm.ProcessGroup(LocalTransport())) == 40
 
 
 def test_bad_overlap_value(group):
