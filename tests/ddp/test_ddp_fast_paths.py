@@ -101,11 +101,15 @@ def test_without_overlap_on_any_rank_the_first_bucket_is_a_full_one():
             return sizes
         return run_threads(2, body, timeout_s=60)
 
-    one = [196 * 1024 + 1024 + 1024 * 512 + 512]
-    assert buckets([False, False]) == [one, one]
-    small_first = buckets([True, True])
-    assert small_first[0] == small_first[1] and len(small_first[0]) == 2
-    assert buckets([True, False]) == small_first      # agreed: the same plan on both ranks
+    try:
+        one = [196 * 1024 + 1024 + 1024 * 512 + 512]
+        assert buckets([False, False]) == [one, one]
+        small_first = buckets([True, True])
+        assert small_first[0] == small_first[1] and len(small_first[0]) == 2
+        assert buckets([True, False]) == small_first  # agreed: the same plan on both ranks
+    finally:
+        if comm.is_initialized():  # DDP made a default group beside the threads' groups
+            comm.destroy_process_group()
     assert first_bucket_cap(1, 25, False, comm.ProcessGroup(LocalTransport())) == 25
     assert first_bucket_cap(1, 25, True, comm.ProcessGroup(LocalTransport())) == 1
     assert first_bucket_cap(40, 25, False, comm.ProcessGroup(LocalTransport())) == 40
