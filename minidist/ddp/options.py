@@ -111,7 +111,7 @@ def first_bucket_cap(first_mb: float, cap_mb: float, overlap: bool, group: Any) 
     """
     if group.size > 1:
         flag = np.array([int(overlap)], np.int64)
-        group.all_reduce(flag, "max")
+        group.all_reduce(flag, "max", "auto")  # (a host flag, whatever the group's default)
         overlap = bool(flag[0])
     return first_mb if overlap else max(first_mb, cap_mb)
 

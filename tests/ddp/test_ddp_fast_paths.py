@@ -93,8 +93,9 @@ def test_without_overlap_on_any_rank_the_first_bucket_is_a_full_one():
 
     def buckets(overlaps):
         def body(t):
-            group = comm.new_group_from_transport(t)
-            ddp = DistributedDataParallel(model(), process_group=group,
+            # the group's default ("shm") cannot run on thread ranks: the agreement asks "auto"
+            group = comm.new_group_from_transport(t, algorithm="shm")
+            ddp = DistributedDataParallel(model(), process_group=group, algorithm="ring",
                                           overlap=overlaps[t.rank])
             sizes = [b.spec.numel for b in ddp.buckets]
             ddp.close()
