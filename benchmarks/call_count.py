@@ -19,8 +19,9 @@ is the rest ("per call"). Rank 0 prints the table: per function, calls per all_r
 ``--stages`` times the parts of the same call instead (microseconds per call, the median of
 7 tight loops of ``--calls`` calls, rank 0; both ranks call in step): MPI's own blocking
 ``Allreduce`` (mpi4py, the floor), the ``Iallreduce`` + ``Test`` that a deadline needs, the
-plan's run without and with the fingerprint guard, the group's validation, plan lookup and
-call numbering with its ledger row, and the whole ``group.all_reduce`` and ``md.all_reduce``.
+plan's run without and with the fingerprint guard, the group's validation and plan (a lookup
+for a call like an earlier one), the call numbering with its ledger row, and the whole
+``group.all_reduce`` and ``md.all_reduce``.
 What a part costs is what the whole call saves without it.
 
 Output: a table on stdout and ``call_count.json`` (``call_stages.json``) in ``--out`` (default
@@ -109,8 +110,7 @@ def stages(nbytes: int, calls: int, algorithm: str = "auto") -> dict:
     x = np.ones(max(1, nbytes // 4), np.float32)
     for _ in range(200):
         md.all_reduce(x, algorithm=algorithm)
-    flat, op, stream = group._check_all_reduce(x, "sum", algorithm, 0)
-    plan = group.planner.plan(algorithm, flat, op, stream)
+    flat, op, stream, plan = group._planned(x, "sum", algorithm, 0)
     probe = group.calls.begin(plan.spec, stream, x.shape)
     group.calls.end(probe)
 
@@ -127,8 +127,8 @@ def stages(nbytes: int, calls: int, algorithm: str = "auto") -> dict:
         "MPI Iallreduce + Test loop": iallreduce,
         f"plan.run ({plan.algorithm}), no guard": lambda: plan.run(flat, op, 0),
         f"plan.run ({plan.algorithm}), with the guard": lambda: plan.run(flat, op, probe.tag),
-        "validate (_check_all_reduce)": lambda: group._check_all_reduce(x, "sum", algorithm, 0),
-        "plan lookup (planner.plan)": lambda: group.planner.plan(algorithm, flat, op, stream),
+        "validate and plan, a known call (_planned)": lambda: group._planned(x, "sum",
+                                                                            algorithm, 0),
         "number, tag, ledger row (calls.begin + end)": numbered,
         "group.all_reduce": lambda: group.all_reduce(x, algorithm=algorithm),
         "md.all_reduce": lambda: md.all_reduce(x, algorithm=algorithm),

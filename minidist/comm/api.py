@@ -215,7 +215,7 @@ def all_reduce(array: Any, op: str | ReduceOp = "sum", algorithm: str | None = N
     """
     g = group if group is not None else _group or get_default_group()
     if not async_op:  # the common case, called straight (every gradient bucket comes here)
-        return g.all_reduce(array, op, algorithm, label=label)
+        return g.all_reduce(array, op, algorithm, 0, label, 2)  # (2: name my caller's line)
     return _run(g, "all_reduce", lambda: g.all_reduce(array, op, algorithm, label=label), array,
                 async_op)
 

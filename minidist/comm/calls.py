@@ -118,8 +118,7 @@ def call_spec(collective: str, text: str, count: int = 0, dtype: Any = None,
 
 @dataclasses.dataclass(eq=False, slots=True)
 class Call:
-    """One collective call as its observers see it (the ledger keeps it as an entry; slots:
-    one is made per call)."""
+    """One collective call as its observers see it (the ledger keeps it as an entry)."""
 
     spec: CallSpec              # what the call is
     stream: int                 # the caller's ``tag``
@@ -128,6 +127,7 @@ class Call:
     shape: Any                  # the caller's array shape (None without one)
     label: str | None           # the caller's label (``label=``), or None
     t0: float = 0.0             # ``perf_counter`` at ``begin``
+    stacklevel: int = 1         # whose line is the site: 1, the collective's caller
     t1: float | None = None     # ... and at ``end`` or ``failed``; None while running
     status: Any = None          # None while running or done; a failure status once it failed
     error: str | None = None    # the first line of the error, once it failed (status is set)
@@ -191,7 +191,7 @@ class Calls:
         return dict(self._seq)
 
     def begin(self, spec: CallSpec, stream: int, shape: Any = None,
-              label: str | None = None) -> Call:
+              label: str | None = None, stacklevel: int = 1) -> Call:
         """Number, tag and time the next call on ``stream``; every observer starts watching it.
 
         Raises:
@@ -199,11 +199,10 @@ class Calls:
         """
         seq = self._seq[stream] + 1
         self._seq[stream] = seq
-        # wire_tag(stream, fingerprint, max_tag), its formula inline (begin runs every call;
-        # tests/watch/test_ledger.py holds the two equal)
+        # wire_tag's formula inline (begin runs every call; tests/watch/test_ledger.py: equal)
         fp = hash((seq, spec.signature, 0 if label is None else label_code(label)))
         tag = stream | ((fp & self._mask) or 1) << STREAM_BITS
-        call = Call(spec, stream, seq, tag, shape, label, perf_counter())
+        call = Call(spec, stream, seq, tag, shape, label, perf_counter(), stacklevel)
         try:
             for start in self._starts:
                 start(call)

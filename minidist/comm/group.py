@@ -10,8 +10,8 @@ The other collectives are functions of a group in collectives.py (objects.py, su
 this module is the spine: ``all_reduce`` reads::
 
     validate on this rank (ValueError before any message: bad array, op, algorithm, tag)
-    -> plan: planner.py, memoized per (algorithm, bytes, dtype, op, buffer kind): the algorithm
-       that runs ("auto": the planner's chooser), why, and how to run it
+    -> plan: planner.py, the algorithm that runs ("auto": the planner's chooser), why, and how;
+       both once per kind of call (a plain call is then a lookup: its array's layout checked)
     -> begin the call (calls.py): its number on its stream and its message tag (the call's
        fingerprint); the observers start watching
     -> run it; end the call. A CommError (timeout, peer failure, fingerprint mismatch) goes to
@@ -42,11 +42,11 @@ from minidist.comm import collectives, group_auto_choice, group_shared_memory, o
 from minidist.comm.algorithms.scratch import clear as clear_scratch
 from minidist.comm.calls import Call, Calls, CallSpec
 from minidist.comm.errors import CommError
-from minidist.comm.ops import SUPPORTED, ReduceOp
+from minidist.comm.ops import ReduceOp
 from minidist.comm.planner import Plan, Planner
 from minidist.comm.topology import Topology, detect_topology
 from minidist.comm.transports.base import Transport
-from minidist.comm.validate import FAST_OPS, flat_view, reduce_op, stream_tag
+from minidist.comm.validate import flat_view, reduce_op, stream_tag
 from minidist.comm.work import AsyncWorker, Work, completed
 from minidist.logger import debug_level, get_logger
 
@@ -120,7 +120,7 @@ class ProcessGroup:
 
     # -- collectives on arrays ---------------------------------------------------------------
     def all_reduce(self, array: Any, op: str | ReduceOp = "sum", algorithm: str | None = None,
-                   tag: int = 0, label: str | None = None) -> Any:
+                   tag: int = 0, label: str | None = None, stacklevel: int = 1) -> Any:
         """Reduce ``array`` across ranks, in place; every rank gets identical bits.
 
         Args:
@@ -128,10 +128,10 @@ class ProcessGroup:
             op: "sum", "avg", "max", "min", "prod" or a ReduceOp. Integer AVG floors.
             algorithm: "auto" (the planner's chooser) or a name of the registry
                 ``minidist.comm.algorithms.ALGORITHMS``; default the group's.
-            tag: stream, ``0 <= tag < 1024``; concurrent collectives (threads) need distinct
-                tags.
+            tag: stream, ``0 <= tag < 1024``; concurrent collectives (threads) need distinct tags.
             label: a caller's note kept in this call's ledger entry (e.g. "bucket=3"); part of
                 the call's fingerprint: ranks that pass different ones raise CollectiveMismatch.
+            stacklevel: whose line the ledger names, as ``warnings.warn`` counts (a wrapper: 2).
 
         Returns:
             ``array`` itself (torch returns None; returning the buffer allows chaining).
@@ -142,11 +142,10 @@ class ProcessGroup:
             CommTimeout: a deadline passed; CommError: a peer failed.
         """
         algorithm = self.algorithm if algorithm is None else algorithm
-        flat, rop, stream = self._check_all_reduce(array, op, algorithm, tag)  # 1. validate
         if self._worker is not None:  # queued async collectives first (see observed)
             self.drain()
-        plan = self.planner.plan(algorithm, flat, rop, stream)  # 2. plan (memoized per shape)
-        call = self.calls.begin(plan.spec, stream, array.shape, label)  # 3. number, tag, watch
+        flat, rop, stream, plan = self._planned(array, op, algorithm, tag)  # 1. validate, 2. plan
+        call = self.calls.begin(plan.spec, stream, array.shape, label, stacklevel)  # 3. begin
         try:
             plan.run(flat, rop, call.tag)  # 4. run
         except CommError as e:
@@ -154,29 +153,32 @@ class ProcessGroup:
         self.calls.end(call)
         return array
 
-    def _check_all_reduce(self, array: Any, op: Any, algorithm: str, tag: Any) -> tuple:
-        """``(flat view, ReduceOp, stream)`` of an all_reduce call, or ValueError."""
-        try:
-            rop: ReduceOp = FAST_OPS[op]
-        except (KeyError, TypeError):
-            rop = reduce_op(self, op, f'all_reduce(algorithm="{algorithm}")')
-        flags = array.flags if type(array) is np.ndarray else None  # the hot path: a bucket
-        if flags is not None and flags.carray and array.ndim == 1 and array.dtype in SUPPORTED:
-            flat = array  # (carray: C-contiguous, aligned and writable)
-        else:  # any other array, checked (no formatting unless bad)
-            flat = flat_view(self, array, f'all_reduce(algorithm="{algorithm}")')
-        if tag:
-            tag = stream_tag(self, tag, f'all_reduce(algorithm="{algorithm}")')
-        return flat, rop, tag
+    def _planned(self, array: Any, op: Any, algorithm: str, tag: Any) -> tuple:
+        """``(flat view, ReduceOp, stream, Plan)`` of an all_reduce call, or ValueError. A plain
+        call (stream 0; a 1-D numpy array, C-contiguous and writable) is checked in full once
+        per kind, then looked up in the planner's ``known`` (only its layout checked again)."""
+        planner = self.planner
+        plain = not tag and type(array) is np.ndarray and array.flags.carray and array.ndim == 1
+        if plain:
+            key = (algorithm, op, array.dtype, array.size, id(array.base) in planner.shared_bases)
+            try:
+                plan = planner.known[key]
+                return array, plan.spec.op, 0, plan
+            except (KeyError, TypeError):  # not yet, or an op that is no dictionary key
+                pass
+        rop = reduce_op(self, op, what := f'all_reduce(algorithm="{algorithm}")')
+        flat, stream = flat_view(self, array, what), stream_tag(self, tag, what) if tag else 0
+        plan = planner.plan(algorithm, flat, rop, stream)
+        if plain:
+            planner.known[key] = plan
+        return flat, rop, stream, plan
 
     def plan_all_reduce(self, array: Any, algorithm: str | None = None,
                         op: str | ReduceOp = "sum", tag: int = 0) -> Plan:
         """The :class:`~minidist.comm.planner.Plan` that ``all_reduce(array, op, algorithm,
         tag)`` runs: ``plan.algorithm`` names it ("auto" resolved), ``plan.reason`` says why.
         Not collective, sends nothing; ValueError for what ``all_reduce`` would refuse."""
-        algorithm = self.algorithm if algorithm is None else algorithm
-        flat, rop, tag = self._check_all_reduce(array, op, algorithm, tag)
-        return self.planner.plan(algorithm, flat, rop, tag)
+        return self._planned(array, op, self.algorithm if algorithm is None else algorithm, tag)[3]
 
     # -- memory and lifecycle ----------------------------------------------------------------
     def farewell(self) -> None:

@@ -16,8 +16,8 @@ One answer for everyone who asks: ``ProcessGroup.all_reduce`` runs the plan, and
 Two more seams, both empty in the spine: ``shared_bases`` (the ids of the arrays that back
 the fast-path wing's shared-memory windows, where "auto" may reduce a buffer in place) and
 ``STAGERS`` (device buffers a transport cannot read, run through host memory). A training loop
-repeats a few shapes, so plans are memoized per (algorithm, bytes, dtype, op, shared window?,
-stream 0?, array type) and expire when the chooser's rules change (``forget_plans``).
+repeats a few shapes, so plans are memoized per kind (a plain call's also by its arguments, in
+``known``) and expire when the chooser's rules change (``forget_plans``).
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ class Planner:
         chooser: what "auto" runs (``TextbookChoice``; the auto wing sets its own).
         shared_bases: ``id`` of each array backing a shared window "auto" may reduce in
             place (the fast-path wing's live set; empty: none).
+        known: the plain calls planned so far, by kind (ProcessGroup's ``_planned``).
     """
 
     def __init__(self, transport: Transport) -> None:
@@ -121,15 +122,17 @@ class Planner:
         self.chooser: Any = TextbookChoice()
         self.shared_bases: Any = frozenset()
         self._plans: dict = {}
+        self.known: dict = {}
 
     def use_chooser(self, chooser: Any) -> None:
         """Plan "auto" with ``chooser`` from now on (see ``Chooser``)."""
         self.chooser = chooser
-        self._plans.clear()
+        self.forget_plans()
 
     def forget_plans(self) -> None:
         """Plan every shape afresh (the chooser's rules changed)."""
         self._plans.clear()
+        self.known.clear()
 
     def plan(self, algorithm: str, flat: Any, op: ReduceOp, tag: int = 0) -> Plan:
         """The Plan of an all-reduce of ``flat`` (1-D) on stream ``tag`` (memoized).
@@ -141,13 +144,11 @@ class Planner:
         # does flat lie in a window "auto" may reduce in place?
         shared = algorithm == "auto" and not tag and id(flat.base) in self.shared_bases
         key = (algorithm, flat.nbytes, flat.dtype, op.code, shared, not tag, type(flat))
-        try:
-            return self._plans[key]
-        except KeyError:
-            plan = self._make(algorithm, flat, op, shared, tag)
-        if len(self._plans) >= MAX_PLANS:
-            self._plans.clear()
-        self._plans[key] = plan
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= MAX_PLANS:
+                self.forget_plans()
+            plan = self._plans[key] = self._make(algorithm, flat, op, shared, tag)
         return plan
 
     def _make(self, algorithm: str, flat: Any, op: ReduceOp, shared: bool, tag: int) -> Plan:

@@ -21,7 +21,8 @@ FAST_OPS: dict = {**{o.value: o for o in ReduceOp}, **{o: o for o in ReduceOp}}
 
 
 def flat_view(group: Any, array: Any, call: str, writable: bool = True) -> Any:
-    """Validate ``array`` and return a flat view of it (never a copy)."""
+    """Validate ``array`` and return a flat view of it (never a copy): a 1-D array itself (its
+    ``base`` tells whether it lies in a shared window)."""
     if not hasattr(array, "dtype") or not hasattr(array, "flags"):
         raise ValueError(f"{group.where(call)}: expected a numpy or cupy array, got "
                          f"{type(array).__name__}. Wrap the data with np.asarray(...) first.")
@@ -37,7 +38,7 @@ def flat_view(group: Any, array: Any, call: str, writable: bool = True) -> Any:
         raise ValueError(f"{group.where(call)}: the array is read-only (flags.writeable is "
                          "False) but the result is written into it. Pass a writable copy "
                          "(x.copy()).")
-    return array.reshape(-1)
+    return array if array.ndim == 1 else array.reshape(-1)
 
 
 def root_rank(group: Any, root: Any, name: str, call: str) -> int:

@@ -39,9 +39,9 @@ def all_reduce(tensor: Any, op: Any = "sum", algorithm: str | None = None, group
         return comm.all_reduce(_array(tensor), op, algorithm, group, label, async_op=True)
     g = group if group is not None else comm.get_default_group()
     if type(tensor) is Tensor:
-        g.all_reduce(tensor.array, op, algorithm, 0, label)  # (positional: a cheaper call)
-        return tensor
-    return g.all_reduce(tensor, op, algorithm, 0, label)
+        g.all_reduce(tensor.array, op, algorithm, 0, label, 2)  # (2: the ledger names my
+        return tensor                                           # caller's line)
+    return g.all_reduce(tensor, op, algorithm, 0, label, 2)
 
 
 def broadcast(tensor: Any, src: int = 0, group: Any = None, async_op: bool = False) -> Any:

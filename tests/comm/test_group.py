@@ -89,6 +89,52 @@ def test_bad_input_raises_before_any_message(call, message):
     assert run_threads(2, body, timeout_s=10) == [0, 0]
 
 
+LIKE_A_KNOWN_CALL = [  # each shares (algorithm, op, dtype, size) with the good call below
+    (lambda g: g.all_reduce(np.frombuffer(b"\0" * 16, np.float32)), "read-only"),
+    (lambda g: g.all_reduce(np.ones(8, np.float32)[::2]), "not C-contiguous"),
+    (lambda g: g.all_reduce(np.ones(4, np.float32), tag=True), "tag=True is out of range"),
+    (lambda g: g.all_reduce(np.ones(4, np.float32), tag=1.0), "tag=1.0 is out of range"),
+]
+
+
+@pytest.mark.parametrize("call,message", LIKE_A_KNOWN_CALL)
+def test_a_call_like_a_known_one_is_still_checked(call, message):
+    """A plain call is planned once, then looked up (``planner.known``); the array's layout
+    and the stream are still checked on every call."""
+    def body(t):
+        g = new_group_from_transport(t)
+        g.all_reduce(np.ones(4, np.float32))
+        g.all_reduce(np.ones(4, np.float32), tag=1)
+        assert list(g.planner.known) == [("auto", "sum", np.dtype(np.float32), 4, False)]
+        sent = t.messages_sent
+        with pytest.raises(ValueError, match=message):
+            call(g)
+        return t.messages_sent - sent
+
+    assert run_threads(2, body, timeout_s=10) == [0, 0]
+
+
+def test_known_calls_are_looked_up_and_forgotten_with_the_plans():
+    def body(t):
+        g = new_group_from_transport(t)
+        x = np.ones(6, np.float32)
+        plan = g.plan_all_reduce(x)
+        key = ("auto", "sum", x.dtype, 6, False)
+        assert g.planner.known == {key: plan}
+        g.all_reduce(np.ones(6, np.float32))
+        g.all_reduce(np.ones(6, np.float32), op=ReduceOp.MAX)  # another op: another entry
+        assert g.planner.known[key] is plan and len(g.planner.known) == 2
+        window = np.zeros(12, np.float32)  # as if it backed a shared window: another kind
+        g.planner.shared_bases = {id(window)}
+        g.plan_all_reduce(window[:6])
+        assert ("auto", "sum", x.dtype, 6, True) in g.planner.known
+        g.planner.forget_plans()  # the chooser's rules changed: nothing known any more
+        assert g.planner.known == {}
+        return x.tolist()
+
+    assert run_threads(2, body, timeout_s=10) == [[1.0] * 6] * 2
+
+
 def test_mismatched_shapes_name_the_rank_in_debug_mode():
     def body(g):
         g.all_reduce(np.ones(10 if g.rank != 2 else 12, np.float32), algorithm="ring")

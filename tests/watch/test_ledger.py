@@ -70,16 +70,22 @@ def test_entries_record_each_collective_with_caller_and_label():
 
 
 def test_the_site_of_a_wrapped_collective_is_the_users_line():
-    # md.all_reduce and comm.all_reduce call the group's all_reduce: the ledger walks past
-    # their frames to the line that called them
+    # md.all_reduce and comm.all_reduce call the group's all_reduce with stacklevel=2: the
+    # ledger names the line that called them; a user's own wrapper passes stacklevel too
     g = ProcessGroup(LocalTransport())
     x = np.ones(4, np.float32)
+
+    def average(y):  # a helper of the user's: its caller's line is the site
+        g.all_reduce(y, "avg", stacklevel=2)
+
     md.all_reduce(x, group=g)
     md.comm.all_reduce(x, group=g)
     g.all_reduce(x)
+    md.all_reduce(md.Tensor(x), group=g)
+    average(x)
     first = test_the_site_of_a_wrapped_collective_is_the_users_line.__code__.co_firstlineno
     assert [e.where for e in g.ledger.entries()] == [
-        f"test_ledger.py:{first + n}" for n in (5, 6, 7)]
+        f"test_ledger.py:{first + n}" for n in (9, 10, 11, 12, 13)]
     g.close()
 
 
@@ -106,6 +112,15 @@ def test_a_collective_at_the_bottom_of_a_thread_is_its_own_site():
         threading.Event().wait(0.01)
     last = g.ledger.entries()[-1]
     assert last.status == "ok" and last.file.endswith("group.py"), last
+    # a wrapper at the bottom (stacklevel 2 points past the thread's first frame): the
+    # outermost minidist frame, the wrapper's own line
+    _thread.start_new_thread(md.all_reduce, (np.ones(2, np.float32),), {"group": g})
+    for _ in range(1000):
+        if len(g.ledger.entries()) == 3 and g.ledger.entries()[-1].status == "ok":
+            break
+        threading.Event().wait(0.01)
+    last = g.ledger.entries()[-1]
+    assert last.status == "ok" and last.file.endswith("collectives.py"), last
 
 
 def test_observers_see_only_the_events_they_override_and_calls_are_timed():

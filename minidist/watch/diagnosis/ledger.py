@@ -13,7 +13,8 @@ last ``capacity`` calls (``MINIDIST_LEDGER_SIZE``, default 512). An entry holds 
 its stream
 (``seq``, from 1), the collective, the reduce op, the algorithm and why it was chosen (auto's
 rule), count, dtype, shape, root (src/dst), a caller's label, the caller's file:line (the first
-frame outside minidist, found by walking ``sys._getframe``; for DDP's communication thread,
+frame outside minidist from the one the call's ``stacklevel`` names, found by walking
+``sys._getframe``: a wrapper passes 2 and is not walked through; for DDP's communication thread,
 whose stack never leaves minidist, the outermost minidist frame), start/end times, and the
 status (``CallStatus``). An entry is the ``Call`` itself (comm/calls.py), which carries the
 call number and the message tag.
@@ -257,17 +258,18 @@ class Ledger(CollectiveObserver):
         in ``threading``: its stack never leaves minidist); its line is worked out only when
         the entry is read (``line_of``).
         """
-        # frame 1 is Calls.begin, 2 the collective: start at the collective's caller (3), or
-        # the collective when begin ran at a top level. ``sys._getframe(3)`` builds no frame
-        # object for frames 1 and 2 (``f_back`` from them would: a new one every call).
+        # frame 1 is Calls.begin, 2 the collective: start at the caller its ``stacklevel``
+        # names (3 for 1: the collective's caller; 4 past a wrapper that passed 2), or the
+        # collective when begin ran at a top level. ``sys._getframe`` builds no frame object
+        # for the frames it passes (``f_back`` from them would: a new one every call).
         try:
-            f = sys._getframe(3)
+            f = sys._getframe(2 + call.stacklevel)
         except ValueError:  # (past the outermost frame)
             f = sys._getframe(2)
         # a frame of minidist (or contextlib): known by its file, or seen the first time
         while (((file := f.f_code.co_filename) in _OURS or file not in _THEIRS and inside(file))
-               and f.f_back is not None and f.f_back.f_code.co_filename != _THREADING_FILE):
-            f = f.f_back
+               and (back := f.f_back) is not None and back.f_code.co_filename != _THREADING_FILE):
+            f = back
         call.site = (f.f_code, f.f_lasti)
         if _LABELS_OPEN and call.label is None:  # a ledger_label block is open somewhere
             call.label = _LABEL.get()
