@@ -105,21 +105,20 @@ def test_a_collective_at_the_bottom_of_a_thread_is_its_own_site():
     _thread.start_new_thread(bottom, (np.ones(2, np.float32),))
     assert done.wait(10)
     assert g.ledger.entries()[-1].where.startswith("test_ledger.py:")
+    def last_entry_once(n):  # the n-th entry, once its call returned on the C thread
+        for _ in range(1000):
+            if len(g.ledger.entries()) == n and g.ledger.entries()[-1].status == "ok":
+                break
+            threading.Event().wait(0.01)
+        return g.ledger.entries()[-1]
+
     _thread.start_new_thread(g.all_reduce, (np.ones(2, np.float32),))
-    for _ in range(1000):
-        if len(g.ledger.entries()) == 2 and g.ledger.entries()[-1].status == "ok":
-            break
-        threading.Event().wait(0.01)
-    last = g.ledger.entries()[-1]
+    last = last_entry_once(2)
     assert last.status == "ok" and last.file.endswith("group.py"), last
     # a wrapper at the bottom (stacklevel 2 points past the thread's first frame): the
     # outermost minidist frame, the wrapper's own line
     _thread.start_new_thread(md.all_reduce, (np.ones(2, np.float32),), {"group": g})
-    for _ in range(1000):
-        if len(g.ledger.entries()) == 3 and g.ledger.entries()[-1].status == "ok":
-            break
-        threading.Event().wait(0.01)
-    last = g.ledger.entries()[-1]
+    last = last_entry_once(3)
     assert last.status == "ok" and last.file.endswith("collectives.py"), last
 
 
