@@ -28,7 +28,6 @@ start and end times (``call.t0``, ``call.t1``: two clock reads).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -40,7 +39,7 @@ import numpy as np
 
 from minidist.comm.errors import CommError
 from minidist.comm.ops import SUPPORTED_DTYPES, ReduceOp
-from minidist.comm.transports.base import STREAM_BITS, fingerprint_mask
+from minidist.comm.transports.base import MAX_STREAMS, STREAM_BITS, fingerprint_mask
 
 # Small stable codes (the same in every process: Python's str hash is salted per process, int
 # and tuple-of-int hashes are not).
@@ -169,8 +168,7 @@ class Calls:
         self._mask = _mask_of(self.max_tag)  # the fingerprint bits that fit in a tag
         self.diagnose = diagnose  # the group's failure policy: the error to raise instead
         self._watch(())  # no observer yet (``observers``, and the methods each overrides)
-        self._seq: collections.defaultdict[int, int] = collections.defaultdict(int)  # stream
-        # -> calls so far (a defaultdict: a stream's first call finds 0, no .get per call)
+        self._seq = [0] * MAX_STREAMS  # stream -> calls so far (a list: no hashing per call)
 
     def add(self, observer: CollectiveObserver) -> None:
         """Register ``observer``: it sees every call from the next one on."""
@@ -188,7 +186,7 @@ class Calls:
 
     def counts(self) -> dict[int, int]:
         """``{stream: calls so far}``."""
-        return dict(self._seq)
+        return {stream: n for stream, n in enumerate(self._seq) if n}
 
     def begin(self, spec: CallSpec, stream: int, shape: Any = None,
               label: str | None = None, stacklevel: int = 1) -> Call:
@@ -228,14 +226,13 @@ class Calls:
     def unobserved(self) -> Iterator[None]:
         """Calls in the block are seen by no observer and leave the call numbers as they
         were (the auto wing's calibration); every rank must use it alike."""
-        observers, counts = self.observers, dict(self._seq)
+        observers, counts = self.observers, list(self._seq)
         self._watch(())
         try:
             yield
         finally:
             self._watch(observers)
-            self._seq.clear()
-            self._seq.update(counts)
+            self._seq[:] = counts
 
 
 __all__ = ["Call", "CallSpec", "Calls", "CollectiveObserver", "call_spec", "fingerprint",

@@ -157,10 +157,11 @@ class ProcessGroup:
         """``(flat view, ReduceOp, stream, Plan)`` of an all_reduce call, or ValueError. A plain
         call (stream 0; a 1-D numpy array, C-contiguous and writable) is checked in full once
         per kind, then looked up in the planner's ``known`` (only its layout checked again)."""
-        planner = self.planner
+        planner, windows = self.planner, self.planner.shared_bases
         plain = not tag and type(array) is np.ndarray and array.flags.carray and array.ndim == 1
-        if plain:
-            key = (algorithm, op, array.dtype, array.size, id(array.base) in planner.shared_bases)
+        if plain:  # (in a shared window? asked only while there are windows)
+            key = (algorithm, op, array.dtype, array.size, id(array.base) in windows if windows
+                   else False)
             try:
                 plan = planner.known[key]
                 return array, plan.spec.op, 0, plan

@@ -150,6 +150,21 @@ def test_observers_see_only_the_events_they_override_and_calls_are_timed():
     assert failed.t1 is not None and ends.seen == [(1, True)]
 
 
+def test_unobserved_calls_leave_the_call_numbers_as_they_were():
+    # the auto wing's calibration runs collectives between the program's: they must not
+    # shift the numbers that pair every rank's n-th call on a stream
+    calls = Calls(1 << 40)
+    spec = call_spec("barrier", "barrier", algorithm="x")
+    for stream in (0, 0, 5):
+        calls.end(calls.begin(spec, stream))
+    with calls.unobserved():
+        for stream in (0, 5, 1023):
+            calls.end(calls.begin(spec, stream))
+        assert calls.counts() == {0: 3, 5: 2, 1023: 1}
+    assert calls.counts() == {0: 2, 5: 1}
+    assert calls.begin(spec, 1023).seq == 1 and calls.begin(spec, 0).seq == 3
+
+
 def test_ring_buffer_keeps_the_last_entries(monkeypatch):
     monkeypatch.setenv("MINIDIST_LEDGER_SIZE", "16")
     g = ProcessGroup(LocalTransport())
