@@ -159,9 +159,9 @@ class ProcessGroup:
         per kind, then looked up in the planner's ``known`` (only its layout checked again)."""
         planner, windows = self.planner, self.planner.shared_bases
         plain = not tag and type(array) is np.ndarray and array.flags.carray and array.ndim == 1
-        if plain:  # (in a shared window? asked only while there are windows)
-            key = (algorithm, op, array.dtype, array.size, id(array.base) in windows if windows
-                   else False)
+        if plain:
+            in_window = id(array.base) in windows if windows else False  # (asked while any)
+            key = (algorithm, op, array.dtype, array.size, in_window)
             try:
                 plan = planner.known[key]
                 return array, plan.spec.op, 0, plan
